@@ -1,0 +1,593 @@
+//! The experiment file, as serde reads it. Every section parses here; semantic checks live
+//! in `validate` (sections) and the `lower` pass (the model).
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// A size or count as written: an integer, or an expression over the parameters.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum DimExpr {
+    Int(i64),
+    Expr(String),
+}
+
+impl DimExpr {
+    pub fn text(&self) -> String {
+        match self {
+            DimExpr::Int(n) => n.to_string(),
+            DimExpr::Expr(s) => s.clone(),
+        }
+    }
+}
+
+impl From<i64> for DimExpr {
+    fn from(n: i64) -> Self {
+        DimExpr::Int(n)
+    }
+}
+
+impl<'de> Deserialize<'de> for DimExpr {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl Visitor<'_> for V {
+            type Value = DimExpr;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an integer size or a size expression in quotes, e.g. \"d * 4\"")
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<DimExpr, E> {
+                Ok(DimExpr::Int(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<DimExpr, E> {
+                i64::try_from(v)
+                    .map(DimExpr::Int)
+                    .map_err(|_| E::custom(format!("{v} is far too large for a size")))
+            }
+            fn visit_i128<E: de::Error>(self, v: i128) -> Result<DimExpr, E> {
+                Err(E::custom(format!("{v} is far too large for a size")))
+            }
+            fn visit_u128<E: de::Error>(self, v: u128) -> Result<DimExpr, E> {
+                Err(E::custom(format!("{v} is far too large for a size")))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<DimExpr, E> {
+                Err(E::custom(format!(
+                    "expected an integer size, found the number {v}"
+                )))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<DimExpr, E> {
+                Ok(DimExpr::Expr(v.to_string()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A map that refuses duplicate keys (a silently dropped entry is lost data), in file order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct UniqueMap<V>(pub Vec<(String, V)>);
+
+impl<V> Default for UniqueMap<V> {
+    fn default() -> Self {
+        UniqueMap(Vec::new())
+    }
+}
+
+impl<V> UniqueMap<V> {
+    pub fn get(&self, k: &str) -> Option<&V> {
+        self.0.iter().find(|(n, _)| n == k).map(|(_, v)| v)
+    }
+    pub fn keys(&self) -> impl Iterator<Item = &str> + Clone {
+        self.0.iter().map(|(k, _)| k.as_str())
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for UniqueMap<V> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct MV<V>(std::marker::PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for MV<V> {
+            type Value = UniqueMap<V>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map such as { \"name\": value }")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut m: A) -> Result<Self::Value, A::Error> {
+                let mut out: Vec<(String, V)> = Vec::new();
+                while let Some(k) = m.next_key::<String>()? {
+                    if out.iter().any(|(n, _)| *n == k) {
+                        return Err(de::Error::custom(format!(
+                            "duplicate key `{k}`: each name may appear once"
+                        )));
+                    }
+                    let v = m.next_value()?;
+                    out.push((k, v));
+                }
+                Ok(UniqueMap(out))
+            }
+        }
+        d.deserialize_map(MV(std::marker::PhantomData))
+    }
+}
+
+pub type Params = UniqueMap<DimExpr>;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Experiment {
+    pub name: String,
+    #[serde(default)]
+    pub params: Params,
+    pub model: Model,
+    pub loss: Loss,
+    pub data: Data,
+    pub optimizer: Optimizer,
+    pub train: Train,
+    #[serde(default)]
+    pub devices: Devices,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum DType {
+    F32,
+    BF16,
+    F16,
+    I32,
+    I64,
+}
+
+fn f32_dtype() -> DType {
+    DType::F32
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputSpec {
+    /// The shape of one sample; the batch dimension is implicit.
+    pub shape: Vec<DimExpr>,
+    #[serde(default = "f32_dtype")]
+    pub dtype: DType,
+}
+
+/// `(name, layer, [inputs])`
+pub type NodeDecl = (String, Layer, Vec<String>);
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub enum Model {
+    Sequential {
+        #[serde(default)]
+        params: Params,
+        /// Symbolic dimensions with the size used for cost estimates, e.g. `{"seq": 128}`.
+        #[serde(default)]
+        symbols: Params,
+        input: InputSpec,
+        layers: Vec<Layer>,
+    },
+    Graph {
+        #[serde(default)]
+        params: Params,
+        #[serde(default)]
+        symbols: Params,
+        inputs: UniqueMap<InputSpec>,
+        #[serde(default)]
+        blocks: UniqueMap<Vec<NodeDecl>>,
+        nodes: Vec<NodeDecl>,
+        /// The model's outputs; the last node when absent. The loss reads the first.
+        #[serde(default)]
+        outputs: Option<Vec<String>>,
+    },
+}
+
+fn yes() -> bool {
+    true
+}
+fn one() -> DimExpr {
+    DimExpr::Int(1)
+}
+fn zero() -> DimExpr {
+    DimExpr::Int(0)
+}
+fn minus_one() -> i64 {
+    -1
+}
+fn eps_norm() -> f64 {
+    1e-5
+}
+fn eps_rms() -> f64 {
+    1e-6
+}
+fn bn_momentum() -> f64 {
+    0.1
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum Activation {
+    Relu,
+    Gelu,
+    Tanh,
+    Sigmoid,
+}
+
+fn gelu() -> Activation {
+    Activation::Gelu
+}
+
+/// The layers a model is written with. Each lowers to primitive ops in `passes::lower`.
+/// Axes count the dimensions of one sample (the batch is not counted), negative from the end.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub enum Layer {
+    Linear {
+        out: DimExpr,
+        #[serde(default = "yes")]
+        bias: bool,
+    },
+    Conv2d {
+        out: DimExpr,
+        kernel: DimExpr,
+        #[serde(default = "one")]
+        stride: DimExpr,
+        #[serde(default = "zero")]
+        padding: DimExpr,
+        #[serde(default = "one")]
+        groups: DimExpr,
+        #[serde(default = "yes")]
+        bias: bool,
+    },
+    MaxPool2d {
+        kernel: DimExpr,
+        #[serde(default)]
+        stride: Option<DimExpr>,
+        #[serde(default = "zero")]
+        padding: DimExpr,
+    },
+    AvgPool2d {
+        kernel: DimExpr,
+        #[serde(default)]
+        stride: Option<DimExpr>,
+        #[serde(default = "zero")]
+        padding: DimExpr,
+    },
+    Flatten,
+    Reshape(Vec<DimExpr>),
+    Transpose(i64, i64),
+    Permute(Vec<i64>),
+    Concat {
+        #[serde(default = "minus_one")]
+        axis: i64,
+    },
+    Add,
+    Mul,
+    Relu,
+    Gelu,
+    Tanh,
+    Sigmoid,
+    Softmax {
+        #[serde(default = "minus_one")]
+        axis: i64,
+    },
+    LayerNorm {
+        #[serde(default = "eps_norm")]
+        eps: f64,
+        #[serde(default = "yes")]
+        affine: bool,
+    },
+    RmsNorm {
+        #[serde(default = "eps_rms")]
+        eps: f64,
+        #[serde(default = "yes")]
+        affine: bool,
+    },
+    BatchNorm2d {
+        #[serde(default = "eps_norm")]
+        eps: f64,
+        #[serde(default = "bn_momentum")]
+        momentum: f64,
+        #[serde(default = "yes")]
+        affine: bool,
+    },
+    Embedding {
+        vocab: DimExpr,
+        dim: DimExpr,
+    },
+    /// Learned positions added to a `[seq, dim]` input.
+    PositionalEmbedding {
+        max_len: DimExpr,
+    },
+    Dropout(f64),
+    /// Multi-head self-attention over a `[seq, dim]` input.
+    Attention {
+        heads: DimExpr,
+        #[serde(default)]
+        causal: bool,
+        #[serde(default = "yes")]
+        bias: bool,
+    },
+    /// Linear to `hidden`, activation, Linear back to the input's width.
+    Mlp {
+        hidden: DimExpr,
+        #[serde(default = "gelu")]
+        act: Activation,
+        #[serde(default = "yes")]
+        bias: bool,
+    },
+    /// A named block of the graph, `times` copies in a row; `args` override parameters.
+    Repeat {
+        block: String,
+        #[serde(default = "one")]
+        times: DimExpr,
+        #[serde(default)]
+        args: Params,
+    },
+}
+
+impl Layer {
+    /// The variant's name as written in files.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Layer::Linear { .. } => "Linear",
+            Layer::Conv2d { .. } => "Conv2d",
+            Layer::MaxPool2d { .. } => "MaxPool2d",
+            Layer::AvgPool2d { .. } => "AvgPool2d",
+            Layer::Flatten => "Flatten",
+            Layer::Reshape(_) => "Reshape",
+            Layer::Transpose(..) => "Transpose",
+            Layer::Permute(_) => "Permute",
+            Layer::Concat { .. } => "Concat",
+            Layer::Add => "Add",
+            Layer::Mul => "Mul",
+            Layer::Relu => "Relu",
+            Layer::Gelu => "Gelu",
+            Layer::Tanh => "Tanh",
+            Layer::Sigmoid => "Sigmoid",
+            Layer::Softmax { .. } => "Softmax",
+            Layer::LayerNorm { .. } => "LayerNorm",
+            Layer::RmsNorm { .. } => "RmsNorm",
+            Layer::BatchNorm2d { .. } => "BatchNorm2d",
+            Layer::Embedding { .. } => "Embedding",
+            Layer::PositionalEmbedding { .. } => "PositionalEmbedding",
+            Layer::Dropout(_) => "Dropout",
+            Layer::Attention { .. } => "Attention",
+            Layer::Mlp { .. } => "Mlp",
+            Layer::Repeat { .. } => "Repeat",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub enum Loss {
+    /// Cross-entropy over integer class labels (the last axis of the output holds the classes).
+    CrossEntropy {
+        #[serde(default)]
+        label_smoothing: f64,
+        #[serde(default)]
+        output: Option<String>,
+    },
+    /// Mean squared error against a target of the output's shape.
+    Mse {
+        #[serde(default)]
+        output: Option<String>,
+    },
+}
+
+fn validation_default() -> f64 {
+    0.2
+}
+fn no_validation() -> f64 {
+    0.0
+}
+fn std_one() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum SeqTask {
+    Copy,
+    Reverse,
+    Sort,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub enum Data {
+    /// The embedded 8x8 handwritten digits (1,797 images, 64 pixels, 10 classes).
+    Digits {
+        #[serde(default = "validation_default")]
+        validation: f64,
+    },
+    /// IDX files, the MNIST format.
+    Idx {
+        images: String,
+        labels: String,
+        #[serde(default = "validation_default")]
+        validation: f64,
+    },
+    Csv {
+        path: String,
+        /// The label's column, negative from the end.
+        #[serde(default = "minus_one")]
+        label_column: i64,
+        #[serde(default)]
+        header: bool,
+        #[serde(default = "validation_default")]
+        validation: f64,
+    },
+    Npy {
+        inputs: String,
+        labels: String,
+        #[serde(default = "validation_default")]
+        validation: f64,
+    },
+    /// Seeded Gaussian blobs, one per class.
+    Blobs {
+        samples: u64,
+        classes: u64,
+        features: u64,
+        #[serde(default = "std_one")]
+        std: f64,
+        #[serde(default = "validation_default")]
+        validation: f64,
+    },
+    /// Seeded token sequences and their transformation.
+    Sequence {
+        task: SeqTask,
+        length: u64,
+        vocab: u64,
+        samples: u64,
+        #[serde(default = "validation_default")]
+        validation: f64,
+    },
+    /// Seeded random inputs and targets of the model's shapes (benchmarks).
+    Synthetic {
+        samples: u64,
+        #[serde(default = "no_validation")]
+        validation: f64,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub enum Schedule {
+    Constant,
+    /// Multiply by `gamma` every `every` steps.
+    Step {
+        every: u64,
+        gamma: f64,
+    },
+    /// Linear warm-up, then cosine decay to `min_lr` at the last step.
+    Cosine {
+        #[serde(default)]
+        warmup: u64,
+        #[serde(default)]
+        min_lr: f64,
+    },
+    /// Linear warm-up, then linear decay to `end_lr` at the last step.
+    Linear {
+        #[serde(default)]
+        warmup: u64,
+        #[serde(default)]
+        end_lr: f64,
+    },
+    /// Linear warm-up over `steps`, then constant.
+    Warmup {
+        steps: u64,
+    },
+}
+
+fn constant() -> Schedule {
+    Schedule::Constant
+}
+fn betas() -> (f64, f64) {
+    (0.9, 0.999)
+}
+fn adam_eps() -> f64 {
+    1e-8
+}
+fn adamw_decay() -> f64 {
+    0.01
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub enum Optimizer {
+    Sgd {
+        lr: f64,
+        #[serde(default)]
+        momentum: f64,
+        #[serde(default)]
+        nesterov: bool,
+        #[serde(default)]
+        weight_decay: f64,
+        #[serde(default)]
+        clip_norm: Option<f64>,
+        #[serde(default = "constant")]
+        schedule: Schedule,
+    },
+    Adam {
+        lr: f64,
+        #[serde(default = "betas")]
+        betas: (f64, f64),
+        #[serde(default = "adam_eps")]
+        eps: f64,
+        #[serde(default)]
+        weight_decay: f64,
+        #[serde(default)]
+        clip_norm: Option<f64>,
+        #[serde(default = "constant")]
+        schedule: Schedule,
+    },
+    AdamW {
+        lr: f64,
+        #[serde(default = "betas")]
+        betas: (f64, f64),
+        #[serde(default = "adam_eps")]
+        eps: f64,
+        #[serde(default = "adamw_decay")]
+        weight_decay: f64,
+        #[serde(default)]
+        clip_norm: Option<f64>,
+        #[serde(default = "constant")]
+        schedule: Schedule,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Train {
+    /// The global batch, split across data-parallel replicas.
+    pub batch_size: u64,
+    #[serde(default)]
+    pub steps: Option<u64>,
+    #[serde(default)]
+    pub epochs: Option<u64>,
+    #[serde(default)]
+    pub seed: u64,
+    /// Drop the last partial batch of an epoch instead of running it smaller.
+    #[serde(default)]
+    pub drop_last: bool,
+}
+
+fn gpus_one() -> u32 {
+    1
+}
+fn kind_default() -> String {
+    "h100".into()
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Devices {
+    #[serde(default = "gpus_one")]
+    pub gpus: u32,
+    #[serde(default = "kind_default")]
+    pub kind: String,
+    #[serde(default = "gpus_one")]
+    pub nodes: u32,
+}
+
+impl Default for Devices {
+    fn default() -> Self {
+        Devices {
+            gpus: 1,
+            kind: kind_default(),
+            nodes: 1,
+        }
+    }
+}
+
+/// Variants whose settings are all optional, so they may be written bare (`LayerNorm`).
+pub const BARE_OK: &[&str] = &[
+    "Concat",
+    "Softmax",
+    "LayerNorm",
+    "RmsNorm",
+    "BatchNorm2d",
+    "CrossEntropy",
+    "Mse",
+    "Digits",
+    "Cosine",
+    "Linear",
+];
+
+/// Device kinds the cost model knows.
+pub const DEVICE_KINDS: &[&str] = &["h100", "h200", "a100-80gb", "a100-40gb", "l4", "cpu"];

@@ -1,0 +1,163 @@
+//! The experiment language: RON read by serde, sizes as logos-lexed expressions, and the
+//! spans that let every later error point at the user's line.
+
+pub mod ast;
+pub mod expr;
+pub mod spans;
+pub mod validate;
+
+use crate::diag::{suggest, Diagnostic, Loc, Span};
+use crate::Error;
+use ast::Experiment;
+use ron::error::Error as RonError;
+use spans::{Rewritten, SpanTree};
+
+/// A parsed experiment with the source it came from.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub text: String,
+    pub experiment: Experiment,
+    pub spans: SpanTree,
+}
+
+impl Source {
+    /// The span of the value at `path`, or the nearest enclosing one found.
+    pub fn span(&self, path: &spans::Path) -> Option<Span> {
+        self.spans.find(path)
+    }
+    /// The span of the head of the value at `path` (a layer's name, a field's name).
+    pub fn head(&self, path: &spans::Path) -> Option<Span> {
+        self.spans.head(path, &self.text)
+    }
+}
+
+/// Nesting deeper than this is refused (serde would otherwise recurse on the stack).
+const RECURSION_LIMIT: usize = 128;
+
+/// Reads a file's bytes: they must be UTF-8.
+pub fn parse_bytes(bytes: &[u8]) -> Result<Source, Error> {
+    match std::str::from_utf8(bytes) {
+        Ok(s) => parse(s),
+        Err(e) => {
+            let at = e.valid_up_to();
+            // Offsets into the valid prefix are offsets into the lossy text the CLI shows.
+            let valid = String::from_utf8_lossy(&bytes[..at]).into_owned();
+            Err(Error::Syntax(
+                Diagnostic::new(
+                    format!(
+                        "the file is not valid UTF-8 (byte 0x{:02x} at offset {at})",
+                        bytes[at]
+                    ),
+                    Some(Span::new(at.min(valid.len()), at.min(valid.len()))),
+                )
+                .with_hint("save the file as UTF-8 text"),
+            ))
+        }
+    }
+}
+
+/// Parses and validates an experiment.
+pub fn parse(text: &str) -> Result<Source, Error> {
+    let rewritten = Rewritten::new(text, ast::BARE_OK);
+    let options = ron::Options::default()
+        .with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME)
+        .with_recursion_limit(RECURSION_LIMIT);
+    let experiment: Experiment = options
+        .from_str(&rewritten.text)
+        .map_err(|e| Error::Syntax(ron_diagnostic(&e, &rewritten)))?;
+    let source = Source {
+        text: text.to_string(),
+        experiment,
+        spans: SpanTree::scan(text),
+    };
+    let problems = validate::validate(&source);
+    if !problems.is_empty() {
+        return Err(Error::Invalid(problems));
+    }
+    Ok(source)
+}
+
+fn what_enum(outer: Option<&str>) -> &'static str {
+    match outer {
+        Some("Layer") => "layer",
+        Some("Model") => "model kind",
+        Some("Loss") => "loss",
+        Some("Data") => "data set",
+        Some("Optimizer") => "optimizer",
+        Some("Schedule") => "schedule",
+        Some("Activation") => "activation",
+        Some("DType") => "dtype",
+        Some("SeqTask") => "sequence task",
+        _ => "variant",
+    }
+}
+
+fn ron_diagnostic(e: &ron::error::SpannedError, rw: &Rewritten) -> Diagnostic {
+    let start = rw.original_offset(Loc {
+        line: e.span.start.line,
+        col: e.span.start.col,
+    });
+    let end = rw
+        .original_offset(Loc {
+            line: e.span.end.line,
+            col: e.span.end.col,
+        })
+        .max(start);
+    let span = Some(Span::new(start, end));
+    match &e.code {
+        RonError::NoSuchEnumVariant {
+            expected,
+            found,
+            outer,
+        } => {
+            let what = what_enum(outer.as_deref());
+            Diagnostic::new(format!("unknown {what} `{found}`"), span).with_hint(suggest(
+                found,
+                &format!("{what}s"),
+                expected.iter().copied(),
+            ))
+        }
+        RonError::NoSuchStructField {
+            expected,
+            found,
+            outer,
+        } => {
+            let inside = outer.as_deref().unwrap_or("this section");
+            let fields: Vec<String> = expected.iter().map(|f| format!("`{f}`")).collect();
+            let hint = match crate::diag::closest(found, expected.iter().copied()) {
+                Some(c) => format!("did you mean `{c}`? valid fields: {}", fields.join(", ")),
+                None => format!("valid fields: {}", fields.join(", ")),
+            };
+            Diagnostic::new(format!("unknown field `{found}` in `{inside}`"), span).with_hint(hint)
+        }
+        RonError::MissingStructField { field, outer } => {
+            let inside = outer.as_deref().unwrap_or("this section");
+            Diagnostic::new(format!("`{inside}` is missing the field `{field}`"), span)
+                .with_hint(format!("add `{field}: ...` inside `{inside}(...)`"))
+        }
+        RonError::DuplicateStructField { field, outer } => {
+            let inside = outer.as_deref().unwrap_or("this section");
+            Diagnostic::new(
+                format!("the field `{field}` is given twice in `{inside}`"),
+                span,
+            )
+        }
+        RonError::ExceededRecursionLimit => Diagnostic::new(
+            format!("the file nests deeper than {RECURSION_LIMIT} levels"),
+            span,
+        )
+        .with_hint("flatten the structure; a deep model is written with `Repeat`"),
+        RonError::Eof => Diagnostic::new("the file ends in the middle of a value", span)
+            .with_hint("the file may be truncated: check for a missing `)`, `]` or `}`"),
+        RonError::Message(m) => Diagnostic::new(m.clone(), span),
+        other => Diagnostic::new(lowercase_first(&other.to_string()), span),
+    }
+}
+
+fn lowercase_first(s: &str) -> String {
+    let mut c = s.chars();
+    match c.next() {
+        Some(f) if !s.starts_with("RON") => f.to_lowercase().collect::<String>() + c.as_str(),
+        _ => s.to_string(),
+    }
+}

@@ -1,0 +1,272 @@
+//! Checks on the sections that later stages execute (data, optimizer, train, devices): every
+//! number in range, every combination meaningful. All problems are reported at once.
+
+use super::ast::{Data, Experiment, Loss, Optimizer, Schedule, DEVICE_KINDS};
+use super::spans::Path;
+use super::Source;
+use crate::diag::{suggest, Diagnostic};
+use crate::path;
+
+struct Checker<'a> {
+    src: &'a Source,
+    out: Vec<Diagnostic>,
+}
+
+impl Checker<'_> {
+    fn fail(&mut self, path: Path, msg: impl Into<String>, hint: Option<String>) {
+        let d = Diagnostic::new(msg, self.src.span(&path)).hint_opt(hint);
+        self.out.push(d);
+    }
+
+    fn positive(&mut self, path: Path, what: &str, v: f64) {
+        if !(v.is_finite() && v > 0.0) {
+            self.fail(
+                path,
+                format!("{what} must be a positive number, got {v}"),
+                None,
+            );
+        }
+    }
+
+    fn unit_interval(&mut self, path: Path, what: &str, v: f64) {
+        if !(0.0..1.0).contains(&v) {
+            self.fail(path, format!("{what} must be in [0, 1), got {v}"), None);
+        }
+    }
+
+    fn non_negative(&mut self, path: Path, what: &str, v: f64) {
+        if !(v.is_finite() && v >= 0.0) {
+            self.fail(path, format!("{what} must be zero or more, got {v}"), None);
+        }
+    }
+
+    fn count(&mut self, path: Path, what: &str, v: u64) {
+        if v == 0 {
+            self.fail(path, format!("{what} must be at least 1"), None);
+        }
+    }
+}
+
+pub fn validate(src: &Source) -> Vec<Diagnostic> {
+    let mut c = Checker {
+        src,
+        out: Vec::new(),
+    };
+    let e: &Experiment = &src.experiment;
+    if e.name.trim().is_empty() {
+        c.fail(path!["name"], "the experiment needs a name", None);
+    }
+    loss(&mut c, &e.loss);
+    data(&mut c, &e.data);
+    optimizer(&mut c, &e.optimizer);
+
+    let t = &e.train;
+    c.count(path!["train", "batch_size"], "`batch_size`", t.batch_size);
+    match (t.steps, t.epochs) {
+        (Some(_), Some(_)) => c.fail(
+            path!["train", "epochs"],
+            "give `steps` or `epochs`, not both",
+            None,
+        ),
+        (None, None) => c.fail(
+            path!["train"],
+            "the training budget is missing",
+            Some("add `steps: N` or `epochs: N` to `train`".into()),
+        ),
+        (Some(s), None) => c.count(path!["train", "steps"], "`steps`", s),
+        (None, Some(ep)) => c.count(path!["train", "epochs"], "`epochs`", ep),
+    }
+
+    let d = &e.devices;
+    if d.gpus == 0 || d.gpus > 65536 {
+        c.fail(
+            path!["devices", "gpus"],
+            format!("`gpus` must be between 1 and 65536, got {}", d.gpus),
+            None,
+        );
+    }
+    if d.nodes == 0 || !d.gpus.is_multiple_of(d.nodes.max(1)) {
+        c.fail(
+            path!["devices", "nodes"],
+            format!("{} GPUs do not split evenly over {} nodes", d.gpus, d.nodes),
+            None,
+        );
+    }
+    if !DEVICE_KINDS.contains(&d.kind.as_str()) {
+        c.fail(
+            path!["devices", "kind"],
+            format!("unknown device kind `{}`", d.kind),
+            Some(suggest(
+                &d.kind,
+                "device kinds",
+                DEVICE_KINDS.iter().copied(),
+            )),
+        );
+    }
+    c.out
+}
+
+fn loss(c: &mut Checker, l: &Loss) {
+    if let Loss::CrossEntropy {
+        label_smoothing, ..
+    } = l
+    {
+        c.unit_interval(
+            path!["loss", "label_smoothing"],
+            "`label_smoothing`",
+            *label_smoothing,
+        );
+    }
+}
+
+fn data(c: &mut Checker, d: &Data) {
+    let validation = match d {
+        Data::Digits { validation } => *validation,
+        Data::Idx {
+            images,
+            labels,
+            validation,
+        } => {
+            for (f, v) in [("images", images), ("labels", labels)] {
+                if v.trim().is_empty() {
+                    c.fail(path!["data", f], format!("`{f}` needs a file path"), None);
+                }
+            }
+            *validation
+        }
+        Data::Csv {
+            path, validation, ..
+        } => {
+            if path.trim().is_empty() {
+                c.fail(path!["data", "path"], "`path` needs a file path", None);
+            }
+            *validation
+        }
+        Data::Npy {
+            inputs,
+            labels,
+            validation,
+        } => {
+            for (f, v) in [("inputs", inputs), ("labels", labels)] {
+                if v.trim().is_empty() {
+                    c.fail(path!["data", f], format!("`{f}` needs a file path"), None);
+                }
+            }
+            *validation
+        }
+        Data::Blobs {
+            samples,
+            classes,
+            features,
+            std,
+            validation,
+        } => {
+            c.count(path!["data", "samples"], "`samples`", *samples);
+            c.count(path!["data", "features"], "`features`", *features);
+            if *classes < 2 {
+                c.fail(
+                    path!["data", "classes"],
+                    "`classes` must be at least 2",
+                    None,
+                );
+            }
+            c.positive(path!["data", "std"], "`std`", *std);
+            *validation
+        }
+        Data::Sequence {
+            length,
+            vocab,
+            samples,
+            validation,
+            ..
+        } => {
+            c.count(path!["data", "length"], "`length`", *length);
+            c.count(path!["data", "samples"], "`samples`", *samples);
+            if *vocab < 2 {
+                c.fail(path!["data", "vocab"], "`vocab` must be at least 2", None);
+            }
+            *validation
+        }
+        Data::Synthetic {
+            samples,
+            validation,
+        } => {
+            c.count(path!["data", "samples"], "`samples`", *samples);
+            *validation
+        }
+    };
+    c.unit_interval(
+        path!["data", "validation"],
+        "the validation fraction",
+        validation,
+    );
+}
+
+fn optimizer(c: &mut Checker, o: &Optimizer) {
+    let p = |f: &str| path!["optimizer", f];
+    let (lr, wd, clip, schedule) = match o {
+        Optimizer::Sgd {
+            lr,
+            momentum,
+            nesterov,
+            weight_decay,
+            clip_norm,
+            schedule,
+        } => {
+            c.unit_interval(p("momentum"), "`momentum`", *momentum);
+            if *nesterov && *momentum == 0.0 {
+                c.fail(
+                    p("nesterov"),
+                    "Nesterov momentum needs `momentum` above 0",
+                    Some("set e.g. `momentum: 0.9`".into()),
+                );
+            }
+            (lr, weight_decay, clip_norm, schedule)
+        }
+        Optimizer::Adam {
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            clip_norm,
+            schedule,
+        }
+        | Optimizer::AdamW {
+            lr,
+            betas,
+            eps,
+            weight_decay,
+            clip_norm,
+            schedule,
+        } => {
+            c.unit_interval(p("betas"), "beta1", betas.0);
+            c.unit_interval(p("betas"), "beta2", betas.1);
+            c.positive(p("eps"), "`eps`", *eps);
+            (lr, weight_decay, clip_norm, schedule)
+        }
+    };
+    c.positive(p("lr"), "the learning rate `lr`", *lr);
+    c.non_negative(p("weight_decay"), "`weight_decay`", *wd);
+    if let Some(clip) = clip {
+        c.positive(p("clip_norm"), "`clip_norm`", *clip);
+    }
+    let s = |f: &str| path!["optimizer", "schedule", f];
+    match schedule {
+        Schedule::Constant | Schedule::Warmup { .. } => {}
+        Schedule::Step { every, gamma } => {
+            c.count(s("every"), "`every`", *every);
+            c.positive(s("gamma"), "`gamma`", *gamma);
+        }
+        Schedule::Cosine { min_lr, .. } => {
+            c.non_negative(s("min_lr"), "`min_lr`", *min_lr);
+            if min_lr > lr {
+                c.fail(
+                    s("min_lr"),
+                    format!("`min_lr` {min_lr} is above `lr` {lr}"),
+                    None,
+                );
+            }
+        }
+        Schedule::Linear { end_lr, .. } => c.non_negative(s("end_lr"), "`end_lr`", *end_lr),
+    }
+}

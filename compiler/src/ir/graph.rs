@@ -1,0 +1,206 @@
+//! The IR graph: a petgraph `StableGraph` of primitive ops. Edges run from operand to user
+//! and carry the operand's position.
+
+use super::dim::{Dim, Sym, BATCH};
+use super::ops::{Op, OpKind};
+use super::types::TensorType;
+use crate::diag::Span;
+use petgraph::stable_graph::{NodeIndex, StableGraph};
+use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
+use petgraph::Direction;
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+#[derive(Debug, Clone)]
+pub struct Node {
+    pub op: Op,
+    pub ty: TensorType,
+    /// The layer it came from, as a dotted path (`h.3.att.q`).
+    pub layer: String,
+    /// Where that layer is written in the file.
+    pub span: Option<Span>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Symbol {
+    pub name: String,
+    /// The size used for cost and memory estimates (the batch uses the training batch).
+    pub nominal: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Graph {
+    pub g: StableGraph<Node, u16>,
+    pub inputs: Vec<NodeIndex>,
+    pub outputs: Vec<(String, NodeIndex)>,
+    pub symbols: Vec<Symbol>,
+    /// Layers as the user wrote them, counted after expanding repeats.
+    pub layers: usize,
+}
+
+impl Default for Graph {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Graph {
+    pub fn new() -> Graph {
+        Graph {
+            g: StableGraph::new(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            symbols: vec![Symbol {
+                name: "B".into(),
+                nominal: 1,
+            }],
+            layers: 0,
+        }
+    }
+
+    pub fn add_symbol(&mut self, name: &str, nominal: u64) -> Sym {
+        self.symbols.push(Symbol {
+            name: name.into(),
+            nominal,
+        });
+        Sym(self.symbols.len() as u32 - 1)
+    }
+
+    pub fn sym_names(&self) -> Vec<String> {
+        self.symbols.iter().map(|s| s.name.clone()).collect()
+    }
+
+    /// Adds a node, its type inferred by the op table. The error is the shape rule's.
+    pub fn add(
+        &mut self,
+        op: Op,
+        operands: &[NodeIndex],
+        layer: &str,
+        span: Option<Span>,
+    ) -> Result<NodeIndex, String> {
+        let tys: Vec<&TensorType> = operands.iter().map(|&o| &self.g[o].ty).collect();
+        let ty = op.infer(&tys)?;
+        let is_input = op.kind() == OpKind::Input;
+        let n = self.g.add_node(Node {
+            op,
+            ty,
+            layer: layer.to_string(),
+            span,
+        });
+        for (i, &o) in operands.iter().enumerate() {
+            self.g.add_edge(o, n, i as u16);
+        }
+        if is_input {
+            self.inputs.push(n);
+        }
+        Ok(n)
+    }
+
+    /// A node's operands, in order.
+    pub fn operands(&self, n: NodeIndex) -> Vec<NodeIndex> {
+        let mut e: Vec<(u16, NodeIndex)> = self
+            .g
+            .edges_directed(n, Direction::Incoming)
+            .map(|e| (*e.weight(), e.source()))
+            .collect();
+        e.sort();
+        e.into_iter().map(|(_, s)| s).collect()
+    }
+
+    pub fn users(&self, n: NodeIndex) -> Vec<NodeIndex> {
+        let mut u: Vec<NodeIndex> = self.g.neighbors_directed(n, Direction::Outgoing).collect();
+        u.sort();
+        u.dedup();
+        u
+    }
+
+    /// A topological order, ties broken by creation order so it is stable; `None` on a cycle.
+    pub fn topo_order(&self) -> Option<Vec<NodeIndex>> {
+        let mut indeg: Vec<usize> = vec![0; self.g.node_bound()];
+        for e in self.g.edge_references() {
+            indeg[e.target().index()] += 1;
+        }
+        let mut ready: BinaryHeap<Reverse<NodeIndex>> = self
+            .g
+            .node_indices()
+            .filter(|n| indeg[n.index()] == 0)
+            .map(Reverse)
+            .collect();
+        let mut order = Vec::with_capacity(self.g.node_count());
+        while let Some(Reverse(n)) = ready.pop() {
+            order.push(n);
+            for e in self.g.edges_directed(n, Direction::Outgoing) {
+                let t = e.target();
+                indeg[t.index()] -= 1;
+                if indeg[t.index()] == 0 {
+                    ready.push(Reverse(t));
+                }
+            }
+        }
+        (order.len() == self.g.node_count()).then_some(order)
+    }
+
+    /// Parameter nodes, in creation order.
+    pub fn params(&self) -> Vec<NodeIndex> {
+        self.g
+            .node_indices()
+            .filter(|&n| self.g[n].op.kind() == OpKind::Param)
+            .collect()
+    }
+
+    /// Trainable parameter count (exact; parameters never have symbolic sizes).
+    pub fn parameter_count(&self) -> u128 {
+        self.params()
+            .iter()
+            .map(|&p| {
+                self.g[p]
+                    .ty
+                    .shape
+                    .iter()
+                    .fold(1u128, |a, d| a.saturating_mul(d.factor as u128))
+            })
+            .sum()
+    }
+
+    /// The value of each symbol for estimates, with the batch set to `batch`.
+    pub fn sym_value(&self, batch: u64) -> impl Fn(Sym) -> u64 + '_ {
+        move |s| {
+            if s == BATCH {
+                batch
+            } else {
+                self.symbols.get(s.0 as usize).map_or(1, |x| x.nominal)
+            }
+        }
+    }
+
+    /// FLOPs of one forward execution at batch size `batch`, by the op table's cost rules.
+    pub fn flops(&self, batch: u64) -> u128 {
+        let value = self.sym_value(batch);
+        let mut total = 0u128;
+        for n in self.g.node_indices() {
+            let node = &self.g[n];
+            let ins: Vec<Vec<u64>> = self
+                .operands(n)
+                .iter()
+                .map(|&o| self.g[o].ty.concrete(&value))
+                .collect();
+            let out = node.ty.concrete(&value);
+            total += (node.op.def().flops)(&node.op, &ins, &out) as u128;
+        }
+        total
+    }
+
+    /// Bytes of one node's output at batch size `batch`.
+    pub fn bytes(&self, n: NodeIndex, batch: u64) -> u128 {
+        let t = &self.g[n].ty;
+        let value = self.sym_value(batch);
+        t.shape.iter().fold(t.dtype.bytes() as u128, |a, d| {
+            a.saturating_mul(d.eval(&value) as u128)
+        })
+    }
+
+    /// A dim of a known size, for building ops.
+    pub fn dim(n: u64) -> Dim {
+        Dim::known(n)
+    }
+}

@@ -1,0 +1,106 @@
+//! The pass pipeline: one ordered list, each pass a function from graph to graph that can
+//! fail. The driver times each pass, lets the caller dump the IR after any of them, and runs
+//! the verifier after each in tests and debug builds.
+
+pub mod lower;
+pub mod shapes;
+pub mod simplify;
+
+use crate::dsl::Source;
+use crate::ir::verify::verify;
+use crate::ir::Graph;
+use crate::plan::Plan;
+use crate::Error;
+use std::time::{Duration, Instant};
+
+/// What a pass sees besides the graph.
+pub struct Ctx<'a> {
+    pub source: &'a Source,
+    pub options: &'a Options,
+}
+
+pub struct Pass {
+    pub name: &'static str,
+    pub about: &'static str,
+    pub run: fn(&mut Graph, &Ctx) -> Result<(), Error>,
+}
+
+/// The pipeline, in order. Later stages (autodiff, optimizer, fuse, partition, schedule,
+/// codegen) join this list as they are built.
+pub static PIPELINE: &[Pass] = &[
+    Pass {
+        name: "lower",
+        about: "layers and blocks become primitive ops",
+        run: lower::run,
+    },
+    Pass {
+        name: "shapes",
+        about: "infer and check every shape and dtype",
+        run: shapes::run,
+    },
+    Pass {
+        name: "simplify",
+        about: "dead code and common subexpressions",
+        run: simplify::run,
+    },
+];
+
+pub fn pass_names() -> Vec<&'static str> {
+    PIPELINE.iter().map(|p| p.name).collect()
+}
+
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// GPUs requested (`--gpus`); recorded in the plan.
+    pub gpus: Option<u32>,
+    /// Run the IR verifier after every pass.
+    pub verify: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            gpus: None,
+            verify: cfg!(debug_assertions),
+        }
+    }
+}
+
+pub struct Compiled {
+    pub graph: Graph,
+    pub plan: Plan,
+    /// Each pass's name and wall time, in pipeline order.
+    pub timings: Vec<(&'static str, Duration)>,
+}
+
+/// Runs the pipeline on a parsed source. `after_pass` sees the graph after each pass (for
+/// `--dump-ir`).
+pub fn compile(
+    source: &Source,
+    options: &Options,
+    after_pass: &mut dyn FnMut(&str, &Graph),
+) -> Result<Compiled, Error> {
+    let ctx = Ctx { source, options };
+    let mut graph = Graph::new();
+    let mut timings = Vec::with_capacity(PIPELINE.len());
+    for pass in PIPELINE {
+        let t = Instant::now();
+        (pass.run)(&mut graph, &ctx)?;
+        timings.push((pass.name, t.elapsed()));
+        if options.verify {
+            verify(&graph).map_err(|message| Error::Verify {
+                pass: pass.name.to_string(),
+                message,
+            })?;
+        }
+        after_pass(pass.name, &graph);
+    }
+    let t = Instant::now();
+    let plan = Plan::single_device(&graph, source, options);
+    timings.push(("plan", t.elapsed()));
+    Ok(Compiled {
+        graph,
+        plan,
+        timings,
+    })
+}

@@ -1,0 +1,236 @@
+//! The plan: the compiler's output and the runtime's input. Serialisable and versioned;
+//! for now a single-device plan (the partition pass will choose among strategies).
+
+use crate::dsl::ast::Train;
+use crate::dsl::Source;
+use crate::ir::{Graph, OpKind};
+use crate::passes::Options;
+use serde::Serialize;
+use std::collections::HashMap;
+
+pub const PLAN_FORMAT: u32 = 1;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Strategy {
+    pub dp: u32,
+    pub tp: u32,
+    pub pp: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TensorInfo {
+    pub name: String,
+    pub dtype: &'static str,
+    pub shape: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ParamInfo {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub init: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Step {
+    pub id: usize,
+    pub op: &'static str,
+    pub operands: Vec<usize>,
+    pub attrs: String,
+    #[serde(rename = "type")]
+    pub ty: String,
+    pub layer: String,
+}
+
+/// Memory per device, in bytes, at the training batch size.
+#[derive(Debug, Clone, Serialize)]
+pub struct Memory {
+    pub parameter_bytes: u64,
+    /// Every forward value held at once (no buffer reuse yet: an upper bound).
+    pub activation_bytes_upper_bound: u64,
+    pub total_bytes_upper_bound: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Plan {
+    pub format: u32,
+    pub name: String,
+    /// GPUs asked for (`--gpus` or the file's `devices`).
+    pub gpus_requested: u32,
+    pub device_kind: String,
+    pub strategy: Strategy,
+    pub batch_size: u64,
+    pub parameters: u64,
+    pub layers: usize,
+    pub flops_per_sample: u64,
+    pub memory: Memory,
+    pub inputs: Vec<TensorInfo>,
+    pub outputs: Vec<TensorInfo>,
+    pub params: Vec<ParamInfo>,
+    pub steps: Vec<Step>,
+}
+
+fn sat(v: u128) -> u64 {
+    u64::try_from(v).unwrap_or(u64::MAX)
+}
+
+fn info(g: &Graph, name: &str, n: petgraph::stable_graph::NodeIndex) -> TensorInfo {
+    let names = g.sym_names();
+    let t = &g.g[n].ty;
+    TensorInfo {
+        name: name.to_string(),
+        dtype: t.dtype.name(),
+        shape: t.shape.iter().map(|d| d.show(&names)).collect(),
+    }
+}
+
+impl Plan {
+    pub fn single_device(g: &Graph, source: &Source, options: &Options) -> Plan {
+        let e = &source.experiment;
+        let Train { batch_size, .. } = e.train;
+        let order = g.topo_order().unwrap_or_default();
+        let ids: HashMap<_, _> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+        let names = g.sym_names();
+        let mut params = Vec::new();
+        let mut inputs = Vec::new();
+        let mut steps = Vec::new();
+        let (mut param_bytes, mut act_bytes) = (0u128, 0u128);
+        for &n in &order {
+            let node = &g.g[n];
+            match &node.op {
+                crate::ir::Op::Param { name, init, ty } => {
+                    param_bytes += g.bytes(n, batch_size);
+                    params.push(ParamInfo {
+                        name: name.clone(),
+                        shape: ty.shape.iter().map(|d| d.factor).collect(),
+                        init: init.show(),
+                    });
+                }
+                crate::ir::Op::Input { name, .. } => {
+                    act_bytes += g.bytes(n, batch_size);
+                    inputs.push(info(g, name, n));
+                }
+                op => {
+                    debug_assert!(op.kind() != OpKind::Param);
+                    act_bytes += g.bytes(n, batch_size);
+                }
+            }
+            steps.push(Step {
+                id: ids[&n],
+                op: node.op.name(),
+                operands: g.operands(n).iter().map(|o| ids[o]).collect(),
+                attrs: node.op.attrs(&names),
+                ty: node.ty.show(&names),
+                layer: node.layer.clone(),
+            });
+        }
+        let outputs = g.outputs.iter().map(|(k, n)| info(g, k, *n)).collect();
+        Plan {
+            format: PLAN_FORMAT,
+            name: e.name.clone(),
+            gpus_requested: options.gpus.unwrap_or(e.devices.gpus),
+            device_kind: e.devices.kind.clone(),
+            strategy: Strategy {
+                dp: 1,
+                tp: 1,
+                pp: 1,
+            },
+            batch_size,
+            parameters: sat(g.parameter_count()),
+            layers: g.layers,
+            flops_per_sample: sat(g.flops(1)),
+            memory: Memory {
+                parameter_bytes: sat(param_bytes),
+                activation_bytes_upper_bound: sat(act_bytes),
+                total_bytes_upper_bound: sat(param_bytes + act_bytes),
+            },
+            inputs,
+            outputs,
+            params,
+            steps,
+        }
+    }
+
+    pub fn summary(&self) -> Summary {
+        Summary {
+            name: self.name.clone(),
+            parameters: self.parameters,
+            layers: self.layers,
+            flops_per_sample: self.flops_per_sample,
+            ops: self.steps.len(),
+            inputs: self.inputs.clone(),
+            outputs: self.outputs.clone(),
+        }
+    }
+}
+
+/// What `parallax check` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub name: String,
+    pub parameters: u64,
+    pub layers: usize,
+    /// Forward FLOPs for one sample (symbols at their nominal sizes).
+    pub flops_per_sample: u64,
+    pub ops: usize,
+    pub inputs: Vec<TensorInfo>,
+    pub outputs: Vec<TensorInfo>,
+}
+
+/// `1,234,567`
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `1.23 GFLOP`, `512 KiB`-style scaling with SI units.
+pub fn si(n: u64, unit: &str) -> String {
+    let units = ["", "K", "M", "G", "T", "P", "E"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1000.0 && i + 1 < units.len() {
+        v /= 1000.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} {unit}")
+    } else {
+        format!("{v:.2} {}{unit}", units[i])
+    }
+}
+
+/// Bytes in binary units: `1.50 GiB`.
+pub fn bytes(n: u64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = n as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < units.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.2} {}", units[i])
+    }
+}
+
+impl Summary {
+    pub fn line(&self) -> String {
+        format!(
+            "{}: ok: {} parameters, {} layers, {} per sample (forward), {} ops",
+            self.name,
+            thousands(self.parameters),
+            self.layers,
+            si(self.flops_per_sample, "FLOP"),
+            self.ops
+        )
+    }
+}

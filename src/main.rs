@@ -1,0 +1,344 @@
+//! The `parallax` command line: the only place that prints errors and picks exit codes
+//! (0 ok, 1 a bad experiment file, 2 a bad command line).
+
+use clap::{Parser, Subcommand, ValueEnum};
+use parallax_compiler::diag::Diagnostic;
+use parallax_compiler::ir::print::{to_dot, to_text};
+use parallax_compiler::passes::pass_names;
+use parallax_compiler::plan::{bytes, si, thousands};
+use parallax_compiler::{compile, parse_bytes, Compiled, Options, Source};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+#[command(
+    name = "parallax",
+    version,
+    about = "Compile and train neural networks declared in one RON file"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Emit {
+    /// The IR as stable text (`graph.ir`).
+    Ir,
+    /// The IR as a Graphviz graph (`graph.dot`).
+    Dot,
+    /// The plan as JSON (`plan.json`).
+    Plan,
+}
+
+impl Emit {
+    fn file_name(self) -> &'static str {
+        match self {
+            Emit::Ir => "graph.ir",
+            Emit::Dot => "graph.dot",
+            Emit::Plan => "plan.json",
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Parse and type-check an experiment; print its parameters, layers and FLOPs per sample.
+    Check {
+        file: PathBuf,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
+    /// Compile an experiment into a plan.
+    Compile {
+        file: PathBuf,
+        /// GPUs to plan for (recorded; plans are single-device until the partition pass).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
+        gpus: Option<u32>,
+        /// What to write: the IR text, its DOT graph, or the plan (comma-separated).
+        #[arg(long, value_enum, value_delimiter = ',')]
+        emit: Vec<Emit>,
+        /// The folder to write emitted files to (stdout when absent and one thing is emitted).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+        /// Print how long each pass took (to stderr).
+        #[arg(long)]
+        timings: bool,
+        /// Print the IR after a pass (to stderr), e.g. `after:lower`.
+        #[arg(long, value_name = "after:PASS", value_parser = parse_dump)]
+        dump_ir: Vec<String>,
+    },
+}
+
+fn parse_dump(s: &str) -> Result<String, String> {
+    let names = pass_names();
+    let Some(pass) = s.strip_prefix("after:") else {
+        return Err(format!(
+            "expected `after:PASS`, where PASS is one of: {}",
+            names.join(", ")
+        ));
+    };
+    if names.contains(&pass) || pass == "all" {
+        Ok(pass.to_string())
+    } else {
+        Err(format!(
+            "unknown pass `{pass}`; the passes are: {}, or `all`",
+            names.join(", ")
+        ))
+    }
+}
+
+/// A failure already reported to the user, with its exit code.
+struct Exit(u8);
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Check { file, format } => check(&file, format),
+        Command::Compile {
+            file,
+            gpus,
+            emit,
+            out,
+            format,
+            timings,
+            dump_ir,
+        } => compile_cmd(
+            &file,
+            gpus,
+            &emit,
+            out.as_deref(),
+            format,
+            timings,
+            &dump_ir,
+        ),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Exit(code)) => ExitCode::from(code),
+    }
+}
+
+/// Reads and parses the file, reporting any error; returns the source and the parse time.
+fn load(file: &Path, format: Format) -> Result<(Source, Duration), Exit> {
+    let name = file.display().to_string();
+    let bytes = std::fs::read(file).map_err(|e| {
+        report(
+            &name,
+            "",
+            &[Diagnostic::new(format!("cannot read the file: {e}"), None)],
+            format,
+        );
+        Exit(1)
+    })?;
+    let t = Instant::now();
+    let parsed = parse_bytes(&bytes);
+    let elapsed = t.elapsed();
+    parsed.map(|s| (s, elapsed)).map_err(|e| {
+        let text = String::from_utf8_lossy(&bytes);
+        report(&name, &text, &e.diagnostics(), format);
+        Exit(1)
+    })
+}
+
+/// Errors go to stderr with the source line and a caret; with `--format json` also as one
+/// JSON object on stdout.
+fn report(file: &str, src: &str, diags: &[Diagnostic], format: Format) {
+    let mut err = std::io::stderr().lock();
+    for d in diags {
+        let _ = write!(err, "{}", d.render(file, src));
+    }
+    if diags.len() > 1 {
+        let _ = writeln!(err, "{file}: {} errors", diags.len());
+    }
+    if format == Format::Json {
+        let errors: Vec<serde_json::Value> = diags
+            .iter()
+            .map(|d| {
+                let loc = d.loc(src);
+                serde_json::json!({
+                    "file": file,
+                    "line": loc.map(|l| l.line),
+                    "col": loc.map(|l| l.col),
+                    "message": d.message,
+                    "hint": d.hint,
+                })
+            })
+            .collect();
+        println!("{}", serde_json::json!({ "ok": false, "errors": errors }));
+    }
+}
+
+fn run_pipeline(
+    file: &Path,
+    source: &Source,
+    options: &Options,
+    format: Format,
+    after_pass: &mut dyn FnMut(&str, &parallax_compiler::ir::Graph),
+) -> Result<Compiled, Exit> {
+    compile(source, options, after_pass).map_err(|e| {
+        report(
+            &file.display().to_string(),
+            &source.text,
+            &e.diagnostics(),
+            format,
+        );
+        Exit(1)
+    })
+}
+
+fn check(file: &Path, format: Format) -> Result<(), Exit> {
+    let (source, _) = load(file, format)?;
+    let compiled = run_pipeline(file, &source, &Options::default(), format, &mut |_, _| {})?;
+    let summary = compiled.plan.summary();
+    match format {
+        Format::Text => println!("{}", summary.line()),
+        Format::Json => {
+            let mut v = serde_json::to_value(&summary).expect("a summary serialises");
+            v["ok"] = serde_json::Value::Bool(true);
+            println!("{v}");
+        }
+    }
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn compile_cmd(
+    file: &Path,
+    gpus: Option<u32>,
+    emit: &[Emit],
+    out: Option<&Path>,
+    format: Format,
+    timings: bool,
+    dump_ir: &[String],
+) -> Result<(), Exit> {
+    if out.is_none() && emit.len() > 1 {
+        eprintln!("error: emitting several things needs `--out DIR`");
+        return Err(Exit(2));
+    }
+    let (source, parse_time) = load(file, format)?;
+    let options = Options {
+        gpus,
+        ..Options::default()
+    };
+    let title = source.experiment.name.clone();
+    let mut dump = |pass: &str, g: &parallax_compiler::ir::Graph| {
+        if dump_ir.iter().any(|d| d == pass || d == "all") {
+            eprintln!("// IR after pass `{pass}`");
+            eprint!("{}", to_text(g, &title));
+        }
+    };
+    let compiled = run_pipeline(file, &source, &options, format, &mut dump)?;
+    if timings {
+        let mut err = std::io::stderr().lock();
+        let _ = writeln!(err, "timings:");
+        let _ = writeln!(err, "  {:<10} {:>9.3} ms", "parse", ms(parse_time));
+        let mut total = parse_time;
+        for (name, d) in &compiled.timings {
+            let _ = writeln!(err, "  {name:<10} {:>9.3} ms", ms(*d));
+            total += *d;
+        }
+        let _ = writeln!(err, "  {:<10} {:>9.3} ms", "total", ms(total));
+    }
+    let render = |e: Emit| -> String {
+        match e {
+            Emit::Ir => to_text(&compiled.graph, &title),
+            Emit::Dot => to_dot(&compiled.graph, &title),
+            Emit::Plan => {
+                serde_json::to_string_pretty(&compiled.plan).expect("a plan serialises") + "\n"
+            }
+        }
+    };
+    match (out, emit) {
+        (None, [e]) => {
+            print!("{}", render(*e));
+            return Ok(());
+        }
+        (Some(dir), _) if !emit.is_empty() => {
+            if let Err(e) = std::fs::create_dir_all(dir) {
+                eprintln!("error: cannot create `{}`: {e}", dir.display());
+                return Err(Exit(1));
+            }
+            for &e in emit {
+                let path = dir.join(e.file_name());
+                if let Err(err) = std::fs::write(&path, render(e)) {
+                    eprintln!("error: cannot write `{}`: {err}", path.display());
+                    return Err(Exit(1));
+                }
+                eprintln!("wrote {}", path.display());
+            }
+        }
+        _ => {}
+    }
+    print_plan(&compiled, format);
+    Ok(())
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn print_plan(c: &Compiled, format: Format) {
+    let p = &c.plan;
+    match format {
+        Format::Json => {
+            let v = serde_json::json!({
+                "ok": true,
+                "name": p.name,
+                "gpus_requested": p.gpus_requested,
+                "device_kind": p.device_kind,
+                "strategy": p.strategy,
+                "parameters": p.parameters,
+                "layers": p.layers,
+                "flops_per_sample": p.flops_per_sample,
+                "ops": p.steps.len(),
+                "batch_size": p.batch_size,
+                "memory": p.memory,
+                "timings_ms": c.timings.iter().map(|(n, d)| (n.to_string(), ms(*d))).collect::<std::collections::BTreeMap<_, _>>(),
+            });
+            println!("{v}");
+        }
+        Format::Text => {
+            println!("{}: compiled", p.name);
+            if p.gpus_requested > 1 {
+                println!(
+                    "  gpus:       {} requested; this plan runs on 1 (multi-GPU partitioning is not built yet)",
+                    p.gpus_requested
+                );
+            } else {
+                println!("  gpus:       1 ({})", p.device_kind);
+            }
+            println!(
+                "  strategy:   dp={} tp={} pp={}",
+                p.strategy.dp, p.strategy.tp, p.strategy.pp
+            );
+            println!(
+                "  parameters: {} ({})",
+                thousands(p.parameters),
+                bytes(p.memory.parameter_bytes)
+            );
+            println!("  layers:     {}   ops: {}", p.layers, p.steps.len());
+            println!(
+                "  forward:    {} per sample",
+                si(p.flops_per_sample, "FLOP")
+            );
+            println!(
+                "  memory:     at batch {}: parameters {}, activations at most {}, total at most {}",
+                p.batch_size,
+                bytes(p.memory.parameter_bytes),
+                bytes(p.memory.activation_bytes_upper_bound),
+                bytes(p.memory.total_bytes_upper_bound)
+            );
+        }
+    }
+}
