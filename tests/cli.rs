@@ -1,0 +1,180 @@
+//! The command line as users (and the README) run it.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn parallax(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_parallax"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("parallax-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+#[test]
+fn check_prints_a_summary_for_every_model() {
+    for (model, params) in [
+        ("mlp", "9,610 parameters"),
+        ("cnn", "13,770 parameters"),
+        ("transformer", "106,256 parameters"),
+        ("gpt-large", "13,110,702,080 parameters"),
+    ] {
+        let o = parallax(&["check", &format!("models/{model}.ron")]);
+        assert!(o.status.success(), "{model}: {}", stderr(&o));
+        let out = stdout(&o);
+        assert_eq!(out.lines().count(), 1, "{out}");
+        assert!(out.contains(params), "{model}: {out}");
+    }
+}
+
+#[test]
+fn check_json_has_the_contract_fields() {
+    let o = parallax(&["check", "models/mlp.ron", "--format", "json"]);
+    assert!(o.status.success());
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    // 64*128 + 128 + 128*10 + 10, as PyTorch counts it.
+    assert_eq!(v["parameters"].as_u64(), Some(9610));
+    assert_eq!(v["layers"].as_u64(), Some(4));
+    // Two GEMMs (2*64*128 + 2*128*10) plus the elementwise work.
+    let flops = v["flops_per_sample"].as_u64().unwrap();
+    assert!((18944..20000).contains(&flops), "{flops}");
+}
+
+#[test]
+fn check_json_reports_errors_as_json_too() {
+    let dir = temp_dir("json-err");
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("bad.ron");
+    let text = std::fs::read_to_string("models/mlp.ron")
+        .unwrap()
+        .replace("Relu,", "Relux,");
+    std::fs::write(&f, text).unwrap();
+    let o = parallax(&["check", f.to_str().unwrap(), "--format", "json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["errors"][0]["line"], 9);
+    assert_eq!(v["errors"][0]["col"], 13);
+    assert!(stderr(&o).contains(":9:13: error: unknown layer `Relux`"));
+}
+
+#[test]
+fn compile_emits_ir_dot_and_plan() {
+    let dir = temp_dir("emit");
+    let o = parallax(&[
+        "compile",
+        "models/cnn.ron",
+        "--gpus",
+        "4",
+        "--emit",
+        "ir,dot,plan",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ir = std::fs::read_to_string(dir.join("graph.ir")).unwrap();
+    assert!(ir.starts_with("graph \"cnn-digits\" {"));
+    assert!(ir.contains("conv2d("));
+    let dot = std::fs::read_to_string(dir.join("graph.dot")).unwrap();
+    assert!(dot.starts_with("digraph"));
+    assert_eq!(dot.matches(" -> ").count() > 10, true);
+    let plan: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("plan.json")).unwrap()).unwrap();
+    assert_eq!(plan["gpus_requested"], 4);
+    assert_eq!(plan["strategy"]["dp"], 1);
+    assert_eq!(plan["parameters"], 13770);
+    assert_eq!(
+        plan["memory"]["parameter_bytes"].as_u64(),
+        Some(13770 * 4)
+    );
+    assert!(stdout(&o).contains("4 requested"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn compile_emits_one_thing_to_stdout() {
+    let o = parallax(&["compile", "models/mlp.ron", "--emit", "ir"]);
+    assert!(o.status.success());
+    let golden = std::fs::read_to_string("tests/golden/mlp.ir").unwrap();
+    assert_eq!(stdout(&o), golden);
+    // Several things need a folder.
+    let o = parallax(&["compile", "models/mlp.ron", "--emit", "ir,dot"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
+#[test]
+fn compile_json_records_gpus() {
+    let o = parallax(&[
+        "compile",
+        "models/gpt-large.ron",
+        "--gpus",
+        "8",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["gpus_requested"], 8);
+    assert_eq!(v["parameters"].as_u64(), Some(13_110_702_080));
+    assert!(v["memory"]["parameter_bytes"].as_u64().unwrap() > 52_000_000_000);
+}
+
+#[test]
+fn timings_and_ir_dumps() {
+    let o = parallax(&[
+        "compile",
+        "models/mlp.ron",
+        "--timings",
+        "--dump-ir",
+        "after:lower",
+    ]);
+    assert!(o.status.success());
+    let err = stderr(&o);
+    for pass in ["parse", "lower", "shapes", "simplify", "plan", "total"] {
+        assert!(
+            err.lines().any(|l| l.trim_start().starts_with(pass) && l.ends_with(" ms")),
+            "no timing for {pass}: {err}"
+        );
+    }
+    assert!(err.contains("// IR after pass `lower`"));
+    assert!(err.contains("%2 = matmul(%0, %1; trans_b) : f32[B, 128]"));
+    // Unknown passes are a command-line error.
+    let o = parallax(&["compile", "models/mlp.ron", "--dump-ir", "after:fuse2"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("unknown pass `fuse2`"));
+}
+
+#[test]
+fn bad_command_lines_exit_2() {
+    for args in [
+        vec!["check"],
+        vec!["compile", "models/mlp.ron", "--gpus", "0"],
+        vec!["compile", "models/mlp.ron", "--emit", "asm"],
+        vec!["check", "models/mlp.ron", "--format", "yaml"],
+        vec!["frobnicate"],
+    ] {
+        let o = parallax(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+    }
+}
+
+#[test]
+fn a_missing_file_exits_1() {
+    let o = parallax(&["check", "models/nope.ron"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).starts_with("models/nope.ron: error: cannot read the file"));
+    assert!(!Path::new("models/nope.ron").exists());
+}
