@@ -34,6 +34,8 @@ pub struct Graph {
     pub inputs: Vec<NodeIndex>,
     pub outputs: Vec<(String, NodeIndex)>,
     pub symbols: Vec<Symbol>,
+    /// The symbols' names, for messages (kept with `symbols` by `add_symbol`).
+    names: Vec<String>,
     /// Layers as the user wrote them, counted after expanding repeats.
     pub layers: usize,
 }
@@ -54,6 +56,7 @@ impl Graph {
                 name: "B".into(),
                 nominal: 1,
             }],
+            names: vec!["B".into()],
             layers: 0,
         }
     }
@@ -63,11 +66,17 @@ impl Graph {
             name: name.into(),
             nominal,
         });
+        self.names.push(name.into());
         Sym(self.symbols.len() as u32 - 1)
     }
 
     pub fn sym_names(&self) -> Vec<String> {
-        self.symbols.iter().map(|s| s.name.clone()).collect()
+        self.names.clone()
+    }
+
+    /// The symbols' names, by index.
+    pub fn names(&self) -> &[String] {
+        &self.names
     }
 
     /// Adds a node, its type inferred by the op table. The error is the shape rule's.
@@ -79,7 +88,7 @@ impl Graph {
         span: Option<Span>,
     ) -> Result<NodeIndex, String> {
         let tys: Vec<&TensorType> = operands.iter().map(|&o| &self.g[o].ty).collect();
-        let ty = op.infer(&tys)?;
+        let ty = op.infer(&tys, &self.names)?;
         let is_input = op.kind() == OpKind::Input;
         let n = self.g.add_node(Node {
             op,

@@ -11,4 +11,5 @@ pub mod verify;
 pub use dim::{Dim, Sym};
 pub use graph::{Graph, Node};
 pub use ops::{Init, Op, OpKind, OPS};
+pub use petgraph::stable_graph::NodeIndex;
 pub use types::{DType, TensorType};

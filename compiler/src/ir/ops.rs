@@ -179,7 +179,8 @@ pub enum OpClass {
     Layout,
 }
 
-pub type ShapeRule = fn(&Op, &[&TensorType]) -> Result<TensorType, String>;
+/// Infers the output type; `names` names the symbols for messages.
+pub type ShapeRule = fn(&Op, &[&TensorType], &[String]) -> Result<TensorType, String>;
 /// FLOPs of one execution, from concrete operand and output sizes.
 pub type CostRule = fn(&Op, &[Vec<u64>], &[u64]) -> u64;
 
@@ -409,7 +410,7 @@ impl Op {
     }
 
     /// The op's type for these operands, by its table row (arity checked first).
-    pub fn infer(&self, operands: &[&TensorType]) -> Result<TensorType, String> {
+    pub fn infer(&self, operands: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
         let def = self.def();
         if !def.arity.accepts(operands.len()) {
             let Arity::Exactly(k) = def.arity;
@@ -419,7 +420,7 @@ impl Op {
                 operands.len()
             ));
         }
-        (def.shape)(self, operands)
+        (def.shape)(self, operands, names)
     }
 
     /// Attributes as stable text, `stride=2, padding=1` (empty when none).
@@ -490,24 +491,24 @@ impl Op {
     }
 }
 
-fn shape_str(t: &TensorType) -> String {
-    t.show(&["B".to_string()])
-}
-
 // ---- shape rules ----
 
-fn declared(op: &Op, _: &[&TensorType]) -> Result<TensorType, String> {
+fn show(names: &[String], t: &TensorType) -> String {
+    t.show(names)
+}
+
+fn declared(op: &Op, _: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
     match op {
         Op::Input { ty, .. } | Op::Param { ty, .. } => Ok(ty.clone()),
         _ => Err("not a source op".into()),
     }
 }
 
-fn float_same(_: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
+fn float_same(_: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
     if !x[0].dtype.is_float() {
         return Err(format!(
             "expects a floating-point tensor, got {}",
-            shape_str(x[0])
+            show(names, x[0])
         ));
     }
     Ok(x[0].clone())
@@ -519,12 +520,12 @@ fn known(d: &Dim, what: &str) -> Result<u64, String> {
 }
 
 /// Numpy broadcasting, aligned at the last axis.
-pub fn broadcast(a: &TensorType, b: &TensorType) -> Result<TensorType, String> {
+pub fn broadcast(a: &TensorType, b: &TensorType, names: &[String]) -> Result<TensorType, String> {
     if a.dtype != b.dtype {
         return Err(format!(
             "element types differ: {} and {}",
-            shape_str(a),
-            shape_str(b)
+            show(names, a),
+            show(names, b)
         ));
     }
     let rank = a.rank().max(b.rank());
@@ -544,8 +545,8 @@ pub fn broadcast(a: &TensorType, b: &TensorType) -> Result<TensorType, String> {
         } else {
             return Err(format!(
                 "shapes {} and {} do not broadcast",
-                shape_str(a),
-                shape_str(b)
+                show(names, a),
+                show(names, b)
             ));
         };
         shape.push(d.clone());
@@ -553,11 +554,11 @@ pub fn broadcast(a: &TensorType, b: &TensorType) -> Result<TensorType, String> {
     Ok(TensorType::new(a.dtype, shape))
 }
 
-fn broadcast_shape(_: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
-    broadcast(x[0], x[1])
+fn broadcast_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
+    broadcast(x[0], x[1], names)
 }
 
-fn matmul_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
+fn matmul_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
     let Op::MatMul { trans_b } = op else {
         unreachable!("matmul rule on {op:?}")
     };
@@ -565,15 +566,15 @@ fn matmul_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
     if a.rank() < 2 || b.rank() < 2 {
         return Err(format!(
             "matmul needs operands of rank 2 or more, got {} and {}",
-            shape_str(a),
-            shape_str(b)
+            show(names, a),
+            show(names, b)
         ));
     }
     if !a.dtype.is_float() || a.dtype != b.dtype {
         return Err(format!(
             "matmul needs two floating-point operands of one type, got {} and {}",
-            shape_str(a),
-            shape_str(b)
+            show(names, a),
+            show(names, b)
         ));
     }
     let (m, k) = (&a.shape[a.rank() - 2], &a.shape[a.rank() - 1]);
@@ -585,8 +586,8 @@ fn matmul_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
     if k != kb {
         return Err(format!(
             "inner dimensions differ: {} x {}",
-            shape_str(a),
-            shape_str(b)
+            show(names, a),
+            show(names, b)
         ));
     }
     let batch_a = &a.shape[..a.rank() - 2];
@@ -594,8 +595,8 @@ fn matmul_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
     if !batch_b.is_empty() && batch_a != batch_b {
         return Err(format!(
             "batch dimensions differ: {} x {}",
-            shape_str(a),
-            shape_str(b)
+            show(names, a),
+            show(names, b)
         ));
     }
     let mut shape = batch_a.to_vec();
@@ -613,7 +614,7 @@ fn window_out(size: u64, kernel: u64, stride: u64, padding: u64) -> Option<u64> 
     Some((padded - kernel) / stride + 1)
 }
 
-fn conv_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
+fn conv_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
     let Op::Conv2d {
         stride,
         padding,
@@ -626,8 +627,8 @@ fn conv_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
     if inp.rank() != 4 || w.rank() != 4 {
         return Err(format!(
             "conv2d needs an input [N, C, H, W] and weights [O, C/groups, KH, KW], got {} and {}",
-            shape_str(inp),
-            shape_str(w)
+            show(names, inp),
+            show(names, w)
         ));
     }
     let c = known(&inp.shape[1], "the channel count")?;
@@ -665,7 +666,7 @@ fn conv_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
     ))
 }
 
-fn pool_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
+fn pool_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
     let Op::Pool2d {
         kernel,
         stride,
@@ -679,7 +680,7 @@ fn pool_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
     if inp.rank() != 4 {
         return Err(format!(
             "pooling needs an input [N, C, H, W], got {}",
-            shape_str(inp)
+            show(names, inp)
         ));
     }
     if *padding * 2 > *kernel {
@@ -705,7 +706,7 @@ fn pool_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
     Ok(TensorType::new(inp.dtype, shape))
 }
 
-fn reshape_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
+fn reshape_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
     let Op::Reshape { shape } = op else {
         unreachable!("reshape rule on {op:?}")
     };
@@ -713,14 +714,14 @@ fn reshape_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
     if x[0].numel() != to.numel() {
         return Err(format!(
             "cannot reshape {} to {}: element counts differ",
-            shape_str(x[0]),
-            shape_str(&to)
+            show(names, x[0]),
+            show(names, &to)
         ));
     }
     Ok(to)
 }
 
-fn permute_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
+fn permute_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
     let Op::Permute { perm } = op else {
         unreachable!("permute rule on {op:?}")
     };
@@ -733,14 +734,14 @@ fn permute_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
         return Err(format!(
             "{perm:?} is not a permutation of the {} axes of {}",
             x[0].rank(),
-            shape_str(x[0])
+            show(names, x[0])
         ));
     }
     let shape = perm.iter().map(|&p| x[0].shape[p].clone()).collect();
     Ok(TensorType::new(x[0].dtype, shape))
 }
 
-fn concat_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
+fn concat_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
     let Op::Concat { axis } = op else {
         unreachable!("concat rule on {op:?}")
     };
@@ -748,16 +749,16 @@ fn concat_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
     if a.rank() != b.rank() || *axis >= a.rank() || a.dtype != b.dtype {
         return Err(format!(
             "cannot concatenate {} and {} along axis {axis}",
-            shape_str(a),
-            shape_str(b)
+            show(names, a),
+            show(names, b)
         ));
     }
     for i in 0..a.rank() {
         if i != *axis && a.shape[i] != b.shape[i] {
             return Err(format!(
                 "cannot concatenate {} and {} along axis {axis}: axis {i} differs",
-                shape_str(a),
-                shape_str(b)
+                show(names, a),
+                show(names, b)
             ));
         }
     }
@@ -768,19 +769,22 @@ fn concat_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
     Ok(TensorType::new(a.dtype, shape))
 }
 
-fn slice_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
+fn slice_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
     let Op::Slice { axis, start, len } = op else {
         unreachable!("slice rule on {op:?}")
     };
     let t = x[0];
     if *axis >= t.rank() {
-        return Err(format!("axis {axis} is out of range for {}", shape_str(t)));
+        return Err(format!(
+            "axis {axis} is out of range for {}",
+            show(names, t)
+        ));
     }
     if let (Some(size), Some(l)) = (t.shape[*axis].as_known(), len.as_known()) {
         if start.saturating_add(l) > size {
             return Err(format!(
                 "slice [{start}, {start}+{l}) is outside axis {axis} of {}",
-                shape_str(t)
+                show(names, t)
             ));
         }
     }
@@ -789,8 +793,8 @@ fn slice_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
     Ok(TensorType::new(t.dtype, shape))
 }
 
-fn softmax_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
-    let t = float_same(op, x)?;
+fn softmax_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
+    let t = float_same(op, x, names)?;
     if t.rank() == 0 {
         return Err("softmax needs at least one axis".into());
     }
@@ -798,25 +802,25 @@ fn softmax_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
         if t.rank() < 2 || t.shape[t.rank() - 1] != t.shape[t.rank() - 2] {
             return Err(format!(
                 "a causal softmax needs square [.., S, S] scores, got {}",
-                shape_str(&t)
+                show(names, &t)
             ));
         }
     }
     Ok(t)
 }
 
-fn batchnorm_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
-    let t = float_same(op, x)?;
+fn batchnorm_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
+    let t = float_same(op, x, names)?;
     if t.rank() < 2 {
         return Err(format!(
             "batch norm needs [N, C, ..], got {}",
-            shape_str(&t)
+            show(names, &t)
         ));
     }
     Ok(t)
 }
 
-fn reduce_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
+fn reduce_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
     let (Op::ReduceSum { axes } | Op::ReduceMean { axes }) = op else {
         unreachable!("reduce rule on {op:?}")
     };
@@ -824,7 +828,7 @@ fn reduce_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
     if axes.iter().any(|&a| a >= t.rank()) || axes.windows(2).any(|w| w[0] >= w[1]) {
         return Err(format!(
             "axes {axes:?} must be ascending axes of {}",
-            shape_str(t)
+            show(names, t)
         ));
     }
     let shape = (0..t.rank())
@@ -834,18 +838,18 @@ fn reduce_shape(op: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
     Ok(TensorType::new(t.dtype, shape))
 }
 
-fn gather_shape(_: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
+fn gather_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
     let (table, idx) = (x[0], x[1]);
     if table.rank() != 2 || !table.dtype.is_float() {
         return Err(format!(
             "gather needs a float table [V, D], got {}",
-            shape_str(table)
+            show(names, table)
         ));
     }
     if idx.dtype.is_float() {
         return Err(format!(
             "indices must be integers (dtype: I32), got {}",
-            shape_str(idx)
+            show(names, idx)
         ));
     }
     let mut shape = idx.shape.clone();
@@ -853,12 +857,12 @@ fn gather_shape(_: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
     Ok(TensorType::new(table.dtype, shape))
 }
 
-fn xent_shape(_: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
+fn xent_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
     let (logits, labels) = (x[0], x[1]);
     if logits.rank() == 0 || !logits.dtype.is_float() {
         return Err(format!(
             "cross-entropy needs float logits [.., classes], got {}",
-            shape_str(logits)
+            show(names, logits)
         ));
     }
     if labels.dtype.is_float() || labels.shape[..] != logits.shape[..logits.rank() - 1] {
@@ -866,10 +870,10 @@ fn xent_shape(_: &Op, x: &[&TensorType]) -> Result<TensorType, String> {
             "labels must be integers of shape {:?} for logits {}, got {}",
             logits.shape[..logits.rank() - 1]
                 .iter()
-                .map(|d| d.to_string())
+                .map(|d| d.show(names))
                 .collect::<Vec<_>>(),
-            shape_str(logits),
-            shape_str(labels)
+            show(names, logits),
+            show(names, labels)
         ));
     }
     Ok(TensorType::scalar(DType::F32))
@@ -921,6 +925,8 @@ pub fn elements(t: &TensorType) -> Option<Dim> {
 mod tests {
     use super::*;
 
+    const B: [String; 0] = [];
+
     fn f(shape: &[u64]) -> TensorType {
         TensorType::f32(shape.iter().map(|&d| Dim::known(d)).collect())
     }
@@ -935,11 +941,14 @@ mod tests {
     #[test]
     fn shape_rules() {
         let mm = Op::MatMul { trans_b: false };
-        assert_eq!(mm.infer(&[&f(&[8, 3]), &f(&[3, 5])]).unwrap(), f(&[8, 5]));
-        assert!(mm.infer(&[&f(&[8, 3]), &f(&[4, 5])]).is_err());
+        assert_eq!(
+            mm.infer(&[&f(&[8, 3]), &f(&[3, 5])], &B).unwrap(),
+            f(&[8, 5])
+        );
+        assert!(mm.infer(&[&f(&[8, 3]), &f(&[4, 5])], &B).is_err());
         let mmt = Op::MatMul { trans_b: true };
         assert_eq!(
-            mmt.infer(&[&f(&[2, 4, 8, 16]), &f(&[2, 4, 8, 16])])
+            mmt.infer(&[&f(&[2, 4, 8, 16]), &f(&[2, 4, 8, 16])], &B)
                 .unwrap(),
             f(&[2, 4, 8, 8])
         );
@@ -949,25 +958,28 @@ mod tests {
             groups: 1,
         };
         assert_eq!(
-            conv.infer(&[&f(&[1, 3, 32, 32]), &f(&[16, 3, 3, 3])])
+            conv.infer(&[&f(&[1, 3, 32, 32]), &f(&[16, 3, 3, 3])], &B)
                 .unwrap(),
             f(&[1, 16, 16, 16])
         );
         assert_eq!(
-            Op::Add.infer(&[&f(&[4, 1, 5]), &f(&[3, 1])]).unwrap(),
+            Op::Add.infer(&[&f(&[4, 1, 5]), &f(&[3, 1])], &B).unwrap(),
             f(&[4, 3, 5])
         );
-        assert!(Op::Add.infer(&[&f(&[4, 2]), &f(&[3])]).is_err());
-        assert!(Op::Relu.infer(&[&f(&[1]), &f(&[1])]).is_err());
+        assert!(Op::Add.infer(&[&f(&[4, 2]), &f(&[3])], &B).is_err());
+        assert!(Op::Relu.infer(&[&f(&[1]), &f(&[1])], &B).is_err());
         let pool = Op::Pool2d {
             max: true,
             kernel: 2,
             stride: 2,
             padding: 0,
         };
-        assert_eq!(pool.infer(&[&f(&[1, 8, 7, 7])]).unwrap(), f(&[1, 8, 3, 3]));
+        assert_eq!(
+            pool.infer(&[&f(&[1, 8, 7, 7])], &B).unwrap(),
+            f(&[1, 8, 3, 3])
+        );
         let r = Op::ReduceMean { axes: vec![0, 1] };
-        assert_eq!(r.infer(&[&f(&[2, 3])]).unwrap(), f(&[]));
+        assert_eq!(r.infer(&[&f(&[2, 3])], &B).unwrap(), f(&[]));
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub fn verify(g: &Graph) -> Result<(), String> {
         let tys: Vec<_> = ops.iter().map(|&o| &g.g[o].ty).collect();
         let inferred = node
             .op
-            .infer(&tys)
+            .infer(&tys, &names)
             .map_err(|e| format!("node `{}` ({}): {e}", node.layer, def.name))?;
         if inferred != node.ty {
             return Err(format!(

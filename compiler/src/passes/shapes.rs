@@ -15,7 +15,7 @@ pub fn run(g: &mut Graph, _: &Ctx) -> Result<(), Error> {
         let operands = g.operands(n);
         let tys: Vec<_> = operands.iter().map(|&o| &g.g[o].ty).collect();
         let node = &g.g[n];
-        let ty = node.op.infer(&tys).map_err(|msg| {
+        let ty = node.op.infer(&tys, g.names()).map_err(|msg| {
             Error::Model(Diagnostic::new(
                 format!("in layer `{}`: {msg}", node.layer),
                 node.span,

@@ -1,0 +1,193 @@
+//! The passes on their own: each model through the pipeline with the verifier after every
+//! pass, and each pass on a hand-built graph where it must change something.
+
+use parallax_compiler::ir::dim::Dim;
+use parallax_compiler::ir::verify::verify;
+use parallax_compiler::ir::{Graph, Op, OpKind, TensorType};
+use parallax_compiler::passes::{pass_names, shapes, simplify, Ctx};
+use parallax_compiler::{compile, parse_bytes, Options};
+
+fn model(name: &str) -> parallax_compiler::Source {
+    let path = format!("{}/models/{name}.ron", env!("CARGO_MANIFEST_DIR"));
+    parse_bytes(&std::fs::read(path).unwrap()).unwrap()
+}
+
+#[test]
+fn every_pass_leaves_a_valid_graph_for_every_model() {
+    for name in ["mlp", "cnn", "transformer", "gpt-large"] {
+        let source = model(name);
+        let mut seen = Vec::new();
+        let options = Options {
+            verify: false,
+            ..Options::default()
+        };
+        compile(&source, &options, &mut |pass, g| {
+            verify(g).unwrap_or_else(|e| panic!("{name}: after `{pass}`: {e}"));
+            seen.push(pass.to_string());
+        })
+        .unwrap();
+        assert_eq!(seen, pass_names(), "{name}");
+    }
+}
+
+fn f32(shape: &[u64]) -> TensorType {
+    let mut s = vec![Dim::batch()];
+    s.extend(shape.iter().map(|&d| Dim::known(d)));
+    TensorType::f32(s)
+}
+
+fn input(g: &mut Graph, name: &str, shape: &[u64]) -> parallax_compiler::ir::NodeIndex {
+    g.add(
+        Op::Input {
+            name: name.into(),
+            ty: f32(shape),
+        },
+        &[],
+        "",
+        None,
+    )
+    .unwrap()
+}
+
+fn count(g: &Graph, kind: OpKind) -> usize {
+    g.g.node_indices()
+        .filter(|&n| g.g[n].op.kind() == kind)
+        .count()
+}
+
+#[test]
+fn simplify_merges_common_subexpressions() {
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", &[8]);
+    let a = g.add(Op::Relu, &[x], "a", None).unwrap();
+    let b = g.add(Op::Relu, &[x], "b", None).unwrap();
+    let s1 = g.add(Op::Scale { by: 2.0 }, &[a], "s1", None).unwrap();
+    let s2 = g.add(Op::Scale { by: 3.0 }, &[b], "s2", None).unwrap();
+    let d1 = g
+        .add(Op::Dropout { p: 0.5, stream: 0 }, &[x], "d1", None)
+        .unwrap();
+    let d2 = g
+        .add(Op::Dropout { p: 0.5, stream: 0 }, &[x], "d2", None)
+        .unwrap();
+    let sum = g.add(Op::Add, &[s1, s2], "sum", None).unwrap();
+    let sum = g.add(Op::Add, &[sum, d1], "sum", None).unwrap();
+    let sum = g.add(Op::Add, &[sum, d2], "sum", None).unwrap();
+    g.outputs.push(("y".into(), sum));
+    simplify::merge_common(&mut g);
+    simplify::remove_dead(&mut g);
+    verify(&g).unwrap();
+    // The two relus of x merge; scales by different factors do not; dropouts never do.
+    assert_eq!(count(&g, OpKind::Relu), 1);
+    assert_eq!(count(&g, OpKind::Scale), 2);
+    assert_eq!(count(&g, OpKind::Dropout), 2);
+    let relu =
+        g.g.node_indices()
+            .find(|&n| g.g[n].op.kind() == OpKind::Relu)
+            .unwrap();
+    assert_eq!(g.users(relu).len(), 2);
+}
+
+#[test]
+fn simplify_removes_dead_code_and_keeps_inputs() {
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", &[4]);
+    let unused_input = input(&mut g, "mask", &[4]);
+    let y = g.add(Op::Tanh, &[x], "y", None).unwrap();
+    let dead = g.add(Op::Sigmoid, &[x], "dead", None).unwrap();
+    let _dead2 = g.add(Op::Relu, &[dead], "dead2", None).unwrap();
+    g.outputs.push(("y".into(), y));
+    assert_eq!(g.g.node_count(), 5);
+    simplify::remove_dead(&mut g);
+    verify(&g).unwrap();
+    assert_eq!(g.g.node_count(), 3);
+    assert!(g.g.contains_node(unused_input));
+    assert_eq!(count(&g, OpKind::Sigmoid), 0);
+    assert_eq!(count(&g, OpKind::Relu), 0);
+}
+
+#[test]
+fn merged_outputs_follow_the_kept_node() {
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", &[4]);
+    let a = g.add(Op::Gelu, &[x], "a", None).unwrap();
+    let b = g.add(Op::Gelu, &[x], "b", None).unwrap();
+    g.outputs.push(("a".into(), a));
+    g.outputs.push(("b".into(), b));
+    simplify::merge_common(&mut g);
+    simplify::remove_dead(&mut g);
+    verify(&g).unwrap();
+    assert_eq!(g.outputs[0].1, g.outputs[1].1);
+    assert_eq!(count(&g, OpKind::Gelu), 1);
+}
+
+#[test]
+fn shapes_rederives_stale_types_and_verify_catches_them() {
+    let source = model("mlp");
+    let options = Options::default();
+    let ctx = Ctx {
+        source: &source,
+        options: &options,
+    };
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", &[16]);
+    let y = g.add(Op::Relu, &[x], "y", None).unwrap();
+    g.outputs.push(("y".into(), y));
+    // A pass that rewrote an op and left its old type behind.
+    g.g[y].ty = f32(&[3]);
+    let e = verify(&g).unwrap_err();
+    assert!(
+        e.contains("is typed f32[B, 3] but its operands give f32[B, 16]"),
+        "{e}"
+    );
+    shapes::run(&mut g, &ctx).unwrap();
+    verify(&g).unwrap();
+    assert_eq!(g.g[y].ty, f32(&[16]));
+}
+
+#[test]
+fn verify_catches_broken_invariants() {
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", &[4]);
+    let y = g.add(Op::Relu, &[x], "y", None).unwrap();
+    // No outputs.
+    assert!(verify(&g).unwrap_err().contains("no outputs"));
+    g.outputs.push(("y".into(), y));
+    verify(&g).unwrap();
+    // A second operand on a unary op.
+    g.g.add_edge(x, y, 1);
+    assert!(verify(&g).unwrap_err().contains("operand slots"));
+    // A cycle.
+    let mut g = Graph::new();
+    let x = input(&mut g, "x", &[4]);
+    let a = g.add(Op::Relu, &[x], "a", None).unwrap();
+    let b = g.add(Op::Relu, &[a], "b", None).unwrap();
+    g.g.add_edge(b, a, 1);
+    g.outputs.push(("b".into(), b));
+    assert!(verify(&g).unwrap_err().contains("cycle"));
+}
+
+#[test]
+fn shape_errors_name_the_layer_both_shapes_and_the_place() {
+    let text = std::fs::read_to_string(format!(
+        "{}/models/transformer.ron",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+    .replace(
+        "(\"mlp\", Mlp(hidden: \"d * 4\", act: Gelu),         [\"n2\"]),",
+        "(\"mlp\", Linear(out: 32),                           [\"n2\"]),",
+    );
+    let source = parse_bytes(text.as_bytes()).unwrap();
+    let e = compile(&source, &Options::default(), &mut |_, _| {})
+        .err()
+        .expect("a mismatch");
+    let d = &e.diagnostics()[0];
+    assert_eq!(
+        d.message,
+        "in layer `h.0.out`: shapes f32[B, seq, 64] and f32[B, seq, 32] do not broadcast"
+    );
+    let loc = d.loc(&text).unwrap();
+    let line = text.lines().nth(loc.line - 1).unwrap();
+    assert!(line.contains("(\"out\", Add"), "{line}");
+    assert_eq!(&line[loc.col - 1..loc.col + 2], "Add");
+}
