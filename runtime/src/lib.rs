@@ -1,6 +1,7 @@
-//! The Parallax runtime: executes compiled plans. The backends (CPU, the oracle; CUDA),
-//! the collectives, the data pipeline, training, checkpoints and metrics arrive with the
-//! issues that build them; this crate fixes where they live.
+//! The Parallax runtime: executes compiled plans. The CPU backend is the oracle; the data
+//! pipeline feeds it; randomness is keyed by (seed, purpose, index) throughout.
+
+pub mod rng;
 
 pub mod backend {
     //! Executors of a plan.
