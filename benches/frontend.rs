@@ -7,12 +7,7 @@ use std::hint::black_box;
 
 /// A Sequential model of `layers` layers cycling through Linear, LayerNorm, Gelu, Dropout.
 fn generated(layers: usize) -> String {
-    let kinds = [
-        "Linear(out: \"d\")",
-        "LayerNorm",
-        "Gelu",
-        "Dropout(0.1)",
-    ];
+    let kinds = ["Linear(out: \"d\")", "LayerNorm", "Gelu", "Dropout(0.1)"];
     let body: Vec<String> = (0..layers)
         .map(|i| format!("        {},", kinds[i % kinds.len()]))
         .collect();
@@ -45,7 +40,10 @@ fn frontend(c: &mut Criterion) {
     let text = generated(999);
     let source = parse(&text).expect("the generated model parses");
     assert_eq!(
-        compile(&source, &options, &mut |_, _| {}).unwrap().graph.layers,
+        compile(&source, &options, &mut |_, _| {})
+            .unwrap()
+            .graph
+            .layers,
         1000
     );
     c.bench_function("parse 1000 layers", |b| {
@@ -60,11 +58,8 @@ fn frontend(c: &mut Criterion) {
             compile(&s, &options, &mut |_, _| {}).unwrap()
         })
     });
-    let gpt = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/models/gpt-large.ron"
-    ))
-    .unwrap();
+    let gpt = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/models/gpt-large.ron"))
+        .unwrap();
     c.bench_function("parse + compile gpt-large", |b| {
         b.iter(|| {
             let s = parse(black_box(&gpt)).unwrap();

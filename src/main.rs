@@ -200,7 +200,7 @@ fn run_pipeline(
 fn check(file: &Path, format: Format) -> Result<(), Exit> {
     let (source, _) = load(file, format)?;
     let compiled = run_pipeline(file, &source, &Options::default(), format, &mut |_, _| {})?;
-    let summary = compiled.plan.summary();
+    let summary = compiled.summary(&source);
     match format {
         Format::Text => println!("{}", summary.line()),
         Format::Json => {
@@ -239,12 +239,16 @@ fn compile_cmd(
         }
     };
     let compiled = run_pipeline(file, &source, &options, format, &mut dump)?;
+    let t = Instant::now();
+    let plan = compiled.plan(&source, &options);
+    let mut pass_times = compiled.timings.clone();
+    pass_times.push(("plan", t.elapsed()));
     if timings {
         let mut err = std::io::stderr().lock();
         let _ = writeln!(err, "timings:");
         let _ = writeln!(err, "  {:<10} {:>9.3} ms", "parse", ms(parse_time));
         let mut total = parse_time;
-        for (name, d) in &compiled.timings {
+        for (name, d) in &pass_times {
             let _ = writeln!(err, "  {name:<10} {:>9.3} ms", ms(*d));
             total += *d;
         }
@@ -254,9 +258,7 @@ fn compile_cmd(
         match e {
             Emit::Ir => to_text(&compiled.graph, &title),
             Emit::Dot => to_dot(&compiled.graph, &title),
-            Emit::Plan => {
-                serde_json::to_string_pretty(&compiled.plan).expect("a plan serialises") + "\n"
-            }
+            Emit::Plan => serde_json::to_string_pretty(&plan).expect("a plan serialises") + "\n",
         }
     };
     match (out, emit) {
@@ -280,7 +282,7 @@ fn compile_cmd(
         }
         _ => {}
     }
-    print_plan(&compiled, format);
+    print_plan(&plan, &pass_times, format);
     Ok(())
 }
 
@@ -288,8 +290,7 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn print_plan(c: &Compiled, format: Format) {
-    let p = &c.plan;
+fn print_plan(p: &parallax_compiler::Plan, timings: &[(&str, Duration)], format: Format) {
     match format {
         Format::Json => {
             let v = serde_json::json!({
@@ -304,7 +305,7 @@ fn print_plan(c: &Compiled, format: Format) {
                 "ops": p.steps.len(),
                 "batch_size": p.batch_size,
                 "memory": p.memory,
-                "timings_ms": c.timings.iter().map(|(n, d)| (n.to_string(), ms(*d))).collect::<std::collections::BTreeMap<_, _>>(),
+                "timings_ms": timings.iter().map(|(n, d)| (n.to_string(), ms(*d))).collect::<std::collections::BTreeMap<_, _>>(),
             });
             println!("{v}");
         }

@@ -96,10 +96,7 @@ fn compile_emits_ir_dot_and_plan() {
     assert_eq!(plan["gpus_requested"], 4);
     assert_eq!(plan["strategy"]["dp"], 1);
     assert_eq!(plan["parameters"], 13770);
-    assert_eq!(
-        plan["memory"]["parameter_bytes"].as_u64(),
-        Some(13770 * 4)
-    );
+    assert_eq!(plan["memory"]["parameter_bytes"].as_u64(), Some(13770 * 4));
     assert!(stdout(&o).contains("4 requested"));
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -145,7 +142,8 @@ fn timings_and_ir_dumps() {
     let err = stderr(&o);
     for pass in ["parse", "lower", "shapes", "simplify", "plan", "total"] {
         assert!(
-            err.lines().any(|l| l.trim_start().starts_with(pass) && l.ends_with(" ms")),
+            err.lines()
+                .any(|l| l.trim_start().starts_with(pass) && l.ends_with(" ms")),
             "no timing for {pass}: {err}"
         );
     }

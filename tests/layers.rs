@@ -23,10 +23,11 @@ fn sequential(input: &str, layers: &str) -> Result<(String, u64), String> {
 fn run(text: &str) -> Result<(String, u64), String> {
     let source = parse(text).map_err(|e| e.to_string())?;
     let c = compile(&source, &Options::default(), &mut |_, _| {}).map_err(|e| e.to_string())?;
-    let out = &c.plan.outputs[0];
+    let plan = c.plan(&source, &Options::default());
+    let out = &plan.outputs[0];
     Ok((
         format!("{}[{}]", out.dtype, out.shape.join(", ")),
-        c.plan.parameters,
+        plan.parameters,
     ))
 }
 
@@ -159,9 +160,10 @@ fn graphs_take_several_inputs_and_give_several_outputs() {
     );
     let fixed = TWO_TOWER.replace("symbols: { \"seq\": 12 }", "params: { \"seq\": 12 }");
     let source = parse(&fixed).unwrap();
-    let c = compile(&source, &Options::default(), &mut |_, _| {}).unwrap();
+    let c = compile(&source, &Options::default(), &mut |_, _| {})
+        .unwrap()
+        .plan(&source, &Options::default());
     let outs: Vec<(String, String)> = c
-        .plan
         .outputs
         .iter()
         .map(|o| (o.name.clone(), o.shape.join(", ")))
@@ -174,10 +176,11 @@ fn graphs_take_several_inputs_and_give_several_outputs() {
             ("loss".into(), "".into()),
         ]
     );
-    let inputs: Vec<&str> = c.plan.inputs.iter().map(|i| i.name.as_str()).collect();
-    assert_eq!(inputs, ["image", "text", "labels"]);
+    let inputs: Vec<&str> = c.inputs.iter().map(|i| i.name.as_str()).collect();
+    // The learning rate is an input too, so schedules never recompile.
+    assert_eq!(inputs, ["image", "text", "labels", "lr"]);
     // image 64*16+16; text (transposed to [4, 12]) 12+1, then 4*16+16; aux 32+1; score 32*3+3.
-    assert_eq!(c.plan.parameters, 1040 + 13 + 80 + 33 + 99);
+    assert_eq!(c.parameters, 1040 + 13 + 80 + 33 + 99);
 }
 
 #[test]
@@ -202,13 +205,11 @@ fn repeated_blocks_take_arguments_and_nest() {
     train: (batch_size: 4, steps: 1),
 )"#;
     let source = parse(text).unwrap();
-    let c = compile(&source, &Options::default(), &mut |_, _| {}).unwrap();
+    let c = compile(&source, &Options::default(), &mut |_, _| {})
+        .unwrap()
+        .plan(&source, &Options::default());
     // 3 outer copies of (2 inner copies of (Linear, Tanh), LayerNorm), then the head.
-    assert_eq!(c.plan.layers, 3 * (2 * 2 + 1) + 1);
-    assert_eq!(c.plan.parameters, 3 * (2 * 72 + 16) + 18);
-    assert!(c
-        .plan
-        .params
-        .iter()
-        .any(|p| p.name == "body.2.a.1.fc.weight"));
+    assert_eq!(c.layers, 3 * (2 * 2 + 1) + 1);
+    assert_eq!(c.parameters, 3 * (2 * 72 + 16) + 18);
+    assert!(c.params.iter().any(|p| p.name == "body.2.a.1.fc.weight"));
 }

@@ -99,7 +99,7 @@ impl Plan {
             let node = &g.g[n];
             match &node.op {
                 crate::ir::Op::Param { name, init, ty } => {
-                    param_bytes += g.bytes(n, batch_size);
+                    param_bytes = param_bytes.saturating_add(g.bytes(n, batch_size));
                     params.push(ParamInfo {
                         name: name.clone(),
                         shape: ty.shape.iter().map(|d| d.factor).collect(),
@@ -107,12 +107,12 @@ impl Plan {
                     });
                 }
                 crate::ir::Op::Input { name, .. } => {
-                    act_bytes += g.bytes(n, batch_size);
+                    act_bytes = act_bytes.saturating_add(g.bytes(n, batch_size));
                     inputs.push(info(g, name, n));
                 }
                 op => {
                     debug_assert!(op.kind() != OpKind::Param);
-                    act_bytes += g.bytes(n, batch_size);
+                    act_bytes = act_bytes.saturating_add(g.bytes(n, batch_size));
                 }
             }
             steps.push(Step {
@@ -138,28 +138,16 @@ impl Plan {
             batch_size,
             parameters: sat(g.parameter_count()),
             layers: g.layers,
-            flops_per_sample: sat(g.flops(1)),
+            flops_per_sample: sat(g.flops(1, crate::ir::Phase::Forward)),
             memory: Memory {
                 parameter_bytes: sat(param_bytes),
                 activation_bytes_upper_bound: sat(act_bytes),
-                total_bytes_upper_bound: sat(param_bytes + act_bytes),
+                total_bytes_upper_bound: sat(param_bytes.saturating_add(act_bytes)),
             },
             inputs,
             outputs,
             params,
             steps,
-        }
-    }
-
-    pub fn summary(&self) -> Summary {
-        Summary {
-            name: self.name.clone(),
-            parameters: self.parameters,
-            layers: self.layers,
-            flops_per_sample: self.flops_per_sample,
-            ops: self.steps.len(),
-            inputs: self.inputs.clone(),
-            outputs: self.outputs.clone(),
         }
     }
 }
@@ -223,6 +211,25 @@ pub fn bytes(n: u64) -> String {
 }
 
 impl Summary {
+    pub fn of(g: &Graph, source: &Source) -> Summary {
+        Summary {
+            name: source.experiment.name.clone(),
+            parameters: sat(g.parameter_count()),
+            layers: g.layers,
+            flops_per_sample: sat(g.flops(1, crate::ir::Phase::Forward)),
+            ops: g.g.node_count(),
+            inputs: g
+                .inputs
+                .iter()
+                .filter_map(|&n| match &g.g[n].op {
+                    crate::ir::Op::Input { name, .. } => Some(info(g, name, n)),
+                    _ => None,
+                })
+                .collect(),
+            outputs: g.outputs.iter().map(|(k, n)| info(g, k, *n)).collect(),
+        }
+    }
+
     pub fn line(&self) -> String {
         format!(
             "{}: ok: {} parameters, {} layers, {} per sample (forward), {} ops",

@@ -51,6 +51,10 @@ impl<'de> Deserialize<'de> for DimExpr {
                 Err(E::custom(format!("{v} is far too large for a size")))
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<DimExpr, E> {
+                // An integer literal too large for 64 bits reaches us as a float.
+                if v.is_finite() && v.fract() == 0.0 && v.abs() >= 9.2e18 {
+                    return Err(E::custom(format!("{v:e} is far too large for a size")));
+                }
                 Err(E::custom(format!(
                     "expected an integer size, found the number {v}"
                 )))

@@ -73,7 +73,9 @@ impl Parser<'_, '_> {
 
     fn expr(&mut self, min_prec: u8, depth: usize) -> Result<(Val, (usize, usize)), ExprError> {
         if depth > MAX_DEPTH {
-            return Err(err("expression nested too deeply", self.end_span()));
+            // Point at where the nesting went too deep, not at the end of the text.
+            let at = self.toks.get(self.pos).map_or(self.end_span(), |t| t.1);
+            return Err(err("expression nested too deeply", at));
         }
         let (mut lhs, mut span) = self.atom(depth)?;
         while let Some(op) = self.peek() {

@@ -58,13 +58,19 @@ pub fn parse_bytes(bytes: &[u8]) -> Result<Source, Error> {
 
 /// Parses and validates an experiment.
 pub fn parse(text: &str) -> Result<Source, Error> {
+    if text.trim().is_empty() {
+        return Err(Error::Syntax(
+            Diagnostic::new("the file is empty", Some(Span::new(0, 0)))
+                .with_hint("an experiment is written `Experiment(name: ..., model: ..., ...)`"),
+        ));
+    }
     let rewritten = Rewritten::new(text, ast::BARE_OK);
     let options = ron::Options::default()
         .with_default_extension(ron::extensions::Extensions::IMPLICIT_SOME)
         .with_recursion_limit(RECURSION_LIMIT);
     let experiment: Experiment = options
         .from_str(&rewritten.text)
-        .map_err(|e| Error::Syntax(ron_diagnostic(&e, &rewritten)))?;
+        .map_err(|e| Error::Syntax(ron_diagnostic(&e, &rewritten, text)))?;
     let source = Source {
         text: text.to_string(),
         experiment,
@@ -92,7 +98,7 @@ fn what_enum(outer: Option<&str>) -> &'static str {
     }
 }
 
-fn ron_diagnostic(e: &ron::error::SpannedError, rw: &Rewritten) -> Diagnostic {
+fn ron_diagnostic(e: &ron::error::SpannedError, rw: &Rewritten, text: &str) -> Diagnostic {
     let start = rw.original_offset(Loc {
         line: e.span.start.line,
         col: e.span.start.col,
@@ -105,6 +111,20 @@ fn ron_diagnostic(e: &ron::error::SpannedError, rw: &Rewritten) -> Diagnostic {
         .max(start);
     let span = Some(Span::new(start, end));
     match &e.code {
+        RonError::IntegerOutOfBounds => {
+            // RON points past a leading sign; include it, so `-1` is underlined whole.
+            let signed = text.get(..start).unwrap_or("").trim_end();
+            let start = if signed.ends_with(['-', '+']) {
+                signed.len() - 1
+            } else {
+                start
+            };
+            Diagnostic::new(
+                "this integer is out of range for the field",
+                Some(Span::new(start, end)),
+            )
+            .with_hint("counts and sizes here are whole numbers, 0 or more, of a sensible size")
+        }
         RonError::NoSuchEnumVariant {
             expected,
             found,

@@ -259,7 +259,8 @@ fn optimizer(c: &mut Checker, o: &Optimizer) {
         }
         Schedule::Cosine { min_lr, .. } => {
             c.non_negative(s("min_lr"), "`min_lr`", *min_lr);
-            if min_lr > lr {
+            // Only against a valid `lr`: a bad one is reported already.
+            if *lr > 0.0 && min_lr > lr {
                 c.fail(
                     s("min_lr"),
                     format!("`min_lr` {min_lr} is above `lr` {lr}"),

@@ -1,7 +1,7 @@
 //! The IR graph: a petgraph `StableGraph` of primitive ops. Edges run from operand to user
 //! and carry the operand's position.
 
-use super::dim::{Dim, Sym, BATCH};
+use super::dim::{Sym, BATCH};
 use super::ops::{Op, OpKind};
 use super::types::TensorType;
 use crate::diag::Span;
@@ -11,10 +11,19 @@ use petgraph::Direction;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
+/// Which part of a training step a node belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum Phase {
+    Forward,
+    Backward,
+    Update,
+}
+
 #[derive(Debug, Clone)]
 pub struct Node {
     pub op: Op,
     pub ty: TensorType,
+    pub phase: Phase,
     /// The layer it came from, as a dotted path (`h.3.att.q`).
     pub layer: String,
     /// Where that layer is written in the file.
@@ -38,6 +47,13 @@ pub struct Graph {
     names: Vec<String>,
     /// Layers as the user wrote them, counted after expanding repeats.
     pub layers: usize,
+    /// Each trainable parameter and its gradient (after autodiff).
+    pub grads: Vec<(NodeIndex, NodeIndex)>,
+    /// Persistent values (parameters, optimizer state) and what replaces them at the end of a
+    /// step (after the optimizer pass).
+    pub updates: Vec<(NodeIndex, NodeIndex)>,
+    /// The phase new nodes are added in.
+    pub phase: Phase,
 }
 
 impl Default for Graph {
@@ -58,6 +74,9 @@ impl Graph {
             }],
             names: vec!["B".into()],
             layers: 0,
+            grads: Vec::new(),
+            updates: Vec::new(),
+            phase: Phase::Forward,
         }
     }
 
@@ -93,6 +112,7 @@ impl Graph {
         let n = self.g.add_node(Node {
             op,
             ty,
+            phase: self.phase,
             layer: layer.to_string(),
             span,
         });
@@ -182,11 +202,12 @@ impl Graph {
         }
     }
 
-    /// FLOPs of one forward execution at batch size `batch`, by the op table's cost rules.
-    pub fn flops(&self, batch: u64) -> u128 {
+    /// FLOPs of one execution of the nodes of `phase` at batch size `batch`, by the op
+    /// table's cost rules.
+    pub fn flops(&self, batch: u64, phase: Phase) -> u128 {
         let value = self.sym_value(batch);
         let mut total = 0u128;
-        for n in self.g.node_indices() {
+        for n in self.g.node_indices().filter(|&n| self.g[n].phase == phase) {
             let node = &self.g[n];
             let ins: Vec<Vec<u64>> = self
                 .operands(n)
@@ -208,8 +229,34 @@ impl Graph {
         })
     }
 
-    /// A dim of a known size, for building ops.
-    pub fn dim(n: u64) -> Dim {
-        Dim::known(n)
+    /// Every node that must survive dead-code removal: outputs, gradients, updates.
+    pub fn roots(&self) -> Vec<NodeIndex> {
+        let mut r: Vec<NodeIndex> = self.outputs.iter().map(|(_, n)| *n).collect();
+        r.extend(self.grads.iter().map(|(_, g)| *g));
+        r.extend(self.updates.iter().map(|(_, u)| *u));
+        r
+    }
+
+    /// Redirects every reference to `old` (edges, outputs, gradients, updates) to `new`.
+    pub fn replace_uses(&mut self, old: NodeIndex, new: NodeIndex) {
+        let uses: Vec<(NodeIndex, u16)> = self
+            .g
+            .edges_directed(old, Direction::Outgoing)
+            .map(|e| (e.target(), *e.weight()))
+            .collect();
+        for (user, slot) in uses {
+            if let Some(e) = self.g.find_edge(old, user) {
+                self.g.remove_edge(e);
+            }
+            self.g.add_edge(new, user, slot);
+        }
+        let swap = |n: &mut NodeIndex| {
+            if *n == old {
+                *n = new;
+            }
+        };
+        self.outputs.iter_mut().for_each(|(_, n)| swap(n));
+        self.grads.iter_mut().for_each(|(_, n)| swap(n));
+        self.updates.iter_mut().for_each(|(_, n)| swap(n));
     }
 }

@@ -1,15 +1,18 @@
-//! The intermediate representation: primitive ops (the op table), tensor types, the graph,
-//! its printers and its verifier.
+//! The intermediate representation: primitive ops (the op table and its shape, cost and VJP
+//! rules), tensor types, the graph, its printers and its verifier.
 
+pub mod cost;
 pub mod dim;
 pub mod graph;
 pub mod ops;
 pub mod print;
+pub mod shape_rules;
 pub mod types;
 pub mod verify;
+pub mod vjp;
 
 pub use dim::{Dim, Sym};
-pub use graph::{Graph, Node};
+pub use graph::{Graph, Node, Phase};
 pub use ops::{Init, Op, OpKind, OPS};
 pub use petgraph::stable_graph::NodeIndex;
 pub use types::{DType, TensorType};

@@ -1,11 +1,16 @@
 //! The op table: every primitive op of the IR, declared once.
 //!
-//! A row gives the op's name, arity, class, shape rule and cost. Later stages add their
-//! columns to the same row (VJP, CPU kernel, PTX expression), so adding an op touches this
-//! file and a test. Layers (`dsl::ast::Layer`) lower into these ops in `passes::lower`.
+//! A row gives the op's name, arity, class, shape rule (`shape_rules.rs`), cost (`cost.rs`)
+//! and VJP (`vjp.rs`). Later stages add their columns to the same row (CPU kernel, PTX
+//! expression), so adding an op touches this table, its rules and a test. Layers
+//! (`dsl::ast::Layer`) lower into these ops in `passes::lower`; `passes::autodiff` builds the
+//! backward graph from the VJP column alone.
 
-use super::dim::{product, Dim};
-use super::types::{DType, TensorType};
+use super::cost::*;
+use super::dim::Dim;
+use super::shape_rules::*;
+use super::types::TensorType;
+use super::vjp::{self, VjpRule};
 use serde::Serialize;
 
 /// How a parameter is initialised (recorded, never materialised by the compiler).
@@ -36,26 +41,56 @@ impl Init {
 /// A primitive op with its attributes.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub enum Op {
-    /// A graph input (data or labels), fed per step.
+    // ---- sources ----
+    /// A graph input (data, labels, the learning rate), fed per step.
     Input {
         name: String,
         ty: TensorType,
     },
-    /// A trainable parameter.
+    /// A trainable parameter, persistent across steps.
     Param {
         name: String,
         ty: TensorType,
         init: Init,
     },
-    /// `[.., M, K] x [.., K, N]` (or `[.., N, K]` when `trans_b`); `b` may be 2-D and shared.
+    /// Optimizer state (momentum, Adam moments), persistent across steps, zero at the start.
+    State {
+        name: String,
+        ty: TensorType,
+    },
+    /// A tensor filled with one value.
+    Fill {
+        value: f64,
+        ty: TensorType,
+    },
+
+    // ---- GEMM and convolution ----
+    /// `op(a) x op(b)`, `op` transposing the last two axes when its flag is set:
+    /// `[.., M, K] x [.., K, N]`; `b` may be 2-D and shared by every batch of `a`.
     MatMul {
+        trans_a: bool,
         trans_b: bool,
     },
-    /// `x [N, C, H, W]`, `w [O, C/groups, KH, KW]`.
+    /// `x [N, C, H, W]`, `w [O, C/groups, K, K]`.
     Conv2d {
         stride: u64,
         padding: u64,
         groups: u64,
+    },
+    /// The input gradient of a convolution: `dy [N, O, Ho, Wo]`, `w` to `[N, C, in_h, in_w]`.
+    Conv2dGradInput {
+        stride: u64,
+        padding: u64,
+        groups: u64,
+        in_h: u64,
+        in_w: u64,
+    },
+    /// The weight gradient: `x [N, C, H, W]`, `dy [N, O, Ho, Wo]` to `[O, C/groups, K, K]`.
+    Conv2dGradWeight {
+        stride: u64,
+        padding: u64,
+        groups: u64,
+        kernel: u64,
     },
     Pool2d {
         max: bool,
@@ -63,6 +98,15 @@ pub enum Op {
         stride: u64,
         padding: u64,
     },
+    /// `(x, dy)` to the gradient of a pooling of `x`.
+    Pool2dGrad {
+        max: bool,
+        kernel: u64,
+        stride: u64,
+        padding: u64,
+    },
+
+    // ---- layout ----
     /// To `shape` (the whole shape, batch included), same element count.
     Reshape {
         shape: Vec<Dim>,
@@ -78,30 +122,82 @@ pub enum Op {
         start: u64,
         len: Dim,
     },
-    /// Elementwise with numpy broadcasting.
+    /// Zeros of `size` along `axis` with the operand at `start`: the inverse of `Slice`.
+    Pad {
+        axis: usize,
+        start: u64,
+        size: Dim,
+    },
+    /// Rows of `table [V, D]` at integer `indices [..]`: `[.., D]`.
+    Gather,
+    /// `(indices [..], dy [.., D])` summed into `[rows, D]`: the gradient of `Gather`.
+    ScatterAdd {
+        rows: u64,
+    },
+
+    // ---- elementwise (numpy broadcasting for two operands) ----
     Add,
     Sub,
     Mul,
+    Div,
     Scale {
         by: f64,
     },
+    AddScalar {
+        value: f64,
+    },
+    /// `min(x, value)`
+    ClampMax {
+        value: f64,
+    },
+    Sqrt,
     Relu,
+    /// The exact (erf) GELU, as PyTorch's default.
     Gelu,
     Tanh,
     Sigmoid,
+    /// `(x, dy)`: `dy * (x > 0)`.
+    ReluGrad,
+    /// `(x, dy)`: `dy * gelu'(x)`.
+    GeluGrad,
+    /// `(y, dy)` with `y = tanh(x)`: `dy * (1 - y^2)`.
+    TanhGrad,
+    /// `(y, dy)` with `y = sigmoid(x)`: `dy * y * (1 - y)`.
+    SigmoidGrad,
+    /// Zeroes elements with probability `p` and scales the rest by `1/(1-p)`; the mask is keyed
+    /// by (seed, step, `stream`, sample, element), so it is the same on any device count and
+    /// the same op applied to the gradient uses the same mask.
+    Dropout {
+        p: f64,
+        stream: u64,
+    },
+
+    // ---- reductions ----
     /// Over the last axis; `causal` masks key positions after the query's.
     Softmax {
         causal: bool,
     },
+    /// `(y, dy)` with `y` the softmax: `y * (dy - sum(dy * y))` over the last axis.
+    SoftmaxGrad,
     /// Normalise over the last axis (no affine: that is a Mul and an Add).
     LayerNorm {
+        eps: f64,
+    },
+    /// `(x, dy)`: the gradient of `LayerNorm` at `x`.
+    LayerNormGrad {
         eps: f64,
     },
     RmsNorm {
         eps: f64,
     },
+    RmsNormGrad {
+        eps: f64,
+    },
     /// Normalise each channel (axis 1) over the batch and the spatial axes.
     BatchNorm {
+        eps: f64,
+    },
+    BatchNormGrad {
         eps: f64,
     },
     ReduceSum {
@@ -110,15 +206,23 @@ pub enum Op {
     ReduceMean {
         axes: Vec<usize>,
     },
-    /// Rows of `table [V, D]` at integer `indices [..]`: `[.., D]`.
-    Gather,
-    /// Mask keyed by (seed, `stream`, sample index), so it is the same on any device count.
-    Dropout {
-        p: f64,
-        stream: u64,
+    /// Sums a broadcast operand back down to `shape` (the gradient of broadcasting).
+    SumTo {
+        shape: Vec<Dim>,
+    },
+    /// Repeats the operand along `axes` to `shape`, divided by the repeat count if `mean` (the
+    /// gradient of `ReduceSum` / `ReduceMean`).
+    Expand {
+        axes: Vec<usize>,
+        shape: Vec<Dim>,
+        mean: bool,
     },
     /// Mean cross-entropy of `logits [.., C]` against integer `labels [..]`.
     CrossEntropy {
+        smoothing: f64,
+    },
+    /// `(logits, labels, dloss)` to the gradient with respect to the logits.
+    CrossEntropyGrad {
         smoothing: f64,
     },
 }
@@ -127,30 +231,52 @@ pub enum Op {
 pub enum OpKind {
     Input,
     Param,
+    State,
+    Fill,
     MatMul,
     Conv2d,
+    Conv2dGradInput,
+    Conv2dGradWeight,
     Pool2d,
+    Pool2dGrad,
     Reshape,
     Permute,
     Concat,
     Slice,
+    Pad,
+    Gather,
+    ScatterAdd,
     Add,
     Sub,
     Mul,
+    Div,
     Scale,
+    AddScalar,
+    ClampMax,
+    Sqrt,
     Relu,
     Gelu,
     Tanh,
     Sigmoid,
+    ReluGrad,
+    GeluGrad,
+    TanhGrad,
+    SigmoidGrad,
+    Dropout,
     Softmax,
+    SoftmaxGrad,
     LayerNorm,
+    LayerNormGrad,
     RmsNorm,
+    RmsNormGrad,
     BatchNorm,
+    BatchNormGrad,
     ReduceSum,
     ReduceMean,
-    Gather,
-    Dropout,
+    SumTo,
+    Expand,
     CrossEntropy,
+    CrossEntropyGrad,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -173,7 +299,7 @@ pub enum OpClass {
     Gemm,
     Conv,
     Elementwise,
-    /// Reduces along an axis (softmax, norms, sums, losses).
+    /// Reduces along an axis (softmax, norms, sums, losses, pooling).
     Reduction,
     /// Moves data without arithmetic.
     Layout,
@@ -191,6 +317,8 @@ pub struct OpDef {
     pub class: OpClass,
     pub shape: ShapeRule,
     pub flops: CostRule,
+    /// The vector-Jacobian product: the gradients of the operands from the output's.
+    pub vjp: VjpRule,
 }
 
 const fn row(
@@ -200,6 +328,7 @@ const fn row(
     class: OpClass,
     shape: ShapeRule,
     flops: CostRule,
+    vjp: VjpRule,
 ) -> OpDef {
     OpDef {
         kind,
@@ -208,196 +337,117 @@ const fn row(
         class,
         shape,
         flops,
+        vjp,
     }
 }
 
 use OpClass::*;
+use OpKind as K;
 
 /// The table, in `OpKind` order (a test checks it).
-pub static OPS: [OpDef; 26] = [
-    row(OpKind::Input, "input", 0, Source, declared, free),
-    row(OpKind::Param, "param", 0, Source, declared, free),
-    row(
-        OpKind::MatMul,
-        "matmul",
-        2,
-        Gemm,
-        matmul_shape,
-        matmul_flops,
-    ),
-    row(OpKind::Conv2d, "conv2d", 2, Conv, conv_shape, conv_flops),
-    row(
-        OpKind::Pool2d,
-        "pool2d",
-        1,
-        Reduction,
-        pool_shape,
-        pool_flops,
-    ),
-    row(OpKind::Reshape, "reshape", 1, Layout, reshape_shape, free),
-    row(OpKind::Permute, "permute", 1, Layout, permute_shape, free),
-    row(OpKind::Concat, "concat", 2, Layout, concat_shape, free),
-    row(OpKind::Slice, "slice", 1, Layout, slice_shape, free),
-    row(
-        OpKind::Add,
-        "add",
-        2,
-        Elementwise,
-        broadcast_shape,
-        per_out::<1>,
-    ),
-    row(
-        OpKind::Sub,
-        "sub",
-        2,
-        Elementwise,
-        broadcast_shape,
-        per_out::<1>,
-    ),
-    row(
-        OpKind::Mul,
-        "mul",
-        2,
-        Elementwise,
-        broadcast_shape,
-        per_out::<1>,
-    ),
-    row(
-        OpKind::Scale,
-        "scale",
-        1,
-        Elementwise,
-        float_same,
-        per_out::<1>,
-    ),
-    row(
-        OpKind::Relu,
-        "relu",
-        1,
-        Elementwise,
-        float_same,
-        per_out::<1>,
-    ),
-    row(
-        OpKind::Gelu,
-        "gelu",
-        1,
-        Elementwise,
-        float_same,
-        per_out::<8>,
-    ),
-    row(
-        OpKind::Tanh,
-        "tanh",
-        1,
-        Elementwise,
-        float_same,
-        per_out::<4>,
-    ),
-    row(
-        OpKind::Sigmoid,
-        "sigmoid",
-        1,
-        Elementwise,
-        float_same,
-        per_out::<4>,
-    ),
-    row(
-        OpKind::Softmax,
-        "softmax",
-        1,
-        Reduction,
-        softmax_shape,
-        per_out::<5>,
-    ),
-    row(
-        OpKind::LayerNorm,
-        "layer_norm",
-        1,
-        Reduction,
-        float_same,
-        per_out::<8>,
-    ),
-    row(
-        OpKind::RmsNorm,
-        "rms_norm",
-        1,
-        Reduction,
-        float_same,
-        per_out::<5>,
-    ),
-    row(
-        OpKind::BatchNorm,
-        "batch_norm",
-        1,
-        Reduction,
-        batchnorm_shape,
-        per_out::<8>,
-    ),
-    row(
-        OpKind::ReduceSum,
-        "reduce_sum",
-        1,
-        Reduction,
-        reduce_shape,
-        per_in::<1>,
-    ),
-    row(
-        OpKind::ReduceMean,
-        "reduce_mean",
-        1,
-        Reduction,
-        reduce_shape,
-        per_in::<1>,
-    ),
-    row(OpKind::Gather, "gather", 2, Layout, gather_shape, free),
-    row(
-        OpKind::Dropout,
-        "dropout",
-        1,
-        Elementwise,
-        float_same,
-        per_out::<2>,
-    ),
-    row(
-        OpKind::CrossEntropy,
-        "cross_entropy",
-        2,
-        Reduction,
-        xent_shape,
-        per_in::<5>,
-    ),
+#[rustfmt::skip]
+pub static OPS: [OpDef; 48] = [
+    row(K::Input, "input", 0, Source, declared, free, vjp::source),
+    row(K::Param, "param", 0, Source, declared, free, vjp::source),
+    row(K::State, "state", 0, Source, declared, free, vjp::source),
+    row(K::Fill, "fill", 0, Source, declared, free, vjp::source),
+    row(K::MatMul, "matmul", 2, Gemm, matmul_shape, matmul_flops, vjp::matmul),
+    row(K::Conv2d, "conv2d", 2, Conv, conv_shape, conv_flops, vjp::conv2d),
+    row(K::Conv2dGradInput, "conv2d_grad_input", 2, Conv, conv_grad_input_shape, conv_grad_input_flops, vjp::none),
+    row(K::Conv2dGradWeight, "conv2d_grad_weight", 2, Conv, conv_grad_weight_shape, conv_grad_weight_flops, vjp::none),
+    row(K::Pool2d, "pool2d", 1, Reduction, pool_shape, pool_flops, vjp::pool2d),
+    row(K::Pool2dGrad, "pool2d_grad", 2, Reduction, pool_grad_shape, pool_grad_flops, vjp::none),
+    row(K::Reshape, "reshape", 1, Layout, reshape_shape, free, vjp::reshape),
+    row(K::Permute, "permute", 1, Layout, permute_shape, free, vjp::permute),
+    row(K::Concat, "concat", 2, Layout, concat_shape, free, vjp::concat),
+    row(K::Slice, "slice", 1, Layout, slice_shape, free, vjp::slice),
+    row(K::Pad, "pad", 1, Layout, pad_shape, free, vjp::pad),
+    row(K::Gather, "gather", 2, Layout, gather_shape, free, vjp::gather),
+    row(K::ScatterAdd, "scatter_add", 2, Layout, scatter_add_shape, per_in::<1, 1>, vjp::none),
+    row(K::Add, "add", 2, Elementwise, broadcast_shape, per_out::<1>, vjp::add),
+    row(K::Sub, "sub", 2, Elementwise, broadcast_shape, per_out::<1>, vjp::sub),
+    row(K::Mul, "mul", 2, Elementwise, broadcast_shape, per_out::<1>, vjp::mul),
+    row(K::Div, "div", 2, Elementwise, broadcast_shape, per_out::<1>, vjp::none),
+    row(K::Scale, "scale", 1, Elementwise, float_same, per_out::<1>, vjp::scale),
+    row(K::AddScalar, "add_scalar", 1, Elementwise, float_same, per_out::<1>, vjp::identity),
+    row(K::ClampMax, "clamp_max", 1, Elementwise, float_same, per_out::<1>, vjp::none),
+    row(K::Sqrt, "sqrt", 1, Elementwise, float_same, per_out::<1>, vjp::none),
+    row(K::Relu, "relu", 1, Elementwise, float_same, per_out::<1>, vjp::relu),
+    row(K::Gelu, "gelu", 1, Elementwise, float_same, per_out::<8>, vjp::gelu),
+    row(K::Tanh, "tanh", 1, Elementwise, float_same, per_out::<4>, vjp::tanh),
+    row(K::Sigmoid, "sigmoid", 1, Elementwise, float_same, per_out::<4>, vjp::sigmoid),
+    row(K::ReluGrad, "relu_grad", 2, Elementwise, same_pair, per_out::<1>, vjp::none),
+    row(K::GeluGrad, "gelu_grad", 2, Elementwise, same_pair, per_out::<12>, vjp::none),
+    row(K::TanhGrad, "tanh_grad", 2, Elementwise, same_pair, per_out::<3>, vjp::none),
+    row(K::SigmoidGrad, "sigmoid_grad", 2, Elementwise, same_pair, per_out::<3>, vjp::none),
+    row(K::Dropout, "dropout", 1, Elementwise, float_same, per_out::<2>, vjp::dropout),
+    row(K::Softmax, "softmax", 1, Reduction, softmax_shape, per_out::<5>, vjp::softmax),
+    row(K::SoftmaxGrad, "softmax_grad", 2, Reduction, same_pair, per_out::<4>, vjp::none),
+    row(K::LayerNorm, "layer_norm", 1, Reduction, last_axis_norm, per_out::<8>, vjp::layer_norm),
+    row(K::LayerNormGrad, "layer_norm_grad", 2, Reduction, same_pair, per_out::<12>, vjp::none),
+    row(K::RmsNorm, "rms_norm", 1, Reduction, last_axis_norm, per_out::<5>, vjp::rms_norm),
+    row(K::RmsNormGrad, "rms_norm_grad", 2, Reduction, same_pair, per_out::<8>, vjp::none),
+    row(K::BatchNorm, "batch_norm", 1, Reduction, batchnorm_shape, per_out::<8>, vjp::batch_norm),
+    row(K::BatchNormGrad, "batch_norm_grad", 2, Reduction, same_pair, per_out::<12>, vjp::none),
+    row(K::ReduceSum, "reduce_sum", 1, Reduction, reduce_shape, per_in::<0, 1>, vjp::reduce),
+    row(K::ReduceMean, "reduce_mean", 1, Reduction, reduce_shape, per_in::<0, 1>, vjp::reduce),
+    row(K::SumTo, "sum_to", 1, Reduction, sum_to_shape, per_in::<0, 1>, vjp::none),
+    row(K::Expand, "expand", 1, Layout, expand_shape, per_out::<1>, vjp::none),
+    row(K::CrossEntropy, "cross_entropy", 2, Reduction, xent_shape, per_in::<0, 5>, vjp::cross_entropy),
+    row(K::CrossEntropyGrad, "cross_entropy_grad", 3, Reduction, xent_grad_shape, per_in::<0, 5>, vjp::none),
 ];
 
 impl Op {
     pub fn kind(&self) -> OpKind {
         match self {
-            Op::Input { .. } => OpKind::Input,
-            Op::Param { .. } => OpKind::Param,
-            Op::MatMul { .. } => OpKind::MatMul,
-            Op::Conv2d { .. } => OpKind::Conv2d,
-            Op::Pool2d { .. } => OpKind::Pool2d,
-            Op::Reshape { .. } => OpKind::Reshape,
-            Op::Permute { .. } => OpKind::Permute,
-            Op::Concat { .. } => OpKind::Concat,
-            Op::Slice { .. } => OpKind::Slice,
-            Op::Add => OpKind::Add,
-            Op::Sub => OpKind::Sub,
-            Op::Mul => OpKind::Mul,
-            Op::Scale { .. } => OpKind::Scale,
-            Op::Relu => OpKind::Relu,
-            Op::Gelu => OpKind::Gelu,
-            Op::Tanh => OpKind::Tanh,
-            Op::Sigmoid => OpKind::Sigmoid,
-            Op::Softmax { .. } => OpKind::Softmax,
-            Op::LayerNorm { .. } => OpKind::LayerNorm,
-            Op::RmsNorm { .. } => OpKind::RmsNorm,
-            Op::BatchNorm { .. } => OpKind::BatchNorm,
-            Op::ReduceSum { .. } => OpKind::ReduceSum,
-            Op::ReduceMean { .. } => OpKind::ReduceMean,
-            Op::Gather => OpKind::Gather,
-            Op::Dropout { .. } => OpKind::Dropout,
-            Op::CrossEntropy { .. } => OpKind::CrossEntropy,
+            Op::Input { .. } => K::Input,
+            Op::Param { .. } => K::Param,
+            Op::State { .. } => K::State,
+            Op::Fill { .. } => K::Fill,
+            Op::MatMul { .. } => K::MatMul,
+            Op::Conv2d { .. } => K::Conv2d,
+            Op::Conv2dGradInput { .. } => K::Conv2dGradInput,
+            Op::Conv2dGradWeight { .. } => K::Conv2dGradWeight,
+            Op::Pool2d { .. } => K::Pool2d,
+            Op::Pool2dGrad { .. } => K::Pool2dGrad,
+            Op::Reshape { .. } => K::Reshape,
+            Op::Permute { .. } => K::Permute,
+            Op::Concat { .. } => K::Concat,
+            Op::Slice { .. } => K::Slice,
+            Op::Pad { .. } => K::Pad,
+            Op::Gather => K::Gather,
+            Op::ScatterAdd { .. } => K::ScatterAdd,
+            Op::Add => K::Add,
+            Op::Sub => K::Sub,
+            Op::Mul => K::Mul,
+            Op::Div => K::Div,
+            Op::Scale { .. } => K::Scale,
+            Op::AddScalar { .. } => K::AddScalar,
+            Op::ClampMax { .. } => K::ClampMax,
+            Op::Sqrt => K::Sqrt,
+            Op::Relu => K::Relu,
+            Op::Gelu => K::Gelu,
+            Op::Tanh => K::Tanh,
+            Op::Sigmoid => K::Sigmoid,
+            Op::ReluGrad => K::ReluGrad,
+            Op::GeluGrad => K::GeluGrad,
+            Op::TanhGrad => K::TanhGrad,
+            Op::SigmoidGrad => K::SigmoidGrad,
+            Op::Dropout { .. } => K::Dropout,
+            Op::Softmax { .. } => K::Softmax,
+            Op::SoftmaxGrad => K::SoftmaxGrad,
+            Op::LayerNorm { .. } => K::LayerNorm,
+            Op::LayerNormGrad { .. } => K::LayerNormGrad,
+            Op::RmsNorm { .. } => K::RmsNorm,
+            Op::RmsNormGrad { .. } => K::RmsNormGrad,
+            Op::BatchNorm { .. } => K::BatchNorm,
+            Op::BatchNormGrad { .. } => K::BatchNormGrad,
+            Op::ReduceSum { .. } => K::ReduceSum,
+            Op::ReduceMean { .. } => K::ReduceMean,
+            Op::SumTo { .. } => K::SumTo,
+            Op::Expand { .. } => K::Expand,
+            Op::CrossEntropy { .. } => K::CrossEntropy,
+            Op::CrossEntropyGrad { .. } => K::CrossEntropyGrad,
         }
     }
 
@@ -407,6 +457,11 @@ impl Op {
 
     pub fn name(&self) -> &'static str {
         self.def().name
+    }
+
+    /// Whether the op is a source (no operands; its value comes from outside or persists).
+    pub fn is_source(&self) -> bool {
+        self.def().class == OpClass::Source
     }
 
     /// The op's type for these operands, by its table row (arity checked first).
@@ -429,22 +484,47 @@ impl Op {
             let v: Vec<String> = d.iter().map(|x| x.show(names)).collect();
             format!("[{}]", v.join(", "))
         };
+        let flag = |on: bool, s: &str| if on { s.to_string() } else { String::new() };
         match self {
             Op::Input { name, .. } => format!("\"{name}\""),
             Op::Param { name, init, .. } => format!("\"{name}\", init={}", init.show()),
-            Op::MatMul { trans_b } => {
-                if *trans_b {
-                    "trans_b".into()
-                } else {
-                    String::new()
-                }
+            Op::State { name, .. } => format!("\"{name}\""),
+            Op::Fill { value, .. } => format!("value={value}"),
+            Op::MatMul { trans_a, trans_b } => {
+                let t: Vec<&str> = [(*trans_a, "trans_a"), (*trans_b, "trans_b")]
+                    .iter()
+                    .filter(|(on, _)| *on)
+                    .map(|(_, s)| *s)
+                    .collect();
+                t.join(", ")
             }
             Op::Conv2d {
                 stride,
                 padding,
                 groups,
-            } => format!("stride={stride}, padding={padding}, groups={groups}"),
+            } => {
+                format!("stride={stride}, padding={padding}, groups={groups}")
+            }
+            Op::Conv2dGradInput {
+                stride,
+                padding,
+                groups,
+                in_h,
+                in_w,
+            } => format!("stride={stride}, padding={padding}, groups={groups}, in={in_h}x{in_w}"),
+            Op::Conv2dGradWeight {
+                stride,
+                padding,
+                groups,
+                kernel,
+            } => format!("stride={stride}, padding={padding}, groups={groups}, kernel={kernel}"),
             Op::Pool2d {
+                max,
+                kernel,
+                stride,
+                padding,
+            }
+            | Op::Pool2dGrad {
                 max,
                 kernel,
                 stride,
@@ -459,466 +539,45 @@ impl Op {
             Op::Slice { axis, start, len } => {
                 format!("axis={axis}, start={start}, len={}", len.show(names))
             }
+            Op::Pad { axis, start, size } => {
+                format!("axis={axis}, start={start}, size={}", size.show(names))
+            }
+            Op::ScatterAdd { rows } => format!("rows={rows}"),
             Op::Scale { by } => format!("by={by}"),
-            Op::Softmax { causal } => {
-                if *causal {
-                    "causal".into()
-                } else {
-                    String::new()
-                }
-            }
-            Op::LayerNorm { eps } | Op::RmsNorm { eps } | Op::BatchNorm { eps } => {
-                format!("eps={eps:e}")
-            }
+            Op::AddScalar { value } | Op::ClampMax { value } => format!("value={value}"),
+            Op::Softmax { causal } => flag(*causal, "causal"),
+            Op::LayerNorm { eps }
+            | Op::LayerNormGrad { eps }
+            | Op::RmsNorm { eps }
+            | Op::RmsNormGrad { eps }
+            | Op::BatchNorm { eps }
+            | Op::BatchNormGrad { eps } => format!("eps={eps:e}"),
             Op::ReduceSum { axes } | Op::ReduceMean { axes } => format!("axes={axes:?}"),
-            Op::Dropout { p, stream } => format!("p={p}, stream={stream}"),
-            Op::CrossEntropy { smoothing } => {
-                if *smoothing != 0.0 {
-                    format!("smoothing={smoothing}")
-                } else {
-                    String::new()
-                }
+            Op::SumTo { shape } => dims(shape),
+            Op::Expand { axes, shape, mean } => {
+                format!("axes={axes:?}, {}{}", dims(shape), flag(*mean, ", mean"))
             }
-            Op::Add
+            Op::Dropout { p, stream } => format!("p={p}, stream={stream}"),
+            Op::CrossEntropy { smoothing } | Op::CrossEntropyGrad { smoothing } => {
+                flag(*smoothing != 0.0, &format!("smoothing={smoothing}"))
+            }
+            Op::Gather
+            | Op::Add
             | Op::Sub
             | Op::Mul
+            | Op::Div
+            | Op::Sqrt
             | Op::Relu
             | Op::Gelu
             | Op::Tanh
             | Op::Sigmoid
-            | Op::Gather => String::new(),
+            | Op::ReluGrad
+            | Op::GeluGrad
+            | Op::TanhGrad
+            | Op::SigmoidGrad
+            | Op::SoftmaxGrad => String::new(),
         }
     }
-}
-
-// ---- shape rules ----
-
-fn show(names: &[String], t: &TensorType) -> String {
-    t.show(names)
-}
-
-fn declared(op: &Op, _: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
-    match op {
-        Op::Input { ty, .. } | Op::Param { ty, .. } => Ok(ty.clone()),
-        _ => Err("not a source op".into()),
-    }
-}
-
-fn float_same(_: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
-    if !x[0].dtype.is_float() {
-        return Err(format!(
-            "expects a floating-point tensor, got {}",
-            show(names, x[0])
-        ));
-    }
-    Ok(x[0].clone())
-}
-
-fn known(d: &Dim, what: &str) -> Result<u64, String> {
-    d.as_known()
-        .ok_or_else(|| format!("{what} must be a known size, not symbolic"))
-}
-
-/// Numpy broadcasting, aligned at the last axis.
-pub fn broadcast(a: &TensorType, b: &TensorType, names: &[String]) -> Result<TensorType, String> {
-    if a.dtype != b.dtype {
-        return Err(format!(
-            "element types differ: {} and {}",
-            show(names, a),
-            show(names, b)
-        ));
-    }
-    let rank = a.rank().max(b.rank());
-    let one = Dim::known(1);
-    let mut shape = Vec::with_capacity(rank);
-    for i in 0..rank {
-        let da = (i + a.rank())
-            .checked_sub(rank)
-            .map_or(&one, |j| &a.shape[j]);
-        let db = (i + b.rank())
-            .checked_sub(rank)
-            .map_or(&one, |j| &b.shape[j]);
-        let d = if da == db || *db == one {
-            da
-        } else if *da == one {
-            db
-        } else {
-            return Err(format!(
-                "shapes {} and {} do not broadcast",
-                show(names, a),
-                show(names, b)
-            ));
-        };
-        shape.push(d.clone());
-    }
-    Ok(TensorType::new(a.dtype, shape))
-}
-
-fn broadcast_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
-    broadcast(x[0], x[1], names)
-}
-
-fn matmul_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
-    let Op::MatMul { trans_b } = op else {
-        unreachable!("matmul rule on {op:?}")
-    };
-    let (a, b) = (x[0], x[1]);
-    if a.rank() < 2 || b.rank() < 2 {
-        return Err(format!(
-            "matmul needs operands of rank 2 or more, got {} and {}",
-            show(names, a),
-            show(names, b)
-        ));
-    }
-    if !a.dtype.is_float() || a.dtype != b.dtype {
-        return Err(format!(
-            "matmul needs two floating-point operands of one type, got {} and {}",
-            show(names, a),
-            show(names, b)
-        ));
-    }
-    let (m, k) = (&a.shape[a.rank() - 2], &a.shape[a.rank() - 1]);
-    let (kb, n) = if *trans_b {
-        (&b.shape[b.rank() - 1], &b.shape[b.rank() - 2])
-    } else {
-        (&b.shape[b.rank() - 2], &b.shape[b.rank() - 1])
-    };
-    if k != kb {
-        return Err(format!(
-            "inner dimensions differ: {} x {}",
-            show(names, a),
-            show(names, b)
-        ));
-    }
-    let batch_a = &a.shape[..a.rank() - 2];
-    let batch_b = &b.shape[..b.rank() - 2];
-    if !batch_b.is_empty() && batch_a != batch_b {
-        return Err(format!(
-            "batch dimensions differ: {} x {}",
-            show(names, a),
-            show(names, b)
-        ));
-    }
-    let mut shape = batch_a.to_vec();
-    shape.push(m.clone());
-    shape.push(n.clone());
-    Ok(TensorType::new(a.dtype, shape))
-}
-
-/// `(size + 2 padding - kernel) / stride + 1`, if at least 1.
-fn window_out(size: u64, kernel: u64, stride: u64, padding: u64) -> Option<u64> {
-    let padded = size.checked_add(padding.checked_mul(2)?)?;
-    if stride == 0 || padded < kernel {
-        return None;
-    }
-    Some((padded - kernel) / stride + 1)
-}
-
-fn conv_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
-    let Op::Conv2d {
-        stride,
-        padding,
-        groups,
-    } = op
-    else {
-        unreachable!("conv rule on {op:?}")
-    };
-    let (inp, w) = (x[0], x[1]);
-    if inp.rank() != 4 || w.rank() != 4 {
-        return Err(format!(
-            "conv2d needs an input [N, C, H, W] and weights [O, C/groups, KH, KW], got {} and {}",
-            show(names, inp),
-            show(names, w)
-        ));
-    }
-    let c = known(&inp.shape[1], "the channel count")?;
-    let (h, wd) = (
-        known(&inp.shape[2], "the height")?,
-        known(&inp.shape[3], "the width")?,
-    );
-    let o = known(&w.shape[0], "the output channel count")?;
-    let (cg, kh, kw) = (
-        known(&w.shape[1], "channels per group")?,
-        known(&w.shape[2], "the kernel height")?,
-        known(&w.shape[3], "the kernel width")?,
-    );
-    if *groups == 0 || c % groups != 0 || o % groups != 0 || cg * groups != c {
-        return Err(format!(
-            "{c} input and {o} output channels do not split into {groups} groups of {cg}"
-        ));
-    }
-    let (Some(ho), Some(wo)) = (
-        window_out(h, kh, *stride, *padding),
-        window_out(wd, kw, *stride, *padding),
-    ) else {
-        return Err(format!(
-            "a {kh}x{kw} kernel does not fit a {h}x{wd} input with padding {padding}"
-        ));
-    };
-    Ok(TensorType::new(
-        inp.dtype,
-        vec![
-            inp.shape[0].clone(),
-            Dim::known(o),
-            Dim::known(ho),
-            Dim::known(wo),
-        ],
-    ))
-}
-
-fn pool_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
-    let Op::Pool2d {
-        kernel,
-        stride,
-        padding,
-        ..
-    } = op
-    else {
-        unreachable!("pool rule on {op:?}")
-    };
-    let inp = x[0];
-    if inp.rank() != 4 {
-        return Err(format!(
-            "pooling needs an input [N, C, H, W], got {}",
-            show(names, inp)
-        ));
-    }
-    if *padding * 2 > *kernel {
-        return Err(format!(
-            "padding {padding} is more than half the kernel {kernel}"
-        ));
-    }
-    let (h, w) = (
-        known(&inp.shape[2], "the height")?,
-        known(&inp.shape[3], "the width")?,
-    );
-    let (Some(ho), Some(wo)) = (
-        window_out(h, *kernel, *stride, *padding),
-        window_out(w, *kernel, *stride, *padding),
-    ) else {
-        return Err(format!(
-            "a {kernel}x{kernel} window does not fit a {h}x{w} input"
-        ));
-    };
-    let mut shape = inp.shape.clone();
-    shape[2] = Dim::known(ho);
-    shape[3] = Dim::known(wo);
-    Ok(TensorType::new(inp.dtype, shape))
-}
-
-fn reshape_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
-    let Op::Reshape { shape } = op else {
-        unreachable!("reshape rule on {op:?}")
-    };
-    let to = TensorType::new(x[0].dtype, shape.clone());
-    if x[0].numel() != to.numel() {
-        return Err(format!(
-            "cannot reshape {} to {}: element counts differ",
-            show(names, x[0]),
-            show(names, &to)
-        ));
-    }
-    Ok(to)
-}
-
-fn permute_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
-    let Op::Permute { perm } = op else {
-        unreachable!("permute rule on {op:?}")
-    };
-    let mut seen = vec![false; x[0].rank()];
-    if perm.len() != x[0].rank()
-        || perm
-            .iter()
-            .any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true))
-    {
-        return Err(format!(
-            "{perm:?} is not a permutation of the {} axes of {}",
-            x[0].rank(),
-            show(names, x[0])
-        ));
-    }
-    let shape = perm.iter().map(|&p| x[0].shape[p].clone()).collect();
-    Ok(TensorType::new(x[0].dtype, shape))
-}
-
-fn concat_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
-    let Op::Concat { axis } = op else {
-        unreachable!("concat rule on {op:?}")
-    };
-    let (a, b) = (x[0], x[1]);
-    if a.rank() != b.rank() || *axis >= a.rank() || a.dtype != b.dtype {
-        return Err(format!(
-            "cannot concatenate {} and {} along axis {axis}",
-            show(names, a),
-            show(names, b)
-        ));
-    }
-    for i in 0..a.rank() {
-        if i != *axis && a.shape[i] != b.shape[i] {
-            return Err(format!(
-                "cannot concatenate {} and {} along axis {axis}: axis {i} differs",
-                show(names, a),
-                show(names, b)
-            ));
-        }
-    }
-    let sa = known(&a.shape[*axis], "the concatenated axis")?;
-    let sb = known(&b.shape[*axis], "the concatenated axis")?;
-    let mut shape = a.shape.clone();
-    shape[*axis] = Dim::known(sa + sb);
-    Ok(TensorType::new(a.dtype, shape))
-}
-
-fn slice_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
-    let Op::Slice { axis, start, len } = op else {
-        unreachable!("slice rule on {op:?}")
-    };
-    let t = x[0];
-    if *axis >= t.rank() {
-        return Err(format!(
-            "axis {axis} is out of range for {}",
-            show(names, t)
-        ));
-    }
-    if let (Some(size), Some(l)) = (t.shape[*axis].as_known(), len.as_known()) {
-        if start.saturating_add(l) > size {
-            return Err(format!(
-                "slice [{start}, {start}+{l}) is outside axis {axis} of {}",
-                show(names, t)
-            ));
-        }
-    }
-    let mut shape = t.shape.clone();
-    shape[*axis] = len.clone();
-    Ok(TensorType::new(t.dtype, shape))
-}
-
-fn softmax_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
-    let t = float_same(op, x, names)?;
-    if t.rank() == 0 {
-        return Err("softmax needs at least one axis".into());
-    }
-    if let Op::Softmax { causal: true } = op {
-        if t.rank() < 2 || t.shape[t.rank() - 1] != t.shape[t.rank() - 2] {
-            return Err(format!(
-                "a causal softmax needs square [.., S, S] scores, got {}",
-                show(names, &t)
-            ));
-        }
-    }
-    Ok(t)
-}
-
-fn batchnorm_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
-    let t = float_same(op, x, names)?;
-    if t.rank() < 2 {
-        return Err(format!(
-            "batch norm needs [N, C, ..], got {}",
-            show(names, &t)
-        ));
-    }
-    Ok(t)
-}
-
-fn reduce_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
-    let (Op::ReduceSum { axes } | Op::ReduceMean { axes }) = op else {
-        unreachable!("reduce rule on {op:?}")
-    };
-    let t = x[0];
-    if axes.iter().any(|&a| a >= t.rank()) || axes.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(format!(
-            "axes {axes:?} must be ascending axes of {}",
-            show(names, t)
-        ));
-    }
-    let shape = (0..t.rank())
-        .filter(|i| !axes.contains(i))
-        .map(|i| t.shape[i].clone())
-        .collect();
-    Ok(TensorType::new(t.dtype, shape))
-}
-
-fn gather_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
-    let (table, idx) = (x[0], x[1]);
-    if table.rank() != 2 || !table.dtype.is_float() {
-        return Err(format!(
-            "gather needs a float table [V, D], got {}",
-            show(names, table)
-        ));
-    }
-    if idx.dtype.is_float() {
-        return Err(format!(
-            "indices must be integers (dtype: I32), got {}",
-            show(names, idx)
-        ));
-    }
-    let mut shape = idx.shape.clone();
-    shape.push(table.shape[1].clone());
-    Ok(TensorType::new(table.dtype, shape))
-}
-
-fn xent_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Result<TensorType, String> {
-    let (logits, labels) = (x[0], x[1]);
-    if logits.rank() == 0 || !logits.dtype.is_float() {
-        return Err(format!(
-            "cross-entropy needs float logits [.., classes], got {}",
-            show(names, logits)
-        ));
-    }
-    if labels.dtype.is_float() || labels.shape[..] != logits.shape[..logits.rank() - 1] {
-        return Err(format!(
-            "labels must be integers of shape {:?} for logits {}, got {}",
-            logits.shape[..logits.rank() - 1]
-                .iter()
-                .map(|d| d.show(names))
-                .collect::<Vec<_>>(),
-            show(names, logits),
-            show(names, labels)
-        ));
-    }
-    Ok(TensorType::scalar(DType::F32))
-}
-
-// ---- cost rules (FLOPs of one execution) ----
-
-fn free(_: &Op, _: &[Vec<u64>], _: &[u64]) -> u64 {
-    0
-}
-
-fn numel(s: &[u64]) -> u64 {
-    s.iter().fold(1u64, |a, &d| a.saturating_mul(d))
-}
-
-fn per_out<const K: u64>(_: &Op, _: &[Vec<u64>], out: &[u64]) -> u64 {
-    numel(out).saturating_mul(K)
-}
-
-fn per_in<const K: u64>(_: &Op, ins: &[Vec<u64>], _: &[u64]) -> u64 {
-    numel(&ins[0]).saturating_mul(K)
-}
-
-fn matmul_flops(_: &Op, ins: &[Vec<u64>], out: &[u64]) -> u64 {
-    let a = &ins[0];
-    let k = a.last().copied().unwrap_or(1);
-    numel(out).saturating_mul(k).saturating_mul(2)
-}
-
-fn conv_flops(_: &Op, ins: &[Vec<u64>], out: &[u64]) -> u64 {
-    let w = &ins[1];
-    numel(out).saturating_mul(numel(&w[1..])).saturating_mul(2)
-}
-
-fn pool_flops(op: &Op, _: &[Vec<u64>], out: &[u64]) -> u64 {
-    let k = match op {
-        Op::Pool2d { kernel, .. } => *kernel,
-        _ => 1,
-    };
-    numel(out).saturating_mul(k * k)
-}
-
-/// The element count of a type, for memory estimates.
-pub fn elements(t: &TensorType) -> Option<Dim> {
-    product(&t.shape)
 }
 
 #[cfg(test)]
@@ -940,17 +599,31 @@ mod tests {
 
     #[test]
     fn shape_rules() {
-        let mm = Op::MatMul { trans_b: false };
+        let mm = Op::MatMul {
+            trans_a: false,
+            trans_b: false,
+        };
         assert_eq!(
             mm.infer(&[&f(&[8, 3]), &f(&[3, 5])], &B).unwrap(),
             f(&[8, 5])
         );
         assert!(mm.infer(&[&f(&[8, 3]), &f(&[4, 5])], &B).is_err());
-        let mmt = Op::MatMul { trans_b: true };
+        let mmt = Op::MatMul {
+            trans_a: false,
+            trans_b: true,
+        };
         assert_eq!(
             mmt.infer(&[&f(&[2, 4, 8, 16]), &f(&[2, 4, 8, 16])], &B)
                 .unwrap(),
             f(&[2, 4, 8, 8])
+        );
+        let mta = Op::MatMul {
+            trans_a: true,
+            trans_b: false,
+        };
+        assert_eq!(
+            mta.infer(&[&f(&[8, 3]), &f(&[8, 5])], &B).unwrap(),
+            f(&[3, 5])
         );
         let conv = Op::Conv2d {
             stride: 2,
@@ -961,6 +634,29 @@ mod tests {
             conv.infer(&[&f(&[1, 3, 32, 32]), &f(&[16, 3, 3, 3])], &B)
                 .unwrap(),
             f(&[1, 16, 16, 16])
+        );
+        let gi = Op::Conv2dGradInput {
+            stride: 2,
+            padding: 1,
+            groups: 1,
+            in_h: 32,
+            in_w: 32,
+        };
+        assert_eq!(
+            gi.infer(&[&f(&[1, 16, 16, 16]), &f(&[16, 3, 3, 3])], &B)
+                .unwrap(),
+            f(&[1, 3, 32, 32])
+        );
+        let gw = Op::Conv2dGradWeight {
+            stride: 2,
+            padding: 1,
+            groups: 1,
+            kernel: 3,
+        };
+        assert_eq!(
+            gw.infer(&[&f(&[1, 3, 32, 32]), &f(&[1, 16, 16, 16])], &B)
+                .unwrap(),
+            f(&[16, 3, 3, 3])
         );
         assert_eq!(
             Op::Add.infer(&[&f(&[4, 1, 5]), &f(&[3, 1])], &B).unwrap(),
@@ -980,11 +676,31 @@ mod tests {
         );
         let r = Op::ReduceMean { axes: vec![0, 1] };
         assert_eq!(r.infer(&[&f(&[2, 3])], &B).unwrap(), f(&[]));
+        let st = Op::SumTo {
+            shape: vec![Dim::known(5)],
+        };
+        assert_eq!(st.infer(&[&f(&[4, 3, 5])], &B).unwrap(), f(&[5]));
+        assert!(st.infer(&[&f(&[4, 3, 6])], &B).is_err());
+        let ex = Op::Expand {
+            axes: vec![1],
+            shape: vec![Dim::known(4), Dim::known(3)],
+            mean: true,
+        };
+        assert_eq!(ex.infer(&[&f(&[4])], &B).unwrap(), f(&[4, 3]));
+        let pad = Op::Pad {
+            axis: 0,
+            start: 2,
+            size: Dim::known(10),
+        };
+        assert_eq!(pad.infer(&[&f(&[6, 4])], &B).unwrap(), f(&[10, 4]));
     }
 
     #[test]
     fn costs() {
-        let mm = Op::MatMul { trans_b: false };
+        let mm = Op::MatMul {
+            trans_a: false,
+            trans_b: false,
+        };
         assert_eq!(
             (mm.def().flops)(&mm, &[vec![8, 3], vec![3, 5]], &[8, 5]),
             240

@@ -58,10 +58,21 @@ pub fn to_text(g: &Graph, title: &str) -> String {
         if !node.layer.is_empty() {
             let _ = write!(out, "  @{}", node.layer);
         }
+        match node.phase {
+            super::graph::Phase::Forward => {}
+            super::graph::Phase::Backward => out.push_str("  [backward]"),
+            super::graph::Phase::Update => out.push_str("  [update]"),
+        }
         out.push('\n');
     }
     for (name, n) in &g.outputs {
         let _ = writeln!(out, "  output {name} = %{}", ids[n]);
+    }
+    for (p, d) in &g.grads {
+        let _ = writeln!(out, "  grad %{} = %{}", ids[p], ids[d]);
+    }
+    for (p, u) in &g.updates {
+        let _ = writeln!(out, "  update %{} <- %{}", ids[p], ids[u]);
     }
     out.push_str("}\n");
     out

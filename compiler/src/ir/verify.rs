@@ -75,6 +75,34 @@ pub fn verify(g: &Graph) -> Result<(), String> {
             return Err(format!("two outputs are named `{name}`"));
         }
     }
+    for (p, d) in &g.grads {
+        if !g.g.contains_node(*p) || !g.g.contains_node(*d) {
+            return Err("a gradient refers to a removed node".into());
+        }
+        if g.g[*p].op.kind() != OpKind::Param || g.g[*p].ty != g.g[*d].ty {
+            return Err(format!(
+                "the gradient of `{}` is typed {}, not like its parameter",
+                g.g[*p].layer,
+                g.g[*d].ty.show(&names)
+            ));
+        }
+    }
+    for (p, u) in &g.updates {
+        if !g.g.contains_node(*p) || !g.g.contains_node(*u) {
+            return Err("an update refers to a removed node".into());
+        }
+        if !matches!(g.g[*p].op.kind(), OpKind::Param | OpKind::State) {
+            return Err("only parameters and optimizer state are updated".into());
+        }
+        if g.g[*p].ty != g.g[*u].ty {
+            return Err(format!(
+                "the update of `{}` is typed {}, not {}",
+                g.g[*p].layer,
+                g.g[*u].ty.show(&names),
+                g.g[*p].ty.show(&names)
+            ));
+        }
+    }
     if g.outputs.is_empty() {
         return Err("the graph has no outputs".into());
     }

@@ -286,7 +286,15 @@ impl Lowerer<'_> {
         let bound = 1.0 / (k as f64).sqrt();
         // Weights are [out, in] as in PyTorch, so parameter files carry over unchanged.
         let w = self.param(layer, "weight", &[out, k], Init::Uniform { bound }, span)?;
-        let mut y = self.add(Op::MatMul { trans_b: true }, &[x, w], layer, span)?;
+        let mut y = self.add(
+            Op::MatMul {
+                trans_a: false,
+                trans_b: true,
+            },
+            &[x, w],
+            layer,
+            span,
+        )?;
         if bias {
             let b = self.param(layer, "bias", &[out], Init::Uniform { bound }, span)?;
             y = self.add(Op::Add, &[y, b], layer, span)?;
@@ -444,7 +452,8 @@ impl Lowerer<'_> {
                         self.span(&p.join("groups")),
                     ));
                 }
-                let fan_in = (c / g) * k * k;
+                // Saturating: a huge kernel is refused by `param` below, not by an overflow.
+                let fan_in = (c / g).saturating_mul(k).saturating_mul(k);
                 let bound = 1.0 / (fan_in as f64).sqrt();
                 let w = self.param(
                     name,
@@ -753,7 +762,15 @@ impl Lowerer<'_> {
         let q = heads_of(self, "q")?;
         let k = heads_of(self, "k")?;
         let v = heads_of(self, "v")?;
-        let scores = self.add(Op::MatMul { trans_b: true }, &[q, k], name, span)?;
+        let scores = self.add(
+            Op::MatMul {
+                trans_a: false,
+                trans_b: true,
+            },
+            &[q, k],
+            name,
+            span,
+        )?;
         let scaled = self.add(
             Op::Scale {
                 by: 1.0 / (hd as f64).sqrt(),
@@ -763,7 +780,15 @@ impl Lowerer<'_> {
             span,
         )?;
         let probs = self.add(Op::Softmax { causal }, &[scaled], name, span)?;
-        let ctx = self.add(Op::MatMul { trans_b: false }, &[probs, v], name, span)?;
+        let ctx = self.add(
+            Op::MatMul {
+                trans_a: false,
+                trans_b: false,
+            },
+            &[probs, v],
+            name,
+            span,
+        )?;
         let ctx = self.permute(ctx, vec![0, 2, 1, 3], name, span)?;
         let ctx = self.reshape(ctx, vec![b, s, Dim::known(d)], name, span)?;
         self.linear(ctx, d, bias, &format!("{name}.out"), span)
@@ -1031,22 +1056,27 @@ impl Lowerer<'_> {
             ));
         }
         let n = self.known(times, &p.join("times"), "`times`")?;
-        // Refuse a model too large to build before building any of it.
-        let per_copy = decls.len().max(1) as u64;
-        if n.saturating_mul(per_copy)
-            .saturating_add(self.g.layers as u64)
-            > MAX_LAYERS as u64
-        {
+        self.scopes.push(Vec::new());
+        self.bind(args, &p.join("args"))?;
+        // Refuse a model too large to build before building any of it, counting the layers
+        // of blocks that this block repeats in turn.
+        let mut visiting = self.block_stack.clone();
+        let per_copy = self.block_layers(block, blocks, &mut visiting);
+        let made = n.saturating_mul(per_copy);
+        let total = made.saturating_add(self.g.layers as u64);
+        if total > MAX_LAYERS as u64 {
+            let detail = if made == total {
+                String::new()
+            } else {
+                format!(" ({total} in the model)")
+            };
             return Err(model_err(
                 format!(
-                    "Repeat `{name}` would make {} layers; Parallax builds at most {MAX_LAYERS}",
-                    n.saturating_mul(per_copy)
+                    "Repeat `{name}` would make {made} layers{detail}; Parallax builds at most {MAX_LAYERS}"
                 ),
                 self.span(&p.join("times")),
             ));
         }
-        self.scopes.push(Vec::new());
-        self.bind(args, &p.join("args"))?;
         self.block_stack.push(block.to_string());
         let base = path!["model", "blocks", block];
         let mut x = ins[0];
@@ -1063,6 +1093,53 @@ impl Lowerer<'_> {
         self.block_stack.pop();
         self.scopes.pop();
         Ok(x)
+    }
+
+    /// The layers one copy of `block` expands to, nested repeats included (saturating, and
+    /// stopping once past [`MAX_LAYERS`]). Anything that does not resolve (an unknown block, a
+    /// cycle, a bad `times`) counts as one layer: building the block reports it.
+    fn block_layers(
+        &mut self,
+        block: &str,
+        blocks: &crate::dsl::ast::UniqueMap<Vec<NodeDecl>>,
+        visiting: &mut Vec<String>,
+    ) -> u64 {
+        let Some(decls) = blocks.get(block) else {
+            return 1;
+        };
+        if decls.is_empty()
+            || visiting.len() >= MAX_BLOCK_DEPTH
+            || visiting.iter().any(|b| b == block)
+        {
+            return 1;
+        }
+        visiting.push(block.to_string());
+        let mut total = 0u64;
+        for (_, layer, _) in decls {
+            let n = match layer {
+                Layer::Repeat {
+                    block: inner,
+                    times,
+                    args,
+                } => {
+                    let t = self.known(times, &Path::root(), "`times`").unwrap_or(1);
+                    self.scopes.push(Vec::new());
+                    let per = match self.bind(args, &Path::root()) {
+                        Ok(()) => self.block_layers(inner, blocks, visiting),
+                        Err(_) => 1,
+                    };
+                    self.scopes.pop();
+                    t.saturating_mul(per)
+                }
+                _ => 1,
+            };
+            total = total.saturating_add(n);
+            if total > MAX_LAYERS as u64 {
+                break;
+            }
+        }
+        visiting.pop();
+        total
     }
 
     fn loss(&mut self) -> Result<(), Error> {

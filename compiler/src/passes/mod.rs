@@ -2,14 +2,16 @@
 //! fail. The driver times each pass, lets the caller dump the IR after any of them, and runs
 //! the verifier after each in tests and debug builds.
 
+pub mod autodiff;
 pub mod lower;
+pub mod optimizer;
 pub mod shapes;
 pub mod simplify;
 
 use crate::dsl::Source;
 use crate::ir::verify::verify;
 use crate::ir::Graph;
-use crate::plan::Plan;
+use crate::plan::{Plan, Summary};
 use crate::Error;
 use std::time::{Duration, Instant};
 
@@ -25,8 +27,8 @@ pub struct Pass {
     pub run: fn(&mut Graph, &Ctx) -> Result<(), Error>,
 }
 
-/// The pipeline, in order. Later stages (autodiff, optimizer, fuse, partition, schedule,
-/// codegen) join this list as they are built.
+/// The pipeline, in order. Later stages (fuse, partition, schedule, codegen) join this list
+/// as they are built.
 pub static PIPELINE: &[Pass] = &[
     Pass {
         name: "lower",
@@ -37,6 +39,16 @@ pub static PIPELINE: &[Pass] = &[
         name: "shapes",
         about: "infer and check every shape and dtype",
         run: shapes::run,
+    },
+    Pass {
+        name: "autodiff",
+        about: "append the backward graph from each op's VJP rule",
+        run: autodiff::run,
+    },
+    Pass {
+        name: "optimizer",
+        about: "append gradient clipping and the parameter updates",
+        run: optimizer::run,
     },
     Pass {
         name: "simplify",
@@ -68,9 +80,20 @@ impl Default for Options {
 
 pub struct Compiled {
     pub graph: Graph,
-    pub plan: Plan,
     /// Each pass's name and wall time, in pipeline order.
     pub timings: Vec<(&'static str, Duration)>,
+}
+
+impl Compiled {
+    /// The plan the runtime executes.
+    pub fn plan(&self, source: &Source, options: &Options) -> Plan {
+        Plan::single_device(&self.graph, source, options)
+    }
+
+    /// What `parallax check` reports, without building the plan.
+    pub fn summary(&self, source: &Source) -> Summary {
+        Summary::of(&self.graph, source)
+    }
 }
 
 /// Runs the pipeline on a parsed source. `after_pass` sees the graph after each pass (for
@@ -95,12 +118,5 @@ pub fn compile(
         }
         after_pass(pass.name, &graph);
     }
-    let t = Instant::now();
-    let plan = Plan::single_device(&graph, source, options);
-    timings.push(("plan", t.elapsed()));
-    Ok(Compiled {
-        graph,
-        plan,
-        timings,
-    })
+    Ok(Compiled { graph, timings })
 }

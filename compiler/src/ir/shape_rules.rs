@@ -1,0 +1,616 @@
+//! The shape rules of the op table: each infers an op's output type from its operands and
+//! explains a mismatch with both shapes.
+
+use super::dim::Dim;
+use super::ops::Op;
+use super::types::{DType, TensorType};
+
+type Rule = Result<TensorType, String>;
+
+fn show(names: &[String], t: &TensorType) -> String {
+    t.show(names)
+}
+
+pub fn declared(op: &Op, _: &[&TensorType], _: &[String]) -> Rule {
+    match op {
+        Op::Input { ty, .. }
+        | Op::Param { ty, .. }
+        | Op::State { ty, .. }
+        | Op::Fill { ty, .. } => Ok(ty.clone()),
+        _ => Err("not a source op".into()),
+    }
+}
+
+pub fn float_same(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    if !x[0].dtype.is_float() {
+        return Err(format!(
+            "expects a floating-point tensor, got {}",
+            show(names, x[0])
+        ));
+    }
+    Ok(x[0].clone())
+}
+
+/// Two operands of one float type (a forward value and its gradient): that type.
+pub fn same_pair(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    if x[0] != x[1] {
+        return Err(format!(
+            "{} needs two operands of one type, got {} and {}",
+            op.name(),
+            show(names, x[0]),
+            show(names, x[1])
+        ));
+    }
+    float_same(op, x, names)
+}
+
+fn known(d: &Dim, what: &str) -> Result<u64, String> {
+    d.as_known()
+        .ok_or_else(|| format!("{what} must be a known size, not symbolic"))
+}
+
+/// Numpy broadcasting, aligned at the last axis.
+pub fn broadcast(a: &TensorType, b: &TensorType, names: &[String]) -> Rule {
+    if a.dtype != b.dtype {
+        return Err(format!(
+            "element types differ: {} and {}",
+            show(names, a),
+            show(names, b)
+        ));
+    }
+    let rank = a.rank().max(b.rank());
+    let one = Dim::known(1);
+    let mut shape = Vec::with_capacity(rank);
+    for i in 0..rank {
+        let da = (i + a.rank())
+            .checked_sub(rank)
+            .map_or(&one, |j| &a.shape[j]);
+        let db = (i + b.rank())
+            .checked_sub(rank)
+            .map_or(&one, |j| &b.shape[j]);
+        let d = if da == db || *db == one {
+            da
+        } else if *da == one {
+            db
+        } else {
+            return Err(format!(
+                "shapes {} and {} do not broadcast",
+                show(names, a),
+                show(names, b)
+            ));
+        };
+        shape.push(d.clone());
+    }
+    Ok(TensorType::new(a.dtype, shape))
+}
+
+pub fn broadcast_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    broadcast(x[0], x[1], names)
+}
+
+pub fn matmul_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let Op::MatMul { trans_a, trans_b } = op else {
+        unreachable!("matmul rule on {op:?}")
+    };
+    let (a, b) = (x[0], x[1]);
+    if a.rank() < 2 || b.rank() < 2 {
+        return Err(format!(
+            "matmul needs operands of rank 2 or more, got {} and {}",
+            show(names, a),
+            show(names, b)
+        ));
+    }
+    if !a.dtype.is_float() || a.dtype != b.dtype {
+        return Err(format!(
+            "matmul needs two floating-point operands of one type, got {} and {}",
+            show(names, a),
+            show(names, b)
+        ));
+    }
+    let (ra, rb) = (a.rank(), b.rank());
+    let (m, k) = if *trans_a {
+        (&a.shape[ra - 1], &a.shape[ra - 2])
+    } else {
+        (&a.shape[ra - 2], &a.shape[ra - 1])
+    };
+    let (kb, n) = if *trans_b {
+        (&b.shape[rb - 1], &b.shape[rb - 2])
+    } else {
+        (&b.shape[rb - 2], &b.shape[rb - 1])
+    };
+    if k != kb {
+        return Err(format!(
+            "inner dimensions differ: {} x {}",
+            show(names, a),
+            show(names, b)
+        ));
+    }
+    let batch_a = &a.shape[..ra - 2];
+    let batch_b = &b.shape[..rb - 2];
+    if !batch_b.is_empty() && batch_a != batch_b {
+        return Err(format!(
+            "batch dimensions differ: {} x {}",
+            show(names, a),
+            show(names, b)
+        ));
+    }
+    let mut shape = batch_a.to_vec();
+    shape.push(m.clone());
+    shape.push(n.clone());
+    Ok(TensorType::new(a.dtype, shape))
+}
+
+/// `(size + 2 padding - kernel) / stride + 1`, if at least 1.
+pub fn window_out(size: u64, kernel: u64, stride: u64, padding: u64) -> Option<u64> {
+    let padded = size.checked_add(padding.checked_mul(2)?)?;
+    if stride == 0 || padded < kernel {
+        return None;
+    }
+    Some((padded - kernel) / stride + 1)
+}
+
+fn rank4(t: &TensorType, what: &str, names: &[String]) -> Result<(), String> {
+    if t.rank() != 4 {
+        return Err(format!(
+            "{what} must be [N, C, H, W], got {}",
+            show(names, t)
+        ));
+    }
+    Ok(())
+}
+
+/// The output of a convolution of `x` by `w`, checked.
+fn conv_out(
+    x: &TensorType,
+    w: &TensorType,
+    stride: u64,
+    padding: u64,
+    groups: u64,
+    names: &[String],
+) -> Rule {
+    rank4(x, "the convolution's input", names)?;
+    rank4(w, "the convolution's weights", names)?;
+    let c = known(&x.shape[1], "the channel count")?;
+    let (h, wd) = (
+        known(&x.shape[2], "the height")?,
+        known(&x.shape[3], "the width")?,
+    );
+    let o = known(&w.shape[0], "the output channel count")?;
+    let (cg, kh, kw) = (
+        known(&w.shape[1], "channels per group")?,
+        known(&w.shape[2], "the kernel height")?,
+        known(&w.shape[3], "the kernel width")?,
+    );
+    if groups == 0 || c % groups != 0 || o % groups != 0 || cg * groups != c {
+        return Err(format!(
+            "{c} input and {o} output channels do not split into {groups} groups of {cg}"
+        ));
+    }
+    let (Some(ho), Some(wo)) = (
+        window_out(h, kh, stride, padding),
+        window_out(wd, kw, stride, padding),
+    ) else {
+        return Err(format!(
+            "a {kh}x{kw} kernel does not fit a {h}x{wd} input with padding {padding}"
+        ));
+    };
+    Ok(TensorType::new(
+        x.dtype,
+        vec![
+            x.shape[0].clone(),
+            Dim::known(o),
+            Dim::known(ho),
+            Dim::known(wo),
+        ],
+    ))
+}
+
+pub fn conv_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let Op::Conv2d {
+        stride,
+        padding,
+        groups,
+    } = op
+    else {
+        unreachable!("conv rule on {op:?}")
+    };
+    conv_out(x[0], x[1], *stride, *padding, *groups, names)
+}
+
+pub fn conv_grad_input_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let Op::Conv2dGradInput {
+        stride,
+        padding,
+        groups,
+        in_h,
+        in_w,
+    } = op
+    else {
+        unreachable!("conv grad rule on {op:?}")
+    };
+    let (dy, w) = (x[0], x[1]);
+    rank4(dy, "the output gradient", names)?;
+    rank4(w, "the weights", names)?;
+    let c = known(&w.shape[1], "channels per group")? * groups;
+    let input = TensorType::new(
+        dy.dtype,
+        vec![
+            dy.shape[0].clone(),
+            Dim::known(c),
+            Dim::known(*in_h),
+            Dim::known(*in_w),
+        ],
+    );
+    let out = conv_out(&input, w, *stride, *padding, *groups, names)?;
+    if out != *dy {
+        return Err(format!(
+            "the gradient {} does not match the convolution's output {}",
+            show(names, dy),
+            show(names, &out)
+        ));
+    }
+    Ok(input)
+}
+
+pub fn conv_grad_weight_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let Op::Conv2dGradWeight {
+        stride,
+        padding,
+        groups,
+        kernel,
+    } = op
+    else {
+        unreachable!("conv grad rule on {op:?}")
+    };
+    let (input, dy) = (x[0], x[1]);
+    rank4(input, "the convolution's input", names)?;
+    rank4(dy, "the output gradient", names)?;
+    let c = known(&input.shape[1], "the channel count")?;
+    let o = known(&dy.shape[1], "the output channel count")?;
+    if *groups == 0 || c % groups != 0 {
+        return Err(format!("{c} channels do not split into {groups} groups"));
+    }
+    let w = TensorType::new(
+        input.dtype,
+        vec![
+            Dim::known(o),
+            Dim::known(c / groups),
+            Dim::known(*kernel),
+            Dim::known(*kernel),
+        ],
+    );
+    let out = conv_out(input, &w, *stride, *padding, *groups, names)?;
+    if out != *dy {
+        return Err(format!(
+            "the gradient {} does not match the convolution's output {}",
+            show(names, dy),
+            show(names, &out)
+        ));
+    }
+    Ok(w)
+}
+
+fn pool_out(op: &Op, inp: &TensorType, names: &[String]) -> Rule {
+    let (Op::Pool2d {
+        kernel,
+        stride,
+        padding,
+        ..
+    }
+    | Op::Pool2dGrad {
+        kernel,
+        stride,
+        padding,
+        ..
+    }) = op
+    else {
+        unreachable!("pool rule on {op:?}")
+    };
+    rank4(inp, "pooling's input", names)?;
+    if *padding * 2 > *kernel {
+        return Err(format!(
+            "padding {padding} is more than half the kernel {kernel}"
+        ));
+    }
+    let (h, w) = (
+        known(&inp.shape[2], "the height")?,
+        known(&inp.shape[3], "the width")?,
+    );
+    let (Some(ho), Some(wo)) = (
+        window_out(h, *kernel, *stride, *padding),
+        window_out(w, *kernel, *stride, *padding),
+    ) else {
+        return Err(format!(
+            "a {kernel}x{kernel} window does not fit a {h}x{w} input"
+        ));
+    };
+    let mut shape = inp.shape.clone();
+    shape[2] = Dim::known(ho);
+    shape[3] = Dim::known(wo);
+    Ok(TensorType::new(inp.dtype, shape))
+}
+
+pub fn pool_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    pool_out(op, x[0], names)
+}
+
+pub fn pool_grad_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let out = pool_out(op, x[0], names)?;
+    if out != *x[1] {
+        return Err(format!(
+            "the gradient {} does not match the pooling's output {}",
+            show(names, x[1]),
+            show(names, &out)
+        ));
+    }
+    Ok(x[0].clone())
+}
+
+pub fn reshape_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let Op::Reshape { shape } = op else {
+        unreachable!("reshape rule on {op:?}")
+    };
+    let to = TensorType::new(x[0].dtype, shape.clone());
+    if x[0].numel() != to.numel() {
+        return Err(format!(
+            "cannot reshape {} to {}: element counts differ",
+            show(names, x[0]),
+            show(names, &to)
+        ));
+    }
+    Ok(to)
+}
+
+pub fn permute_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let Op::Permute { perm } = op else {
+        unreachable!("permute rule on {op:?}")
+    };
+    let mut seen = vec![false; x[0].rank()];
+    if perm.len() != x[0].rank()
+        || perm
+            .iter()
+            .any(|&p| p >= seen.len() || std::mem::replace(&mut seen[p], true))
+    {
+        return Err(format!(
+            "{perm:?} is not a permutation of the {} axes of {}",
+            x[0].rank(),
+            show(names, x[0])
+        ));
+    }
+    let shape = perm.iter().map(|&p| x[0].shape[p].clone()).collect();
+    Ok(TensorType::new(x[0].dtype, shape))
+}
+
+pub fn concat_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let Op::Concat { axis } = op else {
+        unreachable!("concat rule on {op:?}")
+    };
+    let (a, b) = (x[0], x[1]);
+    if a.rank() != b.rank() || *axis >= a.rank() || a.dtype != b.dtype {
+        return Err(format!(
+            "cannot concatenate {} and {} along axis {axis}",
+            show(names, a),
+            show(names, b)
+        ));
+    }
+    for i in 0..a.rank() {
+        if i != *axis && a.shape[i] != b.shape[i] {
+            return Err(format!(
+                "cannot concatenate {} and {} along axis {axis}: axis {i} differs",
+                show(names, a),
+                show(names, b)
+            ));
+        }
+    }
+    let sa = known(&a.shape[*axis], "the concatenated axis")?;
+    let sb = known(&b.shape[*axis], "the concatenated axis")?;
+    let mut shape = a.shape.clone();
+    shape[*axis] = Dim::known(sa + sb);
+    Ok(TensorType::new(a.dtype, shape))
+}
+
+pub fn slice_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let Op::Slice { axis, start, len } = op else {
+        unreachable!("slice rule on {op:?}")
+    };
+    let t = x[0];
+    if *axis >= t.rank() {
+        return Err(format!(
+            "axis {axis} is out of range for {}",
+            show(names, t)
+        ));
+    }
+    if let (Some(size), Some(l)) = (t.shape[*axis].as_known(), len.as_known()) {
+        if start.saturating_add(l) > size {
+            return Err(format!(
+                "slice [{start}, {start}+{l}) is outside axis {axis} of {}",
+                show(names, t)
+            ));
+        }
+    }
+    let mut shape = t.shape.clone();
+    shape[*axis] = len.clone();
+    Ok(TensorType::new(t.dtype, shape))
+}
+
+pub fn pad_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let Op::Pad { axis, start, size } = op else {
+        unreachable!("pad rule on {op:?}")
+    };
+    let t = x[0];
+    if *axis >= t.rank() {
+        return Err(format!(
+            "axis {axis} is out of range for {}",
+            show(names, t)
+        ));
+    }
+    if let (Some(total), Some(l)) = (size.as_known(), t.shape[*axis].as_known()) {
+        if start.saturating_add(l) > total {
+            return Err(format!(
+                "{} does not fit in {total} at {start}",
+                show(names, t)
+            ));
+        }
+    }
+    let mut shape = t.shape.clone();
+    shape[*axis] = size.clone();
+    Ok(TensorType::new(t.dtype, shape))
+}
+
+pub fn softmax_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let t = last_axis_norm(op, x, names)?;
+    if let Op::Softmax { causal: true } = op {
+        if t.rank() < 2 || t.shape[t.rank() - 1] != t.shape[t.rank() - 2] {
+            return Err(format!(
+                "a causal softmax needs square [.., S, S] scores, got {}",
+                show(names, &t)
+            ));
+        }
+    }
+    Ok(t)
+}
+
+pub fn last_axis_norm(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let t = float_same(op, x, names)?;
+    if t.rank() == 0 {
+        return Err(format!("{} needs at least one axis", op.name()));
+    }
+    Ok(t)
+}
+
+pub fn batchnorm_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let t = float_same(op, x, names)?;
+    if t.rank() < 2 {
+        return Err(format!(
+            "batch norm needs [N, C, ..], got {}",
+            show(names, &t)
+        ));
+    }
+    Ok(t)
+}
+
+pub fn reduce_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let (Op::ReduceSum { axes } | Op::ReduceMean { axes }) = op else {
+        unreachable!("reduce rule on {op:?}")
+    };
+    let t = x[0];
+    if axes.iter().any(|&a| a >= t.rank()) || axes.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(format!(
+            "axes {axes:?} must be ascending axes of {}",
+            show(names, t)
+        ));
+    }
+    let shape = (0..t.rank())
+        .filter(|i| !axes.contains(i))
+        .map(|i| t.shape[i].clone())
+        .collect();
+    Ok(TensorType::new(t.dtype, shape))
+}
+
+pub fn sum_to_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let Op::SumTo { shape } = op else {
+        unreachable!("sum_to rule on {op:?}")
+    };
+    let to = TensorType::new(x[0].dtype, shape.clone());
+    match broadcast(x[0], &to, names) {
+        Ok(b) if b == *x[0] => Ok(to),
+        _ => Err(format!(
+            "{} does not sum down to {}",
+            show(names, x[0]),
+            show(names, &to)
+        )),
+    }
+}
+
+pub fn expand_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let Op::Expand { axes, shape, .. } = op else {
+        unreachable!("expand rule on {op:?}")
+    };
+    let kept: Vec<Dim> = (0..shape.len())
+        .filter(|i| !axes.contains(i))
+        .map(|i| shape[i].clone())
+        .collect();
+    if kept != x[0].shape || axes.iter().any(|&a| a >= shape.len()) {
+        return Err(format!(
+            "{} does not expand along {axes:?} to {:?}",
+            show(names, x[0]),
+            shape.iter().map(|d| d.show(names)).collect::<Vec<_>>()
+        ));
+    }
+    Ok(TensorType::new(x[0].dtype, shape.clone()))
+}
+
+pub fn gather_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let (table, idx) = (x[0], x[1]);
+    if table.rank() != 2 || !table.dtype.is_float() {
+        return Err(format!(
+            "gather needs a float table [V, D], got {}",
+            show(names, table)
+        ));
+    }
+    if idx.dtype.is_float() {
+        return Err(format!(
+            "indices must be integers (dtype: I32), got {}",
+            show(names, idx)
+        ));
+    }
+    let mut shape = idx.shape.clone();
+    shape.push(table.shape[1].clone());
+    Ok(TensorType::new(table.dtype, shape))
+}
+
+pub fn scatter_add_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let Op::ScatterAdd { rows } = op else {
+        unreachable!("scatter rule on {op:?}")
+    };
+    let (idx, dy) = (x[0], x[1]);
+    if idx.dtype.is_float()
+        || dy.rank() != idx.rank() + 1
+        || dy.shape[..idx.rank()] != idx.shape[..]
+    {
+        return Err(format!(
+            "scatter_add needs indices [..] and values [.., D], got {} and {}",
+            show(names, idx),
+            show(names, dy)
+        ));
+    }
+    Ok(TensorType::new(
+        dy.dtype,
+        vec![Dim::known(*rows), dy.shape[dy.rank() - 1].clone()],
+    ))
+}
+
+fn labels_match(logits: &TensorType, labels: &TensorType, names: &[String]) -> Result<(), String> {
+    if logits.rank() == 0 || !logits.dtype.is_float() {
+        return Err(format!(
+            "cross-entropy needs float logits [.., classes], got {}",
+            show(names, logits)
+        ));
+    }
+    if labels.dtype.is_float() || labels.shape[..] != logits.shape[..logits.rank() - 1] {
+        let want = TensorType::new(DType::I32, logits.shape[..logits.rank() - 1].to_vec());
+        return Err(format!(
+            "labels must be {} for logits {}, got {}",
+            show(names, &want),
+            show(names, logits),
+            show(names, labels)
+        ));
+    }
+    Ok(())
+}
+
+pub fn xent_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    labels_match(x[0], x[1], names)?;
+    Ok(TensorType::scalar(DType::F32))
+}
+
+pub fn xent_grad_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    labels_match(x[0], x[1], names)?;
+    if x[2].rank() != 0 {
+        return Err(format!(
+            "the loss gradient must be a scalar, got {}",
+            show(names, x[2])
+        ));
+    }
+    Ok(x[0].clone())
+}

@@ -1,0 +1,325 @@
+//! The VJP rules of the op table: each adds the ops that compute its operands' gradients
+//! from its output's gradient `dy`. `passes::autodiff` walks the graph backwards and calls
+//! them; no layer has a hand-written backward.
+
+use super::graph::Graph;
+use super::ops::Op;
+use super::types::TensorType;
+use crate::diag::Span;
+use petgraph::stable_graph::NodeIndex;
+
+/// Where a rule adds its ops: the graph, and the layer the forward op came from.
+pub struct Vjp<'a> {
+    pub g: &'a mut Graph,
+    pub layer: String,
+    pub span: Option<Span>,
+}
+
+/// `(context, the forward node, its operands, the gradient of its output)` to one gradient
+/// per operand (`None` where an operand has none, as integer labels).
+pub type VjpRule =
+    fn(&mut Vjp, NodeIndex, &[NodeIndex], NodeIndex) -> Result<Vec<Option<NodeIndex>>, String>;
+
+type Grads = Result<Vec<Option<NodeIndex>>, String>;
+
+impl Vjp<'_> {
+    pub fn add(&mut self, op: Op, ins: &[NodeIndex]) -> Result<NodeIndex, String> {
+        let layer = self.layer.clone();
+        self.g.add(op, ins, &layer, self.span)
+    }
+    fn ty(&self, n: NodeIndex) -> TensorType {
+        self.g.g[n].ty.clone()
+    }
+    fn op(&self, n: NodeIndex) -> Op {
+        self.g.g[n].op.clone()
+    }
+    /// `d` summed down to the shape of `like` where the forward op broadcast it.
+    fn unbroadcast(&mut self, d: NodeIndex, like: NodeIndex) -> Result<NodeIndex, String> {
+        let shape = self.ty(like).shape;
+        if self.ty(d).shape == shape {
+            Ok(d)
+        } else {
+            self.add(Op::SumTo { shape }, &[d])
+        }
+    }
+}
+
+pub fn source(_: &mut Vjp, _: NodeIndex, _: &[NodeIndex], _: NodeIndex) -> Grads {
+    Ok(Vec::new())
+}
+
+/// Ops that appear only in backward or update graphs; differentiating them is a bug.
+pub fn none(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], _: NodeIndex) -> Grads {
+    Err(format!("`{}` has no gradient rule", v.op(n).name()))
+}
+
+pub fn identity(_: &mut Vjp, _: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+    Ok(vec![Some(dy)])
+}
+
+pub fn matmul(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let Op::MatMul { trans_a, trans_b } = v.op(n) else {
+        unreachable!()
+    };
+    if trans_a {
+        return Err("no gradient rule for a matmul with a transposed left operand".into());
+    }
+    let (a, b) = (ins[0], ins[1]);
+    let (ta, tb) = (v.ty(a), v.ty(b));
+    // dA = dY op(B)^T
+    let da = v.add(
+        Op::MatMul {
+            trans_a: false,
+            trans_b: !trans_b,
+        },
+        &[dy, b],
+    )?;
+    // A shared 2-D B sums its gradient over every batch of A: fold those into the rows.
+    let (a2, dy2) = if tb.rank() == 2 && ta.rank() > 2 {
+        let rows = super::dim::product(&ta.shape[..ta.rank() - 1]).ok_or("size overflow")?;
+        let tdy = v.ty(dy);
+        let a2 = v.add(
+            Op::Reshape {
+                shape: vec![rows.clone(), ta.shape[ta.rank() - 1].clone()],
+            },
+            &[a],
+        )?;
+        let dy2 = v.add(
+            Op::Reshape {
+                shape: vec![rows, tdy.shape[tdy.rank() - 1].clone()],
+            },
+            &[dy],
+        )?;
+        (a2, dy2)
+    } else {
+        (a, dy)
+    };
+    let t = Op::MatMul {
+        trans_a: true,
+        trans_b: false,
+    };
+    // dB = A^T dY, or (dY^T A) when B was used transposed.
+    let db = if trans_b {
+        v.add(t, &[dy2, a2])?
+    } else {
+        v.add(t, &[a2, dy2])?
+    };
+    Ok(vec![Some(da), Some(db)])
+}
+
+pub fn conv2d(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let Op::Conv2d {
+        stride,
+        padding,
+        groups,
+    } = v.op(n)
+    else {
+        unreachable!()
+    };
+    let (x, w) = (ins[0], ins[1]);
+    let (tx, tw) = (v.ty(x), v.ty(w));
+    let known = |d: &super::dim::Dim| d.as_known().ok_or("a symbolic image size");
+    let dx = v.add(
+        Op::Conv2dGradInput {
+            stride,
+            padding,
+            groups,
+            in_h: known(&tx.shape[2])?,
+            in_w: known(&tx.shape[3])?,
+        },
+        &[dy, w],
+    )?;
+    let dw = v.add(
+        Op::Conv2dGradWeight {
+            stride,
+            padding,
+            groups,
+            kernel: known(&tw.shape[2])?,
+        },
+        &[x, dy],
+    )?;
+    Ok(vec![Some(dx), Some(dw)])
+}
+
+pub fn pool2d(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let Op::Pool2d {
+        max,
+        kernel,
+        stride,
+        padding,
+    } = v.op(n)
+    else {
+        unreachable!()
+    };
+    let d = v.add(
+        Op::Pool2dGrad {
+            max,
+            kernel,
+            stride,
+            padding,
+        },
+        &[ins[0], dy],
+    )?;
+    Ok(vec![Some(d)])
+}
+
+pub fn reshape(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let shape = v.ty(ins[0]).shape;
+    Ok(vec![Some(v.add(Op::Reshape { shape }, &[dy])?)])
+}
+
+pub fn permute(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let Op::Permute { perm } = v.op(n) else {
+        unreachable!()
+    };
+    let mut inverse = vec![0; perm.len()];
+    for (i, &p) in perm.iter().enumerate() {
+        inverse[p] = i;
+    }
+    Ok(vec![Some(v.add(Op::Permute { perm: inverse }, &[dy])?)])
+}
+
+pub fn concat(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let Op::Concat { axis } = v.op(n) else {
+        unreachable!()
+    };
+    let (la, lb) = (
+        v.ty(ins[0]).shape[axis].clone(),
+        v.ty(ins[1]).shape[axis].clone(),
+    );
+    let start_b = la.as_known().ok_or("a symbolic concatenation")?;
+    let da = v.add(
+        Op::Slice {
+            axis,
+            start: 0,
+            len: la,
+        },
+        &[dy],
+    )?;
+    let db = v.add(
+        Op::Slice {
+            axis,
+            start: start_b,
+            len: lb,
+        },
+        &[dy],
+    )?;
+    Ok(vec![Some(da), Some(db)])
+}
+
+pub fn slice(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let Op::Slice { axis, start, .. } = v.op(n) else {
+        unreachable!()
+    };
+    let size = v.ty(ins[0]).shape[axis].clone();
+    Ok(vec![Some(v.add(Op::Pad { axis, start, size }, &[dy])?)])
+}
+
+pub fn pad(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let Op::Pad { axis, start, .. } = v.op(n) else {
+        unreachable!()
+    };
+    let len = v.ty(ins[0]).shape[axis].clone();
+    Ok(vec![Some(v.add(Op::Slice { axis, start, len }, &[dy])?)])
+}
+
+pub fn gather(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let rows = v.ty(ins[0]).shape[0].as_known().ok_or("a symbolic table")?;
+    let d = v.add(Op::ScatterAdd { rows }, &[ins[1], dy])?;
+    Ok(vec![Some(d), None])
+}
+
+pub fn add(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let da = v.unbroadcast(dy, ins[0])?;
+    let db = v.unbroadcast(dy, ins[1])?;
+    Ok(vec![Some(da), Some(db)])
+}
+
+pub fn sub(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let da = v.unbroadcast(dy, ins[0])?;
+    let neg = v.add(Op::Scale { by: -1.0 }, &[dy])?;
+    let db = v.unbroadcast(neg, ins[1])?;
+    Ok(vec![Some(da), Some(db)])
+}
+
+pub fn mul(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let (a, b) = (ins[0], ins[1]);
+    let da = v.add(Op::Mul, &[dy, b])?;
+    let da = v.unbroadcast(da, a)?;
+    let db = v.add(Op::Mul, &[dy, a])?;
+    let db = v.unbroadcast(db, b)?;
+    Ok(vec![Some(da), Some(db)])
+}
+
+pub fn scale(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let Op::Scale { by } = v.op(n) else {
+        unreachable!()
+    };
+    Ok(vec![Some(v.add(Op::Scale { by }, &[dy])?)])
+}
+
+pub fn relu(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    Ok(vec![Some(v.add(Op::ReluGrad, &[ins[0], dy])?)])
+}
+
+pub fn gelu(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    Ok(vec![Some(v.add(Op::GeluGrad, &[ins[0], dy])?)])
+}
+
+/// From the output `y`, which the forward pass keeps anyway.
+pub fn tanh(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+    Ok(vec![Some(v.add(Op::TanhGrad, &[n, dy])?)])
+}
+
+pub fn sigmoid(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+    Ok(vec![Some(v.add(Op::SigmoidGrad, &[n, dy])?)])
+}
+
+/// The same keyed mask applied to the gradient.
+pub fn dropout(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let op = v.op(n);
+    Ok(vec![Some(v.add(op, &[dy])?)])
+}
+
+pub fn softmax(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+    Ok(vec![Some(v.add(Op::SoftmaxGrad, &[n, dy])?)])
+}
+
+pub fn layer_norm(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let Op::LayerNorm { eps } = v.op(n) else {
+        unreachable!()
+    };
+    Ok(vec![Some(v.add(Op::LayerNormGrad { eps }, &[ins[0], dy])?)])
+}
+
+pub fn rms_norm(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let Op::RmsNorm { eps } = v.op(n) else {
+        unreachable!()
+    };
+    Ok(vec![Some(v.add(Op::RmsNormGrad { eps }, &[ins[0], dy])?)])
+}
+
+pub fn batch_norm(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let Op::BatchNorm { eps } = v.op(n) else {
+        unreachable!()
+    };
+    Ok(vec![Some(v.add(Op::BatchNormGrad { eps }, &[ins[0], dy])?)])
+}
+
+pub fn reduce(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let (axes, mean) = match v.op(n) {
+        Op::ReduceSum { axes } => (axes, false),
+        Op::ReduceMean { axes } => (axes, true),
+        _ => unreachable!(),
+    };
+    let shape = v.ty(ins[0]).shape;
+    Ok(vec![Some(v.add(Op::Expand { axes, shape, mean }, &[dy])?)])
+}
+
+pub fn cross_entropy(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let Op::CrossEntropy { smoothing } = v.op(n) else {
+        unreachable!()
+    };
+    let d = v.add(Op::CrossEntropyGrad { smoothing }, &[ins[0], ins[1], dy])?;
+    Ok(vec![Some(d), None])
+}
