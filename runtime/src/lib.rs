@@ -1,6 +1,7 @@
 //! The Parallax runtime: executes compiled plans. The CPU backend is the oracle; the data
 //! pipeline feeds it; randomness is keyed by (seed, purpose, index) throughout.
 
+pub mod data;
 pub mod rng;
 
 pub mod backend {

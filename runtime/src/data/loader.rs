@@ -1,0 +1,287 @@
+//! Batches of a data set, epoch after epoch, prepared ahead on a worker thread.
+//!
+//! The stated rules:
+//!
+//! - Epoch `e` visits the data set in the order `epoch_order(seed, e, len)`, that is
+//!   `permutation(stream(seed, Purpose::Shuffle, e), len)`.
+//! - Batch `b` of an epoch is the samples at positions `b * batch_size ..
+//!   min((b + 1) * batch_size, len)` of that order, inputs and targets gathered in that order.
+//! - The last partial batch: when `len` is not a multiple of `batch_size`, the epoch's last
+//!   batch holds the `len % batch_size` remaining samples (it is smaller) unless `drop_last`,
+//!   which drops it (those samples are not seen in that epoch; the next epoch's order differs).
+//!   `drop_last` with fewer samples than one batch is an error, as is a batch size of 0 or an
+//!   empty data set.
+//! - A batch is a pure function of (data set, seed, batch size, drop_last, epoch, index): the
+//!   worker thread changes only when it is computed, never what it holds.
+
+use super::{DataError, Dataset, Values};
+use crate::rng::{permutation, stream, Purpose};
+use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+/// Batches prepared ahead of the consumer.
+pub const PREFETCH: usize = 4;
+
+/// The order in which epoch `epoch` visits a data set of `len` samples.
+pub fn epoch_order(seed: u64, epoch: u64, len: usize) -> Vec<usize> {
+    permutation(stream(seed, Purpose::Shuffle, epoch), len)
+}
+
+/// Batches in an epoch: `ceil(len / batch_size)`, or `floor` with `drop_last`.
+pub fn batches_per_epoch(len: usize, batch_size: usize, drop_last: bool) -> usize {
+    if drop_last {
+        len / batch_size
+    } else {
+        len.div_ceil(batch_size)
+    }
+}
+
+/// One batch: `size` samples, inputs `[size, ..input shape]` and targets
+/// `[size, ..target shape]` in C order; batch `index` of epoch `epoch`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Batch {
+    pub inputs: Values,
+    pub targets: Values,
+    pub size: usize,
+    pub epoch: u64,
+    pub index: usize,
+}
+
+/// Batch `index` of an epoch whose order is `order`.
+pub fn make_batch(
+    dataset: &Dataset,
+    order: &[usize],
+    batch_size: usize,
+    epoch: u64,
+    index: usize,
+) -> Batch {
+    let start = (index * batch_size).min(order.len());
+    let end = (start + batch_size).min(order.len());
+    let picked = dataset.subset(&order[start..end]);
+    Batch {
+        inputs: picked.inputs,
+        targets: picked.targets,
+        size: end - start,
+        epoch,
+        index,
+    }
+}
+
+/// Serves the batches of a data set forever, epoch after epoch (see the module's rules),
+/// starting at `first_epoch`. A worker thread prepares up to [`PREFETCH`] batches ahead;
+/// dropping the loader stops it.
+pub struct Loader {
+    rx: Option<Receiver<Batch>>,
+    worker: Option<JoinHandle<()>>,
+    batches_per_epoch: usize,
+}
+
+impl Loader {
+    pub fn new(
+        dataset: Arc<Dataset>,
+        batch_size: usize,
+        seed: u64,
+        drop_last: bool,
+        first_epoch: u64,
+    ) -> Result<Loader, DataError> {
+        let len = dataset.len;
+        if batch_size == 0 {
+            return Err(DataError::Config(
+                "the batch size must be at least 1".into(),
+            ));
+        }
+        if len == 0 {
+            return Err(DataError::Config(
+                "the data set to batch has no samples".into(),
+            ));
+        }
+        if drop_last && len < batch_size {
+            return Err(DataError::Config(format!(
+                "the data set has {len} samples, fewer than one batch of {batch_size}: with drop_last every batch would be dropped (lower batch_size or turn drop_last off)"
+            )));
+        }
+        let per_epoch = batches_per_epoch(len, batch_size, drop_last);
+        let (tx, rx) = sync_channel(PREFETCH);
+        let worker = std::thread::Builder::new()
+            .name("parallax-data".into())
+            .spawn(move || {
+                let mut epoch = first_epoch;
+                loop {
+                    let order = epoch_order(seed, epoch, len);
+                    for index in 0..per_epoch {
+                        let batch = make_batch(&dataset, &order, batch_size, epoch, index);
+                        if tx.send(batch).is_err() {
+                            return; // the loader was dropped
+                        }
+                    }
+                    epoch = epoch.wrapping_add(1);
+                }
+            })
+            .map_err(|e| DataError::Config(format!("cannot start the data worker thread: {e}")))?;
+        Ok(Loader {
+            rx: Some(rx),
+            worker: Some(worker),
+            batches_per_epoch: per_epoch,
+        })
+    }
+
+    /// Batches in each epoch.
+    pub fn batches_per_epoch(&self) -> usize {
+        self.batches_per_epoch
+    }
+}
+
+impl Iterator for Loader {
+    type Item = Batch;
+
+    /// The next batch; `None` only if the worker thread died (its panic is resumed here).
+    fn next(&mut self) -> Option<Batch> {
+        match self.rx.as_ref()?.recv() {
+            Ok(b) => Some(b),
+            Err(_) => {
+                self.rx = None;
+                if let Some(Err(panic)) = self.worker.take().map(JoinHandle::join) {
+                    std::panic::resume_unwind(panic);
+                }
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        // Closing the channel makes the worker's next (or pending) send fail, and it returns.
+        drop(self.rx.take());
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::{DType, TensorSpec};
+
+    /// Sample `i` has inputs `[2i, 2i + 1]` and target `i`.
+    fn numbered(len: usize) -> Arc<Dataset> {
+        Arc::new(Dataset {
+            inputs: Values::F32((0..2 * len).map(|v| v as f32).collect()),
+            targets: Values::I32((0..len as i32).collect()),
+            input: TensorSpec::new(DType::F32, vec![2]),
+            target: TensorSpec::new(DType::I32, vec![]),
+            len,
+        })
+    }
+
+    fn ids(b: &Batch) -> Vec<usize> {
+        let Values::I32(t) = &b.targets else { panic!() };
+        let Values::F32(x) = &b.inputs else { panic!() };
+        for (k, &i) in t.iter().enumerate() {
+            assert_eq!(
+                &x[2 * k..2 * k + 2],
+                &[2.0 * i as f32, 2.0 * i as f32 + 1.0]
+            );
+        }
+        t.iter().map(|&i| i as usize).collect()
+    }
+
+    #[test]
+    fn loaders_with_one_seed_serve_identical_batches() {
+        let ds = numbered(37);
+        let a: Vec<Batch> = Loader::new(ds.clone(), 8, 5, false, 0)
+            .unwrap()
+            .take(15)
+            .collect();
+        let slow: Vec<Batch> = Loader::new(ds.clone(), 8, 5, false, 0)
+            .unwrap()
+            .take(15)
+            .inspect(|_| std::thread::sleep(std::time::Duration::from_millis(1)))
+            .collect();
+        assert_eq!(a, slow);
+        // Each batch is the pure function of (seed, epoch, index).
+        for b in &a {
+            let order = epoch_order(5, b.epoch, 37);
+            assert_eq!(*b, make_batch(&ds, &order, 8, b.epoch, b.index));
+        }
+        let other: Vec<Batch> = Loader::new(ds.clone(), 8, 6, false, 0)
+            .unwrap()
+            .take(5)
+            .collect();
+        assert_ne!(a[..5], other[..]);
+        // Starting at epoch 2 continues exactly where epochs 0 and 1 left off.
+        let resumed: Vec<Batch> = Loader::new(ds, 8, 5, false, 2).unwrap().take(5).collect();
+        assert_eq!(resumed[..], a[10..15]);
+    }
+
+    #[test]
+    fn every_epoch_visits_every_sample_once_in_a_new_order() {
+        let ds = numbered(10);
+        let loader = Loader::new(ds, 4, 1, false, 0).unwrap();
+        assert_eq!(loader.batches_per_epoch(), 3);
+        let batches: Vec<Batch> = loader.take(9).collect();
+        let sizes: Vec<usize> = batches.iter().map(|b| b.size).collect();
+        assert_eq!(sizes, [4, 4, 2, 4, 4, 2, 4, 4, 2]);
+        let mut orders = Vec::new();
+        for (e, chunk) in batches.chunks(3).enumerate() {
+            assert!(chunk
+                .iter()
+                .enumerate()
+                .all(|(i, b)| b.epoch == e as u64 && b.index == i));
+            let order: Vec<usize> = chunk.iter().flat_map(ids).collect();
+            assert_eq!(order, epoch_order(1, e as u64, 10));
+            let mut sorted = order.clone();
+            sorted.sort();
+            assert_eq!(sorted, (0..10).collect::<Vec<_>>());
+            orders.push(order);
+        }
+        assert_ne!(orders[0], orders[1]);
+        assert_ne!(orders[1], orders[2]);
+    }
+
+    #[test]
+    fn drop_last_drops_the_partial_batch() {
+        let ds = numbered(10);
+        let loader = Loader::new(ds.clone(), 4, 1, true, 0).unwrap();
+        assert_eq!(loader.batches_per_epoch(), 2);
+        let batches: Vec<Batch> = loader.take(4).collect();
+        assert!(batches.iter().all(|b| b.size == 4));
+        assert_eq!(
+            batches
+                .iter()
+                .map(|b| (b.epoch, b.index))
+                .collect::<Vec<_>>(),
+            [(0, 0), (0, 1), (1, 0), (1, 1)]
+        );
+        let seen: Vec<usize> = batches[..2].iter().flat_map(ids).collect();
+        assert_eq!(seen, epoch_order(1, 0, 10)[..8]);
+        // An exact multiple loses nothing.
+        let exact = Loader::new(numbered(8), 4, 1, true, 0).unwrap();
+        assert_eq!(exact.batches_per_epoch(), 2);
+        // Fewer samples than a batch: an error, not an endless loop.
+        let e = Loader::new(ds.clone(), 11, 1, true, 0)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("10 samples, fewer than one batch of 11"), "{e}");
+        let small: Vec<Batch> = Loader::new(ds.clone(), 11, 1, false, 0)
+            .unwrap()
+            .take(2)
+            .collect();
+        assert_eq!((small[0].size, small[1].epoch), (10, 1));
+        assert!(Loader::new(ds, 0, 1, false, 0).is_err());
+        assert!(Loader::new(numbered(0), 1, 1, false, 0).is_err());
+    }
+
+    #[test]
+    fn dropping_the_loader_stops_its_worker() {
+        for _ in 0..20 {
+            let mut l = Loader::new(numbered(100), 3, 1, false, 0).unwrap();
+            assert_eq!(l.next().unwrap().size, 3);
+            drop(l); // joins the worker, blocked on a full channel or not
+        }
+        drop(Loader::new(numbered(100), 3, 1, false, 0).unwrap()); // never read
+    }
+}
