@@ -24,7 +24,7 @@ struct Cli {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum Format {
+pub(crate) enum Format {
     Text,
     Json,
 }
@@ -56,6 +56,25 @@ enum Command {
         file: PathBuf,
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
+    },
+    /// Train an experiment on the CPU and write its run directory.
+    Train {
+        file: PathBuf,
+        /// Train for this many steps (overrides the file's `steps`/`epochs`).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        steps: Option<u64>,
+        /// Train for this many epochs (overrides the file's `steps`/`epochs`).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "steps")]
+        epochs: Option<u64>,
+        /// The seed (overrides the file's).
+        #[arg(long)]
+        seed: Option<u64>,
+        /// Where to write the run (default `runs/<name>-<timestamp>`).
+        #[arg(long)]
+        run_dir: Option<PathBuf>,
+        /// Start from these parameters (a safetensors file named like `final.safetensors`).
+        #[arg(long, value_name = "FILE.safetensors")]
+        init: Option<PathBuf>,
     },
     /// Compile an experiment into a plan.
     Compile {
@@ -98,8 +117,10 @@ fn parse_dump(s: &str) -> Result<String, String> {
     }
 }
 
+mod train;
+
 /// A failure already reported to the user, with its exit code.
-struct Exit(u8);
+pub(crate) struct Exit(u8);
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -122,6 +143,14 @@ fn main() -> ExitCode {
             timings,
             &dump_ir,
         ),
+        Command::Train {
+            file,
+            steps,
+            epochs,
+            seed,
+            run_dir,
+            init,
+        } => train::run(&file, steps, epochs, seed, run_dir, init),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -130,7 +159,7 @@ fn main() -> ExitCode {
 }
 
 /// Reads and parses the file, reporting any error; returns the source and the parse time.
-fn load(file: &Path, format: Format) -> Result<(Source, Duration), Exit> {
+pub(crate) fn load(file: &Path, format: Format) -> Result<(Source, Duration), Exit> {
     let name = file.display().to_string();
     let bytes = std::fs::read(file).map_err(|e| {
         report(
@@ -179,7 +208,7 @@ fn report(file: &str, src: &str, diags: &[Diagnostic], format: Format) {
     }
 }
 
-fn run_pipeline(
+pub(crate) fn run_pipeline(
     file: &Path,
     source: &Source,
     options: &Options,

@@ -7,6 +7,7 @@ pub mod dsl;
 pub mod ir;
 pub mod passes;
 pub mod plan;
+pub mod schedule;
 
 pub use diag::{Diagnostic, Loc, Span};
 pub use dsl::{parse, parse_bytes, Source};

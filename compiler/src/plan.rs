@@ -3,7 +3,7 @@
 
 use crate::dsl::ast::Train;
 use crate::dsl::Source;
-use crate::ir::{Graph, OpKind};
+use crate::ir::{Graph, Op, OpKind, Phase, TensorType};
 use crate::passes::Options;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -31,15 +31,23 @@ pub struct ParamInfo {
     pub init: String,
 }
 
+/// One op of the plan, in execution order; operands are earlier steps' ids.
 #[derive(Debug, Clone, Serialize)]
 pub struct Step {
     pub id: usize,
-    pub op: &'static str,
+    pub op: Op,
     pub operands: Vec<usize>,
-    pub attrs: String,
     #[serde(rename = "type")]
-    pub ty: String,
+    pub ty: TensorType,
     pub layer: String,
+    pub phase: Phase,
+}
+
+/// A named step: an output of the model, or the loss.
+#[derive(Debug, Clone, Serialize)]
+pub struct Named {
+    pub name: String,
+    pub step: usize,
 }
 
 /// Memory per device, in bytes, at the training batch size.
@@ -67,7 +75,14 @@ pub struct Plan {
     pub inputs: Vec<TensorInfo>,
     pub outputs: Vec<TensorInfo>,
     pub params: Vec<ParamInfo>,
+    /// The symbols (`B` first) and their nominal sizes.
+    pub symbols: Vec<(String, u64)>,
     pub steps: Vec<Step>,
+    pub output_steps: Vec<Named>,
+    /// `(parameter step, gradient step)`
+    pub grads: Vec<(usize, usize)>,
+    /// `(persistent step, new value step)`: copied over at the end of a training step.
+    pub updates: Vec<(usize, usize)>,
 }
 
 fn sat(v: u128) -> u64 {
@@ -90,7 +105,6 @@ impl Plan {
         let Train { batch_size, .. } = e.train;
         let order = g.topo_order().unwrap_or_default();
         let ids: HashMap<_, _> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
-        let names = g.sym_names();
         let mut params = Vec::new();
         let mut inputs = Vec::new();
         let mut steps = Vec::new();
@@ -98,7 +112,7 @@ impl Plan {
         for &n in &order {
             let node = &g.g[n];
             match &node.op {
-                crate::ir::Op::Param { name, init, ty } => {
+                Op::Param { name, init, ty } => {
                     param_bytes = param_bytes.saturating_add(g.bytes(n, batch_size));
                     params.push(ParamInfo {
                         name: name.clone(),
@@ -106,7 +120,7 @@ impl Plan {
                         init: init.show(),
                     });
                 }
-                crate::ir::Op::Input { name, .. } => {
+                Op::Input { name, .. } => {
                     act_bytes = act_bytes.saturating_add(g.bytes(n, batch_size));
                     inputs.push(info(g, name, n));
                 }
@@ -117,11 +131,11 @@ impl Plan {
             }
             steps.push(Step {
                 id: ids[&n],
-                op: node.op.name(),
+                op: node.op.clone(),
                 operands: g.operands(n).iter().map(|o| ids[o]).collect(),
-                attrs: node.op.attrs(&names),
-                ty: node.ty.show(&names),
+                ty: node.ty.clone(),
                 layer: node.layer.clone(),
+                phase: node.phase,
             });
         }
         let outputs = g.outputs.iter().map(|(k, n)| info(g, k, *n)).collect();
@@ -147,7 +161,22 @@ impl Plan {
             inputs,
             outputs,
             params,
+            symbols: g
+                .symbols
+                .iter()
+                .map(|s| (s.name.clone(), s.nominal))
+                .collect(),
             steps,
+            output_steps: g
+                .outputs
+                .iter()
+                .map(|(k, n)| Named {
+                    name: k.clone(),
+                    step: ids[n],
+                })
+                .collect(),
+            grads: g.grads.iter().map(|(p, d)| (ids[p], ids[d])).collect(),
+            updates: g.updates.iter().map(|(p, u)| (ids[p], ids[u])).collect(),
         }
     }
 }

@@ -1,8 +1,11 @@
 //! The Parallax runtime: executes compiled plans. The CPU backend is the oracle; the data
 //! pipeline feeds it; randomness is keyed by (seed, purpose, index) throughout.
 
+pub mod cpu;
 pub mod data;
 pub mod rng;
+pub mod train;
+pub mod weights;
 
 pub mod backend {
     //! Executors of a plan.

@@ -68,8 +68,19 @@ impl<'de> Deserialize<'de> for DimExpr {
 }
 
 /// A map that refuses duplicate keys (a silently dropped entry is lost data), in file order.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct UniqueMap<V>(pub Vec<(String, V)>);
+
+impl<V: Serialize> Serialize for UniqueMap<V> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
 
 impl<V> Default for UniqueMap<V> {
     fn default() -> Self {

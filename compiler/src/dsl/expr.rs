@@ -127,13 +127,18 @@ impl Parser<'_, '_> {
             Tok::Minus => {
                 let (v, vs) = self.expr(3, depth + 1)?;
                 let whole = (span.0, vs.1);
-                match v {
-                    Val::Int(n) => Ok((Val::Int(-n), whole)),
+                let n = match v {
+                    Val::Int(n) => n,
                     Val::Dim(d) => match d.as_known() {
-                        Some(n) => Ok((Val::Int(-(n as i64)), whole)),
-                        None => Err(err("cannot negate a symbolic size", whole)),
+                        Some(n) => {
+                            i64::try_from(n).map_err(|_| err("size arithmetic overflows", whole))?
+                        }
+                        None => return Err(err("cannot negate a symbolic size", whole)),
                     },
-                }
+                };
+                n.checked_neg()
+                    .map(|n| (Val::Int(n), whole))
+                    .ok_or_else(|| err("size arithmetic overflows", whole))
             }
             Tok::LParen => {
                 let (v, _) = self.expr(0, depth + 1)?;
@@ -380,5 +385,9 @@ mod tests {
         let deep = format!("{}1{}", "(".repeat(500), ")".repeat(500));
         assert!(size(&deep).is_err());
         assert_eq!(eval_int("-1", &env, &names).unwrap(), -1);
+        assert!(eval_int("-(-9223372036854775807 - 1)", &env, &names)
+            .unwrap_err()
+            .message
+            .contains("overflow"));
     }
 }

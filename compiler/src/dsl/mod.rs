@@ -31,6 +31,14 @@ impl Source {
     }
 }
 
+/// The experiment as RON with every default written out (a run's `experiment.ron`).
+pub fn to_ron(e: &Experiment) -> String {
+    let config = ron::ser::PrettyConfig::new()
+        .struct_names(true)
+        .indentor("    ".to_string());
+    ron::ser::to_string_pretty(e, config).unwrap_or_else(|err| format!("// cannot write: {err}\n"))
+}
+
 /// Nesting deeper than this is refused (serde would otherwise recurse on the stack).
 const RECURSION_LIMIT: usize = 128;
 
@@ -125,6 +133,15 @@ fn ron_diagnostic(e: &ron::error::SpannedError, rw: &Rewritten, text: &str) -> D
             )
             .with_hint("counts and sizes here are whole numbers, 0 or more, of a sensible size")
         }
+        RonError::TrailingCharacters => {
+            // RON points just past the closing `)`: point at the text itself.
+            let at = skip_blank(text, start);
+            Diagnostic::new(
+                "unexpected text after the end of the experiment",
+                Some(Span::new(at, at.max(end))),
+            )
+            .with_hint("the experiment ends at its closing `)`; remove what follows it")
+        }
         RonError::NoSuchEnumVariant {
             expected,
             found,
@@ -172,6 +189,23 @@ fn ron_diagnostic(e: &ron::error::SpannedError, rw: &Rewritten, text: &str) -> D
         RonError::Message(m) => Diagnostic::new(m.clone(), span),
         other => Diagnostic::new(lowercase_first(&other.to_string()), span),
     }
+}
+
+/// The first offset at or after `at` that is not whitespace or a comment.
+fn skip_blank(text: &str, mut at: usize) -> usize {
+    while let Some(rest) = text.get(at..) {
+        let trimmed = rest.trim_start();
+        at += rest.len() - trimmed.len();
+        let skip = if trimmed.starts_with("//") {
+            trimmed.find('\n').unwrap_or(trimmed.len())
+        } else if trimmed.starts_with("/*") {
+            trimmed.find("*/").map_or(trimmed.len(), |i| i + 2)
+        } else {
+            break;
+        };
+        at += skip;
+    }
+    at.min(text.len())
 }
 
 fn lowercase_first(s: &str) -> String {

@@ -12,7 +12,8 @@ use logos::Logos;
 
 #[derive(Logos, Debug, Clone, Copy, PartialEq, Eq)]
 #[logos(skip r"[ \t\r\n\f]+")]
-#[logos(skip(r"//[^\n]*", allow_greedy = true))]
+// Line comments, and `#![enable(...)]` attributes (not values), are skipped alike.
+#[logos(skip(r"//[^\n]*|#!\[[^\]]*\]", allow_greedy = true))]
 enum Tok {
     #[token("(")]
     LParen,
@@ -307,7 +308,7 @@ impl SpanTree {
     pub fn scan(src: &str) -> SpanTree {
         let toks = lex(src);
         let mut sc = Scanner { toks, pos: 0, src };
-        // Skip `#![enable(...)]` attributes: they are not values.
+        // `#![enable(...)]` attributes were skipped by the lexer: they are not values.
         let root = sc.value(0);
         SpanTree { root }
     }
@@ -434,6 +435,16 @@ mod tests {
         assert_eq!(text(path!["model", "input", "shape", 0]), "64");
         // Missing segments fall back to the deepest ancestor.
         assert_eq!(text(path!["model", "layers", 1, "nope"]), "Relu");
+    }
+
+    #[test]
+    fn skips_attributes() {
+        let src = "#![enable(implicit_some)]\n(a: [LayerNorm], b: 2)";
+        let t = SpanTree::scan(src);
+        let s = t.find(&path!["b"]).unwrap();
+        assert_eq!(&src[s.start..s.end], "b: 2");
+        let r = Rewritten::new(src, &["LayerNorm"]);
+        assert!(r.text.contains("[LayerNorm()]"), "{}", r.text);
     }
 
     #[test]

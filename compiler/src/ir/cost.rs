@@ -57,7 +57,7 @@ pub fn pool_flops(op: &Op, _: &[Vec<u64>], out: &[u64]) -> u64 {
         Op::Pool2d { kernel, .. } => *kernel,
         _ => 1,
     };
-    numel(out).saturating_mul(k * k)
+    numel(out).saturating_mul(k.saturating_mul(k))
 }
 
 pub fn pool_grad_flops(op: &Op, ins: &[Vec<u64>], _: &[u64]) -> u64 {
@@ -65,5 +65,5 @@ pub fn pool_grad_flops(op: &Op, ins: &[Vec<u64>], _: &[u64]) -> u64 {
         Op::Pool2dGrad { kernel, .. } => *kernel,
         _ => 1,
     };
-    numel(&ins[1]).saturating_mul(k * k)
+    numel(&ins[1]).saturating_mul(k.saturating_mul(k))
 }

@@ -405,7 +405,10 @@ pub fn concat_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     let sa = known(&a.shape[*axis], "the concatenated axis")?;
     let sb = known(&b.shape[*axis], "the concatenated axis")?;
     let mut shape = a.shape.clone();
-    shape[*axis] = Dim::known(sa + sb);
+    let total = sa
+        .checked_add(sb)
+        .ok_or_else(|| format!("the concatenated axis is too large ({sa} + {sb})"))?;
+    shape[*axis] = Dim::known(total);
     Ok(TensorType::new(a.dtype, shape))
 }
 

@@ -1065,7 +1065,7 @@ impl Lowerer<'_> {
         let made = n.saturating_mul(per_copy);
         let total = made.saturating_add(self.g.layers as u64);
         if total > MAX_LAYERS as u64 {
-            let detail = if made == total {
+            let detail = if made > MAX_LAYERS as u64 {
                 String::new()
             } else {
                 format!(" ({total} in the model)")

@@ -1,0 +1,401 @@
+//! Elementwise kernels: unary maps, binary ops with numpy broadcasting, activation gradients
+//! and dropout. Large tensors are split across threads by contiguous chunks; every element
+//! is computed the same way whatever the split, so results do not depend on thread count.
+
+use super::{Ctx, KernelError};
+use crate::cpu::tensor::Tensor;
+use crate::rng;
+use rayon::prelude::*;
+
+/// Below this many elements a kernel runs on the calling thread.
+const PARALLEL_MIN: usize = 1 << 15;
+const CHUNK: usize = 1 << 13;
+
+fn f32s<'a>(t: &'a Tensor, op: &'static str) -> Result<&'a [f32], KernelError> {
+    if t.is_f32() {
+        Ok(t.f32())
+    } else {
+        Err(KernelError::Bad {
+            op,
+            message: "expects f32 operands".into(),
+        })
+    }
+}
+
+/// `out[i] = f(x[i])`.
+pub fn unary(
+    x: &Tensor,
+    out: &mut Tensor,
+    f: impl Fn(f32) -> f32 + Sync,
+) -> Result<(), KernelError> {
+    let x = f32s(x, "unary")?;
+    let o = out.f32_mut();
+    if o.len() != x.len() {
+        return Err(KernelError::Bad {
+            op: "unary",
+            message: format!("{} elements into {}", x.len(), o.len()),
+        });
+    }
+    if o.len() >= PARALLEL_MIN {
+        o.par_chunks_mut(CHUNK)
+            .zip(x.par_chunks(CHUNK))
+            .for_each(|(o, x)| o.iter_mut().zip(x).for_each(|(o, &x)| *o = f(x)));
+    } else {
+        o.iter_mut().zip(x).for_each(|(o, &x)| *o = f(x));
+    }
+    Ok(())
+}
+
+/// `out[i] = f(a[i], b[i])` for operands of one shape (activation gradients).
+pub fn same_shape(
+    a: &Tensor,
+    b: &Tensor,
+    out: &mut Tensor,
+    f: impl Fn(f32, f32) -> f32 + Sync,
+) -> Result<(), KernelError> {
+    if a.shape != b.shape || a.shape != out.shape {
+        return Err(KernelError::Bad {
+            op: "elementwise",
+            message: format!("shapes {:?}, {:?} into {:?}", a.shape, b.shape, out.shape),
+        });
+    }
+    let (a, b) = (f32s(a, "elementwise")?, f32s(b, "elementwise")?);
+    let o = out.f32_mut();
+    let body = |(o, (a, b)): (&mut [f32], (&[f32], &[f32]))| {
+        for i in 0..o.len() {
+            o[i] = f(a[i], b[i]);
+        }
+    };
+    if o.len() >= PARALLEL_MIN {
+        o.par_chunks_mut(CHUNK)
+            .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
+            .for_each(body);
+    } else {
+        body((o, (a, b)));
+    }
+    Ok(())
+}
+
+/// Strides of `shape` broadcast to `rank` axes of `out` (0 where the axis is broadcast).
+fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
+    let rank = out.len();
+    let mut strides = vec![0; rank];
+    let mut s = 1;
+    for i in (0..shape.len()).rev() {
+        let axis = rank - shape.len() + i;
+        strides[axis] = if shape[i] == 1 && out[axis] != 1 {
+            0
+        } else {
+            s
+        };
+        s *= shape[i];
+    }
+    strides
+}
+
+/// `out = f(a, b)` with numpy broadcasting.
+pub fn binary(
+    a: &Tensor,
+    b: &Tensor,
+    out: &mut Tensor,
+    f: impl Fn(f32, f32) -> f32 + Sync + Copy,
+) -> Result<(), KernelError> {
+    let (av, bv) = (f32s(a, "binary")?, f32s(b, "binary")?);
+    let shape = out.shape.clone();
+    let n = out.numel();
+    let o = out.f32_mut();
+    // Fast paths: one shape; a scalar; an operand repeating along the leading axes (a bias).
+    if a.shape == shape && b.shape == shape {
+        return same_shape(a, b, out, f);
+    }
+    if a.shape == shape && b.numel() == 1 {
+        let y = bv[0];
+        return unary(a, out, move |x| f(x, y));
+    }
+    if b.shape == shape && a.numel() == 1 {
+        let x = av[0];
+        return unary(b, out, move |y| f(x, y));
+    }
+    let suffix = |small: &[usize]| {
+        small.len() <= shape.len() && shape[shape.len() - small.len()..] == *small
+    };
+    if a.shape == shape && !b.shape.is_empty() && suffix(&b.shape) && b.numel() > 0 {
+        let m = bv.len();
+        let body = |(o, a): (&mut [f32], &[f32])| {
+            for (o, a) in o.chunks_mut(m).zip(a.chunks(m)) {
+                for i in 0..m {
+                    o[i] = f(a[i], bv[i]);
+                }
+            }
+        };
+        // Chunks are whole rows, so each element is computed the same way.
+        let rows = (CHUNK / m).max(1) * m;
+        if n >= PARALLEL_MIN {
+            o.par_chunks_mut(rows)
+                .zip(av.par_chunks(rows))
+                .for_each(body);
+        } else {
+            body((o, av));
+        }
+        return Ok(());
+    }
+    // General broadcasting by an index counter.
+    let sa = broadcast_strides(&a.shape, &shape);
+    let sb = broadcast_strides(&b.shape, &shape);
+    let rank = shape.len();
+    let mut idx = vec![0usize; rank];
+    let (mut ia, mut ib) = (0usize, 0usize);
+    for o in o.iter_mut() {
+        *o = f(av[ia], bv[ib]);
+        for ax in (0..rank).rev() {
+            idx[ax] += 1;
+            ia += sa[ax];
+            ib += sb[ax];
+            if idx[ax] < shape[ax] {
+                break;
+            }
+            ia -= sa[ax] * shape[ax];
+            ib -= sb[ax] * shape[ax];
+            idx[ax] = 0;
+        }
+    }
+    Ok(())
+}
+
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
+
+/// The exact GELU, `x * Phi(x)`, as PyTorch's default.
+pub fn gelu(x: f32) -> f32 {
+    0.5 * x * (1.0 + libm::erff(x * FRAC_1_SQRT_2))
+}
+
+/// `d gelu / dx = Phi(x) + x * phi(x)`.
+pub fn gelu_grad(x: f32) -> f32 {
+    let cdf = 0.5 * (1.0 + libm::erff(x * FRAC_1_SQRT_2));
+    let pdf = (-0.5 * x * x).exp() * 0.398_942_3;
+    cdf + x * pdf
+}
+
+/// Keeps each element with probability `1 - p`, scaled by `1 / (1 - p)`. The mask of an
+/// element is a function of (seed, step, stream, the sample's index in the global batch, the
+/// element's index in its sample), so a backward dropout with the same stream reuses the
+/// forward mask and any split of the batch gives the same masks.
+pub fn dropout(
+    x: &Tensor,
+    p: f64,
+    stream: u64,
+    ctx: &Ctx,
+    out: &mut Tensor,
+) -> Result<(), KernelError> {
+    if !ctx.training || p == 0.0 {
+        return unary(x, out, |v| v);
+    }
+    let xv = f32s(x, "dropout")?;
+    let per_sample = x.shape.iter().skip(1).product::<usize>().max(1);
+    let key = rng::stream(
+        rng::mix(ctx.seed ^ rng::mix(ctx.step)),
+        rng::Purpose::Dropout,
+        stream,
+    );
+    let threshold = p as f32;
+    let scale = (1.0 / (1.0 - p)) as f32;
+    let first = ctx.first_sample;
+    let body = |(start, o): (usize, &mut [f32])| {
+        for (k, o) in o.iter_mut().enumerate() {
+            let i = start + k;
+            let sample = first + (i / per_sample) as u64;
+            let index = sample * per_sample as u64 + (i % per_sample) as u64;
+            *o = if rng::uniform(key, index) < threshold {
+                0.0
+            } else {
+                xv[i] * scale
+            };
+        }
+    };
+    let o = out.f32_mut();
+    if o.len() >= PARALLEL_MIN {
+        o.par_chunks_mut(CHUNK)
+            .enumerate()
+            .for_each(|(c, o)| body((c * CHUNK, o)));
+    } else {
+        body((0, o));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(shape: &[usize], v: Vec<f32>) -> Tensor {
+        Tensor::from_f32(shape.to_vec(), v)
+    }
+
+    fn reference_broadcast(
+        a: &Tensor,
+        b: &Tensor,
+        shape: &[usize],
+        f: fn(f64, f64) -> f64,
+    ) -> Vec<f64> {
+        let n: usize = shape.iter().product();
+        let rank = shape.len();
+        (0..n)
+            .map(|flat| {
+                let mut rem = flat;
+                let mut idx = vec![0; rank];
+                for ax in (0..rank).rev() {
+                    idx[ax] = rem % shape[ax];
+                    rem /= shape[ax];
+                }
+                let at = |x: &Tensor| {
+                    let off = rank - x.shape.len();
+                    let mut i = 0;
+                    for (k, &d) in x.shape.iter().enumerate() {
+                        i = i * d + if d == 1 { 0 } else { idx[off + k] };
+                    }
+                    x.f32()[i] as f64
+                };
+                f(at(a), at(b))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn broadcasting_matches_a_reference() {
+        let s = rng::stream(3, rng::Purpose::Synthetic, 0);
+        let cases: &[(&[usize], &[usize], &[usize])] = &[
+            (&[4, 3], &[4, 3], &[4, 3]),
+            (&[4, 3], &[3], &[4, 3]),
+            (&[4, 3], &[], &[4, 3]),
+            (&[], &[4, 3], &[4, 3]),
+            (&[2, 1, 5], &[3, 1], &[2, 3, 5]),
+            (&[5, 1, 1], &[5, 4, 4], &[5, 4, 4]),
+            (&[300, 200], &[200], &[300, 200]),
+        ];
+        let mut k = 0;
+        for &(sa, sb, so) in cases {
+            let mut gen = |shape: &[usize]| {
+                let n: usize = shape.iter().product();
+                let v: Vec<f32> = (0..n)
+                    .map(|_| {
+                        k += 1;
+                        rng::normal(s, k)
+                    })
+                    .collect();
+                t(shape, v)
+            };
+            let (a, b) = (gen(sa), gen(sb));
+            let mut out = Tensor::from_f32(so.to_vec(), vec![0.0; so.iter().product()]);
+            binary(&a, &b, &mut out, |x, y| x * y - y).unwrap();
+            let want = reference_broadcast(&a, &b, so, |x, y| x * y - y);
+            for (g, w) in out.f32().iter().zip(&want) {
+                assert!(
+                    (*g as f64 - w).abs() <= 1e-6 * (1.0 + w.abs()),
+                    "{sa:?} {sb:?}: {g} vs {w}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gelu_and_its_gradient() {
+        // Reference values of x * Phi(x).
+        for (x, want) in [
+            (0.0f32, 0.0f64),
+            (1.0, 0.841_344_746),
+            (-1.0, -0.158_655_254),
+            (3.0, 2.995_950_3),
+        ] {
+            assert!((gelu(x) as f64 - want).abs() < 1e-6, "{x}");
+        }
+        for i in -40..40 {
+            let x = i as f64 / 10.0;
+            let h = 1e-3;
+            let g = |x: f64| 0.5 * x * (1.0 + libm::erf(x / 2f64.sqrt()));
+            let fd = (g(x + h) - g(x - h)) / (2.0 * h);
+            assert!((gelu_grad(x as f32) as f64 - fd).abs() < 1e-5, "{x}");
+        }
+    }
+
+    #[test]
+    fn dropout_masks_are_keyed_by_sample_not_by_split() {
+        let n = 6 * 50;
+        let x = t(&[6, 50], vec![1.0; n]);
+        let ctx = Ctx {
+            seed: 9,
+            step: 3,
+            training: true,
+            first_sample: 0,
+        };
+        let mut whole = t(&[6, 50], vec![0.0; n]);
+        dropout(&x, 0.5, 1, &ctx, &mut whole).unwrap();
+        // The same rows computed as two shards of the batch.
+        let half = t(&[3, 50], vec![1.0; n / 2]);
+        let mut first = t(&[3, 50], vec![0.0; n / 2]);
+        let mut second = t(&[3, 50], vec![0.0; n / 2]);
+        dropout(&half, 0.5, 1, &ctx, &mut first).unwrap();
+        dropout(
+            &half,
+            0.5,
+            1,
+            &Ctx {
+                first_sample: 3,
+                ..ctx
+            },
+            &mut second,
+        )
+        .unwrap();
+        assert_eq!(&whole.f32()[..n / 2], first.f32());
+        assert_eq!(&whole.f32()[n / 2..], second.f32());
+        let kept = whole.f32().iter().filter(|&&v| v != 0.0).count();
+        assert!((100..200).contains(&kept), "{kept}");
+        assert!(whole.f32().iter().all(|&v| v == 0.0 || v == 2.0));
+        // Another step or stream gives another mask; evaluation keeps everything.
+        let mut other = t(&[6, 50], vec![0.0; n]);
+        dropout(&x, 0.5, 1, &Ctx { step: 4, ..ctx }, &mut other).unwrap();
+        assert_ne!(other, whole);
+        dropout(
+            &x,
+            0.5,
+            1,
+            &Ctx {
+                training: false,
+                ..ctx
+            },
+            &mut other,
+        )
+        .unwrap();
+        assert_eq!(other.f32(), x.f32());
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        let s = rng::stream(5, rng::Purpose::Synthetic, 1);
+        let a = t(
+            &[400, 300],
+            (0..120_000).map(|i| rng::normal(s, i)).collect(),
+        );
+        let b = t(
+            &[300],
+            (0..300).map(|i| rng::normal(s, i + 10_000_000)).collect(),
+        );
+        let run = |threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| {
+                    let mut out = t(&[400, 300], vec![0.0; 120_000]);
+                    binary(&a, &b, &mut out, |x, y| x * y + x).unwrap();
+                    let mut g = t(&[400, 300], vec![0.0; 120_000]);
+                    unary(&out, &mut g, gelu).unwrap();
+                    g
+                })
+        };
+        assert_eq!(run(1), run(2));
+    }
+}

@@ -1,0 +1,423 @@
+//! Matrix products through the `gemm` crate.
+//!
+//! Determinism: `gemm` splits the output into tiles whose boundaries depend only on the
+//! matrix sizes, and each output element is reduced over K in one fixed order by one tile
+//! kernel; threads only decide which tile runs where. Batches run independently. So the same
+//! inputs give the same bits whatever the number of threads.
+
+use super::KernelError;
+use crate::cpu::tensor::{numel, Tensor};
+use gemm::Parallelism;
+use rayon::prelude::*;
+
+/// Products with more multiply-adds than this run on rayon's pool.
+pub(super) const PARALLEL_WORK: usize = 64 * 64 * 64;
+
+/// `Rayon` for products above [`PARALLEL_WORK`] multiply-adds, `None` below.
+pub(super) fn parallelism(m: usize, n: usize, k: usize) -> Parallelism {
+    if m.saturating_mul(n).saturating_mul(k) > PARALLEL_WORK {
+        Parallelism::Rayon(0)
+    } else {
+        Parallelism::None
+    }
+}
+
+/// A strided view of a matrix inside a slice: element `(i, j)` is `data[i * rs + j * cs]`.
+#[derive(Clone, Copy)]
+pub(super) struct View<'a> {
+    pub data: &'a [f32],
+    pub rs: usize,
+    pub cs: usize,
+}
+
+impl<'a> View<'a> {
+    pub fn new(data: &'a [f32], rs: usize, cs: usize) -> View<'a> {
+        View { data, rs, cs }
+    }
+}
+
+/// Whether a `rows x cols` matrix with strides `(rs, cs)` lies inside `len` elements.
+fn fits(rows: usize, cols: usize, rs: usize, cs: usize, len: usize) -> bool {
+    if rows == 0 || cols == 0 {
+        return true;
+    }
+    let last = (rows - 1)
+        .checked_mul(rs)
+        .and_then(|r| (cols - 1).checked_mul(cs).and_then(|c| r.checked_add(c)));
+    matches!(last, Some(l) if l < len && l <= isize::MAX as usize)
+}
+
+/// `dst [m, n] (= or +=) lhs [m, k] x rhs [k, n]`, `dst` row-major with leading dimension
+/// `ld` (element `(i, j)` at `i * ld + j`). Accumulating adds the product to `dst`'s values;
+/// otherwise `dst` is overwritten (zeros when `k == 0`).
+///
+/// Panics if a view does not fit its slice: callers size the views from validated shapes,
+/// and the check is what makes the unsafe call sound.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gemm_into(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    ld: usize,
+    accumulate: bool,
+    lhs: View,
+    rhs: View,
+    par: Parallelism,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    assert!(
+        fits(m, n, ld, 1, dst.len()),
+        "gemm: destination out of bounds"
+    );
+    if k == 0 {
+        if !accumulate {
+            for row in 0..m {
+                dst[row * ld..row * ld + n].fill(0.0);
+            }
+        }
+        return;
+    }
+    assert!(
+        fits(m, k, lhs.rs, lhs.cs, lhs.data.len()),
+        "gemm: lhs out of bounds"
+    );
+    assert!(
+        fits(k, n, rhs.rs, rhs.cs, rhs.data.len()),
+        "gemm: rhs out of bounds"
+    );
+    // SAFETY: the three views fit their slices (checked above, strides fit in isize), `dst`
+    // is borrowed mutably so it aliases neither operand, and all strides are nonnegative.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.as_mut_ptr(),
+            1,
+            ld as isize,
+            accumulate,
+            lhs.data.as_ptr(),
+            lhs.cs as isize,
+            lhs.rs as isize,
+            rhs.data.as_ptr(),
+            rhs.cs as isize,
+            rhs.rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+fn bad(message: String) -> KernelError {
+    KernelError::Bad {
+        op: "matmul",
+        message,
+    }
+}
+
+/// Checks that `t` holds f32 data matching its shape.
+pub(super) fn check_f32(op: &'static str, what: &str, t: &Tensor) -> Result<(), KernelError> {
+    if !t.is_f32() {
+        return Err(KernelError::Bad {
+            op,
+            message: format!("{what} must be f32"),
+        });
+    }
+    if t.f32().len() != numel(&t.shape) {
+        return Err(KernelError::Bad {
+            op,
+            message: format!(
+                "{what} holds {} elements but is shaped {:?}",
+                t.f32().len(),
+                t.shape
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `op(a) x op(b)` with `op` transposing the last two axes when its flag is set. `a` is
+/// `[.., M, K]` (or `[.., K, M]`), `b` is 2-D and shared by every batch of `a`, or has `a`'s
+/// batch axes. `out` is `[.., M, N]`.
+pub fn matmul(
+    a: &Tensor,
+    b: &Tensor,
+    trans_a: bool,
+    trans_b: bool,
+    out: &mut Tensor,
+) -> Result<(), KernelError> {
+    check_f32("matmul", "the left operand", a)?;
+    check_f32("matmul", "the right operand", b)?;
+    check_f32("matmul", "the output", out)?;
+    let (ra, rb) = (a.shape.len(), b.shape.len());
+    if ra < 2 || rb < 2 {
+        return Err(bad(format!(
+            "operands must have rank 2 or more, got {:?} and {:?}",
+            a.shape, b.shape
+        )));
+    }
+    let (m, k) = if trans_a {
+        (a.shape[ra - 1], a.shape[ra - 2])
+    } else {
+        (a.shape[ra - 2], a.shape[ra - 1])
+    };
+    let (kb, n) = if trans_b {
+        (b.shape[rb - 1], b.shape[rb - 2])
+    } else {
+        (b.shape[rb - 2], b.shape[rb - 1])
+    };
+    if k != kb {
+        return Err(bad(format!(
+            "inner dimensions differ: {:?} x {:?} (trans_a {trans_a}, trans_b {trans_b})",
+            a.shape, b.shape
+        )));
+    }
+    let batch_a = &a.shape[..ra - 2];
+    let shared_b = rb == 2;
+    if !shared_b && batch_a != &b.shape[..rb - 2] {
+        return Err(bad(format!(
+            "batch dimensions differ: {:?} x {:?}",
+            a.shape, b.shape
+        )));
+    }
+    let mut expected = batch_a.to_vec();
+    expected.extend([m, n]);
+    if out.shape != expected {
+        return Err(bad(format!(
+            "the output is {:?}, the product is {expected:?}",
+            out.shape
+        )));
+    }
+    let batch: usize = batch_a.iter().product();
+    let (a_rs, a_cs) = if trans_a { (1, m) } else { (k, 1) };
+    let (b_rs, b_cs) = if trans_b { (1, k) } else { (n, 1) };
+    let (av, bv) = (a.f32(), b.f32());
+    let dst = out.f32_mut();
+    if dst.is_empty() {
+        return Ok(());
+    }
+    if shared_b && !trans_a {
+        // `a`'s batches stacked are one `[batch * M, K]` matrix.
+        let rows = batch * m;
+        let lhs = View::new(av, k, 1);
+        let rhs = View::new(bv, b_rs, b_cs);
+        gemm_into(rows, n, k, dst, n, false, lhs, rhs, parallelism(rows, n, k));
+        return Ok(());
+    }
+    let (sa, so) = (m * k, m * n);
+    let (sb, lb) = (if shared_b { 0 } else { k * n }, k * n);
+    let one = |i: usize, o: &mut [f32], par: Parallelism| {
+        let lhs = View::new(&av[i * sa..(i + 1) * sa], a_rs, a_cs);
+        let rhs = View::new(&bv[i * sb..i * sb + lb], b_rs, b_cs);
+        gemm_into(m, n, k, o, n, false, lhs, rhs, par);
+    };
+    let work = m.saturating_mul(n).saturating_mul(k);
+    let par = parallelism(m, n, k);
+    if batch > 1 && work.saturating_mul(batch) > PARALLEL_WORK {
+        // One task per product; large products also split inside (rayon nests).
+        dst.par_chunks_mut(so)
+            .enumerate()
+            .for_each(|(i, o)| one(i, o, par));
+    } else {
+        for (i, o) in dst.chunks_mut(so).enumerate() {
+            one(i, o, par);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::{stream, uniform, Purpose};
+
+    /// Uniform in [-1, 1), keyed by `tag`.
+    fn random(shape: &[usize], tag: u64) -> Tensor {
+        let s = stream(7, Purpose::Synthetic, tag);
+        let v = (0..numel(shape) as u64)
+            .map(|i| uniform(s, i) * 2.0 - 1.0)
+            .collect();
+        Tensor::from_f32(shape.to_vec(), v)
+    }
+
+    fn zeros(shape: &[usize]) -> Tensor {
+        Tensor::from_f32(shape.to_vec(), vec![0.0; numel(shape)])
+    }
+
+    /// The product by definition in f64.
+    fn reference(a: &Tensor, b: &Tensor, ta: bool, tb: bool) -> Vec<f64> {
+        let (ra, rb) = (a.shape.len(), b.shape.len());
+        let (m, k) = if ta {
+            (a.shape[ra - 1], a.shape[ra - 2])
+        } else {
+            (a.shape[ra - 2], a.shape[ra - 1])
+        };
+        let n = if tb { b.shape[rb - 2] } else { b.shape[rb - 1] };
+        let batch: usize = a.shape[..ra - 2].iter().product();
+        let shared = rb == 2;
+        let mut out = vec![0f64; batch * m * n];
+        for bi in 0..batch {
+            let ao = bi * m * k;
+            let bo = if shared { 0 } else { bi * k * n };
+            for i in 0..m {
+                for j in 0..n {
+                    let mut s = 0f64;
+                    for p in 0..k {
+                        let x = if ta {
+                            a.f32()[ao + p * m + i]
+                        } else {
+                            a.f32()[ao + i * k + p]
+                        };
+                        let y = if tb {
+                            b.f32()[bo + j * k + p]
+                        } else {
+                            b.f32()[bo + p * n + j]
+                        };
+                        s += x as f64 * y as f64;
+                    }
+                    out[bi * m * n + i * n + j] = s;
+                }
+            }
+        }
+        out
+    }
+
+    fn assert_close(got: &[f32], want: &[f64], rel: f64) {
+        assert_eq!(got.len(), want.len());
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g as f64 - w).abs() <= rel * (1.0 + w.abs()),
+                "element {i}: got {g}, want {w}"
+            );
+        }
+    }
+
+    /// `a`'s shape from `op(a)`'s `[.., M, K]`.
+    fn stored(batch: &[usize], rows: usize, cols: usize, trans: bool) -> Vec<usize> {
+        let mut s = batch.to_vec();
+        s.extend(if trans { [cols, rows] } else { [rows, cols] });
+        s
+    }
+
+    fn check(batch: &[usize], shared_b: bool, m: usize, k: usize, n: usize, ta: bool, tb: bool) {
+        let a = random(&stored(batch, m, k, ta), 1);
+        let b = random(&stored(if shared_b { &[] } else { batch }, k, n, tb), 2);
+        let mut out = zeros(&stored(batch, m, n, false));
+        matmul(&a, &b, ta, tb, &mut out).unwrap();
+        assert_close(out.f32(), &reference(&a, &b, ta, tb), 1e-5);
+    }
+
+    #[test]
+    fn two_d_in_all_four_transpositions() {
+        for ta in [false, true] {
+            for tb in [false, true] {
+                check(&[], true, 7, 13, 5, ta, tb);
+                check(&[], true, 1, 1, 1, ta, tb);
+                // Large enough to run in parallel.
+                check(&[], true, 70, 90, 80, ta, tb);
+            }
+        }
+    }
+
+    #[test]
+    fn batched_with_shared_b() {
+        for ta in [false, true] {
+            for tb in [false, true] {
+                check(&[2, 3], true, 5, 4, 6, ta, tb);
+            }
+        }
+    }
+
+    #[test]
+    fn batched_with_batched_b() {
+        // The attention shape [2, 3, 5, 4] x [2, 3, 4, 6].
+        for ta in [false, true] {
+            for tb in [false, true] {
+                check(&[2, 3], false, 5, 4, 6, ta, tb);
+            }
+        }
+        // Many small products (one task each) and a few large ones.
+        check(&[4, 8], false, 40, 32, 40, false, true);
+        check(&[2], false, 70, 70, 70, true, false);
+    }
+
+    #[test]
+    fn empty_inner_dimension_gives_zeros() {
+        let a = zeros(&[3, 0]);
+        let b = zeros(&[0, 4]);
+        let mut out = Tensor::from_f32(vec![3, 4], vec![5.0; 12]);
+        matmul(&a, &b, false, false, &mut out).unwrap();
+        assert!(out.f32().iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn mismatched_shapes_are_errors() {
+        let a = random(&[2, 3], 1);
+        let b = random(&[4, 5], 2);
+        let mut out = zeros(&[2, 5]);
+        assert!(matches!(
+            matmul(&a, &b, false, false, &mut out),
+            Err(KernelError::Bad { .. })
+        ));
+        let b = random(&[3, 5], 2);
+        let mut wrong = zeros(&[2, 4]);
+        assert!(matches!(
+            matmul(&a, &b, false, false, &mut wrong),
+            Err(KernelError::Bad { .. })
+        ));
+        let a3 = random(&[2, 2, 3], 1);
+        let b3 = random(&[3, 3, 5], 2);
+        let mut out3 = zeros(&[2, 2, 5]);
+        assert!(matches!(
+            matmul(&a3, &b3, false, false, &mut out3),
+            Err(KernelError::Bad { .. })
+        ));
+        let v = random(&[3], 1);
+        assert!(matches!(
+            matmul(&v, &b, false, false, &mut out),
+            Err(KernelError::Bad { .. })
+        ));
+        let ints = Tensor::from_i32(vec![2, 3], vec![0; 6]);
+        assert!(matches!(
+            matmul(&ints, &b, false, false, &mut out),
+            Err(KernelError::Bad { .. })
+        ));
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        // (batch, shared b, M, K, N, trans_a, trans_b)
+        type Case<'a> = (&'a [usize], bool, usize, usize, usize, bool, bool);
+        let cases: [Case; 4] = [
+            (&[], true, 200, 300, 250, false, false),
+            (&[3], true, 100, 150, 120, false, true),
+            (&[4, 8], false, 64, 64, 64, false, true),
+            (&[2], false, 150, 130, 170, true, false),
+        ];
+        for (batch, shared_b, m, k, n, ta, tb) in cases {
+            let a = random(&stored(batch, m, k, ta), 3);
+            let b = random(&stored(if shared_b { &[] } else { batch }, k, n, tb), 4);
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                pool.install(|| {
+                    let mut out = zeros(&stored(batch, m, n, false));
+                    matmul(&a, &b, ta, tb, &mut out).unwrap();
+                    out.f32().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                })
+            };
+            let one = run(1);
+            assert_eq!(one, run(2));
+            assert_eq!(one, run(3));
+        }
+    }
+}

@@ -1,0 +1,167 @@
+//! CPU kernels, one per primitive op of the compiler's op table, dispatched by `execute`.
+//!
+//! Conventions: `out` arrives shaped (its buffer sized to its shape) and every kernel
+//! overwrites all of it. Kernels never evaluate symbolic sizes: the executor resolved every
+//! shape, and attributes such as a slice's length are read from the output's shape.
+//! Reductions run in a fixed order inside each output element, so results do not depend on
+//! how many threads ran them.
+
+pub mod conv;
+pub mod elementwise;
+pub mod gemm;
+pub mod layout;
+pub mod rows;
+
+use super::tensor::Tensor;
+use parallax_compiler::ir::Op;
+
+/// What a kernel needs besides its operands.
+#[derive(Debug, Clone, Copy)]
+pub struct Ctx {
+    pub seed: u64,
+    /// The training step (keys dropout masks).
+    pub step: u64,
+    /// Training mode: dropout active. In evaluation dropout is the identity.
+    pub training: bool,
+    /// The index, within the global batch, of this batch's first sample (keys dropout masks
+    /// by sample, so they do not depend on how the batch was split).
+    pub first_sample: u64,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum KernelError {
+    #[error("the CPU backend has no kernel for `{0}` yet")]
+    Unsupported(&'static str),
+    #[error("`{op}`: {message}")]
+    Bad { op: &'static str, message: String },
+}
+
+/// Runs `op` on `ins` into `out`.
+pub fn execute(op: &Op, ins: &[&Tensor], out: &mut Tensor, ctx: &Ctx) -> Result<(), KernelError> {
+    use elementwise as ew;
+    match op {
+        // Sources hold values the executor sets (inputs, parameters, state).
+        Op::Input { .. } | Op::Param { .. } | Op::State { .. } => Ok(()),
+        Op::Fill { value, .. } => {
+            out.f32_mut().fill(*value as f32);
+            Ok(())
+        }
+        Op::MatMul { trans_a, trans_b } => gemm::matmul(ins[0], ins[1], *trans_a, *trans_b, out),
+        Op::Conv2d {
+            stride,
+            padding,
+            groups,
+        } => conv::conv2d(
+            ins[0],
+            ins[1],
+            *stride as usize,
+            *padding as usize,
+            *groups as usize,
+            out,
+        ),
+        Op::Conv2dGradInput {
+            stride,
+            padding,
+            groups,
+            ..
+        } => conv::conv2d_grad_input(
+            ins[0],
+            ins[1],
+            *stride as usize,
+            *padding as usize,
+            *groups as usize,
+            out,
+        ),
+        Op::Conv2dGradWeight {
+            stride,
+            padding,
+            groups,
+            ..
+        } => conv::conv2d_grad_weight(
+            ins[0],
+            ins[1],
+            *stride as usize,
+            *padding as usize,
+            *groups as usize,
+            out,
+        ),
+        Op::Pool2d {
+            max,
+            kernel,
+            stride,
+            padding,
+        } => conv::pool2d(
+            ins[0],
+            *max,
+            *kernel as usize,
+            *stride as usize,
+            *padding as usize,
+            out,
+        ),
+        Op::Pool2dGrad {
+            max,
+            kernel,
+            stride,
+            padding,
+        } => conv::pool2d_grad(
+            ins[0],
+            ins[1],
+            *max,
+            *kernel as usize,
+            *stride as usize,
+            *padding as usize,
+            out,
+        ),
+        Op::Reshape { .. } => layout::copy(ins[0], out),
+        Op::Permute { perm } => layout::permute(ins[0], perm, out),
+        Op::Concat { axis } => layout::concat(ins[0], ins[1], *axis, out),
+        Op::Slice { axis, start, .. } => layout::slice(ins[0], *axis, *start as usize, out),
+        Op::Pad { axis, start, .. } => layout::pad(ins[0], *axis, *start as usize, out),
+        Op::Gather => layout::gather(ins[0], ins[1], out),
+        Op::ScatterAdd { .. } => layout::scatter_add(ins[0], ins[1], out),
+        Op::ReduceSum { axes } => layout::reduce(ins[0], axes, false, out),
+        Op::ReduceMean { axes } => layout::reduce(ins[0], axes, true, out),
+        Op::SumTo { .. } => layout::sum_to(ins[0], out),
+        Op::Expand { axes, mean, .. } => layout::expand(ins[0], axes, *mean, out),
+        Op::Add => ew::binary(ins[0], ins[1], out, |a, b| a + b),
+        Op::Sub => ew::binary(ins[0], ins[1], out, |a, b| a - b),
+        Op::Mul => ew::binary(ins[0], ins[1], out, |a, b| a * b),
+        Op::Div => ew::binary(ins[0], ins[1], out, |a, b| a / b),
+        Op::Scale { by } => {
+            let by = *by as f32;
+            ew::unary(ins[0], out, move |x| x * by)
+        }
+        Op::AddScalar { value } => {
+            let v = *value as f32;
+            ew::unary(ins[0], out, move |x| x + v)
+        }
+        Op::ClampMax { value } => {
+            let v = *value as f32;
+            ew::unary(ins[0], out, move |x| x.min(v))
+        }
+        Op::Sqrt => ew::unary(ins[0], out, f32::sqrt),
+        Op::Relu => ew::unary(ins[0], out, |x| x.max(0.0)),
+        Op::Gelu => ew::unary(ins[0], out, ew::gelu),
+        Op::Tanh => ew::unary(ins[0], out, f32::tanh),
+        Op::Sigmoid => ew::unary(ins[0], out, ew::sigmoid),
+        Op::ReluGrad => ew::same_shape(ins[0], ins[1], out, |x, dy| if x > 0.0 { dy } else { 0.0 }),
+        Op::GeluGrad => ew::same_shape(ins[0], ins[1], out, |x, dy| dy * ew::gelu_grad(x)),
+        Op::TanhGrad => ew::same_shape(ins[0], ins[1], out, |y, dy| dy * (1.0 - y * y)),
+        Op::SigmoidGrad => ew::same_shape(ins[0], ins[1], out, |y, dy| dy * y * (1.0 - y)),
+        Op::Dropout { p, stream } => ew::dropout(ins[0], *p, *stream, ctx, out),
+        Op::Softmax { causal } => rows::softmax(ins[0], *causal, out),
+        Op::SoftmaxGrad => rows::softmax_grad(ins[0], ins[1], out),
+        Op::LayerNorm { eps } => rows::layer_norm(ins[0], *eps as f32, out),
+        Op::LayerNormGrad { eps } => rows::layer_norm_grad(ins[0], ins[1], *eps as f32, out),
+        Op::RmsNorm { eps } => rows::rms_norm(ins[0], *eps as f32, out),
+        Op::RmsNormGrad { eps } => rows::rms_norm_grad(ins[0], ins[1], *eps as f32, out),
+        Op::BatchNorm { eps } => rows::batch_norm(ins[0], *eps as f32, out),
+        Op::BatchNormGrad { eps } => rows::batch_norm_grad(ins[0], ins[1], *eps as f32, out),
+        Op::CrossEntropy { smoothing } => {
+            rows::cross_entropy(ins[0], ins[1], *smoothing as f32, out)
+        }
+        Op::CrossEntropyGrad { smoothing } => {
+            rows::cross_entropy_grad(ins[0], ins[1], ins[2], *smoothing as f32, out)
+        }
+    }
+}

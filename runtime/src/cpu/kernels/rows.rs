@@ -1,0 +1,830 @@
+//! Row-wise reductions over the last axis (softmax, norms, cross-entropy) and batch norm over
+//! the batch and spatial axes, with their gradients.
+//!
+//! Values are stored in f32; every sum runs in f64, sequentially within its row (or channel),
+//! and rows run on rayon threads only when the tensor is large, so results are bit-identical
+//! whatever the thread count.
+
+use super::layout::{bad, f32s, f32s_mut, for_rows, i32s, map_range};
+use super::KernelError;
+use crate::cpu::tensor::Tensor;
+
+/// `x`'s values and its last axis's length (its rows), with `out` checked to be shaped like
+/// `x` (f32).
+fn rows_of<'a>(
+    op: &'static str,
+    x: &'a Tensor,
+    out: &Tensor,
+) -> Result<(&'a [f32], usize), KernelError> {
+    let xs = f32s(op, x, "the operand")?;
+    if x.shape.is_empty() {
+        return Err(bad(op, "needs at least one axis"));
+    }
+    if out.shape != x.shape {
+        return Err(bad(
+            op,
+            format!(
+                "the output must be shaped {:?}, got {:?}",
+                x.shape, out.shape
+            ),
+        ));
+    }
+    Ok((xs, x.shape[x.shape.len() - 1]))
+}
+
+/// `(x, dy)` of one shape: both as f32, with the row length.
+fn pair_of<'a>(
+    op: &'static str,
+    x: &'a Tensor,
+    dy: &'a Tensor,
+    out: &Tensor,
+) -> Result<(&'a [f32], &'a [f32], usize), KernelError> {
+    let (xs, c) = rows_of(op, x, out)?;
+    if dy.shape != x.shape {
+        return Err(bad(
+            op,
+            format!(
+                "the gradient {:?} must be shaped like the operand {:?}",
+                dy.shape, x.shape
+            ),
+        ));
+    }
+    Ok((xs, f32s(op, dy, "the gradient")?, c))
+}
+
+fn mean(v: &[f32]) -> f64 {
+    v.iter().map(|&a| a as f64).sum::<f64>() / v.len() as f64
+}
+
+/// Mean and `1 / sqrt(var + eps)` (biased variance, two passes).
+fn moments(v: &[f32], eps: f32) -> (f64, f64) {
+    let m = mean(v);
+    let var = v
+        .iter()
+        .map(|&a| (a as f64 - m) * (a as f64 - m))
+        .sum::<f64>()
+        / v.len() as f64;
+    (m, 1.0 / (var + eps as f64).sqrt())
+}
+
+/// The row's max and `sum(exp(x - max))` (exponentials in f32, summed in f64).
+fn max_sum_exp(v: &[f32]) -> (f32, f64) {
+    let m = v.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    (m, v.iter().map(|&a| (a - m).exp() as f64).sum())
+}
+
+/// Softmax over the last axis; `causal` zeroes key positions after the query's (the last two
+/// axes are `[.., S, S]`).
+pub fn softmax(x: &Tensor, causal: bool, out: &mut Tensor) -> Result<(), KernelError> {
+    const OP: &str = "softmax";
+    let (xs, c) = rows_of(OP, x, out)?;
+    let r = x.shape.len();
+    if causal && (r < 2 || x.shape[r - 2] != c) {
+        return Err(bad(
+            OP,
+            format!("a causal softmax needs [.., S, S], got {:?}", x.shape),
+        ));
+    }
+    let o = f32s_mut(OP, out)?;
+    for_rows(o, c, xs.len(), |i, row| {
+        let xr = &xs[i * c..][..c];
+        let n = if causal { i % c + 1 } else { c };
+        let m = xr[..n].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let mut sum = 0f64;
+        for (o, &v) in row[..n].iter_mut().zip(&xr[..n]) {
+            *o = (v - m).exp();
+            sum += *o as f64;
+        }
+        for o in &mut row[..n] {
+            *o = (*o as f64 / sum) as f32;
+        }
+        row[n..].fill(0.0);
+    });
+    Ok(())
+}
+
+/// `(y, dy)`: `y * (dy - sum(dy * y))` over the last axis.
+pub fn softmax_grad(y: &Tensor, dy: &Tensor, out: &mut Tensor) -> Result<(), KernelError> {
+    const OP: &str = "softmax_grad";
+    let (ys, gs, c) = pair_of(OP, y, dy, out)?;
+    let o = f32s_mut(OP, out)?;
+    for_rows(o, c, 2 * ys.len(), |i, row| {
+        let (yr, gr) = (&ys[i * c..][..c], &gs[i * c..][..c]);
+        let s: f64 = yr.iter().zip(gr).map(|(&y, &g)| y as f64 * g as f64).sum();
+        for ((o, &y), &g) in row.iter_mut().zip(yr).zip(gr) {
+            *o = (y as f64 * (g as f64 - s)) as f32;
+        }
+    });
+    Ok(())
+}
+
+/// `(x - mean) / sqrt(var + eps)` over the last axis (biased variance, as PyTorch).
+pub fn layer_norm(x: &Tensor, eps: f32, out: &mut Tensor) -> Result<(), KernelError> {
+    const OP: &str = "layer_norm";
+    let (xs, c) = rows_of(OP, x, out)?;
+    let o = f32s_mut(OP, out)?;
+    for_rows(o, c, xs.len(), |i, row| {
+        let xr = &xs[i * c..][..c];
+        let (m, rstd) = moments(xr, eps);
+        for (o, &v) in row.iter_mut().zip(xr) {
+            *o = ((v as f64 - m) * rstd) as f32;
+        }
+    });
+    Ok(())
+}
+
+/// `(x, dy)`: `rstd * (dy - mean(dy) - xhat * mean(dy * xhat))` per row.
+pub fn layer_norm_grad(
+    x: &Tensor,
+    dy: &Tensor,
+    eps: f32,
+    out: &mut Tensor,
+) -> Result<(), KernelError> {
+    const OP: &str = "layer_norm_grad";
+    let (xs, gs, c) = pair_of(OP, x, dy, out)?;
+    let o = f32s_mut(OP, out)?;
+    for_rows(o, c, 2 * xs.len(), |i, row| {
+        let (xr, gr) = (&xs[i * c..][..c], &gs[i * c..][..c]);
+        let (m, rstd) = moments(xr, eps);
+        let mdy = mean(gr);
+        let mdyx = xr
+            .iter()
+            .zip(gr)
+            .map(|(&x, &g)| g as f64 * (x as f64 - m) * rstd)
+            .sum::<f64>()
+            / c as f64;
+        for ((o, &x), &g) in row.iter_mut().zip(xr).zip(gr) {
+            let xhat = (x as f64 - m) * rstd;
+            *o = (rstd * (g as f64 - mdy - xhat * mdyx)) as f32;
+        }
+    });
+    Ok(())
+}
+
+/// `1 / sqrt(mean(x^2) + eps)`.
+fn rms_scale(v: &[f32], eps: f32) -> f64 {
+    let ms = v.iter().map(|&a| a as f64 * a as f64).sum::<f64>() / v.len() as f64;
+    1.0 / (ms + eps as f64).sqrt()
+}
+
+/// `x / sqrt(mean(x^2) + eps)` over the last axis.
+pub fn rms_norm(x: &Tensor, eps: f32, out: &mut Tensor) -> Result<(), KernelError> {
+    const OP: &str = "rms_norm";
+    let (xs, c) = rows_of(OP, x, out)?;
+    let o = f32s_mut(OP, out)?;
+    for_rows(o, c, xs.len(), |i, row| {
+        let xr = &xs[i * c..][..c];
+        let r = rms_scale(xr, eps);
+        for (o, &v) in row.iter_mut().zip(xr) {
+            *o = (v as f64 * r) as f32;
+        }
+    });
+    Ok(())
+}
+
+/// `(x, dy)`: `r * dy - x * r^3 * mean(dy * x)` with `r = 1 / sqrt(mean(x^2) + eps)`.
+pub fn rms_norm_grad(
+    x: &Tensor,
+    dy: &Tensor,
+    eps: f32,
+    out: &mut Tensor,
+) -> Result<(), KernelError> {
+    const OP: &str = "rms_norm_grad";
+    let (xs, gs, c) = pair_of(OP, x, dy, out)?;
+    let o = f32s_mut(OP, out)?;
+    for_rows(o, c, 2 * xs.len(), |i, row| {
+        let (xr, gr) = (&xs[i * c..][..c], &gs[i * c..][..c]);
+        let r = rms_scale(xr, eps);
+        let mdx = xr
+            .iter()
+            .zip(gr)
+            .map(|(&x, &g)| x as f64 * g as f64)
+            .sum::<f64>()
+            / c as f64;
+        let k = r * r * r * mdx;
+        for ((o, &x), &g) in row.iter_mut().zip(xr).zip(gr) {
+            *o = (r * g as f64 - x as f64 * k) as f32;
+        }
+    });
+    Ok(())
+}
+
+/// `[N, C, ..]` as (N, C, the size of the axes after 1).
+fn channels(op: &'static str, x: &Tensor) -> Result<(usize, usize, usize), KernelError> {
+    if x.shape.len() < 2 {
+        return Err(bad(op, format!("needs [N, C, ..], got {:?}", x.shape)));
+    }
+    Ok((x.shape[0], x.shape[1], x.shape[2..].iter().product()))
+}
+
+/// The `inner`-long blocks of channel `ch` of `[N, C, inner]` values, batch by batch.
+fn channel_blocks(
+    v: &[f32],
+    n: usize,
+    c: usize,
+    inner: usize,
+    ch: usize,
+) -> impl Iterator<Item = &[f32]> {
+    (0..n).map(move |b| &v[(b * c + ch) * inner..][..inner])
+}
+
+/// Each channel (axis 1) normalised over the batch and every axis after 1 (training mode:
+/// batch statistics, biased variance).
+pub fn batch_norm(x: &Tensor, eps: f32, out: &mut Tensor) -> Result<(), KernelError> {
+    const OP: &str = "batch_norm";
+    let (xs, _) = rows_of(OP, x, out)?;
+    let (n, c, inner) = channels(OP, x)?;
+    let count = (n * inner) as f64;
+    let stats: Vec<(f64, f64)> = map_range(c, xs.len(), |ch| {
+        let m = channel_blocks(xs, n, c, inner, ch)
+            .flatten()
+            .map(|&a| a as f64)
+            .sum::<f64>()
+            / count;
+        let var = channel_blocks(xs, n, c, inner, ch)
+            .flatten()
+            .map(|&a| (a as f64 - m) * (a as f64 - m))
+            .sum::<f64>()
+            / count;
+        (m, 1.0 / (var + eps as f64).sqrt())
+    });
+    let o = f32s_mut(OP, out)?;
+    for_rows(o, inner, xs.len(), |i, row| {
+        let (m, rstd) = stats[i % c];
+        for (o, &v) in row.iter_mut().zip(&xs[i * inner..][..inner]) {
+            *o = ((v as f64 - m) * rstd) as f32;
+        }
+    });
+    Ok(())
+}
+
+/// `(x, dy)`: `rstd * (dy - mean(dy) - xhat * mean(dy * xhat))`, the means per channel over
+/// the batch and the axes after 1.
+pub fn batch_norm_grad(
+    x: &Tensor,
+    dy: &Tensor,
+    eps: f32,
+    out: &mut Tensor,
+) -> Result<(), KernelError> {
+    const OP: &str = "batch_norm_grad";
+    let (xs, gs, _) = pair_of(OP, x, dy, out)?;
+    let (n, c, inner) = channels(OP, x)?;
+    let count = (n * inner) as f64;
+    // (mean, rstd, mean(dy), mean(dy * xhat)) per channel.
+    let stats: Vec<[f64; 4]> = map_range(c, 2 * xs.len(), |ch| {
+        let xb = || channel_blocks(xs, n, c, inner, ch).flatten();
+        let m = xb().map(|&a| a as f64).sum::<f64>() / count;
+        let var = xb().map(|&a| (a as f64 - m) * (a as f64 - m)).sum::<f64>() / count;
+        let rstd = 1.0 / (var + eps as f64).sqrt();
+        let gb = channel_blocks(gs, n, c, inner, ch).flatten();
+        let (mut sg, mut sgx) = (0f64, 0f64);
+        for (&a, &g) in xb().zip(gb) {
+            sg += g as f64;
+            sgx += g as f64 * (a as f64 - m) * rstd;
+        }
+        [m, rstd, sg / count, sgx / count]
+    });
+    let o = f32s_mut(OP, out)?;
+    for_rows(o, inner, 2 * xs.len(), |i, row| {
+        let [m, rstd, mdy, mdyx] = stats[i % c];
+        let (xr, gr) = (&xs[i * inner..][..inner], &gs[i * inner..][..inner]);
+        for ((o, &x), &g) in row.iter_mut().zip(xr).zip(gr) {
+            let xhat = (x as f64 - m) * rstd;
+            *o = (rstd * (g as f64 - mdy - xhat * mdyx)) as f32;
+        }
+    });
+    Ok(())
+}
+
+/// Logits `[.., C]` and labels `[..]` checked: (logits, labels, C), every label in `[0, C)`.
+fn logits_labels<'a>(
+    op: &'static str,
+    logits: &'a Tensor,
+    labels: &'a Tensor,
+) -> Result<(&'a [f32], &'a [i32], usize), KernelError> {
+    let xs = f32s(op, logits, "the logits")?;
+    let ls = i32s(op, labels, "the labels")?;
+    let r = logits.shape.len();
+    if r == 0 || labels.shape[..] != logits.shape[..r - 1] {
+        return Err(bad(
+            op,
+            format!(
+                "labels {:?} do not fit logits {:?}",
+                labels.shape, logits.shape
+            ),
+        ));
+    }
+    let c = logits.shape[r - 1];
+    if let Some(p) = ls.iter().position(|&l| l < 0 || l as usize >= c) {
+        return Err(bad(
+            op,
+            format!("label {} at position {p} is outside [0, {c})", ls[p]),
+        ));
+    }
+    Ok((xs, ls, c))
+}
+
+/// Mean over every position of `-log softmax(logits)[label]`, with label smoothing as
+/// PyTorch's `cross_entropy(label_smoothing=s)`. `labels` are i32; out of range is an error.
+pub fn cross_entropy(
+    logits: &Tensor,
+    labels: &Tensor,
+    smoothing: f32,
+    out: &mut Tensor,
+) -> Result<(), KernelError> {
+    const OP: &str = "cross_entropy";
+    let (xs, ls, c) = logits_labels(OP, logits, labels)?;
+    if out.numel() != 1 {
+        return Err(bad(
+            OP,
+            format!("the loss is a scalar, got an output {:?}", out.shape),
+        ));
+    }
+    let s = smoothing as f64;
+    let losses = map_range(ls.len(), xs.len(), |p| {
+        let xr = &xs[p * c..][..c];
+        let (m, sum) = max_sum_exp(xr);
+        let lse = m as f64 + sum.ln();
+        let nll = lse - xr[ls[p] as usize] as f64;
+        if s == 0.0 {
+            nll
+        } else {
+            (1.0 - s) * nll + s * (lse - mean(xr))
+        }
+    });
+    let total: f64 = losses.iter().sum();
+    f32s_mut(OP, out)?[0] = (total / ls.len() as f64) as f32;
+    Ok(())
+}
+
+/// `(logits, labels, dloss)` to the gradient of the mean loss with respect to the logits.
+pub fn cross_entropy_grad(
+    logits: &Tensor,
+    labels: &Tensor,
+    dloss: &Tensor,
+    smoothing: f32,
+    out: &mut Tensor,
+) -> Result<(), KernelError> {
+    const OP: &str = "cross_entropy_grad";
+    let (xs, ls, c) = logits_labels(OP, logits, labels)?;
+    let d = f32s(OP, dloss, "the loss gradient")?;
+    if d.len() != 1 {
+        return Err(bad(
+            OP,
+            format!("the loss gradient must be a scalar, got {:?}", dloss.shape),
+        ));
+    }
+    if out.shape != logits.shape {
+        return Err(bad(
+            OP,
+            format!(
+                "the output must be shaped {:?}, got {:?}",
+                logits.shape, out.shape
+            ),
+        ));
+    }
+    let g = d[0] as f64 / ls.len() as f64;
+    let s = smoothing as f64;
+    let off = s / c as f64;
+    let o = f32s_mut(OP, out)?;
+    for_rows(o, c, xs.len(), |p, row| {
+        let xr = &xs[p * c..][..c];
+        let (m, sum) = max_sum_exp(xr);
+        let l = ls[p] as usize;
+        for (k, (o, &v)) in row.iter_mut().zip(xr).enumerate() {
+            let prob = (v - m).exp() as f64 / sum;
+            let target = if k == l { 1.0 - s + off } else { off };
+            *o = (g * (prob - target)) as f32;
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::tensor::numel;
+    use crate::rng::{below, normal, stream, Purpose};
+
+    const EPS: f32 = 1e-5;
+
+    fn randn(n: u64, shape: &[usize], scale: f32) -> Tensor {
+        let s = stream(21, Purpose::Synthetic, n);
+        let v = (0..numel(shape))
+            .map(|i| scale * normal(s, i as u64))
+            .collect();
+        Tensor::from_f32(shape.to_vec(), v)
+    }
+
+    fn labels(n: u64, shape: &[usize], classes: usize) -> Tensor {
+        let s = stream(22, Purpose::Synthetic, n);
+        let v = (0..numel(shape))
+            .map(|i| below(s, i as u64, classes as u64) as i32)
+            .collect();
+        Tensor::from_i32(shape.to_vec(), v)
+    }
+
+    fn zeros(shape: &[usize]) -> Tensor {
+        Tensor::from_f32(shape.to_vec(), vec![0.0; numel(shape)])
+    }
+
+    fn f64s(t: &Tensor) -> Vec<f64> {
+        t.f32().iter().map(|&v| v as f64).collect()
+    }
+
+    /// `|got - want| <= tol * (1 + |want|)` everywhere.
+    fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g as f64 - w).abs() <= tol * (1.0 + w.abs()),
+                "{what}: element {i}: got {g}, want {w}"
+            );
+        }
+    }
+
+    /// Central differences of `f` at `x`, in f64.
+    fn finite_diff(x: &[f32], f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
+        let h = 1e-5;
+        let mut p: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        (0..x.len())
+            .map(|i| {
+                let v = p[i];
+                p[i] = v + h;
+                let up = f(&p);
+                p[i] = v - h;
+                let down = f(&p);
+                p[i] = v;
+                (up - down) / (2.0 * h)
+            })
+            .collect()
+    }
+
+    fn weighted(y: &[f64], r: &Tensor) -> f64 {
+        y.iter().zip(r.f32()).map(|(&a, &b)| a * b as f64).sum()
+    }
+
+    // ---- f64 references ----
+
+    fn softmax_ref(x: &[f64], c: usize, causal: bool) -> Vec<f64> {
+        let mut out = vec![0.0; x.len()];
+        for (i, (row, o)) in x.chunks(c).zip(out.chunks_mut(c)).enumerate() {
+            let n = if causal { i % c + 1 } else { c };
+            let m = row[..n].iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let s: f64 = row[..n].iter().map(|v| (v - m).exp()).sum();
+            for j in 0..n {
+                o[j] = (row[j] - m).exp() / s;
+            }
+        }
+        out
+    }
+
+    fn layer_norm_ref(x: &[f64], c: usize, eps: f64) -> Vec<f64> {
+        let mut out = Vec::with_capacity(x.len());
+        for row in x.chunks(c) {
+            let m = row.iter().sum::<f64>() / c as f64;
+            let var = row.iter().map(|v| (v - m) * (v - m)).sum::<f64>() / c as f64;
+            out.extend(row.iter().map(|v| (v - m) / (var + eps).sqrt()));
+        }
+        out
+    }
+
+    fn rms_norm_ref(x: &[f64], c: usize, eps: f64) -> Vec<f64> {
+        let mut out = Vec::with_capacity(x.len());
+        for row in x.chunks(c) {
+            let ms = row.iter().map(|v| v * v).sum::<f64>() / c as f64;
+            out.extend(row.iter().map(|v| v / (ms + eps).sqrt()));
+        }
+        out
+    }
+
+    fn batch_norm_ref(x: &[f64], shape: &[usize], eps: f64) -> Vec<f64> {
+        let (n, c) = (shape[0], shape[1]);
+        let inner = numel(&shape[2..]);
+        let mut out = vec![0.0; x.len()];
+        for ch in 0..c {
+            let at = |b: usize, k: usize| (b * c + ch) * inner + k;
+            let all: Vec<usize> = (0..n)
+                .flat_map(|b| (0..inner).map(move |k| at(b, k)))
+                .collect();
+            let m = all.iter().map(|&i| x[i]).sum::<f64>() / all.len() as f64;
+            let var = all.iter().map(|&i| (x[i] - m) * (x[i] - m)).sum::<f64>() / all.len() as f64;
+            for &i in &all {
+                out[i] = (x[i] - m) / (var + eps).sqrt();
+            }
+        }
+        out
+    }
+
+    /// PyTorch's `cross_entropy(x, labels, label_smoothing=s)`, mean reduction.
+    fn xent_ref(x: &[f64], labels: &[i32], c: usize, s: f64) -> f64 {
+        let mut total = 0.0;
+        for (row, &l) in x.chunks(c).zip(labels) {
+            let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = m + row.iter().map(|v| (v - m).exp()).sum::<f64>().ln();
+            let logp: Vec<f64> = row.iter().map(|v| v - lse).collect();
+            let nll = -logp[l as usize];
+            let smooth = -logp.iter().sum::<f64>() / c as f64;
+            total += (1.0 - s) * nll + s * smooth;
+        }
+        total / labels.len() as f64
+    }
+
+    // ---- forward values ----
+
+    #[test]
+    fn softmax_matches_reference_and_is_stable() {
+        for scale in [1.0, 100.0] {
+            let x = randn(0, &[3, 5, 17], scale);
+            let mut y = zeros(&[3, 5, 17]);
+            softmax(&x, false, &mut y).unwrap();
+            assert_close(y.f32(), &softmax_ref(&f64s(&x), 17, false), 1e-6, "softmax");
+            assert!(y.f32().iter().all(|v| v.is_finite()));
+        }
+    }
+
+    #[test]
+    fn causal_softmax_masks_future_keys_exactly() {
+        let s = 7;
+        let x = randn(1, &[2, 3, s, s], 3.0);
+        let mut y = zeros(&[2, 3, s, s]);
+        y.f32_mut().fill(f32::NAN); // every element is overwritten
+        softmax(&x, true, &mut y).unwrap();
+        assert_close(
+            y.f32(),
+            &softmax_ref(&f64s(&x), s, true),
+            1e-6,
+            "causal softmax",
+        );
+        for (r, row) in y.f32().chunks(s).enumerate() {
+            let i = r % s;
+            assert!(row[i + 1..].iter().all(|&v| v == 0.0), "row {r}: {row:?}");
+            let sum: f64 = row.iter().map(|&v| v as f64).sum();
+            assert!((sum - 1.0).abs() < 1e-6);
+        }
+        assert_eq!(y.f32()[0], 1.0);
+        // Not square: an error.
+        assert!(softmax(&randn(2, &[2, 3, 4], 1.0), true, &mut zeros(&[2, 3, 4])).is_err());
+    }
+
+    #[test]
+    fn norms_match_references() {
+        let x = randn(3, &[4, 6, 33], 2.0);
+        let xd = f64s(&x);
+        let mut y = zeros(&[4, 6, 33]);
+        layer_norm(&x, EPS, &mut y).unwrap();
+        assert_close(
+            y.f32(),
+            &layer_norm_ref(&xd, 33, EPS as f64),
+            1e-6,
+            "layer_norm",
+        );
+        rms_norm(&x, EPS, &mut y).unwrap();
+        assert_close(
+            y.f32(),
+            &rms_norm_ref(&xd, 33, EPS as f64),
+            1e-6,
+            "rms_norm",
+        );
+        // A constant row normalises to zeros (variance 0, eps keeps it finite).
+        let c = Tensor::from_f32(vec![1, 4], vec![3.0; 4]);
+        let mut z = zeros(&[1, 4]);
+        layer_norm(&c, EPS, &mut z).unwrap();
+        assert_eq!(z.f32(), &[0.0; 4]);
+    }
+
+    #[test]
+    fn batch_norm_matches_reference_on_rank4_and_rank2() {
+        for shape in [&[4, 3, 5, 6][..], &[8, 5][..], &[2, 3, 7][..]] {
+            let x = randn(4, shape, 1.5);
+            let mut y = zeros(shape);
+            batch_norm(&x, EPS, &mut y).unwrap();
+            assert_close(
+                y.f32(),
+                &batch_norm_ref(&f64s(&x), shape, EPS as f64),
+                1e-6,
+                "batch_norm",
+            );
+        }
+        assert!(batch_norm(&randn(5, &[4], 1.0), EPS, &mut zeros(&[4])).is_err());
+    }
+
+    #[test]
+    fn cross_entropy_matches_pytorch_formula_with_and_without_smoothing() {
+        let (c, shape) = (11, [3, 4]);
+        let x = randn(6, &[3, 4, c], 2.0);
+        let l = labels(0, &shape, c);
+        for s in [0.0, 0.1] {
+            let mut out = zeros(&[]);
+            cross_entropy(&x, &l, s, &mut out).unwrap();
+            let want = xent_ref(&f64s(&x), l.i32(), c, s as f64);
+            assert!(
+                (out.f32()[0] as f64 - want).abs() < 1e-6 * (1.0 + want.abs()),
+                "s={s}: {} vs {want}",
+                out.f32()[0]
+            );
+        }
+        // One position of rank-1 logits.
+        let x1 = randn(7, &[c], 1.0);
+        let l1 = Tensor::from_i32(vec![], vec![3]);
+        let mut out = zeros(&[]);
+        cross_entropy(&x1, &l1, 0.0, &mut out).unwrap();
+        let want = xent_ref(&f64s(&x1), l1.i32(), c, 0.0);
+        assert!((out.f32()[0] as f64 - want).abs() < 1e-6 * (1.0 + want));
+    }
+
+    #[test]
+    fn labels_out_of_range_are_errors_naming_the_label() {
+        let c = 5;
+        let x = randn(8, &[3, c], 1.0);
+        for bad_label in [5, -1, 77] {
+            let l = Tensor::from_i32(vec![3], vec![0, 4, bad_label]);
+            let e = cross_entropy(&x, &l, 0.0, &mut zeros(&[])).unwrap_err();
+            let KernelError::Bad { op, message } = e else {
+                panic!("{e:?}")
+            };
+            assert_eq!(op, "cross_entropy");
+            assert!(
+                message.contains(&format!("label {bad_label} ")),
+                "{message}"
+            );
+            let d = Tensor::from_f32(vec![], vec![1.0]);
+            let e = cross_entropy_grad(&x, &l, &d, 0.1, &mut zeros(&[3, c])).unwrap_err();
+            assert!(
+                e.to_string().contains(&format!("label {bad_label} ")),
+                "{e}"
+            );
+        }
+        // Float labels and mismatched shapes are refused.
+        let fl = Tensor::from_f32(vec![3], vec![0.0; 3]);
+        assert!(cross_entropy(&x, &fl, 0.0, &mut zeros(&[])).is_err());
+        assert!(cross_entropy(&x, &labels(1, &[4], c), 0.0, &mut zeros(&[])).is_err());
+    }
+
+    // ---- gradients: closed forms and finite differences of sum(f(x) * r) ----
+
+    /// Checks the analytic gradient `got` against finite differences of `f`.
+    fn check_grad(got: &Tensor, x: &Tensor, f: impl Fn(&[f64]) -> f64, what: &str) {
+        assert_close(got.f32(), &finite_diff(x.f32(), f), 2e-5, what);
+    }
+
+    #[test]
+    fn softmax_grad_matches_formula_and_finite_differences() {
+        for (shape, causal) in [(&[2, 3, 8][..], false), (&[2, 5, 5][..], true)] {
+            let c = shape[shape.len() - 1];
+            let x = randn(9, shape, 1.5);
+            let r = randn(10, shape, 1.0);
+            let mut y = zeros(shape);
+            softmax(&x, causal, &mut y).unwrap();
+            let mut dx = zeros(shape);
+            softmax_grad(&y, &r, &mut dx).unwrap();
+            // Closed form on the kernel's y.
+            let mut want = vec![0.0; dx.numel()];
+            for ((yr, rr), w) in y
+                .f32()
+                .chunks(c)
+                .zip(r.f32().chunks(c))
+                .zip(want.chunks_mut(c))
+            {
+                let s: f64 = yr.iter().zip(rr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                for j in 0..c {
+                    w[j] = yr[j] as f64 * (rr[j] as f64 - s);
+                }
+            }
+            assert_close(dx.f32(), &want, 1e-6, "softmax_grad formula");
+            check_grad(
+                &dx,
+                &x,
+                |p| weighted(&softmax_ref(p, c, causal), &r),
+                "softmax_grad",
+            );
+        }
+    }
+
+    #[test]
+    fn layer_norm_grad_matches_finite_differences() {
+        let shape = [3, 4, 8];
+        let x = randn(11, &shape, 1.5);
+        let r = randn(12, &shape, 1.0);
+        let mut dx = zeros(&shape);
+        layer_norm_grad(&x, &r, EPS, &mut dx).unwrap();
+        check_grad(
+            &dx,
+            &x,
+            |p| weighted(&layer_norm_ref(p, 8, EPS as f64), &r),
+            "layer_norm_grad",
+        );
+    }
+
+    #[test]
+    fn rms_norm_grad_matches_finite_differences() {
+        let shape = [3, 4, 8];
+        let x = randn(13, &shape, 1.5);
+        let r = randn(14, &shape, 1.0);
+        let mut dx = zeros(&shape);
+        rms_norm_grad(&x, &r, EPS, &mut dx).unwrap();
+        check_grad(
+            &dx,
+            &x,
+            |p| weighted(&rms_norm_ref(p, 8, EPS as f64), &r),
+            "rms_norm_grad",
+        );
+    }
+
+    #[test]
+    fn batch_norm_grad_matches_finite_differences() {
+        for shape in [&[3, 2, 2, 3][..], &[6, 4][..]] {
+            let x = randn(15, shape, 1.5);
+            let r = randn(16, shape, 1.0);
+            let mut dx = zeros(shape);
+            batch_norm_grad(&x, &r, EPS, &mut dx).unwrap();
+            check_grad(
+                &dx,
+                &x,
+                |p| weighted(&batch_norm_ref(p, shape, EPS as f64), &r),
+                "batch_norm_grad",
+            );
+        }
+    }
+
+    #[test]
+    fn cross_entropy_grad_matches_finite_differences() {
+        let (c, shape) = (7, [2, 3]);
+        let x = randn(17, &[2, 3, c], 2.0);
+        let l = labels(2, &shape, c);
+        let dloss = 1.7;
+        let d = Tensor::from_f32(vec![], vec![dloss]);
+        for s in [0.0f32, 0.1] {
+            let mut dx = zeros(&[2, 3, c]);
+            dx.f32_mut().fill(f32::NAN);
+            cross_entropy_grad(&x, &l, &d, s, &mut dx).unwrap();
+            check_grad(
+                &dx,
+                &x,
+                |p| dloss as f64 * xent_ref(p, l.i32(), c, s as f64),
+                &format!("cross_entropy_grad s={s}"),
+            );
+            // Each position's gradient sums to zero (softmax and target both sum to one).
+            for row in dx.f32().chunks(c) {
+                assert!(row.iter().map(|&v| v as f64).sum::<f64>().abs() < 1e-7);
+            }
+        }
+    }
+
+    // ---- determinism ----
+
+    fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(f)
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_thread_count() {
+        let att = randn(20, &[4, 128, 128], 3.0);
+        let dy = randn(21, &[4, 128, 128], 1.0);
+        let x = randn(22, &[256, 200], 2.0);
+        let dx = randn(23, &[256, 200], 1.0);
+        let img = randn(24, &[16, 8, 20, 20], 2.0);
+        let dimg = randn(25, &[16, 8, 20, 20], 1.0);
+        let logits = randn(26, &[512, 100], 3.0);
+        let l = labels(3, &[512], 100);
+        let d = Tensor::from_f32(vec![], vec![0.75]);
+        let run = || {
+            let mut outs = Vec::new();
+            let mut go = |shape: &[usize], f: &dyn Fn(&mut Tensor) -> Result<(), KernelError>| {
+                let mut o = zeros(shape);
+                f(&mut o).unwrap();
+                outs.push(o);
+            };
+            let mut y = zeros(&att.shape);
+            softmax(&att, true, &mut y).unwrap();
+            go(&att.shape, &|o| softmax(&att, false, o));
+            go(&att.shape, &|o| softmax_grad(&y, &dy, o));
+            go(&x.shape, &|o| layer_norm(&x, EPS, o));
+            go(&x.shape, &|o| layer_norm_grad(&x, &dx, EPS, o));
+            go(&x.shape, &|o| rms_norm(&x, EPS, o));
+            go(&x.shape, &|o| rms_norm_grad(&x, &dx, EPS, o));
+            go(&img.shape, &|o| batch_norm(&img, EPS, o));
+            go(&img.shape, &|o| batch_norm_grad(&img, &dimg, EPS, o));
+            go(&[], &|o| cross_entropy(&logits, &l, 0.1, o));
+            go(&logits.shape, &|o| {
+                cross_entropy_grad(&logits, &l, &d, 0.1, o)
+            });
+            outs.push(y);
+            outs
+        };
+        let one = in_pool(1, run);
+        let two = in_pool(2, run);
+        assert_eq!(one.len(), two.len());
+        for (k, (a, b)) in one.iter().zip(&two).enumerate() {
+            let bits = |t: &Tensor| t.f32().iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+            assert!(
+                bits(a) == bits(b),
+                "output {k} differs between 1 and 2 threads"
+            );
+        }
+    }
+}

@@ -1,0 +1,401 @@
+//! Training on the CPU executor: the data set of the file, the compiled plan's training steps
+//! with the schedule's scalars, validation after every epoch, and the run directory
+//! (`experiment.ron`, `metrics.jsonl`, `summary.json`, `final.safetensors`).
+
+use crate::cpu::tensor::Tensor;
+use crate::cpu::{ExecError, Executor, Mode};
+use crate::data::{self, DataError, Dataset, Loader, ModelIo, TensorSpec, Values};
+use crate::weights::{self, WeightsError};
+use parallax_compiler::dsl::ast::{Experiment, Loss};
+use parallax_compiler::ir::{Dim, Op};
+use parallax_compiler::{Plan, Source};
+use serde::Serialize;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Debug, Clone, Default)]
+pub struct TrainConfig {
+    /// Overrides of the file's `train` section.
+    pub steps: Option<u64>,
+    pub epochs: Option<u64>,
+    pub seed: Option<u64>,
+    pub run_dir: PathBuf,
+    /// Parameters to start from instead of the seeded initialisation.
+    pub init: Option<PathBuf>,
+    /// Where relative data paths are resolved (the experiment file's folder).
+    pub base_dir: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Data(#[from] DataError),
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    #[error(transparent)]
+    Weights(#[from] WeightsError),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Model(String),
+    #[error("the loss became {loss} at step {step}; lower the learning rate or clip gradients (`clip_norm`)")]
+    Diverged { step: u64, loss: f32 },
+}
+
+/// Progress, for the command line to show.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Start {
+        total_steps: u64,
+        batches_per_epoch: u64,
+        train_samples: usize,
+        validation_samples: usize,
+    },
+    Step {
+        step: u64,
+        total: u64,
+        epoch: u64,
+        loss: f32,
+        samples_per_sec: f64,
+    },
+    Validation {
+        epoch: u64,
+        loss: f64,
+        accuracy: Option<f64>,
+    },
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub name: String,
+    pub steps: u64,
+    pub epochs: f64,
+    pub final_train_loss: f32,
+    pub val_loss: Option<f64>,
+    pub val_accuracy: Option<f64>,
+    pub samples_per_sec: f64,
+    /// Median step time after the first steps (warm-up excluded).
+    pub step_time_ms_median: f64,
+    pub wall_seconds: f64,
+    pub parameters: u64,
+    pub seed: u64,
+    pub backend: &'static str,
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// The experiment as run: the file with the command line's overrides.
+pub fn resolved(e: &Experiment, cfg: &TrainConfig) -> Experiment {
+    let mut e = e.clone();
+    if let Some(s) = cfg.steps {
+        e.train.steps = Some(s);
+        e.train.epochs = None;
+    }
+    if let Some(ep) = cfg.epochs {
+        e.train.epochs = Some(ep);
+        e.train.steps = None;
+    }
+    if let Some(seed) = cfg.seed {
+        e.train.seed = seed;
+    }
+    e
+}
+
+fn concrete(plan: &Plan, dims: &[Dim]) -> Vec<usize> {
+    dims.iter()
+        .map(|d| d.eval(&|s| plan.symbols.get(s.0 as usize).map_or(1, |x| x.1)) as usize)
+        .collect()
+}
+
+/// What the data must look like for this plan: its one model input and the loss's target.
+pub fn model_io(plan: &Plan, loss: &Loss) -> Result<(ModelIo, String, String), TrainError> {
+    let inputs: Vec<(usize, &str)> = plan
+        .steps
+        .iter()
+        .filter_map(|s| match &s.op {
+            Op::Input { name, .. } if s.layer.is_empty() => Some((s.id, name.as_str())),
+            _ => None,
+        })
+        .collect();
+    let [(input_id, input_name)] = inputs[..] else {
+        return Err(TrainError::Model(format!(
+            "training reads one model input from the data set, but the model has {}",
+            inputs.len()
+        )));
+    };
+    let target_name = match loss {
+        Loss::CrossEntropy { .. } => "labels",
+        Loss::Mse { .. } => "target",
+    };
+    let target = plan
+        .steps
+        .iter()
+        .find(|s| matches!(&s.op, Op::Input { name, .. } if name == target_name))
+        .ok_or_else(|| TrainError::Model(format!("the plan has no `{target_name}` input")))?;
+    let input_ty = &plan.steps[input_id].ty;
+    let output = plan
+        .output_steps
+        .iter()
+        .find(|o| o.name != "loss")
+        .map(|o| &plan.steps[o.step].ty);
+    let classes = match (loss, output) {
+        (Loss::CrossEntropy { .. }, Some(t)) => t
+            .shape
+            .last()
+            .and_then(|d| d.as_known())
+            .map(|c| c as usize),
+        _ => None,
+    };
+    let input_range = plan.steps.iter().find_map(|s| match s.op {
+        Op::Gather if s.operands[1] == input_id => plan.steps[s.operands[0]].ty.shape[0]
+            .as_known()
+            .map(|v| v as usize),
+        _ => None,
+    });
+    let io = ModelIo {
+        input: TensorSpec {
+            dtype: input_ty.dtype,
+            shape: concrete(plan, &input_ty.shape[1..]),
+        },
+        target: TensorSpec {
+            dtype: target.ty.dtype,
+            shape: concrete(plan, &target.ty.shape[1..]),
+        },
+        classes,
+        input_range,
+    };
+    Ok((io, input_name.to_string(), target_name.to_string()))
+}
+
+fn set(e: &mut Executor, name: &str, batch: usize, v: &Values) -> Result<(), ExecError> {
+    match v {
+        Values::F32(x) => e.set_f32(name, batch, x),
+        Values::I32(x) => e.set_i32(name, batch, x),
+    }
+}
+
+fn slice(v: &Values, per: usize, from: usize, to: usize) -> Values {
+    match v {
+        Values::F32(x) => Values::F32(x[from * per..to * per].to_vec()),
+        Values::I32(x) => Values::I32(x[from * per..to * per].to_vec()),
+    }
+}
+
+/// Correct predictions and positions: the argmax of the logits' last axis against labels.
+fn correct(logits: &Tensor, labels: &[i32]) -> (usize, usize) {
+    let c = *logits.shape.last().unwrap_or(&1);
+    let v = logits.f32();
+    let hits = labels
+        .iter()
+        .enumerate()
+        .filter(|&(i, &l)| {
+            let row = &v[i * c..(i + 1) * c];
+            let best = row
+                .iter()
+                .enumerate()
+                .fold(
+                    (0, f32::NEG_INFINITY),
+                    |b, (j, &x)| if x > b.1 { (j, x) } else { b },
+                )
+                .0;
+            best as i32 == l
+        })
+        .count();
+    (hits, labels.len())
+}
+
+struct Validator<'a> {
+    set: &'a Dataset,
+    input: &'a str,
+    target: &'a str,
+    output: String,
+    batch: usize,
+}
+
+impl Validator<'_> {
+    /// Mean loss over the set (weighted by batch size) and accuracy for class labels.
+    fn run(&self, e: &mut Executor, step: u64) -> Result<(f64, Option<f64>), ExecError> {
+        let n = self.set.len;
+        let (per_in, per_t) = (self.set.input.numel(), self.set.target.numel());
+        let (mut loss, mut hits, mut total) = (0f64, 0usize, 0usize);
+        let mut from = 0;
+        while from < n {
+            let to = (from + self.batch).min(n);
+            let b = to - from;
+            set(e, self.input, b, &slice(&self.set.inputs, per_in, from, to))?;
+            let targets = slice(&self.set.targets, per_t, from, to);
+            set(e, self.target, b, &targets)?;
+            e.run(b, Mode::Eval, step, from as u64)?;
+            loss += e.output("loss").map_or(0.0, |t| t.f32()[0] as f64) * b as f64;
+            if let (Values::I32(labels), Some(out)) = (&targets, e.output(&self.output)) {
+                let (h, t) = correct(out, labels);
+                hits += h;
+                total += t;
+            }
+            from = to;
+        }
+        let acc = (total > 0).then(|| hits as f64 / total as f64);
+        Ok((loss / n.max(1) as f64, acc))
+    }
+}
+
+/// Trains the compiled `plan` of `source` and writes the run directory.
+pub fn train(
+    source: &Source,
+    plan: Plan,
+    cfg: &TrainConfig,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<Summary, TrainError> {
+    let started = Instant::now();
+    let exp = resolved(&source.experiment, cfg);
+    let seed = exp.train.seed;
+    let batch_size = exp.train.batch_size as usize;
+    let (io, input_name, target_name) = model_io(&plan, &exp.loss)?;
+    if plan.updates.is_empty() {
+        return Err(TrainError::Model(
+            "the model has no parameters that affect the loss: there is nothing to train".into(),
+        ));
+    }
+    let splits = data::load(&exp.data, &io, seed, &cfg.base_dir)?;
+    let output = plan
+        .output_steps
+        .iter()
+        .find(|o| o.name != "loss")
+        .map(|o| o.name.clone())
+        .unwrap_or_default();
+    let parameters = plan.parameters;
+    let optimizer = exp.optimizer.clone();
+    let mut exec = Executor::new(plan, batch_size, seed);
+    if let Some(init) = &cfg.init {
+        weights::load(&mut exec, init)?;
+    }
+    let train_set = Arc::new(splits.train);
+    let loader = Loader::new(train_set.clone(), batch_size, seed, exp.train.drop_last, 0)?;
+    let per_epoch = loader.batches_per_epoch() as u64;
+    let total = match (exp.train.steps, exp.train.epochs) {
+        (Some(s), _) => s,
+        (None, Some(ep)) => ep * per_epoch,
+        (None, None) => per_epoch,
+    };
+
+    let dir = &cfg.run_dir;
+    if dir.join("metrics.jsonl").exists() {
+        return Err(TrainError::Model(format!(
+            "{} already holds a run; choose another --run-dir",
+            dir.display()
+        )));
+    }
+    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let exp_path = dir.join("experiment.ron");
+    std::fs::write(&exp_path, parallax_compiler::dsl::to_ron(&exp)).map_err(io_err(&exp_path))?;
+    let metrics_path = dir.join("metrics.jsonl");
+    let mut metrics = std::io::BufWriter::new(
+        std::fs::File::create(&metrics_path).map_err(io_err(&metrics_path))?,
+    );
+
+    on_event(&Event::Start {
+        total_steps: total,
+        batches_per_epoch: per_epoch,
+        train_samples: train_set.len,
+        validation_samples: splits.validation.len,
+    });
+    let validator = Validator {
+        set: &splits.validation,
+        input: &input_name,
+        target: &target_name,
+        output,
+        batch: batch_size,
+    };
+    let mut times = Vec::with_capacity(total as usize);
+    let (mut samples, mut last_loss) = (0usize, f32::NAN);
+    let mut val = (None, None);
+    let mut loader = loader;
+    for step in 0..total {
+        let batch = loader.next().expect("the loader runs forever");
+        let t = Instant::now();
+        set(&mut exec, &input_name, batch.size, &batch.inputs)?;
+        set(&mut exec, &target_name, batch.size, &batch.targets)?;
+        let scalars = optimizer.step_scalars(step, total);
+        for &(name, v) in &scalars {
+            if exec.has_input(name) {
+                exec.set_f32(name, 1, &[v])?;
+            }
+        }
+        exec.run(batch.size, Mode::Train, step, 0)?;
+        times.push(t.elapsed().as_secs_f64());
+        samples += batch.size;
+        let loss = exec.output("loss").map_or(f32::NAN, |t| t.f32()[0]);
+        if !loss.is_finite() {
+            return Err(TrainError::Diverged {
+                step: step + 1,
+                loss,
+            });
+        }
+        last_loss = loss;
+        let _ = writeln!(
+            metrics,
+            "{}",
+            serde_json::json!({"step": step + 1, "epoch": batch.epoch, "loss": loss, "lr": scalars[0].1})
+        );
+        let busy: f64 = times.iter().sum();
+        on_event(&Event::Step {
+            step: step + 1,
+            total,
+            epoch: batch.epoch,
+            loss,
+            samples_per_sec: samples as f64 / busy.max(1e-9),
+        });
+        let epoch_end = batch.index as u64 + 1 == per_epoch;
+        if (epoch_end || step + 1 == total) && validator.set.len > 0 {
+            let (l, a) = validator.run(&mut exec, step)?;
+            val = (Some(l), a);
+            let _ = writeln!(
+                metrics,
+                "{}",
+                serde_json::json!({"step": step + 1, "epoch": batch.epoch, "val_loss": l, "val_accuracy": a})
+            );
+            on_event(&Event::Validation {
+                epoch: batch.epoch,
+                loss: l,
+                accuracy: a,
+            });
+        }
+    }
+    metrics.flush().map_err(io_err(&metrics_path))?;
+    let weights_path = dir.join("final.safetensors");
+    weights::save(&exec, &weights_path)?;
+
+    let warmup = (times.len() / 10).clamp(1.min(times.len()), 5);
+    let mut steady: Vec<f64> = times[warmup..].to_vec();
+    steady.sort_by(|a, b| a.total_cmp(b));
+    let median = steady.get(steady.len() / 2).copied().unwrap_or(0.0);
+    let busy: f64 = times.iter().sum();
+    let summary = Summary {
+        name: exp.name.clone(),
+        steps: total,
+        epochs: total as f64 / per_epoch.max(1) as f64,
+        final_train_loss: last_loss,
+        val_loss: val.0,
+        val_accuracy: val.1,
+        samples_per_sec: samples as f64 / busy.max(1e-9),
+        step_time_ms_median: median * 1e3,
+        wall_seconds: started.elapsed().as_secs_f64(),
+        parameters,
+        seed,
+        backend: "cpu",
+    };
+    let summary_path = dir.join("summary.json");
+    let text = serde_json::to_string_pretty(&summary).expect("a summary serialises") + "\n";
+    std::fs::write(&summary_path, text).map_err(io_err(&summary_path))?;
+    Ok(summary)
+}

@@ -1,0 +1,114 @@
+//! Parameters as safetensors files, named after the model's layers (PyTorch's layouts), so
+//! weights move between Parallax and PyTorch unchanged.
+
+use crate::cpu::Executor;
+use safetensors::tensor::{Dtype, TensorView};
+use std::path::Path;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WeightsError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a safetensors file: {message}")]
+    Format { path: String, message: String },
+    #[error("{path}: tensor `{name}`: {message}")]
+    Tensor {
+        path: String,
+        name: String,
+        message: String,
+    },
+}
+
+/// The executor's parameters as safetensors bytes (deterministic: same values, same bytes).
+pub fn to_bytes(e: &Executor) -> Result<Vec<u8>, String> {
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = e
+        .params()
+        .map(|(name, t)| {
+            let b: Vec<u8> = t.f32().iter().flat_map(|x| x.to_le_bytes()).collect();
+            (name.to_string(), t.shape.clone(), b)
+        })
+        .collect();
+    let views: Vec<(String, TensorView)> = bytes
+        .iter()
+        .map(|(n, s, b)| {
+            TensorView::new(Dtype::F32, s.clone(), b)
+                .map(|v| (n.clone(), v))
+                .map_err(|e| e.to_string())
+        })
+        .collect::<Result<_, _>>()?;
+    safetensors::serialize(views, None).map_err(|e| e.to_string())
+}
+
+pub fn save(e: &Executor, path: &Path) -> Result<(), WeightsError> {
+    let p = path.display().to_string();
+    let bytes = to_bytes(e).map_err(|message| WeightsError::Format {
+        path: p.clone(),
+        message,
+    })?;
+    std::fs::write(path, bytes).map_err(|source| WeightsError::Write { path: p, source })
+}
+
+/// Loads every parameter from `path`; each must be present, f32 and of the right shape, and
+/// the file may hold nothing else. Nothing is changed unless everything fits.
+pub fn load(e: &mut Executor, path: &Path) -> Result<(), WeightsError> {
+    let p = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| WeightsError::Read {
+        path: p.clone(),
+        source,
+    })?;
+    let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|err| WeightsError::Format {
+        path: p.clone(),
+        message: err.to_string(),
+    })?;
+    let bad = |name: &str, message: String| WeightsError::Tensor {
+        path: p.clone(),
+        name: name.to_string(),
+        message,
+    };
+    let mut loaded = Vec::new();
+    for (name, t) in e.params() {
+        let view = st
+            .tensor(name)
+            .map_err(|_| bad(name, "missing from the file".into()))?;
+        if view.dtype() != Dtype::F32 {
+            return Err(bad(name, format!("is {:?}, expected F32", view.dtype())));
+        }
+        if view.shape() != t.shape.as_slice() {
+            return Err(bad(
+                name,
+                format!(
+                    "has shape {:?}, the model expects {:?}",
+                    view.shape(),
+                    t.shape
+                ),
+            ));
+        }
+        let v: Vec<f32> = view
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        loaded.push((name.to_string(), t.shape.clone(), v));
+    }
+    let known: Vec<String> = loaded.iter().map(|(n, _, _)| n.clone()).collect();
+    if let Some(extra) = st
+        .names()
+        .into_iter()
+        .find(|n| !known.iter().any(|k| k == *n))
+    {
+        return Err(bad(extra, "is not a parameter of this model".into()));
+    }
+    for (name, shape, v) in loaded {
+        e.set_param(&name, &shape, &v)
+            .map_err(|err| bad(&name, err.to_string()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,153 @@
+//! `parallax train`: compile, train on the CPU, show progress, report where the run went.
+
+use crate::{load, run_pipeline, Exit, Format};
+use indicatif::{ProgressBar, ProgressStyle};
+use parallax_compiler::Options;
+use parallax_runtime::train::{train, Event, TrainConfig};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+
+/// `YYYYMMDD-HHMMSS` in UTC, from the system clock (names the run directory only).
+fn timestamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+fn default_run_dir(name: &str) -> PathBuf {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let base = PathBuf::from("runs").join(format!("{safe}-{}", timestamp()));
+    let mut dir = base.clone();
+    let mut k = 2;
+    while dir.exists() {
+        dir = PathBuf::from(format!("{}-{k}", base.display()));
+        k += 1;
+    }
+    dir
+}
+
+pub fn run(
+    file: &Path,
+    steps: Option<u64>,
+    epochs: Option<u64>,
+    seed: Option<u64>,
+    run_dir: Option<PathBuf>,
+    init: Option<PathBuf>,
+) -> Result<(), Exit> {
+    let (source, _) = load(file, Format::Text)?;
+    let options = Options::default();
+    let compiled = run_pipeline(file, &source, &options, Format::Text, &mut |_, _| {})?;
+    let plan = compiled.plan(&source, &options);
+    let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&source.experiment.name));
+    let cfg = TrainConfig {
+        steps,
+        epochs,
+        seed,
+        run_dir: run_dir.clone(),
+        init,
+        base_dir: file.parent().map(Path::to_path_buf).unwrap_or_default(),
+    };
+    let terminal = std::io::stderr().is_terminal();
+    let mut bar: Option<ProgressBar> = None;
+    let mut every = 1;
+    let name = source.experiment.name.clone();
+    let mut on_event = |e: &Event| match e {
+        Event::Start {
+            total_steps,
+            train_samples,
+            validation_samples,
+            ..
+        } => {
+            eprintln!(
+                "{name}: training {total_steps} steps on {train_samples} samples ({validation_samples} for validation), CPU backend"
+            );
+            every = (total_steps / 10).max(1);
+            if terminal {
+                let b = ProgressBar::new(*total_steps);
+                b.set_style(
+                    ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  eta {eta}")
+                        .expect("a valid template"),
+                );
+                bar = Some(b);
+            }
+        }
+        Event::Step {
+            step,
+            total,
+            epoch,
+            loss,
+            samples_per_sec,
+        } => match &bar {
+            Some(b) => {
+                b.set_position(*step);
+                b.set_message(format!("loss {loss:.4}  {samples_per_sec:.0} samples/s"));
+            }
+            None if step % every == 0 || step == total => eprintln!(
+                "step {step}/{total}  epoch {epoch}  loss {loss:.4}  {samples_per_sec:.0} samples/s"
+            ),
+            None => {}
+        },
+        Event::Validation {
+            epoch,
+            loss,
+            accuracy,
+        } => {
+            let acc = accuracy.map_or(String::new(), |a| format!("  accuracy {:.2}%", a * 100.0));
+            let line = format!("epoch {epoch}: validation loss {loss:.4}{acc}");
+            match &bar {
+                Some(b) => b.println(line),
+                None => eprintln!("{line}"),
+            }
+        }
+    };
+    let result = train(&source, plan, &cfg, &mut on_event);
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    match result {
+        Ok(s) => {
+            let acc = s.val_accuracy.map_or(String::new(), |a| {
+                format!(", validation accuracy {:.2}%", a * 100.0)
+            });
+            let val = s
+                .val_loss
+                .map_or(String::new(), |l| format!(", validation loss {l:.4}"));
+            println!(
+                "{}: {} steps, train loss {:.4}{val}{acc}, {:.0} samples/s, {:.1} s",
+                s.name, s.steps, s.final_train_loss, s.samples_per_sec, s.wall_seconds
+            );
+            println!("run: {}", run_dir.display());
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("{}: error: {e}", file.display());
+            Err(Exit(1))
+        }
+    }
+}
