@@ -195,9 +195,12 @@ fn slice(v: &Values, per: usize, from: usize, to: usize) -> Values {
 fn correct(logits: &Tensor, labels: &[i32]) -> (usize, usize) {
     let c = *logits.shape.last().unwrap_or(&1);
     let v = logits.f32();
+    let ignore = crate::cpu::kernels::rows::IGNORE;
+    let counted = labels.iter().filter(|&&l| l != ignore).count();
     let hits = labels
         .iter()
         .enumerate()
+        .filter(|&(_, &l)| l != ignore)
         .filter(|&(i, &l)| {
             let row = &v[i * c..(i + 1) * c];
             let best = row
@@ -211,7 +214,7 @@ fn correct(logits: &Tensor, labels: &[i32]) -> (usize, usize) {
             best as i32 == l
         })
         .count();
-    (hits, labels.len())
+    (hits, counted)
 }
 
 struct Validator<'a> {

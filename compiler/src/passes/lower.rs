@@ -1268,10 +1268,20 @@ impl Lowerer<'_> {
         }
         let x = sample_inputs[0];
         let per_sample = product(&self.ty(x).shape[1..]).map(|d| d.eval(&self.g.sym_value(1)));
-        if per_sample != Some(features) {
+        // A sequence task also feeds a causal model its tokens followed by the answer.
+        let prompted = matches!(e.data, Data::Sequence { .. }) && per_sample == Some(2 * features);
+        if per_sample != Some(features) && !prompted {
+            let also = if matches!(e.data, Data::Sequence { .. }) {
+                format!(
+                    " (or {} for a causal model reading tokens then answer)",
+                    2 * features
+                )
+            } else {
+                String::new()
+            };
             return Err(model_err(
                 format!(
-                    "{what} gives {features} values per sample, but the model's input is {}",
+                    "{what} gives {features} values per sample{also}, but the model's input is {}",
                     self.show(x)
                 ),
                 self.head(&dp),

@@ -106,7 +106,12 @@ fn fit_targets(labels: Labels, n: usize, io: &ModelIo, source: &str) -> Result<V
                 ),
             ));
         }
-        for (i, &l) in v.iter().enumerate() {
+        // -100 marks a position that does not count (PyTorch's `ignore_index`).
+        for (i, &l) in v
+            .iter()
+            .enumerate()
+            .filter(|(_, &l)| l != crate::cpu::kernels::rows::IGNORE)
+        {
             let sample = i / want.max(1);
             match io.classes {
                 Some(classes) if l < 0 || l as usize >= classes => {

@@ -126,30 +126,44 @@ pub(crate) fn sequence(
             ),
         ));
     }
-    let total = elements(&source, n, len)?;
+    // A model reading twice the length is a causal language model: it reads the tokens, then
+    // the answer, and predicts each answer token from everything before it. Positions with
+    // nothing to predict are labelled -100 (ignored by the loss).
+    let prompted = io.input.numel() == 2 * len;
+    let width = if prompted { 2 * len } else { len };
+    let total = elements(&source, n, width)?;
     let mut x = Vec::with_capacity(total);
     let mut y = Vec::with_capacity(total);
+    let ignore = crate::cpu::kernels::rows::IGNORE;
     for i in 0..n {
         let s = stream(seed, Purpose::Synthetic, i as u64);
         let tokens: Vec<i32> = (0..len as u64)
             .map(|t| below(s, t, v as u64) as i32)
             .collect();
-        x.extend_from_slice(&tokens);
-        match task {
-            SeqTask::Copy => y.extend_from_slice(&tokens),
-            SeqTask::Reverse => y.extend(tokens.iter().rev()),
+        let answer: Vec<i32> = match task {
+            SeqTask::Copy => tokens.clone(),
+            SeqTask::Reverse => tokens.iter().rev().copied().collect(),
             SeqTask::Sort => {
-                let mut t = tokens;
+                let mut t = tokens.clone();
                 t.sort_unstable();
-                y.extend_from_slice(&t);
+                t
             }
+        };
+        x.extend_from_slice(&tokens);
+        if prompted {
+            x.extend_from_slice(&answer);
+            y.extend(std::iter::repeat_n(ignore, len - 1));
+            y.extend_from_slice(&answer);
+            y.push(ignore);
+        } else {
+            y.extend_from_slice(&answer);
         }
     }
     Ok(Raw {
         source,
         n,
         inputs: Values::I32(x),
-        input_shape: vec![len],
+        input_shape: vec![width],
         labels: Labels::Classes(y),
     })
 }

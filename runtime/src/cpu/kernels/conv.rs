@@ -485,7 +485,7 @@ pub fn pool2d(
     check_f32(OP, "the output", out)?;
     let want = [x.shape[0], x.shape[1], ho, wo];
     check_shape(OP, "the output", out, &want)?;
-    let area = (kernel * kernel) as f32;
+    let area = kernel as f32 * kernel as f32;
     per_plane(x.f32(), h * w, out.f32_mut(), ho * wo, |plane, y| {
         for oh in 0..ho {
             for ow in 0..wo {
@@ -530,7 +530,7 @@ pub fn pool2d_grad(
         &[x.shape[0], x.shape[1], ho, wo],
     )?;
     check_shape(OP, "the input gradient", out, &x.shape)?;
-    let area = (kernel * kernel) as f32;
+    let area = kernel as f32 * kernel as f32;
     let (xv, dyv) = (x.f32(), dy.f32());
     let (ip, op) = (h * w, ho * wo);
     if planes == 0 || ip == 0 {

@@ -315,7 +315,10 @@ fn logits_labels<'a>(
         ));
     }
     let c = logits.shape[r - 1];
-    if let Some(p) = ls.iter().position(|&l| l < 0 || l as usize >= c) {
+    if let Some(p) = ls
+        .iter()
+        .position(|&l| l != IGNORE && (l < 0 || l as usize >= c))
+    {
         return Err(bad(
             op,
             format!("label {} at position {p} is outside [0, {c})", ls[p]),
@@ -324,8 +327,17 @@ fn logits_labels<'a>(
     Ok((xs, ls, c))
 }
 
-/// Mean over every position of `-log softmax(logits)[label]`, with label smoothing as
-/// PyTorch's `cross_entropy(label_smoothing=s)`. `labels` are i32; out of range is an error.
+/// The label of a position that does not count (PyTorch's default `ignore_index`).
+pub const IGNORE: i32 = -100;
+
+/// Positions whose label counts.
+fn counted(ls: &[i32]) -> usize {
+    ls.iter().filter(|&&l| l != IGNORE).count()
+}
+
+/// Mean over every counted position of `-log softmax(logits)[label]`, with label smoothing as
+/// PyTorch's `cross_entropy(label_smoothing=s)`. `labels` are i32; a label of -100 is ignored
+/// (0 when every label is), any other out of range is an error.
 pub fn cross_entropy(
     logits: &Tensor,
     labels: &Tensor,
@@ -342,6 +354,9 @@ pub fn cross_entropy(
     }
     let s = smoothing as f64;
     let losses = map_range(ls.len(), xs.len(), |p| {
+        if ls[p] == IGNORE {
+            return 0.0;
+        }
         let xr = &xs[p * c..][..c];
         let (m, sum) = max_sum_exp(xr);
         let lse = m as f64 + sum.ln();
@@ -353,7 +368,7 @@ pub fn cross_entropy(
         }
     });
     let total: f64 = losses.iter().sum();
-    f32s_mut(OP, out)?[0] = (total / ls.len() as f64) as f32;
+    f32s_mut(OP, out)?[0] = (total / counted(ls).max(1) as f64) as f32;
     Ok(())
 }
 
@@ -383,11 +398,15 @@ pub fn cross_entropy_grad(
             ),
         ));
     }
-    let g = d[0] as f64 / ls.len() as f64;
+    let g = d[0] as f64 / counted(ls).max(1) as f64;
     let s = smoothing as f64;
     let off = s / c as f64;
     let o = f32s_mut(OP, out)?;
     for_rows(o, c, xs.len(), |p, row| {
+        if ls[p] == IGNORE {
+            row.fill(0.0);
+            return;
+        }
         let xr = &xs[p * c..][..c];
         let (m, sum) = max_sum_exp(xr);
         let l = ls[p] as usize;
@@ -637,7 +656,7 @@ mod tests {
     fn labels_out_of_range_are_errors_naming_the_label() {
         let c = 5;
         let x = randn(8, &[3, c], 1.0);
-        for bad_label in [5, -1, 77] {
+        for bad_label in [5, -1, -99, 77] {
             let l = Tensor::from_i32(vec![3], vec![0, 4, bad_label]);
             let e = cross_entropy(&x, &l, 0.0, &mut zeros(&[])).unwrap_err();
             let KernelError::Bad { op, message } = e else {
