@@ -36,10 +36,13 @@ pub enum ExecError {
     Param { name: String, message: String },
 }
 
-/// Training runs every step and applies the updates; evaluation runs the forward steps.
+/// Training runs every step and applies the updates; `Gradients` runs the forward and
+/// backward steps as training does but changes nothing (gradient checks); evaluation runs the
+/// forward steps with dropout off.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
     Train,
+    Gradients,
     Eval,
 }
 
@@ -246,7 +249,7 @@ impl Executor {
         let ctx = Ctx {
             seed: self.seed,
             step,
-            training: mode == Mode::Train,
+            training: mode != Mode::Eval,
             first_sample,
         };
         for i in 0..self.plan.steps.len() {
@@ -254,7 +257,12 @@ impl Executor {
             if s.op.is_source() && !matches!(s.op, Op::Fill { .. }) {
                 continue;
             }
-            if mode == Mode::Eval && s.phase != Phase::Forward {
+            let wanted = match mode {
+                Mode::Train => true,
+                Mode::Gradients => s.phase != Phase::Update,
+                Mode::Eval => s.phase == Phase::Forward,
+            };
+            if !wanted {
                 continue;
             }
             let shape = resolve(&self.plan, &s.ty.shape, batch);
@@ -301,6 +309,24 @@ impl Executor {
     /// Any step's value after `run` (tests read gradients this way).
     pub fn value(&self, step: usize) -> &Tensor {
         &self.values[step]
+    }
+
+    /// Each parameter's name, value and gradient (after a `Train` or `Gradients` run).
+    pub fn gradients(&self) -> Vec<(&str, &Tensor, &Tensor)> {
+        self.plan
+            .grads
+            .iter()
+            .filter_map(|&(p, g)| {
+                let name = self.params.iter().find(|(_, id)| *id == p)?.0.as_str();
+                Some((name, &self.values[p], &self.values[g]))
+            })
+            .collect()
+    }
+
+    /// A parameter's values, to perturb (gradient checks).
+    pub fn param_mut(&mut self, name: &str) -> Option<&mut [f32]> {
+        let id = self.params.iter().find(|(n, _)| n == name)?.1;
+        Some(self.values[id].f32_mut())
     }
 }
 

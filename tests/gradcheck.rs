@@ -1,0 +1,299 @@
+//! Gradients from the op table's VJP rules against central finite differences: each op on
+//! its own in a hand-built graph, then whole models (`mlp`, `cnn`, `transformer`).
+//!
+//! The executor computes in f32, so each check compares the directional derivative `g . v`
+//! along a few random unit directions `v` with `(L(p + h v) - L(p - h v)) / 2h`, both summed
+//! in f64. Whole models use `h = 1e-3` (each element moves by about `1e-3 / sqrt(n)`, rarely
+//! across a ReLU's or a max pool's kink); single ops, with losses of a few units, `h = 1e-2`.
+//! Tolerance: 2% of the larger of the two, plus 3e-4 absolute (f32 rounding of the loss
+//! divided by `2h`).
+
+use parallax_compiler::ir::{DType, Dim, Graph, Init, NodeIndex, Op, TensorType};
+use parallax_compiler::passes::{autodiff, Ctx};
+use parallax_compiler::plan::Plan;
+use parallax_compiler::{compile, parse, parse_bytes, Options, Source};
+use parallax_runtime::cpu::{Executor, Mode};
+use parallax_runtime::data::{self, Loader, Values};
+use parallax_runtime::rng;
+use parallax_runtime::train::model_io;
+use std::sync::Arc;
+
+fn loss(e: &mut Executor, batch: usize) -> f64 {
+    e.run(batch, Mode::Gradients, 0, 0).unwrap();
+    e.output("loss").unwrap().f32()[0] as f64
+}
+
+/// Checks every parameter's gradient along `directions` random directions.
+fn check(e: &mut Executor, batch: usize, directions: u64, h: f32, what: &str) {
+    e.run(batch, Mode::Gradients, 0, 0).unwrap();
+    let grads: Vec<(String, Vec<f32>)> = e
+        .gradients()
+        .into_iter()
+        .map(|(n, _, g)| (n.to_string(), g.f32().to_vec()))
+        .collect();
+    assert!(!grads.is_empty(), "{what}: no gradients");
+    for (k, (name, g)) in grads.iter().enumerate() {
+        for d in 0..directions {
+            let key = rng::stream(7, rng::Purpose::Synthetic, (k as u64) << 8 | d);
+            let v: Vec<f32> = (0..g.len()).map(|i| rng::normal(key, i as u64)).collect();
+            let norm = v.iter().map(|&x| x as f64 * x as f64).sum::<f64>().sqrt() as f32;
+            let v: Vec<f32> = v.iter().map(|&x| x / norm).collect();
+            let analytic: f64 = g.iter().zip(&v).map(|(&g, &v)| g as f64 * v as f64).sum();
+            let original = e.param_mut(name).unwrap().to_vec();
+            let at = |sign: f32, e: &mut Executor| {
+                let p = e.param_mut(name).unwrap();
+                for i in 0..p.len() {
+                    p[i] = original[i] + sign * h * v[i];
+                }
+                loss(e, batch)
+            };
+            let numeric = (at(1.0, e) - at(-1.0, e)) / (2.0 * h as f64);
+            e.param_mut(name).unwrap().copy_from_slice(&original);
+            let tol = 0.02 * analytic.abs().max(numeric.abs()) + 3e-4;
+            assert!(
+                (analytic - numeric).abs() <= tol,
+                "{what}: gradient of `{name}` along direction {d}: analytic {analytic}, finite differences {numeric}"
+            );
+        }
+    }
+}
+
+// ---- whole models ----
+
+fn model(name: &str) {
+    let path = format!("{}/models/{name}.ron", env!("CARGO_MANIFEST_DIR"));
+    let source = parse_bytes(&std::fs::read(path).unwrap()).unwrap();
+    let options = Options::default();
+    let plan = compile(&source, &options, &mut |_, _| {})
+        .unwrap()
+        .plan(&source, &options);
+    let e = &source.experiment;
+    let (io, input, target) = model_io(&plan, &e.loss).unwrap();
+    let splits = data::load(&e.data, &io, 1, std::path::Path::new(".")).unwrap();
+    let batch = 8;
+    let mut b = Loader::new(Arc::new(splits.train), batch, 1, false, 0).unwrap();
+    let b = b.next().unwrap();
+    let mut exec = Executor::new(plan, batch, 3);
+    match &b.inputs {
+        Values::F32(v) => exec.set_f32(&input, batch, v).unwrap(),
+        Values::I32(v) => exec.set_i32(&input, batch, v).unwrap(),
+    }
+    match &b.targets {
+        Values::F32(v) => exec.set_f32(&target, batch, v).unwrap(),
+        Values::I32(v) => exec.set_i32(&target, batch, v).unwrap(),
+    }
+    check(&mut exec, batch, 2, 1e-3, name);
+}
+
+#[test]
+fn mlp_gradients() {
+    model("mlp");
+}
+
+#[test]
+fn cnn_gradients() {
+    model("cnn");
+}
+
+#[test]
+fn transformer_gradients() {
+    model("transformer");
+}
+
+// ---- one op at a time ----
+
+const ANY: &str = r#"Experiment(name: "op", model: Sequential(input: (shape: [1]), layers: [Relu]),
+    loss: Mse, data: Synthetic(samples: 1), optimizer: Sgd(lr: 0.1), train: (batch_size: 1, steps: 1))"#;
+
+fn ty(shape: &[u64]) -> TensorType {
+    TensorType::f32(shape.iter().map(|&d| Dim::known(d)).collect())
+}
+
+struct OpGraph {
+    g: Graph,
+    params: usize,
+}
+
+impl OpGraph {
+    fn new() -> Self {
+        OpGraph {
+            g: Graph::new(),
+            params: 0,
+        }
+    }
+    fn param(&mut self, shape: &[u64]) -> NodeIndex {
+        self.params += 1;
+        let op = Op::Param {
+            name: format!("p{}", self.params),
+            ty: ty(shape),
+            init: Init::Normal { std: 1.0 },
+        };
+        self.g.add(op, &[], "p", None).unwrap()
+    }
+    fn op(&mut self, op: Op, ins: &[NodeIndex]) -> NodeIndex {
+        self.g.add(op, ins, "op", None).unwrap()
+    }
+    /// `loss = sum(y * r)` for a random parameter `r`, differentiated, planned and checked.
+    fn check_through(mut self, y: NodeIndex, what: &str, feed: &dyn Fn(&mut Executor)) {
+        let shape: Vec<u64> = self.g.g[y].ty.shape.iter().map(|d| d.factor).collect();
+        let r = self.param(&shape);
+        let yr = self.op(Op::Mul, &[y, r]);
+        let axes = (0..shape.len()).collect();
+        let l = self.op(Op::ReduceSum { axes }, &[yr]);
+        self.g.outputs.push(("loss".into(), l));
+        let source: Source = parse(ANY).unwrap();
+        let options = Options::default();
+        let ctx = Ctx {
+            source: &source,
+            options: &options,
+        };
+        autodiff::run(&mut self.g, &ctx).unwrap();
+        parallax_compiler::ir::verify::verify(&self.g).unwrap();
+        let plan = Plan::single_device(&self.g, &source, &options);
+        let mut e = Executor::new(plan, 1, 11);
+        feed(&mut e);
+        check(&mut e, 1, 3, 1e-2, what);
+    }
+}
+
+fn unary(op: Op, shape: &[u64]) {
+    let mut g = OpGraph::new();
+    let x = g.param(shape);
+    let y = g.op(op.clone(), &[x]);
+    g.check_through(y, op.name(), &|_| {});
+}
+
+fn binary(op: Op, a: &[u64], b: &[u64]) {
+    let mut g = OpGraph::new();
+    let (x, z) = (g.param(a), g.param(b));
+    let y = g.op(op.clone(), &[x, z]);
+    g.check_through(y, &format!("{} {a:?} {b:?}", op.name()), &|_| {});
+}
+
+#[test]
+fn elementwise_ops() {
+    for op in [
+        Op::Tanh,
+        Op::Sigmoid,
+        Op::Gelu,
+        Op::Relu,
+        Op::Scale { by: -1.5 },
+        Op::AddScalar { value: 2.0 },
+    ] {
+        unary(op, &[3, 5]);
+    }
+    unary(Op::Dropout { p: 0.3, stream: 2 }, &[4, 6]);
+    for op in [Op::Add, Op::Sub, Op::Mul] {
+        binary(op.clone(), &[3, 4], &[3, 4]);
+        binary(op.clone(), &[2, 3, 4], &[4]);
+        binary(op.clone(), &[2, 1, 4], &[3, 1]);
+    }
+}
+
+#[test]
+fn matmuls() {
+    let mm = |ta, tb| Op::MatMul {
+        trans_a: ta,
+        trans_b: tb,
+    };
+    binary(mm(false, false), &[3, 4], &[4, 5]);
+    binary(mm(false, true), &[3, 4], &[5, 4]);
+    binary(mm(false, true), &[2, 3, 4], &[5, 4]);
+    binary(mm(false, false), &[2, 3, 3, 4], &[2, 3, 4, 2]);
+    binary(mm(false, true), &[2, 3, 3, 4], &[2, 3, 5, 4]);
+}
+
+#[test]
+fn rows_and_reductions() {
+    unary(Op::Softmax { causal: false }, &[2, 3, 5]);
+    unary(Op::Softmax { causal: true }, &[2, 4, 4]);
+    unary(Op::LayerNorm { eps: 1e-5 }, &[3, 6]);
+    unary(Op::RmsNorm { eps: 1e-6 }, &[3, 6]);
+    unary(Op::BatchNorm { eps: 1e-5 }, &[4, 3, 2, 2]);
+    unary(Op::ReduceSum { axes: vec![0, 2] }, &[2, 3, 4]);
+    unary(Op::ReduceMean { axes: vec![1] }, &[2, 3, 4]);
+}
+
+#[test]
+fn layout_ops() {
+    unary(
+        Op::Reshape {
+            shape: vec![Dim::known(6), Dim::known(2)],
+        },
+        &[3, 4],
+    );
+    unary(
+        Op::Permute {
+            perm: vec![2, 0, 1],
+        },
+        &[2, 3, 4],
+    );
+    unary(
+        Op::Slice {
+            axis: 1,
+            start: 1,
+            len: Dim::known(2),
+        },
+        &[2, 4, 3],
+    );
+    binary(Op::Concat { axis: 1 }, &[2, 3], &[2, 2]);
+}
+
+#[test]
+fn convolution_and_pooling() {
+    let conv = |stride, padding, groups| Op::Conv2d {
+        stride,
+        padding,
+        groups,
+    };
+    binary(conv(1, 0, 1), &[2, 3, 5, 5], &[4, 3, 3, 3]);
+    binary(conv(2, 1, 1), &[2, 2, 6, 6], &[3, 2, 3, 3]);
+    binary(conv(1, 1, 2), &[1, 4, 4, 4], &[2, 2, 3, 3]);
+    for max in [true, false] {
+        unary(
+            Op::Pool2d {
+                max,
+                kernel: 2,
+                stride: 2,
+                padding: 0,
+            },
+            &[2, 3, 4, 4],
+        );
+    }
+}
+
+#[test]
+fn embedding_and_cross_entropy() {
+    // Gather rows of a table at integer indices.
+    let mut g = OpGraph::new();
+    let table = g.param(&[5, 3]);
+    let idx_ty = TensorType::new(DType::I32, vec![Dim::known(4)]);
+    let idx = g.op(
+        Op::Input {
+            name: "idx".into(),
+            ty: idx_ty,
+        },
+        &[],
+    );
+    let y = g.op(Op::Gather, &[table, idx]);
+    g.check_through(y, "gather", &|e| {
+        e.set_i32("idx", 1, &[1, 4, 1, 0]).unwrap()
+    });
+    // Cross-entropy with and without label smoothing, one label ignored.
+    for smoothing in [0.0, 0.1] {
+        let mut g = OpGraph::new();
+        let logits = g.param(&[4, 6]);
+        let labels_ty = TensorType::new(DType::I32, vec![Dim::known(4)]);
+        let labels = g.op(
+            Op::Input {
+                name: "labels".into(),
+                ty: labels_ty,
+            },
+            &[],
+        );
+        let l = g.op(Op::CrossEntropy { smoothing }, &[logits, labels]);
+        g.check_through(l, "cross_entropy", &|e| {
+            e.set_i32("labels", 1, &[2, 5, -100, 0]).unwrap()
+        });
+    }
+}
