@@ -2,7 +2,7 @@
 //! each model in `benches/models/` on one fixed synthetic batch. `cargo bench --bench
 //! train_step`; `benches/compare.sh` sets the same models against PyTorch.
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{criterion_group, criterion_main, Criterion, SamplingMode};
 use parallax_compiler::{compile, parse_bytes, Options};
 use parallax_runtime::cpu::{Executor, Mode};
 use parallax_runtime::data::{self, loader, Values};
@@ -49,6 +49,7 @@ fn train_step(c: &mut Criterion) {
     let mut group = c.benchmark_group("train_step");
     group
         .sample_size(20)
+        .sampling_mode(SamplingMode::Flat)
         .warm_up_time(Duration::from_secs(2))
         .measurement_time(Duration::from_secs(5));
     for name in MODELS {

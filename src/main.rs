@@ -228,7 +228,12 @@ pub(crate) fn run_pipeline(
 
 fn check(file: &Path, format: Format) -> Result<(), Exit> {
     let (source, _) = load(file, format)?;
-    let compiled = run_pipeline(file, &source, &Options::default(), format, &mut |_, _| {})?;
+    // Checking needs the forward graph and its shapes; training passes are `compile`'s.
+    let options = Options {
+        stop_after: Some("shapes"),
+        ..Options::default()
+    };
+    let compiled = run_pipeline(file, &source, &options, format, &mut |_, _| {})?;
     let summary = compiled.summary(&source);
     match format {
         Format::Text => println!("{}", summary.line()),
@@ -332,6 +337,8 @@ fn print_plan(p: &parallax_compiler::Plan, timings: &[(&str, Duration)], format:
                 "layers": p.layers,
                 "flops_per_sample": p.flops_per_sample,
                 "ops": p.steps.len(),
+                "kernels_before_fusion": p.ops,
+                "kernels": p.kernels.len(),
                 "batch_size": p.batch_size,
                 "memory": p.memory,
                 "timings_ms": timings.iter().map(|(n, d)| (n.to_string(), ms(*d))).collect::<std::collections::BTreeMap<_, _>>(),
@@ -357,17 +364,27 @@ fn print_plan(p: &parallax_compiler::Plan, timings: &[(&str, Duration)], format:
                 thousands(p.parameters),
                 bytes(p.memory.parameter_bytes)
             );
-            println!("  layers:     {}   ops: {}", p.layers, p.steps.len());
+            println!(
+                "  layers:     {}   ops: {}   kernels: {} before fusion, {} after",
+                p.layers,
+                p.steps.len(),
+                p.ops,
+                p.kernels.len()
+            );
             println!(
                 "  forward:    {} per sample",
                 si(p.flops_per_sample, "FLOP")
             );
+            let m = &p.memory;
             println!(
-                "  memory:     at batch {}: parameters {}, activations at most {}, total at most {}",
+                "  memory:     at batch {}: peak {} = parameters {} + optimizer state {} + inputs {} + activations {} ({} without buffer reuse)",
                 p.batch_size,
-                bytes(p.memory.parameter_bytes),
-                bytes(p.memory.activation_bytes_upper_bound),
-                bytes(p.memory.total_bytes_upper_bound)
+                bytes(m.peak_bytes),
+                bytes(m.parameter_bytes),
+                bytes(m.optimizer_state_bytes),
+                bytes(m.input_bytes),
+                bytes(m.peak_bytes.saturating_sub(m.parameter_bytes).saturating_sub(m.optimizer_state_bytes).saturating_sub(m.input_bytes)),
+                bytes(m.activation_bytes_without_reuse)
             );
         }
     }

@@ -3,7 +3,9 @@
 
 use crate::dsl::ast::Train;
 use crate::dsl::Source;
-use crate::ir::{Graph, Op, OpKind, Phase, TensorType};
+use crate::ir::{Graph, Op, Phase, TensorType};
+use crate::passes::fuse::KernelKind;
+use crate::passes::schedule::{Buffer, Memory};
 use crate::passes::Options;
 use serde::Serialize;
 use std::collections::HashMap;
@@ -41,6 +43,8 @@ pub struct Step {
     pub ty: TensorType,
     pub layer: String,
     pub phase: Phase,
+    /// Where its value lives (none for values that stay inside their kernel).
+    pub buffer: Option<usize>,
 }
 
 /// A named step: an output of the model, or the loss.
@@ -50,13 +54,12 @@ pub struct Named {
     pub step: usize,
 }
 
-/// Memory per device, in bytes, at the training batch size.
+/// A kernel of the plan: its steps in order, and those whose values are stored.
 #[derive(Debug, Clone, Serialize)]
-pub struct Memory {
-    pub parameter_bytes: u64,
-    /// Every forward value held at once (no buffer reuse yet: an upper bound).
-    pub activation_bytes_upper_bound: u64,
-    pub total_bytes_upper_bound: u64,
+pub struct PlanKernel {
+    pub kind: KernelKind,
+    pub steps: Vec<usize>,
+    pub stored: Vec<usize>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -71,7 +74,12 @@ pub struct Plan {
     pub parameters: u64,
     pub layers: usize,
     pub flops_per_sample: u64,
+    /// Per device, in bytes, at `batch_size`, from the schedule pass.
     pub memory: Memory,
+    /// Ops that compute something (sources excluded): the kernel count before fusion.
+    pub ops: usize,
+    pub kernels: Vec<PlanKernel>,
+    pub buffers: Vec<Buffer>,
     pub inputs: Vec<TensorInfo>,
     pub outputs: Vec<TensorInfo>,
     pub params: Vec<ParamInfo>,
@@ -101,6 +109,26 @@ fn info(g: &Graph, name: &str, n: petgraph::stable_graph::NodeIndex) -> TensorIn
 
 impl Plan {
     pub fn single_device(g: &Graph, source: &Source, options: &Options) -> Plan {
+        // A graph that skipped the fuse and schedule passes runs one op per kernel.
+        let unfused;
+        let g = if g.kernels.is_empty() {
+            let mut c = g.clone();
+            c.kernels = c
+                .topo_order()
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|&n| !c.g[n].op.is_source())
+                .map(|n| crate::passes::fuse::Kernel {
+                    kind: KernelKind::Single,
+                    nodes: vec![n],
+                })
+                .collect();
+            c.schedule = None;
+            unfused = c;
+            &unfused
+        } else {
+            g
+        };
         let e = &source.experiment;
         let Train { batch_size, .. } = e.train;
         let order = g.topo_order().unwrap_or_default();
@@ -108,26 +136,22 @@ impl Plan {
         let mut params = Vec::new();
         let mut inputs = Vec::new();
         let mut steps = Vec::new();
-        let (mut param_bytes, mut act_bytes) = (0u128, 0u128);
+        let schedule = g
+            .schedule
+            .clone()
+            .unwrap_or_else(|| crate::passes::schedule::plan_buffers(g, batch_size));
         for &n in &order {
             let node = &g.g[n];
             match &node.op {
                 Op::Param { name, init, ty } => {
-                    param_bytes = param_bytes.saturating_add(g.bytes(n, batch_size));
                     params.push(ParamInfo {
                         name: name.clone(),
                         shape: ty.shape.iter().map(|d| d.factor).collect(),
                         init: init.show(),
                     });
                 }
-                Op::Input { name, .. } => {
-                    act_bytes = act_bytes.saturating_add(g.bytes(n, batch_size));
-                    inputs.push(info(g, name, n));
-                }
-                op => {
-                    debug_assert!(op.kind() != OpKind::Param);
-                    act_bytes = act_bytes.saturating_add(g.bytes(n, batch_size));
-                }
+                Op::Input { name, .. } => inputs.push(info(g, name, n)),
+                _ => {}
             }
             steps.push(Step {
                 id: ids[&n],
@@ -136,6 +160,7 @@ impl Plan {
                 ty: node.ty.clone(),
                 layer: node.layer.clone(),
                 phase: node.phase,
+                buffer: schedule.buffer_of.get(&n).copied(),
             });
         }
         let outputs = g.outputs.iter().map(|(k, n)| info(g, k, *n)).collect();
@@ -153,11 +178,19 @@ impl Plan {
             parameters: sat(g.parameter_count()),
             layers: g.layers,
             flops_per_sample: sat(g.flops(1, crate::ir::Phase::Forward)),
-            memory: Memory {
-                parameter_bytes: sat(param_bytes),
-                activation_bytes_upper_bound: sat(act_bytes),
-                total_bytes_upper_bound: sat(param_bytes.saturating_add(act_bytes)),
-            },
+            memory: schedule.memory.clone(),
+            ops: order.iter().filter(|&&n| !g.g[n].op.is_source()).count(),
+            kernels: g
+                .kernels
+                .iter()
+                .zip(crate::passes::fuse::stored(g))
+                .map(|(k, stored)| PlanKernel {
+                    kind: k.kind,
+                    steps: k.nodes.iter().map(|n| ids[n]).collect(),
+                    stored: stored.iter().map(|n| ids[n]).collect(),
+                })
+                .collect(),
+            buffers: schedule.buffers.clone(),
             inputs,
             outputs,
             params,

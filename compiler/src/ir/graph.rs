@@ -54,6 +54,10 @@ pub struct Graph {
     pub updates: Vec<(NodeIndex, NodeIndex)>,
     /// The phase new nodes are added in.
     pub phase: Phase,
+    /// Kernels in execution order (after the fuse pass).
+    pub kernels: Vec<crate::passes::fuse::Kernel>,
+    /// Buffers and memory (after the schedule pass).
+    pub schedule: Option<crate::passes::schedule::Schedule>,
 }
 
 impl Default for Graph {
@@ -77,6 +81,8 @@ impl Graph {
             grads: Vec::new(),
             updates: Vec::new(),
             phase: Phase::Forward,
+            kernels: Vec::new(),
+            schedule: None,
         }
     }
 

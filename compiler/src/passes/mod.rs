@@ -3,8 +3,10 @@
 //! the verifier after each in tests and debug builds.
 
 pub mod autodiff;
+pub mod fuse;
 pub mod lower;
 pub mod optimizer;
+pub mod schedule;
 pub mod shapes;
 pub mod simplify;
 
@@ -55,6 +57,16 @@ pub static PIPELINE: &[Pass] = &[
         about: "dead code and common subexpressions",
         run: simplify::run,
     },
+    Pass {
+        name: "fuse",
+        about: "group elementwise chains, reductions and GEMM epilogues into kernels",
+        run: fuse::run,
+    },
+    Pass {
+        name: "schedule",
+        about: "order kernels, assign buffers with reuse, state the peak memory",
+        run: schedule::run,
+    },
 ];
 
 pub fn pass_names() -> Vec<&'static str> {
@@ -67,6 +79,8 @@ pub struct Options {
     pub gpus: Option<u32>,
     /// Run the IR verifier after every pass.
     pub verify: bool,
+    /// Stop after this pass (`check` needs only the forward graph's shapes).
+    pub stop_after: Option<&'static str>,
 }
 
 impl Default for Options {
@@ -74,6 +88,7 @@ impl Default for Options {
         Options {
             gpus: None,
             verify: cfg!(debug_assertions),
+            stop_after: None,
         }
     }
 }
@@ -117,6 +132,9 @@ pub fn compile(
             })?;
         }
         after_pass(pass.name, &graph);
+        if options.stop_after == Some(pass.name) {
+            break;
+        }
     }
     Ok(Compiled { graph, timings })
 }

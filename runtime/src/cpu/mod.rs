@@ -2,12 +2,14 @@
 //! the oracle every other plan is checked against. Every buffer is allocated once, sized for
 //! the largest batch; a smaller batch reshapes within that room.
 
+pub mod fused;
 pub mod kernels;
 pub mod tensor;
 
 use crate::rng;
 use kernels::{execute, Ctx, KernelError};
 use parallax_compiler::ir::{Init, Op, Phase};
+use parallax_compiler::passes::fuse::KernelKind;
 use parallax_compiler::Plan;
 use std::collections::HashMap;
 use tensor::{Data, Tensor};
@@ -46,37 +48,70 @@ pub enum Mode {
     Eval,
 }
 
-pub struct Executor {
-    plan: Plan,
-    values: Vec<Tensor>,
-    max_batch: usize,
-    seed: u64,
-    inputs: HashMap<String, usize>,
-    outputs: HashMap<String, usize>,
-    params: Vec<(String, usize)>,
-    /// Seconds and calls per op name, when profiling.
-    profile: Option<HashMap<&'static str, (f64, u64)>>,
-}
-
 static EMPTY: Tensor = Tensor {
     data: Data::F32(Vec::new()),
     shape: Vec::new(),
 };
 
+pub struct Executor {
+    plan: Plan,
+    /// The plan's buffers: dedicated ones (parameters, state, inputs) and reused ones.
+    buffers: Vec<Tensor>,
+    /// Each step's buffer; `None` for values that stay inside their kernel.
+    slot: Vec<Option<usize>>,
+    /// Stages a fused reduction's input, or a matmul result its epilogue reads in place.
+    scratch: Tensor,
+    max_batch: usize,
+    seed: u64,
+    inputs: HashMap<String, usize>,
+    outputs: HashMap<String, usize>,
+    params: Vec<(String, usize)>,
+    /// Seconds and calls per kernel, when profiling.
+    profile: Option<HashMap<&'static str, (f64, u64)>>,
+}
+
 impl Executor {
-    /// Allocates every buffer for batches up to `max_batch` and initialises the parameters
-    /// from `seed` (keyed by parameter index, so the same on any machine).
+    /// Allocates every buffer of the plan for batches up to `max_batch` and initialises the
+    /// parameters from `seed` (keyed by parameter index, so the same on any machine).
     pub fn new(plan: Plan, max_batch: usize, seed: u64) -> Executor {
         let max_batch = max_batch.max(1);
-        let values = plan
-            .steps
+        let numel = |id: usize| tensor::numel(&resolve(&plan, &plan.steps[id].ty.shape, max_batch));
+        let mut capacity = vec![0usize; plan.buffers.len()];
+        let slot: Vec<Option<usize>> = plan.steps.iter().map(|s| s.buffer).collect();
+        for (id, b) in slot.iter().enumerate() {
+            if let Some(b) = *b {
+                capacity[b] = capacity[b].max(numel(id));
+            }
+        }
+        let mut buffers: Vec<Tensor> = plan
+            .buffers
             .iter()
-            .map(|s| {
-                let shape = resolve(&plan, &s.ty.shape, max_batch);
-                let n = tensor::numel(&shape);
-                Tensor::with_capacity(s.ty.dtype, shape, n)
-            })
+            .zip(&capacity)
+            .map(|(b, &c)| Tensor::with_capacity(b.dtype, vec![c], c))
             .collect();
+        // Sources keep their shapes: parameters and state for good, inputs until set.
+        for s in &plan.steps {
+            if let (true, Some(b)) = (s.op.is_source(), s.buffer) {
+                buffers[b].reshape_in_place(&resolve(&plan, &s.ty.shape, max_batch));
+            }
+        }
+        let scratch_len = plan
+            .kernels
+            .iter()
+            .filter_map(|k| match k.kind {
+                KernelKind::ElementwiseReduce => k.steps.iter().rev().nth(1).map(|&s| numel(s)),
+                KernelKind::Gemm { .. } if plan.steps[k.steps[0]].buffer.is_none() => {
+                    Some(numel(k.steps[0]))
+                }
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0);
+        let scratch = Tensor::with_capacity(
+            parallax_compiler::ir::DType::F32,
+            vec![scratch_len],
+            scratch_len,
+        );
         let mut inputs = HashMap::new();
         let mut params = Vec::new();
         for s in &plan.steps {
@@ -95,7 +130,9 @@ impl Executor {
             .collect();
         let mut e = Executor {
             plan,
-            values,
+            buffers,
+            slot,
+            scratch,
             max_batch,
             seed,
             inputs,
@@ -107,14 +144,23 @@ impl Executor {
         e
     }
 
+    fn buf(&self, step: usize) -> &Tensor {
+        &self.buffers[self.slot[step].expect("a stored value")]
+    }
+
+    fn buf_mut(&mut self, step: usize) -> &mut Tensor {
+        &mut self.buffers[self.slot[step].expect("a stored value")]
+    }
+
     fn init_params(&mut self) {
-        for (index, (_, id)) in self.params.iter().enumerate() {
-            let Op::Param { init, .. } = &self.plan.steps[*id].op else {
+        for index in 0..self.params.len() {
+            let id = self.params[index].1;
+            let Op::Param { init, .. } = self.plan.steps[id].op.clone() else {
                 continue;
             };
             let key = rng::stream(self.seed, rng::Purpose::Init, index as u64);
-            let v = self.values[*id].f32_mut();
-            match *init {
+            let v = self.buf_mut(id).f32_mut();
+            match init {
                 Init::Uniform { bound } => {
                     let b = bound as f32;
                     for (i, x) in v.iter_mut().enumerate() {
@@ -138,7 +184,7 @@ impl Executor {
         self.profile = Some(HashMap::new());
     }
 
-    /// Seconds and calls per op, slowest first.
+    /// Seconds and calls per kernel, slowest first.
     pub fn profile(&self) -> Vec<(&'static str, f64, u64)> {
         let mut v: Vec<_> = self
             .profile
@@ -158,7 +204,7 @@ impl Executor {
     pub fn params(&self) -> impl Iterator<Item = (&str, &Tensor)> {
         self.params
             .iter()
-            .map(|(n, id)| (n.as_str(), &self.values[*id]))
+            .map(|(n, id)| (n.as_str(), self.buf(*id)))
     }
 
     /// Replaces a parameter's values (for `--init`); the shape must match.
@@ -174,7 +220,7 @@ impl Executor {
                 message: "the model has no such parameter".into(),
             });
         };
-        let t = &mut self.values[id];
+        let t = self.buf_mut(id);
         if t.shape != shape {
             return Err(ExecError::Param {
                 name: name.into(),
@@ -190,8 +236,14 @@ impl Executor {
             .inputs
             .get(name)
             .ok_or_else(|| ExecError::UnknownInput(name.into()))?;
+        if batch > self.max_batch {
+            return Err(ExecError::BatchTooLarge {
+                batch,
+                max: self.max_batch,
+            });
+        }
         let shape = resolve(&self.plan, &self.plan.steps[id].ty.shape, batch);
-        let t = &mut self.values[id];
+        let t = self.buf_mut(id);
         t.reshape_in_place(&shape);
         Ok(t)
     }
@@ -252,63 +304,217 @@ impl Executor {
             training: mode != Mode::Eval,
             first_sample,
         };
+        // Constants are sources too: fill them for this batch.
         for i in 0..self.plan.steps.len() {
-            let s = &self.plan.steps[i];
-            if s.op.is_source() && !matches!(s.op, Op::Fill { .. }) {
-                continue;
+            if let Op::Fill { value, .. } = self.plan.steps[i].op {
+                let shape = resolve(&self.plan, &self.plan.steps[i].ty.shape, batch);
+                let t = self.buf_mut(i);
+                t.reshape_in_place(&shape);
+                t.f32_mut().fill(value as f32);
             }
+        }
+        for k in 0..self.plan.kernels.len() {
+            let phase = self.plan.steps[*self.plan.kernels[k]
+                .steps
+                .last()
+                .expect("a kernel has steps")]
+            .phase;
             let wanted = match mode {
                 Mode::Train => true,
-                Mode::Gradients => s.phase != Phase::Update,
-                Mode::Eval => s.phase == Phase::Forward,
+                Mode::Gradients => phase != Phase::Update,
+                Mode::Eval => phase == Phase::Forward,
             };
             if !wanted {
                 continue;
             }
-            let shape = resolve(&self.plan, &s.ty.shape, batch);
-            let (before, after) = self.values.split_at_mut(i);
-            let out = &mut after[0];
-            out.reshape_in_place(&shape);
-            let get = |k: usize| s.operands.get(k).map_or(&EMPTY, |&o| &before[o]);
-            let ins = [get(0), get(1), get(2)];
             let t = self.profile.is_some().then(std::time::Instant::now);
-            execute(&s.op, &ins[..s.operands.len()], out, &ctx).map_err(|source| {
-                ExecError::Kernel {
-                    step: i,
-                    op: s.op.name(),
-                    layer: s.layer.clone(),
-                    source,
-                }
-            })?;
+            self.run_kernel(k, batch, &ctx)?;
             if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
-                let e = p.entry(s.op.name()).or_insert((0.0, 0));
+                let kern = &self.plan.kernels[k];
+                let name = match kern.kind {
+                    KernelKind::Single => self.plan.steps[kern.steps[0]].op.name(),
+                    KernelKind::Elementwise => "fused elementwise",
+                    KernelKind::ElementwiseReduce => "fused elementwise+reduce",
+                    KernelKind::Gemm {
+                        bias: false,
+                        activation: None,
+                    } => "matmul",
+                    KernelKind::Gemm { .. } => "matmul+epilogue",
+                };
+                let e = p.entry(name).or_insert((0.0, 0));
                 e.0 += t.elapsed().as_secs_f64();
                 e.1 += 1;
             }
         }
         if mode == Mode::Train {
-            for &(p, u) in &self.plan.updates {
-                let (lo, hi) = if p < u {
-                    let (a, b) = self.values.split_at_mut(u);
-                    (&mut a[p], &b[0])
-                } else {
-                    let (a, b) = self.values.split_at_mut(p);
-                    (&mut b[0], &a[u])
-                };
-                lo.f32_mut().copy_from_slice(hi.f32());
+            for i in 0..self.plan.updates.len() {
+                let (p, u) = self.plan.updates[i];
+                let (bp, bu) = (self.slot[p].expect("stored"), self.slot[u].expect("stored"));
+                let src = std::mem::take(&mut self.buffers[bu]);
+                self.buffers[bp].f32_mut().copy_from_slice(src.f32());
+                self.buffers[bu] = src;
             }
+        }
+        Ok(())
+    }
+
+    fn kernel_err(&self, step: usize, source: KernelError) -> ExecError {
+        let s = &self.plan.steps[step];
+        ExecError::Kernel {
+            step,
+            op: s.op.name(),
+            layer: s.layer.clone(),
+            source,
+        }
+    }
+
+    /// Runs one op from its operands' buffers into `out` (its own buffer, or the scratch).
+    fn run_single(
+        &mut self,
+        step: usize,
+        batch: usize,
+        ctx: &Ctx,
+        into_scratch: bool,
+    ) -> Result<(), ExecError> {
+        let shape = resolve(&self.plan, &self.plan.steps[step].ty.shape, batch);
+        let mut out = if into_scratch {
+            std::mem::take(&mut self.scratch)
+        } else {
+            std::mem::take(self.buf_mut(step))
+        };
+        out.reshape_in_place(&shape);
+        let s = &self.plan.steps[step];
+        let get = |k: usize| s.operands.get(k).map_or(&EMPTY, |&o| self.buf(o));
+        let ins = [get(0), get(1), get(2)];
+        let r = execute(&s.op, &ins[..s.operands.len()], &mut out, ctx);
+        if into_scratch {
+            self.scratch = out;
+        } else {
+            *self.buf_mut(step) = out;
+        }
+        r.map_err(|e| self.kernel_err(step, e))
+    }
+
+    fn run_kernel(&mut self, k: usize, batch: usize, ctx: &Ctx) -> Result<(), ExecError> {
+        let kind = self.plan.kernels[k].kind;
+        let steps = self.plan.kernels[k].steps.clone();
+        match kind {
+            KernelKind::Single => self.run_single(steps[0], batch, ctx, false),
+            KernelKind::Elementwise => self.run_fused(&steps, &[], batch, ctx, None),
+            KernelKind::Gemm { .. } => {
+                let mm = steps[0];
+                let staged = self.slot[mm].is_none();
+                self.run_single(mm, batch, ctx, staged)?;
+                if steps.len() > 1 {
+                    let source = if staged {
+                        (self.scratch.f32().as_ptr(), self.scratch.numel())
+                    } else {
+                        let t = self.buf(mm);
+                        (t.f32().as_ptr(), t.numel())
+                    };
+                    self.run_fused(&steps[1..], &[(mm, source)], batch, ctx, None)?;
+                }
+                Ok(())
+            }
+            KernelKind::ElementwiseReduce => {
+                let (&red, chain) = steps.split_last().expect("a reduction and its chain");
+                let last = *chain.last().expect("a chain before the reduction");
+                let shape = resolve(&self.plan, &self.plan.steps[last].ty.shape, batch);
+                self.scratch.reshape_in_place(&shape);
+                let stage = self.scratch.f32_mut().as_mut_ptr();
+                self.run_fused(chain, &[], batch, ctx, Some((last, stage)))?;
+                let shape = resolve(&self.plan, &self.plan.steps[red].ty.shape, batch);
+                let mut out = std::mem::take(self.buf_mut(red));
+                out.reshape_in_place(&shape);
+                let r = execute(&self.plan.steps[red].op, &[&self.scratch], &mut out, ctx);
+                *self.buf_mut(red) = out;
+                r.map_err(|e| self.kernel_err(red, e))
+            }
+        }
+    }
+
+    /// Evaluates elementwise `steps` chunk by chunk. `given` are values already in memory
+    /// (a matmul's result); `stage` also writes one value to a scratch buffer.
+    fn run_fused(
+        &mut self,
+        steps: &[usize],
+        given: &[(usize, (*const f32, usize))],
+        batch: usize,
+        ctx: &Ctx,
+        stage: Option<(usize, *mut f32)>,
+    ) -> Result<(), ExecError> {
+        let last = *steps.last().expect("a kernel has steps");
+        let shape = resolve(&self.plan, &self.plan.steps[last].ty.shape, batch);
+        let n = tensor::numel(&shape);
+        let per_sample = if shape.is_empty() {
+            1
+        } else {
+            (n / shape[0].max(1)).max(1)
+        };
+        // Shape every stored output for this batch before taking pointers into it.
+        for &s in steps {
+            if self.slot[s].is_some() {
+                let sh = resolve(&self.plan, &self.plan.steps[s].ty.shape, batch);
+                self.buf_mut(s).reshape_in_place(&sh);
+            }
+        }
+        let mut ops = Vec::with_capacity(steps.len());
+        for &s in steps {
+            let st = &self.plan.steps[s];
+            let mut operands = [fused::Source::Register(0); 2];
+            for (j, &o) in st.operands.iter().enumerate().take(2) {
+                operands[j] = if let Some(r) = steps.iter().position(|&x| x == o) {
+                    fused::Source::Register(r)
+                } else if let Some((_, (p, len))) = given.iter().find(|(g, _)| *g == o) {
+                    fused::Source::Memory(*p, *len)
+                } else {
+                    let t = self.buf(o);
+                    if !t.is_f32() {
+                        return Err(self.kernel_err(
+                            s,
+                            KernelError::Bad {
+                                op: st.op.name(),
+                                message: "expects f32 operands".into(),
+                            },
+                        ));
+                    }
+                    fused::Source::Memory(t.f32().as_ptr(), t.numel().max(1))
+                };
+            }
+            let store = match (self.slot[s], stage) {
+                (Some(b), _) => Some(self.buffers[b].f32_mut().as_mut_ptr()),
+                (None, Some((x, p))) if x == s => Some(p),
+                _ => None,
+            };
+            ops.push(fused::FusedOp {
+                op: &st.op,
+                operands,
+                store,
+            });
+        }
+        // A staged value that is also stored is copied to the scratch after the pass.
+        let copy_stage = stage.filter(|(x, _)| self.slot[*x].is_some());
+        fused::run(&ops, n, per_sample, ctx).map_err(|e| self.kernel_err(last, e))?;
+        if let Some((x, p)) = copy_stage {
+            let src = self.buf(x).f32();
+            // SAFETY: the scratch was shaped to this value's size; it is not the source buffer.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) };
         }
         Ok(())
     }
 
     /// A named output (`loss`, the model's outputs) after `run`.
     pub fn output(&self, name: &str) -> Option<&Tensor> {
-        self.outputs.get(name).map(|&id| &self.values[id])
+        self.outputs.get(name).map(|&id| self.buf(id))
     }
 
-    /// Any step's value after `run` (tests read gradients this way).
-    pub fn value(&self, step: usize) -> &Tensor {
-        &self.values[step]
+    /// A step's stored value after `run` (`None` for values kept inside a fused kernel).
+    pub fn value(&self, step: usize) -> Option<&Tensor> {
+        self.slot
+            .get(step)
+            .copied()
+            .flatten()
+            .map(|b| &self.buffers[b])
     }
 
     /// Each parameter's name, value and gradient (after a `Train` or `Gradients` run).
@@ -318,7 +524,7 @@ impl Executor {
             .iter()
             .filter_map(|&(p, g)| {
                 let name = self.params.iter().find(|(_, id)| *id == p)?.0.as_str();
-                Some((name, &self.values[p], &self.values[g]))
+                Some((name, self.buf(p), self.buf(g)))
             })
             .collect()
     }
@@ -326,7 +532,7 @@ impl Executor {
     /// A parameter's values, to perturb (gradient checks).
     pub fn param_mut(&mut self, name: &str) -> Option<&mut [f32]> {
         let id = self.params.iter().find(|(n, _)| n == name)?.1;
-        Some(self.values[id].f32_mut())
+        Some(self.buf_mut(id).f32_mut())
     }
 }
 

@@ -8,10 +8,16 @@ pub enum Data {
     I32(Vec<i32>),
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Tensor {
     pub data: Data,
     pub shape: Vec<usize>,
+}
+
+impl Default for Data {
+    fn default() -> Self {
+        Data::F32(Vec::new())
+    }
 }
 
 pub fn numel(shape: &[usize]) -> usize {

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Parallax's CPU executor against PyTorch (eager, fp32, 2 threads) on the models of
+# benches/models/: the median milliseconds of one training step (forward, loss, backward, SGD
+# with momentum) after warm-up, and their ratio (Parallax / PyTorch; above 1 is slower).
+#
+#   benches/compare.sh [WARMUP] [STEPS]      (defaults 10 and 30)
+#
+# Without PyTorch it says so and prints Parallax's numbers alone.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+WARMUP=${1:-10}
+STEPS=${2:-30}
+THREADS=2
+MODELS=(mlp cnn transformer)
+export RAYON_NUM_THREADS=$THREADS
+
+echo "building runtime/examples/step_time.rs (release)..." >&2
+cargo build --release -q -p parallax-runtime --example step_time
+BIN=target/release/examples/step_time
+
+PYTHON=${PYTHON:-python3}
+have_torch=0
+if command -v "$PYTHON" >/dev/null && "$PYTHON" -c "import torch" >/dev/null 2>&1; then
+    have_torch=1
+else
+    echo "PyTorch is not installed for $PYTHON (pip install torch): Parallax's numbers alone." >&2
+fi
+
+# Model by model, Parallax then PyTorch, so that both see the machine in the same state.
+declare -A PX PT
+for m in "${MODELS[@]}"; do
+    line=$("$BIN" "benches/models/$m.ron" "$WARMUP" "$STEPS")
+    echo "parallax: $line" >&2
+    PX[$m]=$(awk '{ for (i = 1; i < NF; i++) if ($i == "median") print $(i + 1) }' <<<"$line")
+    if [ "$have_torch" = 1 ]; then
+        out=$("$PYTHON" benches/pytorch_compare.py --warmup "$WARMUP" --steps "$STEPS" \
+            --threads "$THREADS" "$m")
+        PT[$m]=${out#* }
+        echo "pytorch:  $m median ${PT[$m]} ms/step" >&2
+    fi
+done
+
+echo
+echo "training step, median of $STEPS after $WARMUP warm-up, $THREADS threads, fp32"
+if [ "$have_torch" = 1 ]; then
+    printf '%-12s %16s %15s %8s\n' model "Parallax ms/step" "PyTorch ms/step" ratio
+    for m in "${MODELS[@]}"; do
+        printf '%-12s %16.3f %15.3f %8s\n' "$m" "${PX[$m]}" "${PT[$m]}" \
+            "$(awk -v a="${PX[$m]}" -v b="${PT[$m]}" 'BEGIN { printf "%.2fx", a / b }')"
+    done
+else
+    printf '%-12s %16s\n' model "Parallax ms/step"
+    for m in "${MODELS[@]}"; do
+        printf '%-12s %16.3f\n' "$m" "${PX[$m]}"
+    done
+fi

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""PyTorch twins of benches/models/*.ron, timed the way runtime/examples/step_time.rs times
+Parallax: one training step (forward, loss, backward, SGD with momentum 0.9) on the CPU, eager
+mode, fp32, 2 threads, the median of 30 steps after 10 warm-up steps.
+
+    python3 benches/pytorch_compare.py [--warmup 10] [--steps 30] [--threads 2] [MODEL ...]
+
+Prints one line per model: `NAME MEDIAN_MS` (milliseconds per step). MODEL is one of mlp, cnn,
+transformer (all three by default). Exits 3 when PyTorch is not installed.
+
+The shapes match the Parallax files exactly: Linear weights [out, in] with biases; Conv2d
+without padding; the exact (erf) GELU; LayerNorm with eps 1e-5 and an affine weight and bias;
+attention as q, k, v and out Linear projections (with bias), scores scaled by 1/sqrt(head_dim),
+softmax, no mask; MSE (mean over every element) against a fixed random target.
+"""
+
+import argparse
+import math
+import statistics
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError:
+    print("PyTorch is not installed (pip install torch)", file=sys.stderr)
+    sys.exit(3)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention as Parallax lowers `Attention(heads, causal: false)`."""
+
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads, self.hd = heads, d // heads
+        self.q = nn.Linear(d, d)
+        self.k = nn.Linear(d, d)
+        self.v = nn.Linear(d, d)
+        self.out = nn.Linear(d, d)
+
+    def forward(self, x):
+        b, s, d = x.shape
+
+        def split(t):
+            return t.reshape(b, s, self.heads, self.hd).permute(0, 2, 1, 3)
+
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hd))
+        ctx = torch.softmax(scores, dim=-1) @ v
+        return self.out(ctx.permute(0, 2, 1, 3).reshape(b, s, d))
+
+
+class Block(nn.Module):
+    """benches/models/transformer.ron: one pre-LayerNorm block."""
+
+    def __init__(self, d=256, heads=4, hidden=1024):
+        super().__init__()
+        self.n1 = nn.LayerNorm(d, eps=1e-5)
+        self.att = Attention(d, heads)
+        self.n2 = nn.LayerNorm(d, eps=1e-5)
+        self.fc1 = nn.Linear(d, hidden)
+        self.fc2 = nn.Linear(hidden, d)
+
+    def forward(self, x):
+        r1 = x + self.att(self.n1(x))
+        return r1 + self.fc2(F.gelu(self.fc1(self.n2(r1)), approximate="none"))
+
+
+def mlp():
+    model = nn.Sequential(
+        nn.Linear(784, 512),
+        nn.ReLU(),
+        nn.Linear(512, 512),
+        nn.ReLU(),
+        nn.Linear(512, 10),
+    )
+    x = torch.randn(128, 784)
+    y = torch.randint(0, 10, (128,))
+    return model, x, y, F.cross_entropy
+
+
+def cnn():
+    model = nn.Sequential(
+        nn.Conv2d(1, 32, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(1600, 128),
+        nn.ReLU(),
+        nn.Linear(128, 10),
+    )
+    x = torch.randn(64, 1, 28, 28)
+    y = torch.randint(0, 10, (64,))
+    return model, x, y, F.cross_entropy
+
+
+def transformer():
+    model = Block()
+    x = torch.randn(16, 64, 256)
+    target = torch.randn(16, 64, 256)
+    return model, x, target, F.mse_loss
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer}
+# Parameter counts `parallax check` reports for benches/models/*.ron.
+PARAMETERS = {"mlp": 669_706, "cnn": 225_034, "transformer": 789_760}
+
+
+def step_time(name, warmup, steps):
+    model, x, y, loss_fn = MODELS[name]()
+    params = sum(p.numel() for p in model.parameters())
+    assert params == PARAMETERS[name], f"{name}: {params} parameters, Parallax has {PARAMETERS[name]}"
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    model.train()
+    times = []
+    for i in range(warmup + steps):
+        t = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        elapsed = (time.perf_counter() - t) * 1e3
+        if i >= warmup:
+            times.append(elapsed)
+        assert math.isfinite(loss.item()), f"{name}: the loss became {loss.item()}"
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*", metavar="MODEL", help=", ".join(MODELS))
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    for name in args.models:
+        if name not in MODELS:
+            ap.error(f"unknown model {name!r} (choose from {', '.join(MODELS)})")
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    for name in args.models or list(MODELS):
+        print(f"{name} {step_time(name, args.warmup, args.steps):.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

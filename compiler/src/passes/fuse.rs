@@ -1,0 +1,356 @@
+//! Fusion: groups ops into kernels. Chains of elementwise ops become one kernel (one pass over
+//! memory, intermediates never stored); an elementwise chain feeding a reduction (the MSE's
+//! mean, the gradient norm, a scaled softmax) becomes one kernel; a bias add and an
+//! activation after a matmul become its epilogue. Every other op is a kernel of its own. The
+//! ops themselves are unchanged: a kernel is a list of nodes, and `Graph::kernels` lists them
+//! in execution order.
+
+use super::Ctx;
+use crate::ir::ops::OpClass;
+use crate::ir::{Graph, NodeIndex, Op, OpKind, TensorType};
+use crate::Error;
+use serde::Serialize;
+use std::collections::{HashMap, HashSet};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum KernelKind {
+    /// One op.
+    Single,
+    /// A chain of elementwise ops.
+    Elementwise,
+    /// Elementwise ops ending in a reduction.
+    ElementwiseReduce,
+    /// A matmul, then optionally a bias add and an activation.
+    Gemm {
+        bias: bool,
+        activation: Option<OpKind>,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct Kernel {
+    pub kind: KernelKind,
+    /// In execution order; the last is the kernel's main result.
+    pub nodes: Vec<NodeIndex>,
+}
+
+/// Elementwise ops a fused kernel can evaluate element by element.
+pub fn fusable(op: &Op) -> bool {
+    op.def().class == OpClass::Elementwise
+}
+
+/// Reductions that can end an elementwise kernel: along the last axis or over everything.
+fn reduction_tail(op: &Op, input: &TensorType) -> bool {
+    let rank = input.rank();
+    match op {
+        Op::Softmax { .. } | Op::LayerNorm { .. } | Op::RmsNorm { .. } => rank >= 1,
+        Op::ReduceSum { axes } | Op::ReduceMean { axes } => {
+            *axes == [rank.saturating_sub(1)] || axes.len() == rank
+        }
+        _ => false,
+    }
+}
+
+/// An operand a fused elementwise kernel can read at element `i` of its output: the same
+/// shape, one value, or a shape the output repeats along its leading axes (a bias).
+pub fn streamable(operand: &TensorType, out: &TensorType) -> bool {
+    operand.shape == out.shape
+        || operand.shape.iter().all(|d| d.as_known() == Some(1))
+        || (operand.rank() <= out.rank()
+            && out.shape[out.rank() - operand.rank()..] == operand.shape[..])
+}
+
+struct Group {
+    kind: KernelKind,
+    nodes: Vec<NodeIndex>,
+    /// The position of its first node: outside operands must come before it (or be sources),
+    /// so joining never makes a cycle between kernels.
+    first: usize,
+    /// Operands from outside the group that are not sources.
+    outside: Vec<NodeIndex>,
+    closed: bool,
+}
+
+pub fn run(g: &mut Graph, _: &Ctx) -> Result<(), Error> {
+    g.kernels = plan_kernels(g);
+    Ok(())
+}
+
+/// Nodes in the order their values are first needed: a depth-first walk from the outputs,
+/// then the gradients, then the updates. An op whose operands are all sources (a decay of a
+/// parameter) then sits next to its use, where it can join its consumers' kernel.
+fn demand_order(g: &Graph) -> Vec<NodeIndex> {
+    let mut seen = HashSet::new();
+    let mut order = Vec::with_capacity(g.g.node_count());
+    for root in g.roots() {
+        let mut stack = vec![(root, false)];
+        while let Some((n, expanded)) = stack.pop() {
+            if expanded {
+                order.push(n);
+                continue;
+            }
+            if !seen.insert(n) {
+                continue;
+            }
+            stack.push((n, true));
+            for o in g.operands(n).into_iter().rev() {
+                if !seen.contains(&o) {
+                    stack.push((o, false));
+                }
+            }
+        }
+    }
+    // Inputs nothing reads still belong to the plan.
+    order.extend(g.g.node_indices().filter(|n| !seen.contains(n)));
+    order
+}
+
+pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
+    let order = demand_order(g);
+    let pos: HashMap<NodeIndex, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let roots: HashSet<NodeIndex> = g.roots().into_iter().collect();
+    let mut groups: Vec<Group> = Vec::new();
+    let mut group_of: HashMap<NodeIndex, usize> = HashMap::new();
+    for &n in &order {
+        let node = &g.g[n];
+        if node.op.is_source() {
+            continue;
+        }
+        let operands = g.operands(n);
+        // A value used only inside its kernel need not be stored.
+        let only_used_by =
+            |o: NodeIndex, user: NodeIndex| !roots.contains(&o) && g.users(o) == [user];
+        let mut joined = None;
+        // An elementwise op that broadcasts in other ways (a conv bias [C, 1, 1]) runs alone.
+        let streams =
+            fusable(&node.op) && operands.iter().all(|&o| streamable(&g.g[o].ty, &node.ty));
+        if streams {
+            // Open elementwise kernels of this shape and phase that compute an operand.
+            let mut merge: Vec<usize> = operands
+                .iter()
+                .filter_map(|o| group_of.get(o).copied())
+                .filter(|&gi| {
+                    let grp = &groups[gi];
+                    grp.kind == KernelKind::Elementwise
+                        && !grp.closed
+                        && g.g[grp.nodes[0]].phase == node.phase
+                        && g.g[grp.nodes[0]].ty.shape == node.ty.shape
+                })
+                .collect();
+            merge.sort_unstable();
+            merge.dedup();
+            // They merge (with this op) if every outside operand of the union comes before it.
+            if !merge.is_empty() {
+                let first = merge
+                    .iter()
+                    .map(|&gi| groups[gi].first)
+                    .min()
+                    .unwrap_or(usize::MAX);
+                let inside =
+                    |x: &NodeIndex| merge.contains(&group_of.get(x).copied().unwrap_or(usize::MAX));
+                let outside: Vec<NodeIndex> = merge
+                    .iter()
+                    .flat_map(|&gi| groups[gi].outside.iter().copied())
+                    .chain(operands.iter().copied().filter(|o| !g.g[*o].op.is_source()))
+                    .filter(|x| !inside(x))
+                    .collect();
+                if outside.iter().all(|x| pos[x] < first) {
+                    let target = merge[0];
+                    for &gi in &merge[1..] {
+                        let moved = std::mem::take(&mut groups[gi].nodes);
+                        for &m in &moved {
+                            group_of.insert(m, target);
+                        }
+                        groups[target].nodes.extend(moved);
+                        groups[gi].closed = true;
+                    }
+                    let mut outside = outside;
+                    outside.sort_unstable();
+                    outside.dedup();
+                    groups[target].outside = outside;
+                    groups[target].first = first;
+                    joined = Some(target);
+                }
+            }
+            // Epilogues of a matmul: a bias (a vector along the last axis), then an activation.
+            if joined.is_none() {
+                if let Some(&o) = operands.first() {
+                    if let Some(&gi) = group_of.get(&o) {
+                        let grp = &groups[gi];
+                        if let (
+                            KernelKind::Gemm {
+                                bias,
+                                activation: None,
+                            },
+                            false,
+                        ) = (grp.kind, grp.closed)
+                        {
+                            let last = *grp.nodes.last().expect("a kernel has nodes");
+                            let other = operands.get(1);
+                            let is_bias = !bias
+                                && node.op == Op::Add
+                                && other.is_some_and(|&b| {
+                                    g.g[b].op.is_source() && g.g[b].ty.rank() == 1
+                                });
+                            let is_act =
+                                matches!(node.op, Op::Relu | Op::Gelu | Op::Tanh | Op::Sigmoid);
+                            if o == last && g.g[o].ty.shape == node.ty.shape && (is_bias || is_act)
+                            {
+                                groups[gi].kind = KernelKind::Gemm {
+                                    bias: bias || is_bias,
+                                    activation: is_act.then(|| node.op.kind()),
+                                };
+                                groups[gi].closed = is_act;
+                                joined = Some(gi);
+                            }
+                        }
+                    }
+                }
+            }
+        } else if node.op.def().class == OpClass::Reduction && operands.len() == 1 {
+            let o = operands[0];
+            if let Some(&gi) = group_of.get(&o) {
+                let grp = &groups[gi];
+                if grp.kind == KernelKind::Elementwise
+                    && !grp.closed
+                    && g.g[grp.nodes[0]].phase == node.phase
+                    && reduction_tail(&node.op, &g.g[o].ty)
+                    && only_used_by(o, n)
+                {
+                    groups[gi].kind = KernelKind::ElementwiseReduce;
+                    groups[gi].closed = true;
+                    joined = Some(gi);
+                }
+            }
+        }
+        match joined {
+            Some(gi) => {
+                groups[gi].nodes.push(n);
+                group_of.insert(n, gi);
+            }
+            None => {
+                let kind = if node.op.kind() == OpKind::MatMul {
+                    KernelKind::Gemm {
+                        bias: false,
+                        activation: None,
+                    }
+                } else if streams {
+                    KernelKind::Elementwise
+                } else {
+                    KernelKind::Single
+                };
+                group_of.insert(n, groups.len());
+                groups.push(Group {
+                    kind,
+                    nodes: vec![n],
+                    first: pos[&n],
+                    outside: operands
+                        .iter()
+                        .copied()
+                        .filter(|o| !g.g[*o].op.is_source())
+                        .collect(),
+                    closed: kind == KernelKind::Single,
+                });
+            }
+        }
+    }
+    // Merged-away groups are empty; each kernel lists its nodes in order.
+    let groups: Vec<Group> = groups
+        .into_iter()
+        .filter(|grp| !grp.nodes.is_empty())
+        .map(|mut grp| {
+            grp.nodes.sort_by_key(|n| pos[n]);
+            grp
+        })
+        .collect();
+    let group_of: HashMap<NodeIndex, usize> = groups
+        .iter()
+        .enumerate()
+        .flat_map(|(gi, grp)| grp.nodes.iter().map(move |&n| (n, gi)))
+        .collect();
+    // Kernels in dependency order (the join rule keeps it acyclic), ties by first node.
+    let deps: Vec<Vec<usize>> = groups
+        .iter()
+        .enumerate()
+        .map(|(gi, grp)| {
+            let mut d: Vec<usize> = grp
+                .nodes
+                .iter()
+                .flat_map(|&n| g.operands(n))
+                .filter_map(|o| group_of.get(&o).copied())
+                .filter(|&j| j != gi)
+                .collect();
+            d.sort_unstable();
+            d.dedup();
+            d
+        })
+        .collect();
+    let mut remaining: Vec<usize> = deps.iter().map(Vec::len).collect();
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); groups.len()];
+    for (gi, d) in deps.iter().enumerate() {
+        for &j in d {
+            users[j].push(gi);
+        }
+    }
+    let mut ready: std::collections::BinaryHeap<std::cmp::Reverse<(usize, usize)>> = groups
+        .iter()
+        .enumerate()
+        .filter(|(gi, _)| remaining[*gi] == 0)
+        .map(|(gi, grp)| std::cmp::Reverse((grp.first, gi)))
+        .collect();
+    let mut order_of_groups = Vec::with_capacity(groups.len());
+    while let Some(std::cmp::Reverse((_, gi))) = ready.pop() {
+        order_of_groups.push(gi);
+        for &u in &users[gi] {
+            remaining[u] -= 1;
+            if remaining[u] == 0 {
+                ready.push(std::cmp::Reverse((groups[u].first, u)));
+            }
+        }
+    }
+    debug_assert_eq!(order_of_groups.len(), groups.len(), "kernels form a cycle");
+    let mut slots: Vec<Option<Group>> = groups.into_iter().map(Some).collect();
+    order_of_groups
+        .into_iter()
+        .filter_map(|gi| slots[gi].take())
+        .map(|grp| {
+            let kind = match grp.kind {
+                KernelKind::Elementwise if grp.nodes.len() == 1 => KernelKind::Single,
+                k => k,
+            };
+            Kernel {
+                kind,
+                nodes: grp.nodes,
+            }
+        })
+        .collect()
+}
+
+/// For each kernel, the values that must be stored: used by another kernel, or an output,
+/// a gradient or an update.
+pub fn stored(g: &Graph) -> Vec<Vec<NodeIndex>> {
+    let roots: HashSet<NodeIndex> = g.roots().into_iter().collect();
+    let kernel_of: HashMap<NodeIndex, usize> = g
+        .kernels
+        .iter()
+        .enumerate()
+        .flat_map(|(k, kern)| kern.nodes.iter().map(move |&n| (n, k)))
+        .collect();
+    g.kernels
+        .iter()
+        .enumerate()
+        .map(|(k, kernel)| {
+            kernel
+                .nodes
+                .iter()
+                .copied()
+                .filter(|&n| {
+                    roots.contains(&n)
+                        || g.g
+                            .neighbors_directed(n, petgraph::Direction::Outgoing)
+                            .any(|u| kernel_of.get(&u) != Some(&k))
+                })
+                .collect()
+        })
+        .collect()
+}

@@ -1,0 +1,169 @@
+//! Scheduling: kernels run in the fuse pass's order; every stored value gets a buffer, and a
+//! buffer is reused once every reader of its value has run. Parameters, optimizer state and
+//! inputs keep buffers of their own. The result states the step's exact peak memory at the
+//! training batch size.
+
+use super::fuse::stored;
+use super::Ctx;
+use crate::ir::{DType, Graph, NodeIndex, OpKind};
+use crate::Error;
+use serde::Serialize;
+use std::collections::{BTreeSet, HashMap};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Buffer {
+    pub dtype: DType,
+    /// Its size in elements at the plan's batch size.
+    pub elements: u64,
+    /// Holds a parameter, optimizer state or input for the whole run.
+    pub dedicated: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Memory {
+    pub parameter_bytes: u64,
+    pub optimizer_state_bytes: u64,
+    pub input_bytes: u64,
+    /// The reused buffers of intermediate values.
+    pub activation_bytes: u64,
+    /// Live bytes at the fullest moment of a step (dedicated buffers included).
+    pub peak_bytes: u64,
+    /// What the intermediates would take with no reuse.
+    pub activation_bytes_without_reuse: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Schedule {
+    pub buffer_of: HashMap<NodeIndex, usize>,
+    pub buffers: Vec<Buffer>,
+    pub memory: Memory,
+    /// The batch size the sizes are stated at.
+    pub batch: u64,
+}
+
+pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
+    let batch = ctx.source.experiment.train.batch_size;
+    g.schedule = Some(plan_buffers(g, batch));
+    Ok(())
+}
+
+fn elements(g: &Graph, n: NodeIndex, batch: u64) -> u64 {
+    let value = g.sym_value(batch);
+    g.g[n]
+        .ty
+        .shape
+        .iter()
+        .fold(1u64, |a, d| a.saturating_mul(d.eval(&value)))
+}
+
+pub fn plan_buffers(g: &Graph, batch: u64) -> Schedule {
+    let mut s = Schedule {
+        batch,
+        ..Schedule::default()
+    };
+    let bytes = |n: NodeIndex| elements(g, n, batch).saturating_mul(g.g[n].ty.dtype.bytes());
+    // Dedicated buffers for sources.
+    for n in g.g.node_indices() {
+        let node = &g.g[n];
+        if !node.op.is_source() {
+            continue;
+        }
+        let b = bytes(n);
+        let m = &mut s.memory;
+        let total = match node.op.kind() {
+            OpKind::Param => &mut m.parameter_bytes,
+            OpKind::State => &mut m.optimizer_state_bytes,
+            _ => &mut m.input_bytes,
+        };
+        *total = total.saturating_add(b);
+        s.buffer_of.insert(n, s.buffers.len());
+        s.buffers.push(Buffer {
+            dtype: node.ty.dtype,
+            elements: elements(g, n, batch),
+            dedicated: true,
+        });
+    }
+    let dedicated_bytes = s
+        .memory
+        .parameter_bytes
+        .saturating_add(s.memory.optimizer_state_bytes)
+        .saturating_add(s.memory.input_bytes);
+    // When each stored value is made and last read, in kernel order.
+    let end = g.kernels.len();
+    let kernel_of: HashMap<NodeIndex, usize> = g
+        .kernels
+        .iter()
+        .enumerate()
+        .flat_map(|(k, kern)| kern.nodes.iter().map(move |&n| (n, k)))
+        .collect();
+    let roots: std::collections::HashSet<NodeIndex> = g.roots().into_iter().collect();
+    let mut frees_after: Vec<Vec<NodeIndex>> = vec![Vec::new(); end + 1];
+    let values = stored(g);
+    for (k, vals) in values.iter().enumerate() {
+        for &v in vals {
+            let last = if roots.contains(&v) {
+                end
+            } else {
+                g.g.neighbors_directed(v, petgraph::Direction::Outgoing)
+                    .filter_map(|u| kernel_of.get(&u))
+                    .copied()
+                    .max()
+                    .unwrap_or(k)
+            };
+            frees_after[last.max(k)].push(v);
+        }
+    }
+    // Free buffers by (type, size, id), for best-fit lookups.
+    let mut free: BTreeSet<(DType, u64, usize)> = BTreeSet::new();
+    let (mut live, mut peak, mut without_reuse) = (0u64, 0u64, 0u64);
+    for (k, vals) in values.iter().enumerate() {
+        for &v in vals {
+            let (dtype, need) = (g.g[v].ty.dtype, elements(g, v, batch));
+            without_reuse = without_reuse.saturating_add(bytes(v));
+            // The smallest free buffer of the type that fits, else the largest (grown).
+            let fits = free
+                .range((dtype, need, 0)..)
+                .next()
+                .filter(|f| f.0 == dtype)
+                .or_else(|| {
+                    free.range(..(dtype, need, 0))
+                        .next_back()
+                        .filter(|f| f.0 == dtype)
+                })
+                .copied();
+            let b = match fits {
+                Some(f) => {
+                    free.remove(&f);
+                    f.2
+                }
+                None => {
+                    s.buffers.push(Buffer {
+                        dtype,
+                        elements: 0,
+                        dedicated: false,
+                    });
+                    s.buffers.len() - 1
+                }
+            };
+            s.buffers[b].elements = s.buffers[b].elements.max(need);
+            s.buffer_of.insert(v, b);
+            live = live.saturating_add(bytes(v));
+        }
+        peak = peak.max(live);
+        for &v in &frees_after[k] {
+            live = live.saturating_sub(bytes(v));
+            let b = s.buffer_of[&v];
+            free.insert((s.buffers[b].dtype, s.buffers[b].elements, b));
+        }
+    }
+    s.memory.activation_bytes = s
+        .buffers
+        .iter()
+        .filter(|b| !b.dedicated)
+        .fold(0u64, |a, b| {
+            a.saturating_add(b.elements.saturating_mul(b.dtype.bytes()))
+        });
+    s.memory.activation_bytes_without_reuse = without_reuse;
+    s.memory.peak_bytes = dedicated_bytes.saturating_add(peak);
+    s
+}

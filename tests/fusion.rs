@@ -1,0 +1,248 @@
+//! The fuse and schedule passes: which ops became one kernel, that fused plans compute the
+//! same bits as one op per kernel, and that buffer reuse never lets two live values share a
+//! buffer.
+
+use parallax_compiler::passes::fuse::KernelKind;
+use parallax_compiler::plan::Plan;
+use parallax_compiler::{compile, parse_bytes, Options, Source};
+use parallax_runtime::cpu::{Executor, Mode};
+use parallax_runtime::data::{self, Loader, Values};
+use parallax_runtime::train::model_io;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+fn source(name: &str) -> Source {
+    let path = format!("{}/models/{name}.ron", env!("CARGO_MANIFEST_DIR"));
+    parse_bytes(&std::fs::read(path).unwrap()).unwrap()
+}
+
+/// The plan as compiled, and the same graph run one op per kernel without buffer reuse
+/// planning from the fuse pass.
+fn plans(name: &str) -> (Source, Plan, Plan) {
+    let s = source(name);
+    let options = Options::default();
+    let c = compile(&s, &options, &mut |_, _| {}).unwrap();
+    let fused = c.plan(&s, &options);
+    let mut g = c.graph.clone();
+    g.kernels.clear();
+    g.schedule = None;
+    let plain = Plan::single_device(&g, &s, &options);
+    (s, fused, plain)
+}
+
+/// Op names of each multi-op kernel, with its kind.
+fn fused_kernels(p: &Plan) -> Vec<(KernelKind, Vec<&'static str>)> {
+    p.kernels
+        .iter()
+        .filter(|k| k.steps.len() > 1)
+        .map(|k| {
+            (
+                k.kind,
+                k.steps.iter().map(|&s| p.steps[s].op.name()).collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn mlp_fuses_gemm_epilogues_and_optimizer_updates() {
+    let (_, p, plain) = plans("mlp");
+    let k = fused_kernels(&p);
+    // Layer 0: matmul, bias and ReLU in one kernel; the classifier: matmul and bias.
+    assert!(k.contains(&(
+        KernelKind::Gemm {
+            bias: true,
+            activation: Some(parallax_compiler::ir::OpKind::Relu)
+        },
+        vec!["matmul", "add", "relu"]
+    )));
+    assert!(k.contains(&(
+        KernelKind::Gemm {
+            bias: true,
+            activation: None
+        },
+        vec!["matmul", "add"]
+    )));
+    // AdamW for each parameter: decay, both moments and the step, one pass over memory.
+    let mut adamw = vec![
+        "scale",
+        "mul",
+        "sub",
+        "scale",
+        "scale",
+        "add",
+        "mul",
+        "scale",
+        "scale",
+        "add",
+        "sqrt",
+        "div",
+        "add_scalar",
+        "div",
+        "mul",
+        "sub",
+    ];
+    adamw.sort_unstable();
+    let updates = k
+        .iter()
+        .filter(|(kind, ops)| {
+            let mut sorted = ops.clone();
+            sorted.sort_unstable();
+            *kind == KernelKind::Elementwise && sorted == adamw && ops.last() == Some(&"sub")
+        })
+        .count();
+    assert_eq!(updates, 4, "{k:?}");
+    // The backward ReLU and dropout mask run together.
+    assert!(
+        k.iter()
+            .any(|(_, ops)| ops == &vec!["dropout", "relu_grad"]),
+        "{k:?}"
+    );
+    assert_eq!(plain.kernels.len(), p.ops);
+    assert!(
+        p.kernels.len() * 2 < p.ops,
+        "{} kernels for {} ops",
+        p.kernels.len(),
+        p.ops
+    );
+}
+
+#[test]
+fn transformer_fuses_reductions_after_elementwise_chains() {
+    let (_, p, _) = plans("transformer");
+    let k = fused_kernels(&p);
+    // The attention scores' scaling feeds the causal softmax in one kernel.
+    assert!(
+        k.contains(&(KernelKind::ElementwiseReduce, vec!["scale", "softmax"])),
+        "{k:?}"
+    );
+    // Gradient clipping: each gradient's square feeds its sum.
+    let norms = k
+        .iter()
+        .filter(|(kind, ops)| {
+            *kind == KernelKind::ElementwiseReduce && ops == &vec!["mul", "reduce_sum"]
+        })
+        .count();
+    assert_eq!(norms, p.grads.len());
+    // MLP: matmul, bias and GELU.
+    assert!(k.contains(&(
+        KernelKind::Gemm {
+            bias: true,
+            activation: Some(parallax_compiler::ir::OpKind::Gelu)
+        },
+        vec!["matmul", "add", "gelu"]
+    )));
+}
+
+fn batch_for(s: &Source, plan: &Plan, batch: usize) -> (String, String, Values, Values) {
+    let e = &s.experiment;
+    let (io, input, target) = model_io(plan, &e.loss).unwrap();
+    let splits = data::load(&e.data, &io, 1, std::path::Path::new(".")).unwrap();
+    let b = Loader::new(Arc::new(splits.train), batch, 1, false, 0)
+        .unwrap()
+        .next()
+        .unwrap();
+    (input, target, b.inputs, b.targets)
+}
+
+fn train(
+    plan: Plan,
+    feed: &(String, String, Values, Values),
+    batch: usize,
+    steps: u64,
+) -> Executor {
+    let mut e = Executor::new(plan, batch, 5);
+    let set = |e: &mut Executor, name: &str, v: &Values| match v {
+        Values::F32(v) => e.set_f32(name, batch, v).unwrap(),
+        Values::I32(v) => e.set_i32(name, batch, v).unwrap(),
+    };
+    set(&mut e, &feed.0, &feed.2);
+    set(&mut e, &feed.1, &feed.3);
+    for step in 0..steps {
+        for name in ["lr", "adam_step_size", "adam_bc2_sqrt"] {
+            if e.has_input(name) {
+                e.set_f32(name, 1, &[1e-3 * (step + 1) as f32]).unwrap();
+            }
+        }
+        e.run(batch, Mode::Train, step, 0).unwrap();
+    }
+    e
+}
+
+#[test]
+fn fused_plans_compute_the_same_bits() {
+    for name in ["mlp", "cnn", "transformer"] {
+        let (s, fused, plain) = plans(name);
+        let feed = batch_for(&s, &fused, 8);
+        let (a, b) = (train(fused, &feed, 8, 3), train(plain, &feed, 8, 3));
+        assert_eq!(
+            a.output("loss").unwrap().f32(),
+            b.output("loss").unwrap().f32(),
+            "{name}"
+        );
+        for ((n, x), (_, y)) in a.params().zip(b.params()) {
+            assert_eq!(x.f32(), y.f32(), "{name}: parameter {n}");
+        }
+    }
+}
+
+#[test]
+fn buffers_are_reused_but_never_shared_by_live_values() {
+    for name in ["mlp", "cnn", "transformer", "gpt-large"] {
+        let (_, p, _) = plans(name);
+        let m = &p.memory;
+        assert!(
+            m.activation_bytes < m.activation_bytes_without_reuse,
+            "{name}: {m:?}"
+        );
+        let dedicated = m.parameter_bytes + m.optimizer_state_bytes + m.input_bytes;
+        assert!(
+            m.peak_bytes >= dedicated && m.peak_bytes <= dedicated + m.activation_bytes,
+            "{name}: {m:?}"
+        );
+        // When each stored value is written and last read, in kernel order.
+        let kernel_of: HashMap<usize, usize> = p
+            .kernels
+            .iter()
+            .enumerate()
+            .flat_map(|(k, kern)| kern.steps.iter().map(move |&s| (s, k)))
+            .collect();
+        let roots: Vec<usize> = p
+            .output_steps
+            .iter()
+            .map(|o| o.step)
+            .chain(p.grads.iter().map(|g| g.1))
+            .chain(p.updates.iter().map(|u| u.1))
+            .collect();
+        let mut intervals: HashMap<usize, Vec<(usize, usize, usize)>> = HashMap::new();
+        for s in &p.steps {
+            let (Some(b), Some(&k)) = (s.buffer, kernel_of.get(&s.id)) else {
+                continue;
+            };
+            let last = if roots.contains(&s.id) {
+                usize::MAX
+            } else {
+                p.steps
+                    .iter()
+                    .filter(|u| u.operands.contains(&s.id))
+                    .filter_map(|u| kernel_of.get(&u.id))
+                    .copied()
+                    .max()
+                    .unwrap_or(k)
+            };
+            intervals.entry(b).or_default().push((k, last, s.id));
+        }
+        for (b, mut iv) in intervals {
+            iv.sort();
+            for w in iv.windows(2) {
+                // The next value may be written only after the previous one's last reader ran.
+                assert!(
+                    w[1].0 > w[0].1,
+                    "{name}: buffer {b} holds steps {} and {} at once",
+                    w[0].2,
+                    w[1].2
+                );
+            }
+        }
+    }
+}
