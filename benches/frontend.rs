@@ -1,5 +1,6 @@
-//! Front-end speed: parse, lower and shape inference of a generated 1000-layer model, and of
-//! `models/gpt-large.ron`. Target: under 20 ms for the 1000-layer model on a 2-core machine.
+//! Compiler speed: parse, lower and shape inference of a generated 1000-layer model (target:
+//! under 20 ms on a 2-core machine) and of `models/gpt-large.ron`, and the whole pipeline
+//! (autodiff, optimizer, simplify, fuse, schedule) of both.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use parallax_compiler::{compile, parse, Options};
@@ -33,7 +34,13 @@ fn generated(layers: usize) -> String {
 }
 
 fn frontend(c: &mut Criterion) {
+    // The front end: parse, lower, shapes (what `check` runs).
     let options = Options {
+        verify: false,
+        stop_after: Some("shapes"),
+        ..Options::default()
+    };
+    let full = Options {
         verify: false,
         ..Options::default()
     };
@@ -49,21 +56,30 @@ fn frontend(c: &mut Criterion) {
     c.bench_function("parse 1000 layers", |b| {
         b.iter(|| parse(black_box(&text)).unwrap())
     });
-    c.bench_function("lower + shapes + simplify 1000 layers", |b| {
+    c.bench_function("lower + shapes 1000 layers", |b| {
         b.iter(|| compile(black_box(&source), &options, &mut |_, _| {}).unwrap())
     });
-    c.bench_function("parse + compile 1000 layers", |b| {
+    c.bench_function("parse + lower + shapes 1000 layers", |b| {
         b.iter(|| {
             let s = parse(black_box(&text)).unwrap();
             compile(&s, &options, &mut |_, _| {}).unwrap()
         })
     });
+    c.bench_function("whole pipeline 1000 layers", |b| {
+        b.iter(|| compile(black_box(&source), &full, &mut |_, _| {}).unwrap())
+    });
     let gpt = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/models/gpt-large.ron"))
         .unwrap();
-    c.bench_function("parse + compile gpt-large", |b| {
+    c.bench_function("check gpt-large", |b| {
         b.iter(|| {
             let s = parse(black_box(&gpt)).unwrap();
             compile(&s, &options, &mut |_, _| {}).unwrap()
+        })
+    });
+    c.bench_function("whole pipeline gpt-large", |b| {
+        b.iter(|| {
+            let s = parse(black_box(&gpt)).unwrap();
+            compile(&s, &full, &mut |_, _| {}).unwrap()
         })
     });
 }
