@@ -139,9 +139,78 @@ pub fn binary(
         }
         return Ok(());
     }
-    // General broadcasting by an index counter.
-    let sa = broadcast_strides(&a.shape, &shape);
-    let sb = broadcast_strides(&b.shape, &shape);
+    // One operand repeating each of its values over a contiguous run of the output (a conv
+    // bias [C, 1, 1] onto [N, C, H, W]), the other shaped like the output.
+    if a.shape == shape {
+        if let Some(run) = repeat_run(&b.shape, &shape) {
+            runs(av, bv, run, o, f);
+            return Ok(());
+        }
+    }
+    if b.shape == shape {
+        if let Some(run) = repeat_run(&a.shape, &shape) {
+            runs(bv, av, run, o, move |y, x| f(x, y));
+            return Ok(());
+        }
+    }
+    general(av, &a.shape, bv, &b.shape, &shape, o, f);
+    Ok(())
+}
+
+/// If `small` broadcasts to `out` by repeating each of its values over a contiguous run of
+/// the output (`small`, aligned right, is 1 on the leading and trailing axes and equals
+/// `out` on the axes between), the run's length (the product of the trailing axes).
+fn repeat_run(small: &[usize], out: &[usize]) -> Option<usize> {
+    if small.len() > out.len() || small.iter().product::<usize>() == 0 {
+        return None;
+    }
+    let lead = out.len() - small.len();
+    let Some(last) = small.iter().rposition(|&d| d != 1) else {
+        return None; // a scalar: handled before
+    };
+    let first = small.iter().position(|&d| d != 1).unwrap_or(last);
+    if small[first..=last] != out[lead + first..=lead + last] {
+        return None;
+    }
+    let run: usize = out[lead + last + 1..].iter().product();
+    (run > 0).then_some(run)
+}
+
+/// `out[i] = f(a[i], b[(i / run) % b.len()])`: `b`'s values each repeated over `run`
+/// consecutive elements. Split across threads by whole runs.
+fn runs(a: &[f32], b: &[f32], run: usize, o: &mut [f32], f: impl Fn(f32, f32) -> f32 + Sync) {
+    let m = b.len();
+    let body = |first: usize, o: &mut [f32], a: &[f32]| {
+        for (r, (o, a)) in o.chunks_mut(run).zip(a.chunks(run)).enumerate() {
+            let y = b[(first + r) % m];
+            for (o, &x) in o.iter_mut().zip(a) {
+                *o = f(x, y);
+            }
+        }
+    };
+    if o.len() >= PARALLEL_MIN {
+        let per = (CHUNK / run).max(1);
+        o.par_chunks_mut(per * run)
+            .zip(a.par_chunks(per * run))
+            .enumerate()
+            .for_each(|(j, (o, a))| body(j * per, o, a));
+    } else {
+        body(0, o, a);
+    }
+}
+
+/// General broadcasting by an index counter.
+fn general(
+    av: &[f32],
+    a_shape: &[usize],
+    bv: &[f32],
+    b_shape: &[usize],
+    shape: &[usize],
+    o: &mut [f32],
+    f: impl Fn(f32, f32) -> f32,
+) {
+    let sa = broadcast_strides(a_shape, shape);
+    let sb = broadcast_strides(b_shape, shape);
     let rank = shape.len();
     let mut idx = vec![0usize; rank];
     let (mut ia, mut ib) = (0usize, 0usize);
@@ -159,7 +228,6 @@ pub fn binary(
             idx[ax] = 0;
         }
     }
-    Ok(())
 }
 
 pub fn sigmoid(x: f32) -> f32 {
@@ -296,6 +364,9 @@ mod tests {
             (&[2, 1, 5], &[3, 1], &[2, 3, 5]),
             (&[5, 1, 1], &[5, 4, 4], &[5, 4, 4]),
             (&[300, 200], &[200], &[300, 200]),
+            (&[4, 6, 5, 7], &[6, 1, 1], &[4, 6, 5, 7]),
+            (&[6, 1, 1], &[4, 6, 5, 7], &[4, 6, 5, 7]),
+            (&[40, 30, 9, 11], &[30, 1, 1], &[40, 30, 9, 11]),
         ];
         let mut k = 0;
         for &(sa, sb, so) in cases {
@@ -318,6 +389,74 @@ mod tests {
                     (*g as f64 - w).abs() <= 1e-6 * (1.0 + w.abs()),
                     "{sa:?} {sb:?}: {g} vs {w}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn repeat_runs_are_found_only_where_they_hold() {
+        assert_eq!(repeat_run(&[3, 1, 1], &[2, 3, 4, 5]), Some(20));
+        assert_eq!(repeat_run(&[1, 3, 1, 1], &[2, 3, 4, 5]), Some(20));
+        assert_eq!(repeat_run(&[2, 3, 1, 1], &[2, 3, 4, 5]), Some(20));
+        assert_eq!(repeat_run(&[4, 1], &[2, 3, 4, 5]), Some(5));
+        assert_eq!(repeat_run(&[3, 4, 5], &[2, 3, 4, 5]), Some(1));
+        assert_eq!(repeat_run(&[3, 1, 5], &[2, 3, 4, 5]), None);
+        assert_eq!(repeat_run(&[2, 1, 1, 1], &[2, 3, 4, 5]), Some(60));
+        assert_eq!(repeat_run(&[1, 1], &[2, 3]), None);
+        assert_eq!(repeat_run(&[3, 1], &[2, 4, 1]), None);
+        assert_eq!(repeat_run(&[0, 1], &[0, 4]), None);
+        assert_eq!(repeat_run(&[1, 2, 3, 4, 5], &[2, 3, 4, 5]), None);
+    }
+
+    /// Operands repeated over contiguous runs (either side, odd sizes, serial and parallel)
+    /// give the very bits of the index-counter path, whatever the thread count.
+    #[test]
+    fn repeated_runs_match_the_general_path_bit_for_bit() {
+        let s = rng::stream(4, rng::Purpose::Synthetic, 0);
+        let cases: &[(&[usize], &[usize])] = &[
+            (&[64, 32, 26, 26], &[32, 1, 1]),
+            (&[3, 5, 7, 9], &[5, 1, 1]),
+            (&[3, 5, 7, 9], &[1, 5, 7, 1]),
+            (&[3, 5, 7, 9], &[3, 1, 1, 1]),
+            (&[3, 5, 7, 9], &[3, 5, 1, 1]),
+            (&[7, 11, 13], &[11, 1]),
+            (&[2, 1, 13, 3], &[13, 1]),
+            (&[33, 17, 61], &[33, 1, 1]),
+        ];
+        let mut k = 0;
+        for &(big, small) in cases {
+            let mut gen = |shape: &[usize]| {
+                let v: Vec<f32> = (0..shape.iter().product::<usize>() as u64)
+                    .map(|i| rng::normal(s, k + i))
+                    .collect();
+                k += 1 << 24;
+                t(shape, v)
+            };
+            let (a, b) = (gen(big), gen(small));
+            assert!(repeat_run(small, big).is_some(), "{small:?} {big:?}");
+            let n: usize = big.iter().product();
+            let f = |x: f32, y: f32| x * y - y / (x + 3.0);
+            for (l, r) in [(&a, &b), (&b, &a)] {
+                let mut want = vec![0f32; n];
+                general(l.f32(), &l.shape, r.f32(), &r.shape, big, &mut want, f);
+                for threads in [1, 2, 3] {
+                    let got = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap()
+                        .install(|| {
+                            let mut out = t(big, vec![0.0; n]);
+                            binary(l, r, &mut out, f).unwrap();
+                            out
+                        });
+                    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert!(
+                        bits(got.f32()) == bits(&want),
+                        "{:?} {:?}, {threads} threads",
+                        l.shape,
+                        r.shape
+                    );
+                }
             }
         }
     }

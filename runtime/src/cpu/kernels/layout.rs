@@ -529,6 +529,42 @@ fn sum_axes(x: &[f32], shape: &[usize], red: &[bool], div: f64, out: &mut [f32])
     let (last_n, last_s) = reduced.pop().unwrap_or((1, 0));
     let outer_n: usize = reduced.iter().map(|g| g.0).product();
     let total = x.len();
+    if inner == 1 && last_s == 1 && last_n >= LANES && out.len() > 1 {
+        // Every output sums contiguous runs (a conv bias gradient, [N, C, H, W] to [C]):
+        // `LANES` outputs at once, each its own f64 chain in the general order.
+        let base = |r: usize| {
+            let (mut rem, mut base) = (r, 0);
+            for &(n, s) in kept.iter().rev() {
+                base += rem % n * s;
+                rem /= n;
+            }
+            base
+        };
+        let reduced_off = |k: usize| {
+            let (mut rem, mut off) = (k, 0);
+            for &(n, s) in reduced.iter().rev() {
+                off += rem % n * s;
+                rem /= n;
+            }
+            off
+        };
+        for_rows(out, LANES, total, |blk, chunk| {
+            let first = blk * LANES;
+            if let Ok(chunk) = <&mut [f32; LANES]>::try_from(&mut *chunk) {
+                let bases: [usize; LANES] = std::array::from_fn(|q| base(first + q));
+                let acc = sum_runs(x, bases, outer_n, reduced_off, last_n);
+                for (o, a) in chunk.iter_mut().zip(acc) {
+                    *o = (a / div) as f32;
+                }
+            } else {
+                for (q, o) in chunk.iter_mut().enumerate() {
+                    let [a] = sum_runs(x, [base(first + q)], outer_n, reduced_off, last_n);
+                    *o = (a / div) as f32;
+                }
+            }
+        });
+        return;
+    }
     let rows = out.len().div_ceil(inner).max(1);
     for_rows(out, inner, total, |r, orow| {
         let (mut rem, mut base) = (r, 0);
@@ -559,6 +595,32 @@ fn sum_axes(x: &[f32], shape: &[usize], red: &[bool], div: f64, out: &mut [f32])
             }
         });
     });
+}
+
+/// Outputs summed together in `sum_axes`' contiguous-runs path.
+const LANES: usize = 8;
+
+/// For each lane `q`, the f64 sum over `k in 0..outer` (in order) of the run
+/// `x[bases[q] + off(k)..][..len]` (in order): the order of `sum_axes`' general path.
+#[inline(always)]
+fn sum_runs<const L: usize>(
+    x: &[f32],
+    bases: [usize; L],
+    outer: usize,
+    off: impl Fn(usize) -> usize,
+    len: usize,
+) -> [f64; L] {
+    let mut acc = [0f64; L];
+    for k in 0..outer {
+        let o = off(k);
+        let runs: [&[f32]; L] = std::array::from_fn(|q| &x[bases[q] + o..bases[q] + o + len]);
+        for j in 0..len {
+            for (a, run) in acc.iter_mut().zip(&runs) {
+                *a += run[j] as f64;
+            }
+        }
+    }
+    acc
 }
 
 /// Sums (or means) over `axes`, removing them.
@@ -987,6 +1049,69 @@ mod tests {
         );
         assert!(reduce(&x, &[2, 1], false, &mut zeros(&[3, 6])).is_err());
         assert!(reduce(&x, &[1], false, &mut zeros(&[3, 4, 6])).is_err());
+    }
+
+    /// Sums of contiguous runs (`LANES` outputs at a time, and the remainder one by one)
+    /// give the very bits of f64 sums in row-major order, which the general path also adds
+    /// in, whatever the thread count.
+    #[test]
+    fn contiguous_run_sums_add_in_the_general_order() {
+        let cases: &[(&[usize], &[bool])] = &[
+            // The conv bias gradient, [N, C, H, W] to [C].
+            (&[64, 32, 26, 26], &[true, false, true, true]),
+            (&[5, 13, 3, 3], &[true, false, true, true]),
+            (&[3, 17, 8], &[true, false, true]),
+            // Kept and reduced axes interleaved; a leading kept axis.
+            (&[3, 5, 7, 11], &[false, true, false, true]),
+            (&[9, 2, 10], &[false, true, true]),
+            (&[7, 9], &[false, true]),
+            (&[1, 20, 1, 8], &[true, false, true, true]),
+        ];
+        for (&(shape, red), hard) in cases.iter().flat_map(|c| [(c, false), (c, true)]) {
+            let mut x = randn(70, shape);
+            if hard {
+                // +-2^60 pairs in every run of 8: the small terms the f64 sum keeps depend
+                // on the order it adds in, so another order shows in the f32 results.
+                let last = shape[shape.len() - 1];
+                for (i, v) in x.f32_mut().iter_mut().enumerate() {
+                    match i % last % 8 {
+                        0 => *v = 2f32.powi(60),
+                        3 => *v = -(2f32.powi(60)),
+                        _ => {}
+                    }
+                }
+            }
+            let axes: Vec<usize> = (0..shape.len()).filter(|&i| red[i]).collect();
+            let kept: Vec<usize> = (0..shape.len())
+                .filter(|&i| !red[i])
+                .map(|i| shape[i])
+                .collect();
+            let to: Vec<usize> = (0..shape.len())
+                .map(|i| if red[i] { 1 } else { shape[i] })
+                .collect();
+            for mean in [false, true] {
+                let want: Vec<u32> = naive_sum(&x, red, mean)
+                    .iter()
+                    .map(|&v| (v as f32).to_bits())
+                    .collect();
+                for threads in [1, 2, 3] {
+                    let (r, st) = in_pool(threads, || {
+                        let mut r = zeros(&kept);
+                        reduce(&x, &axes, mean, &mut r).unwrap();
+                        let mut st = zeros(&to[1..]);
+                        if !mean && red[0] {
+                            sum_to(&x, &mut st).unwrap();
+                        }
+                        (r, st)
+                    });
+                    let bits = |t: &Tensor| t.f32().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&r), want, "{shape:?} {red:?} mean {mean} hard {hard}");
+                    if !mean && red[0] {
+                        assert_eq!(bits(&st), want, "sum_to {shape:?} {red:?}");
+                    }
+                }
+            }
+        }
     }
 
     #[test]
