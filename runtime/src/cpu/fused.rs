@@ -36,12 +36,47 @@ struct Ptr<T>(T);
 unsafe impl<T> Send for Ptr<T> {}
 unsafe impl<T> Sync for Ptr<T> {}
 
+/// The operand's values for elements `start..start + len`: a register, a slice of memory,
+/// or (for a repeated operand) a copy into `tmp` made by a wrapping index, without a division
+/// per element.
 #[inline]
-fn read(src: Source, regs: &[f32], start: usize, k: usize) -> f32 {
+fn view<'r>(
+    src: Source,
+    done: &'r [f32],
+    tmp: &'r mut [f32],
+    start: usize,
+    len: usize,
+) -> &'r [f32] {
     match src {
-        Source::Register(r) => regs[r * CHUNK + k],
-        // SAFETY: `len` is the buffer's length; the index is reduced modulo it.
-        Source::Memory(p, len) => unsafe { *p.add((start + k) % len) },
+        Source::Register(r) => &done[r * CHUNK..r * CHUNK + len],
+        Source::Memory(p, n) if n >= start + len => {
+            // SAFETY: the buffer holds `n` elements, and `start + len <= n`.
+            unsafe { std::slice::from_raw_parts(p.add(start), len) }
+        }
+        Source::Memory(p, n) => {
+            let mut i = start % n;
+            for t in tmp[..len].iter_mut() {
+                // SAFETY: `i < n`, the buffer's length.
+                *t = unsafe { *p.add(i) };
+                i += 1;
+                if i == n {
+                    i = 0;
+                }
+            }
+            &tmp[..len]
+        }
+    }
+}
+
+fn map1(out: &mut [f32], a: &[f32], f: impl Fn(f32) -> f32) {
+    for (o, &x) in out.iter_mut().zip(a) {
+        *o = f(x);
+    }
+}
+
+fn map2(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
+    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
+        *o = f(x, y);
     }
 }
 
@@ -49,50 +84,52 @@ fn read(src: Source, regs: &[f32], start: usize, k: usize) -> f32 {
 pub fn run(ops: &[FusedOp], n: usize, per_sample: usize, ctx: &Ctx) -> Result<(), KernelError> {
     let chunks = n.div_ceil(CHUNK);
     let ops = Ptr(ops);
+    let nops = ops.0.len();
     let body = |regs: &mut Vec<f32>, c: usize| {
         let ops = &ops;
         let start = c * CHUNK;
         let len = CHUNK.min(n - start);
         for (r, f) in ops.0.iter().enumerate() {
             let (done, rest) = regs.split_at_mut(r * CHUNK);
-            let out = &mut rest[..len];
-            let a = |k: usize| read(f.operands[0], done, start, k);
-            let b = |k: usize| read(f.operands[1], done, start, k);
+            let (out, rest) = rest.split_at_mut(CHUNK);
+            let (ta, tb) = rest[(nops - r - 1) * CHUNK..].split_at_mut(CHUNK);
+            let out = &mut out[..len];
+            let a = view(f.operands[0], done, ta, start, len);
+            let parallax_compiler::ir::ops::Arity::Exactly(arity) = f.op.def().arity;
+            let b: &[f32] = if arity == 2 {
+                view(f.operands[1], done, tb, start, len)
+            } else {
+                &[]
+            };
             match f.op {
-                Op::Add => (0..len).for_each(|k| out[k] = a(k) + b(k)),
-                Op::Sub => (0..len).for_each(|k| out[k] = a(k) - b(k)),
-                Op::Mul => (0..len).for_each(|k| out[k] = a(k) * b(k)),
-                Op::Div => (0..len).for_each(|k| out[k] = a(k) / b(k)),
+                Op::Add => map2(out, a, b, |x, y| x + y),
+                Op::Sub => map2(out, a, b, |x, y| x - y),
+                Op::Mul => map2(out, a, b, |x, y| x * y),
+                Op::Div => map2(out, a, b, |x, y| x / y),
                 Op::Scale { by } => {
                     let by = *by as f32;
-                    (0..len).for_each(|k| out[k] = a(k) * by)
+                    map1(out, a, |x| x * by)
                 }
                 Op::AddScalar { value } => {
                     let v = *value as f32;
-                    (0..len).for_each(|k| out[k] = a(k) + v)
+                    map1(out, a, |x| x + v)
                 }
                 Op::ClampMax { value } => {
                     let v = *value as f32;
-                    (0..len).for_each(|k| out[k] = a(k).min(v))
+                    map1(out, a, |x| x.min(v))
                 }
-                Op::Sqrt => (0..len).for_each(|k| out[k] = a(k).sqrt()),
-                Op::Relu => (0..len).for_each(|k| out[k] = a(k).max(0.0)),
-                Op::Gelu => (0..len).for_each(|k| out[k] = gelu(a(k))),
-                Op::Tanh => (0..len).for_each(|k| out[k] = a(k).tanh()),
-                Op::Sigmoid => (0..len).for_each(|k| out[k] = sigmoid(a(k))),
-                Op::ReluGrad => (0..len).for_each(|k| out[k] = if a(k) > 0.0 { b(k) } else { 0.0 }),
-                Op::GeluGrad => (0..len).for_each(|k| out[k] = b(k) * gelu_grad(a(k))),
-                Op::TanhGrad => (0..len).for_each(|k| {
-                    let y = a(k);
-                    out[k] = b(k) * (1.0 - y * y)
-                }),
-                Op::SigmoidGrad => (0..len).for_each(|k| {
-                    let y = a(k);
-                    out[k] = b(k) * y * (1.0 - y)
-                }),
+                Op::Sqrt => map1(out, a, f32::sqrt),
+                Op::Relu => map1(out, a, |x| x.max(0.0)),
+                Op::Gelu => map1(out, a, gelu),
+                Op::Tanh => map1(out, a, f32::tanh),
+                Op::Sigmoid => map1(out, a, sigmoid),
+                Op::ReluGrad => map2(out, a, b, |x, dy| if x > 0.0 { dy } else { 0.0 }),
+                Op::GeluGrad => map2(out, a, b, |x, dy| dy * gelu_grad(x)),
+                Op::TanhGrad => map2(out, a, b, |y, dy| dy * (1.0 - y * y)),
+                Op::SigmoidGrad => map2(out, a, b, |y, dy| dy * y * (1.0 - y)),
                 Op::Dropout { p, stream } => {
                     if !ctx.training || *p == 0.0 {
-                        (0..len).for_each(|k| out[k] = a(k));
+                        out.copy_from_slice(a);
                     } else {
                         let key = rng::stream(
                             rng::mix(ctx.seed ^ rng::mix(ctx.step)),
@@ -100,14 +137,14 @@ pub fn run(ops: &[FusedOp], n: usize, per_sample: usize, ctx: &Ctx) -> Result<()
                             *stream,
                         );
                         let (threshold, scale) = (*p as f32, (1.0 / (1.0 - p)) as f32);
-                        for (k, o) in out.iter_mut().enumerate() {
+                        for (k, (o, &x)) in out.iter_mut().zip(a).enumerate() {
                             let i = start + k;
                             let sample = ctx.first_sample + (i / per_sample) as u64;
                             let index = sample * per_sample as u64 + (i % per_sample) as u64;
                             *o = if rng::uniform(key, index) < threshold {
                                 0.0
                             } else {
-                                a(k) * scale
+                                x * scale
                             };
                         }
                     }
@@ -120,7 +157,8 @@ pub fn run(ops: &[FusedOp], n: usize, per_sample: usize, ctx: &Ctx) -> Result<()
             }
         }
     };
-    let regs = ops.0.len() * CHUNK;
+    // One register per op, then two for repeated operands.
+    let regs = (nops + 2) * CHUNK;
     if chunks > 8 {
         (0..chunks)
             .into_par_iter()
