@@ -877,3 +877,17 @@ fn cli_bad_flags_exit_2() {
         assert!(o.stdout.is_empty(), "{args:?}");
     }
 }
+
+/// A UTF-8 byte-order mark at the start is accepted, and positions after it stay right.
+#[test]
+fn a_byte_order_mark_is_accepted() {
+    let text = format!("\u{feff}{}", MLP.replace("Relu,", "Relux,"));
+    let e = parallax_compiler::parse_bytes(text.as_bytes()).unwrap_err();
+    let d = &e.diagnostics()[0];
+    assert_eq!(d.message, "unknown layer `Relux`");
+    let loc = d.loc(&text).unwrap();
+    let line = text.lines().nth(loc.line - 1).unwrap();
+    assert_eq!(&line[loc.col - 1..loc.col + 4], "Relux");
+    let ok = format!("\u{feff}{MLP}");
+    assert!(parallax_compiler::parse_bytes(ok.as_bytes()).is_ok());
+}

@@ -66,6 +66,16 @@ pub fn parse_bytes(bytes: &[u8]) -> Result<Source, Error> {
 
 /// Parses and validates an experiment.
 pub fn parse(text: &str) -> Result<Source, Error> {
+    // Editors may start a UTF-8 file with a byte-order mark: read it as three spaces, which
+    // keeps every byte offset (and so every error position) where it was.
+    let unmarked;
+    let text = match text.strip_prefix('\u{feff}') {
+        Some(rest) => {
+            unmarked = format!("   {rest}");
+            unmarked.as_str()
+        }
+        None => text,
+    };
     if text.trim().is_empty() {
         return Err(Error::Syntax(
             Diagnostic::new("the file is empty", Some(Span::new(0, 0)))
