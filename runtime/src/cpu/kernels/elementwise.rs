@@ -241,6 +241,12 @@ const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
 /// correctly rounded erf.
 #[inline]
 pub fn erf(x: f32) -> f32 {
+    erf_given(x, (-x * x).exp())
+}
+
+/// `erf(x)` given `exp(-x^2)`, which the GELU gradient needs anyway.
+#[inline]
+fn erf_given(x: f32, exp_neg_x2: f32) -> f32 {
     let a = x.abs();
     if a < 0.5 {
         let x2 = x * x;
@@ -253,8 +259,7 @@ pub fn erf(x: f32) -> f32 {
     let poly = t
         * (0.254_829_6
             + t * (-0.284_496_74 + t * (1.421_413_8 + t * (-1.453_152_1 + t * 1.061_405_4))));
-    let y = 1.0 - poly * (-a * a).exp();
-    y.copysign(x)
+    (1.0 - poly * exp_neg_x2).copysign(x)
 }
 
 /// The exact GELU, `x * Phi(x)`, as PyTorch's default.
@@ -262,11 +267,12 @@ pub fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * FRAC_1_SQRT_2))
 }
 
-/// `d gelu / dx = Phi(x) + x * phi(x)`.
+/// `d gelu / dx = Phi(x) + x * phi(x)`; `Phi` and `phi` share one `exp(-x^2 / 2)`.
 pub fn gelu_grad(x: f32) -> f32 {
-    let cdf = 0.5 * (1.0 + erf(x * FRAC_1_SQRT_2));
-    let pdf = (-0.5 * x * x).exp() * 0.398_942_3;
-    cdf + x * pdf
+    let a = x * FRAC_1_SQRT_2;
+    let e = (-a * a).exp();
+    let cdf = 0.5 * (1.0 + erf_given(a, e));
+    cdf + x * e * 0.398_942_3
 }
 
 /// Keeps each element with probability `1 - p`, scaled by `1 / (1 - p)`. The mask of an
