@@ -9,6 +9,10 @@ use crate::rng;
 use parallax_compiler::ir::Op;
 use rayon::prelude::*;
 
+thread_local! {
+    static REGISTERS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Elements per chunk: a few registers of this size stay in the L1 cache.
 pub const CHUNK: usize = 1024;
 
@@ -21,10 +25,11 @@ pub enum Source {
     Memory(*const f32, usize),
 }
 
-/// One op of a fused kernel.
+/// One op of a fused kernel. The op is borrowed from the executor's plan, which outlives
+/// every call that reads it.
 #[derive(Debug, Clone)]
-pub struct FusedOp<'a> {
-    pub op: &'a Op,
+pub struct FusedOp {
+    pub op: *const Op,
     pub operands: [Source; 2],
     /// Where to store the result, if anything outside the kernel reads it.
     pub store: Option<*mut f32>,
@@ -95,13 +100,16 @@ pub fn run(ops: &[FusedOp], n: usize, per_sample: usize, ctx: &Ctx) -> Result<()
             let (ta, tb) = rest[(nops - r - 1) * CHUNK..].split_at_mut(CHUNK);
             let out = &mut out[..len];
             let a = view(f.operands[0], done, ta, start, len);
-            let parallax_compiler::ir::ops::Arity::Exactly(arity) = f.op.def().arity;
+            // SAFETY: as below, the op lives in the executor's plan.
+            let parallax_compiler::ir::ops::Arity::Exactly(arity) = unsafe { &*f.op }.def().arity;
             let b: &[f32] = if arity == 2 {
                 view(f.operands[1], done, tb, start, len)
             } else {
                 &[]
             };
-            match f.op {
+            // SAFETY: the op lives in the plan the executor holds for this call.
+            let op = unsafe { &*f.op };
+            match op {
                 Op::Add => map2(out, a, b, |x, y| x + y),
                 Op::Sub => map2(out, a, b, |x, y| x - y),
                 Op::Mul => map2(out, a, b, |x, y| x * y),
@@ -157,15 +165,22 @@ pub fn run(ops: &[FusedOp], n: usize, per_sample: usize, ctx: &Ctx) -> Result<()
             }
         }
     };
-    // One register per op, then two for repeated operands.
+    // One register per op, then two for repeated operands; each thread keeps its block, so a
+    // steady-state step does not allocate them.
     let regs = (nops + 2) * CHUNK;
+    let with_registers = |c: usize| {
+        REGISTERS.with(|r| {
+            let mut r = r.borrow_mut();
+            if r.len() < regs {
+                r.resize(regs, 0.0);
+            }
+            body(&mut r, c)
+        })
+    };
     if chunks > 8 {
-        (0..chunks)
-            .into_par_iter()
-            .for_each_init(|| vec![0f32; regs], |r, c| body(r, c));
+        (0..chunks).into_par_iter().for_each(with_registers);
     } else {
-        let mut r = vec![0f32; regs];
-        (0..chunks).for_each(|c| body(&mut r, c));
+        (0..chunks).for_each(with_registers);
     }
     Ok(())
 }

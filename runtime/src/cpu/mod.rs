@@ -12,6 +12,7 @@ use parallax_compiler::ir::{Init, Op, Phase};
 use parallax_compiler::passes::fuse::KernelKind;
 use parallax_compiler::Plan;
 use std::collections::HashMap;
+use std::sync::Arc;
 use tensor::{Data, Tensor};
 
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +55,12 @@ static EMPTY: Tensor = Tensor {
 };
 
 pub struct Executor {
-    plan: Plan,
+    plan: Arc<Plan>,
+    /// Every step's shape at `shapes_batch` (recomputed only when the batch size changes).
+    shapes: Vec<Vec<usize>>,
+    shapes_batch: usize,
+    /// The fused ops of the kernel being run (kept to reuse its allocation).
+    fused_ops: Vec<fused::FusedOp>,
     /// The plan's buffers: dedicated ones (parameters, state, inputs) and reused ones.
     buffers: Vec<Tensor>,
     /// Each step's buffer; `None` for values that stay inside their kernel.
@@ -128,8 +134,16 @@ impl Executor {
             .iter()
             .map(|o| (o.name.clone(), o.step))
             .collect();
+        let shapes = plan
+            .steps
+            .iter()
+            .map(|s| resolve(&plan, &s.ty.shape, max_batch))
+            .collect();
         let mut e = Executor {
-            plan,
+            plan: Arc::new(plan),
+            shapes,
+            shapes_batch: max_batch,
+            fused_ops: Vec::new(),
             buffers,
             slot,
             scratch,
@@ -142,6 +156,23 @@ impl Executor {
         };
         e.init_params();
         e
+    }
+
+    /// Resolves every step's shape for `batch` (allocates only when the batch size changes).
+    fn ensure_shapes(&mut self, batch: usize) {
+        if self.shapes_batch != batch {
+            for (shape, s) in self.shapes.iter_mut().zip(&self.plan.steps) {
+                *shape = resolve(&self.plan, &s.ty.shape, batch);
+            }
+            self.shapes_batch = batch;
+        }
+    }
+
+    /// Shapes step `step`'s buffer for the current batch.
+    fn shape_buffer(&mut self, step: usize) {
+        if let Some(b) = self.slot[step] {
+            self.buffers[b].reshape_in_place(&self.shapes[step]);
+        }
     }
 
     fn buf(&self, step: usize) -> &Tensor {
@@ -242,10 +273,9 @@ impl Executor {
                 max: self.max_batch,
             });
         }
-        let shape = resolve(&self.plan, &self.plan.steps[id].ty.shape, batch);
-        let t = self.buf_mut(id);
-        t.reshape_in_place(&shape);
-        Ok(t)
+        self.ensure_shapes(batch);
+        self.shape_buffer(id);
+        Ok(self.buf_mut(id))
     }
 
     /// Sets an f32 input for a batch of `batch` samples.
@@ -304,13 +334,12 @@ impl Executor {
             training: mode != Mode::Eval,
             first_sample,
         };
+        self.ensure_shapes(batch);
         // Constants are sources too: fill them for this batch.
         for i in 0..self.plan.steps.len() {
             if let Op::Fill { value, .. } = self.plan.steps[i].op {
-                let shape = resolve(&self.plan, &self.plan.steps[i].ty.shape, batch);
-                let t = self.buf_mut(i);
-                t.reshape_in_place(&shape);
-                t.f32_mut().fill(value as f32);
+                self.shape_buffer(i);
+                self.buf_mut(i).f32_mut().fill(value as f32);
             }
         }
         for k in 0..self.plan.kernels.len() {
@@ -328,7 +357,7 @@ impl Executor {
                 continue;
             }
             let t = self.profile.is_some().then(std::time::Instant::now);
-            self.run_kernel(k, batch, &ctx)?;
+            self.run_kernel(k, &ctx)?;
             if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
                 let kern = &self.plan.kernels[k];
                 let name = match kern.kind {
@@ -369,20 +398,13 @@ impl Executor {
     }
 
     /// Runs one op from its operands' buffers into `out` (its own buffer, or the scratch).
-    fn run_single(
-        &mut self,
-        step: usize,
-        batch: usize,
-        ctx: &Ctx,
-        into_scratch: bool,
-    ) -> Result<(), ExecError> {
-        let shape = resolve(&self.plan, &self.plan.steps[step].ty.shape, batch);
+    fn run_single(&mut self, step: usize, ctx: &Ctx, into_scratch: bool) -> Result<(), ExecError> {
         let mut out = if into_scratch {
             std::mem::take(&mut self.scratch)
         } else {
             std::mem::take(self.buf_mut(step))
         };
-        out.reshape_in_place(&shape);
+        out.reshape_in_place(&self.shapes[step]);
         let s = &self.plan.steps[step];
         let get = |k: usize| s.operands.get(k).map_or(&EMPTY, |&o| self.buf(o));
         let ins = [get(0), get(1), get(2)];
@@ -395,16 +417,17 @@ impl Executor {
         r.map_err(|e| self.kernel_err(step, e))
     }
 
-    fn run_kernel(&mut self, k: usize, batch: usize, ctx: &Ctx) -> Result<(), ExecError> {
-        let kind = self.plan.kernels[k].kind;
-        let steps = self.plan.kernels[k].steps.clone();
+    fn run_kernel(&mut self, k: usize, ctx: &Ctx) -> Result<(), ExecError> {
+        let plan = self.plan.clone();
+        let kind = plan.kernels[k].kind;
+        let steps = &plan.kernels[k].steps;
         match kind {
-            KernelKind::Single => self.run_single(steps[0], batch, ctx, false),
-            KernelKind::Elementwise => self.run_fused(&steps, &[], batch, ctx, None),
+            KernelKind::Single => self.run_single(steps[0], ctx, false),
+            KernelKind::Elementwise => self.run_fused(steps, None, ctx, None),
             KernelKind::Gemm { .. } => {
                 let mm = steps[0];
                 let staged = self.slot[mm].is_none();
-                self.run_single(mm, batch, ctx, staged)?;
+                self.run_single(mm, ctx, staged)?;
                 if steps.len() > 1 {
                     let source = if staged {
                         (self.scratch.f32().as_ptr(), self.scratch.numel())
@@ -412,20 +435,18 @@ impl Executor {
                         let t = self.buf(mm);
                         (t.f32().as_ptr(), t.numel())
                     };
-                    self.run_fused(&steps[1..], &[(mm, source)], batch, ctx, None)?;
+                    self.run_fused(&steps[1..], Some((mm, source)), ctx, None)?;
                 }
                 Ok(())
             }
             KernelKind::ElementwiseReduce => {
                 let (&red, chain) = steps.split_last().expect("a reduction and its chain");
                 let last = *chain.last().expect("a chain before the reduction");
-                let shape = resolve(&self.plan, &self.plan.steps[last].ty.shape, batch);
-                self.scratch.reshape_in_place(&shape);
+                self.scratch.reshape_in_place(&self.shapes[last]);
                 let stage = self.scratch.f32_mut().as_mut_ptr();
-                self.run_fused(chain, &[], batch, ctx, Some((last, stage)))?;
-                let shape = resolve(&self.plan, &self.plan.steps[red].ty.shape, batch);
+                self.run_fused(chain, None, ctx, Some((last, stage)))?;
                 let mut out = std::mem::take(self.buf_mut(red));
-                out.reshape_in_place(&shape);
+                out.reshape_in_place(&self.shapes[red]);
                 let r = execute(&self.plan.steps[red].op, &[&self.scratch], &mut out, ctx);
                 *self.buf_mut(red) = out;
                 r.map_err(|e| self.kernel_err(red, e))
@@ -438,14 +459,13 @@ impl Executor {
     fn run_fused(
         &mut self,
         steps: &[usize],
-        given: &[(usize, (*const f32, usize))],
-        batch: usize,
+        given: Option<(usize, (*const f32, usize))>,
         ctx: &Ctx,
         stage: Option<(usize, *mut f32)>,
     ) -> Result<(), ExecError> {
         let last = *steps.last().expect("a kernel has steps");
-        let shape = resolve(&self.plan, &self.plan.steps[last].ty.shape, batch);
-        let n = tensor::numel(&shape);
+        let shape = &self.shapes[last];
+        let n = tensor::numel(shape);
         let per_sample = if shape.is_empty() {
             1
         } else {
@@ -453,20 +473,18 @@ impl Executor {
         };
         // Shape every stored output for this batch before taking pointers into it.
         for &s in steps {
-            if self.slot[s].is_some() {
-                let sh = resolve(&self.plan, &self.plan.steps[s].ty.shape, batch);
-                self.buf_mut(s).reshape_in_place(&sh);
-            }
+            self.shape_buffer(s);
         }
-        let mut ops = Vec::with_capacity(steps.len());
+        let mut ops = std::mem::take(&mut self.fused_ops);
+        ops.clear();
         for &s in steps {
             let st = &self.plan.steps[s];
             let mut operands = [fused::Source::Register(0); 2];
             for (j, &o) in st.operands.iter().enumerate().take(2) {
                 operands[j] = if let Some(r) = steps.iter().position(|&x| x == o) {
                     fused::Source::Register(r)
-                } else if let Some((_, (p, len))) = given.iter().find(|(g, _)| *g == o) {
-                    fused::Source::Memory(*p, *len)
+                } else if let Some((_, (p, len))) = given.filter(|(g, _)| *g == o) {
+                    fused::Source::Memory(p, len)
                 } else {
                     let t = self.buf(o);
                     if !t.is_f32() {
@@ -494,7 +512,9 @@ impl Executor {
         }
         // A staged value that is also stored is copied to the scratch after the pass.
         let copy_stage = stage.filter(|(x, _)| self.slot[*x].is_some());
-        fused::run(&ops, n, per_sample, ctx).map_err(|e| self.kernel_err(last, e))?;
+        let r = fused::run(&ops, n, per_sample, ctx);
+        self.fused_ops = ops;
+        r.map_err(|e| self.kernel_err(last, e))?;
         if let Some((x, p)) = copy_stage {
             let src = self.buf(x).f32();
             // SAFETY: the scratch was shaped to this value's size; it is not the source buffer.
