@@ -11,9 +11,22 @@ use std::sync::Arc;
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 
+thread_local!(static IN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) });
+static TRACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
+        if TRACE.load(Ordering::Relaxed) && !IN.with(|c| c.replace(true)) {
+            let bt = std::backtrace::Backtrace::force_capture().to_string();
+            let frames: Vec<&str> = bt
+                .lines()
+                .filter(|l| l.contains("parallax") || l.contains("gemm") || l.contains("rayon"))
+                .take(4)
+                .collect();
+            eprintln!("ALLOC {} {:?}", l.size(), frames);
+            IN.with(|c| c.set(false));
+        }
         unsafe { System.alloc(l) }
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
@@ -48,7 +61,10 @@ fn main() {
         Values::F32(v) => x.set_f32(&target, batch, v).unwrap(),
         Values::I32(v) => x.set_i32(&target, batch, v).unwrap(),
     }
-    for step in 0..5 {
+    for step in 0..6 {
+        if step == 5 && std::env::var_os("TRACE").is_some() {
+            TRACE.store(true, Ordering::Relaxed);
+        }
         let before = ALLOCS.load(Ordering::Relaxed);
         x.run(batch, Mode::Train, step, 0).unwrap();
         println!(
