@@ -6,10 +6,8 @@ use parallax_compiler::passes::fuse::KernelKind;
 use parallax_compiler::plan::Plan;
 use parallax_compiler::{compile, parse_bytes, Options, Source};
 use parallax_runtime::cpu::{Executor, Mode};
-use parallax_runtime::data::{self, Loader, Values};
-use parallax_runtime::train::model_io;
+use parallax_runtime::train::{set_scalars, Session};
 use std::collections::HashMap;
-use std::sync::Arc;
 
 fn source(name: &str) -> Source {
     let path = format!("{}/models/{name}.ron", env!("CARGO_MANIFEST_DIR"));
@@ -134,36 +132,13 @@ fn transformer_fuses_reductions_after_elementwise_chains() {
     )));
 }
 
-fn batch_for(s: &Source, plan: &Plan, batch: usize) -> (String, String, Values, Values) {
-    let e = &s.experiment;
-    let (io, input, target) = model_io(plan, &e.loss).unwrap();
-    let splits = data::load(&e.data, &io, 1, std::path::Path::new(".")).unwrap();
-    let b = Loader::new(Arc::new(splits.train), batch, 1, false, 0)
-        .unwrap()
-        .next()
-        .unwrap();
-    (input, target, b.inputs, b.targets)
-}
-
-fn train(
-    plan: Plan,
-    feed: &(String, String, Values, Values),
-    batch: usize,
-    steps: u64,
-) -> Executor {
-    let mut e = Executor::new(plan, batch, 5);
-    let set = |e: &mut Executor, name: &str, v: &Values| match v {
-        Values::F32(v) => e.set_f32(name, batch, v).unwrap(),
-        Values::I32(v) => e.set_i32(name, batch, v).unwrap(),
-    };
-    set(&mut e, &feed.0, &feed.2);
-    set(&mut e, &feed.1, &feed.3);
+/// Three training steps of `plan` on the data's first batch of 8.
+fn train(s: &Source, plan: Plan, steps: u64) -> Executor {
+    let mut session = Session::new(s, plan, 8, 1, std::path::Path::new(".")).unwrap();
+    let batch = session.next_batch().unwrap().size;
+    let mut e = session.exec;
     for step in 0..steps {
-        for name in ["lr", "adam_step_size", "adam_bc2_sqrt"] {
-            if e.has_input(name) {
-                e.set_f32(name, 1, &[1e-3 * (step + 1) as f32]).unwrap();
-            }
-        }
+        set_scalars(&mut e, &s.experiment.optimizer, step, steps).unwrap();
         e.run(batch, Mode::Train, step, 0).unwrap();
     }
     e
@@ -173,8 +148,7 @@ fn train(
 fn fused_plans_compute_the_same_bits() {
     for name in ["mlp", "cnn", "transformer"] {
         let (s, fused, plain) = plans(name);
-        let feed = batch_for(&s, &fused, 8);
-        let (a, b) = (train(fused, &feed, 8, 3), train(plain, &feed, 8, 3));
+        let (a, b) = (train(&s, fused, 3), train(&s, plain, 3));
         assert_eq!(
             a.output("loss").unwrap().f32(),
             b.output("loss").unwrap().f32(),

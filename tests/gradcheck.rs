@@ -13,10 +13,8 @@ use parallax_compiler::passes::{autodiff, Ctx};
 use parallax_compiler::plan::Plan;
 use parallax_compiler::{compile, parse, parse_bytes, Options, Source};
 use parallax_runtime::cpu::{Executor, Mode};
-use parallax_runtime::data::{self, Loader, Values};
 use parallax_runtime::rng;
-use parallax_runtime::train::model_io;
-use std::sync::Arc;
+use parallax_runtime::train::Session;
 
 fn loss(e: &mut Executor, batch: usize) -> f64 {
     e.run(batch, Mode::Gradients, 0, 0).unwrap();
@@ -67,22 +65,9 @@ fn model(name: &str) {
     let plan = compile(&source, &options, &mut |_, _| {})
         .unwrap()
         .plan(&source, &options);
-    let e = &source.experiment;
-    let (io, input, target) = model_io(&plan, &e.loss).unwrap();
-    let splits = data::load(&e.data, &io, 1, std::path::Path::new(".")).unwrap();
-    let batch = 8;
-    let mut b = Loader::new(Arc::new(splits.train), batch, 1, false, 0).unwrap();
-    let b = b.next().unwrap();
-    let mut exec = Executor::new(plan, batch, 3);
-    match &b.inputs {
-        Values::F32(v) => exec.set_f32(&input, batch, v).unwrap(),
-        Values::I32(v) => exec.set_i32(&input, batch, v).unwrap(),
-    }
-    match &b.targets {
-        Values::F32(v) => exec.set_f32(&target, batch, v).unwrap(),
-        Values::I32(v) => exec.set_i32(&target, batch, v).unwrap(),
-    }
-    check(&mut exec, batch, 2, 1e-3, name);
+    let mut s = Session::new(&source, plan, 8, 1, std::path::Path::new(".")).unwrap();
+    let batch = s.next_batch().unwrap().size;
+    check(&mut s.exec, batch, 2, 1e-3, name);
 }
 
 #[test]

@@ -1,12 +1,10 @@
 //! Counts heap allocations per training step: `cargo run --release --example allocs -- FILE`.
 
 use parallax_compiler::{compile, parse_bytes, Options};
-use parallax_runtime::cpu::{Executor, Mode};
-use parallax_runtime::data::{self, Loader, Values};
-use parallax_runtime::train::model_io;
+use parallax_runtime::cpu::Mode;
+use parallax_runtime::train::Session;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 struct Counting;
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
@@ -45,22 +43,10 @@ fn main() {
         .unwrap()
         .plan(&source, &options);
     let e = &source.experiment;
-    let (io, input, target) = model_io(&plan, &e.loss).unwrap();
-    let splits = data::load(&e.data, &io, 1, std::path::Path::new(".")).unwrap();
     let batch = e.train.batch_size as usize;
-    let b = Loader::new(Arc::new(splits.train), batch, 1, false, 0)
-        .unwrap()
-        .next()
-        .unwrap();
-    let mut x = Executor::new(plan, batch, 3);
-    match &b.inputs {
-        Values::F32(v) => x.set_f32(&input, batch, v).unwrap(),
-        Values::I32(v) => x.set_i32(&input, batch, v).unwrap(),
-    }
-    match &b.targets {
-        Values::F32(v) => x.set_f32(&target, batch, v).unwrap(),
-        Values::I32(v) => x.set_i32(&target, batch, v).unwrap(),
-    }
+    let mut s = Session::new(&source, plan, batch, 1, std::path::Path::new(".")).unwrap();
+    s.next_batch().unwrap();
+    let x = &mut s.exec;
     for step in 0..6 {
         if step == 5 && std::env::var_os("TRACE").is_some() {
             TRACE.store(true, Ordering::Relaxed);

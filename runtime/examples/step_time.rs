@@ -7,10 +7,8 @@
 //! `NAME median MS ms/step (min MS, max MS; STEPS steps after WARMUP warm-up)`.
 
 use parallax_compiler::{compile, parse_bytes, Options};
-use parallax_runtime::cpu::{Executor, Mode};
-use parallax_runtime::data::{self, Loader, Values};
-use parallax_runtime::train::model_io;
-use std::sync::Arc;
+use parallax_runtime::cpu::Mode;
+use parallax_runtime::train::{feed, set_scalars, Session};
 use std::time::Instant;
 
 fn main() {
@@ -28,33 +26,22 @@ fn main() {
         .expect("compiles")
         .plan(&source, &options);
     let e = &source.experiment;
-    let (io, input, target) = model_io(&plan, &e.loss).expect("one input");
-    let splits = data::load(&e.data, &io, e.train.seed, std::path::Path::new(".")).expect("data");
     let batch = e.train.batch_size as usize;
-    let mut exec = Executor::new(plan, batch, e.train.seed);
-    let mut loader = Loader::new(Arc::new(splits.train), batch, 0, false, 0).expect("a loader");
-    let set = |x: &mut Executor, name: &str, n: usize, v: &Values| match v {
-        Values::F32(v) => x.set_f32(name, n, v).unwrap(),
-        Values::I32(v) => x.set_i32(name, n, v).unwrap(),
-    };
+    let mut s = Session::new(&source, plan, batch, 0, std::path::Path::new(".")).expect("data");
     let total = warmup + steps;
     let mut times = Vec::with_capacity(steps as usize);
     for step in 0..total {
-        let b = loader.next().expect("the loader runs forever");
+        let b = s.loader.next().expect("the loader runs forever");
         let t = Instant::now();
-        set(&mut exec, &input, b.size, &b.inputs);
-        set(&mut exec, &target, b.size, &b.targets);
-        for (name, v) in e.optimizer.step_scalars(step, total) {
-            if exec.has_input(name) {
-                exec.set_f32(name, 1, &[v]).unwrap();
-            }
-        }
-        exec.run(b.size, Mode::Train, step, 0).unwrap();
+        feed(&mut s.exec, &s.input, b.size, &b.inputs).unwrap();
+        feed(&mut s.exec, &s.target, b.size, &b.targets).unwrap();
+        set_scalars(&mut s.exec, &e.optimizer, step, total).unwrap();
+        s.exec.run(b.size, Mode::Train, step, 0).unwrap();
         let elapsed = t.elapsed().as_secs_f64() * 1e3;
         if step >= warmup {
             times.push(elapsed);
         }
-        let loss = exec.output("loss").map_or(f32::NAN, |t| t.f32()[0]);
+        let loss = s.exec.output("loss").map_or(f32::NAN, |t| t.f32()[0]);
         assert!(loss.is_finite(), "the loss became {loss} at step {step}");
     }
     times.sort_by(|a, b| a.total_cmp(b));

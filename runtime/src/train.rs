@@ -6,7 +6,7 @@ use crate::cpu::tensor::Tensor;
 use crate::cpu::{ExecError, Executor, Mode};
 use crate::data::{self, DataError, Dataset, Loader, ModelIo, TensorSpec, Values};
 use crate::weights::{self, WeightsError};
-use parallax_compiler::dsl::ast::{Experiment, Loss};
+use parallax_compiler::dsl::ast::{Experiment, Loss, Optimizer};
 use parallax_compiler::ir::{Dim, Op};
 use parallax_compiler::{Plan, Source};
 use serde::Serialize;
@@ -177,7 +177,8 @@ pub fn model_io(plan: &Plan, loss: &Loss) -> Result<(ModelIo, String, String), T
     Ok((io, input_name.to_string(), target_name.to_string()))
 }
 
-fn set(e: &mut Executor, name: &str, batch: usize, v: &Values) -> Result<(), ExecError> {
+/// Sets input `name` of the executor to a batch of `batch` samples.
+pub fn feed(e: &mut Executor, name: &str, batch: usize, v: &Values) -> Result<(), ExecError> {
     match v {
         Values::F32(x) => e.set_f32(name, batch, x),
         Values::I32(x) => e.set_i32(name, batch, x),
@@ -188,6 +189,80 @@ fn slice(v: &Values, per: usize, from: usize, to: usize) -> Values {
     match v {
         Values::F32(x) => Values::F32(x[from * per..to * per].to_vec()),
         Values::I32(x) => Values::I32(x[from * per..to * per].to_vec()),
+    }
+}
+
+/// Sets the schedule's scalars (learning rate, Adam's corrections) for step `step` of `total`;
+/// returns them.
+pub fn set_scalars(
+    e: &mut Executor,
+    optimizer: &Optimizer,
+    step: u64,
+    total: u64,
+) -> Result<Vec<(&'static str, f32)>, ExecError> {
+    let scalars = optimizer.step_scalars(step, total);
+    for &(name, v) in &scalars {
+        if e.has_input(name) {
+            e.set_f32(name, 1, &[v])?;
+        }
+    }
+    Ok(scalars)
+}
+
+/// A compiled experiment ready to run one step at a time: its executor, its data and the
+/// names of the inputs the data feeds (for tools, benchmarks and tests).
+pub struct Session {
+    pub exec: Executor,
+    pub loader: Loader,
+    pub train_samples: usize,
+    pub validation: Dataset,
+    pub input: String,
+    pub target: String,
+}
+
+/// Where a training batch sits: its size, epoch and index within the epoch.
+#[derive(Debug, Clone, Copy)]
+pub struct BatchInfo {
+    pub size: usize,
+    pub epoch: u64,
+    pub index: usize,
+}
+
+impl Session {
+    /// Loads the experiment's data (split and shuffled by `seed`) and builds an executor for
+    /// batches of `batch` samples, its parameters initialised from `seed`.
+    pub fn new(
+        source: &Source,
+        plan: Plan,
+        batch: usize,
+        seed: u64,
+        base_dir: &Path,
+    ) -> Result<Session, TrainError> {
+        let e = &source.experiment;
+        let (io, input, target) = model_io(&plan, &e.loss)?;
+        let splits = data::load(&e.data, &io, seed, base_dir)?;
+        let train_samples = splits.train.len;
+        let loader = Loader::new(Arc::new(splits.train), batch, seed, e.train.drop_last, 0)?;
+        Ok(Session {
+            exec: Executor::new(plan, batch, seed),
+            loader,
+            train_samples,
+            validation: splits.validation,
+            input,
+            target,
+        })
+    }
+
+    /// Sets the next training batch as the executor's inputs.
+    pub fn next_batch(&mut self) -> Result<BatchInfo, ExecError> {
+        let b = self.loader.next().expect("the loader runs forever");
+        feed(&mut self.exec, &self.input, b.size, &b.inputs)?;
+        feed(&mut self.exec, &self.target, b.size, &b.targets)?;
+        Ok(BatchInfo {
+            size: b.size,
+            epoch: b.epoch,
+            index: b.index,
+        })
     }
 }
 
@@ -235,9 +310,9 @@ impl Validator<'_> {
         while from < n {
             let to = (from + self.batch).min(n);
             let b = to - from;
-            set(e, self.input, b, &slice(&self.set.inputs, per_in, from, to))?;
+            feed(e, self.input, b, &slice(&self.set.inputs, per_in, from, to))?;
             let targets = slice(&self.set.targets, per_t, from, to);
-            set(e, self.target, b, &targets)?;
+            feed(e, self.target, b, &targets)?;
             e.run(b, Mode::Eval, step, from as u64)?;
             loss += e.output("loss").map_or(0.0, |t| t.f32()[0] as f64) * b as f64;
             if let (Values::I32(labels), Some(out)) = (&targets, e.output(&self.output)) {
@@ -263,13 +338,11 @@ pub fn train(
     let exp = resolved(&source.experiment, cfg);
     let seed = exp.train.seed;
     let batch_size = exp.train.batch_size as usize;
-    let (io, input_name, target_name) = model_io(&plan, &exp.loss)?;
     if plan.updates.is_empty() {
         return Err(TrainError::Model(
             "the model has no parameters that affect the loss: there is nothing to train".into(),
         ));
     }
-    let splits = data::load(&exp.data, &io, seed, &cfg.base_dir)?;
     let output = plan
         .output_steps
         .iter()
@@ -278,13 +351,11 @@ pub fn train(
         .unwrap_or_default();
     let parameters = plan.parameters;
     let optimizer = exp.optimizer.clone();
-    let mut exec = Executor::new(plan, batch_size, seed);
+    let mut session = Session::new(source, plan, batch_size, seed, &cfg.base_dir)?;
     if let Some(init) = &cfg.init {
-        weights::load(&mut exec, init)?;
+        weights::load(&mut session.exec, init)?;
     }
-    let train_set = Arc::new(splits.train);
-    let loader = Loader::new(train_set.clone(), batch_size, seed, exp.train.drop_last, 0)?;
-    let per_epoch = loader.batches_per_epoch() as u64;
+    let per_epoch = session.loader.batches_per_epoch() as u64;
     let total = match (exp.train.steps, exp.train.epochs) {
         (Some(s), _) => s,
         (None, Some(ep)) => ep * per_epoch,
@@ -309,31 +380,33 @@ pub fn train(
     on_event(&Event::Start {
         total_steps: total,
         batches_per_epoch: per_epoch,
-        train_samples: train_set.len,
-        validation_samples: splits.validation.len,
+        train_samples: session.train_samples,
+        validation_samples: session.validation.len,
     });
+    let Session {
+        mut exec,
+        mut loader,
+        validation,
+        input,
+        target,
+        ..
+    } = session;
     let validator = Validator {
-        set: &splits.validation,
-        input: &input_name,
-        target: &target_name,
+        set: &validation,
+        input: &input,
+        target: &target,
         output,
         batch: batch_size,
     };
     let mut times = Vec::with_capacity(total as usize);
     let (mut samples, mut last_loss) = (0usize, f32::NAN);
     let mut val = (None, None);
-    let mut loader = loader;
     for step in 0..total {
         let batch = loader.next().expect("the loader runs forever");
         let t = Instant::now();
-        set(&mut exec, &input_name, batch.size, &batch.inputs)?;
-        set(&mut exec, &target_name, batch.size, &batch.targets)?;
-        let scalars = optimizer.step_scalars(step, total);
-        for &(name, v) in &scalars {
-            if exec.has_input(name) {
-                exec.set_f32(name, 1, &[v])?;
-            }
-        }
+        feed(&mut exec, &input, batch.size, &batch.inputs)?;
+        feed(&mut exec, &target, batch.size, &batch.targets)?;
+        let scalars = set_scalars(&mut exec, &optimizer, step, total)?;
         exec.run(batch.size, Mode::Train, step, 0)?;
         times.push(t.elapsed().as_secs_f64());
         samples += batch.size;
