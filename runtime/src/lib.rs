@@ -7,21 +7,4 @@ pub mod rng;
 pub mod train;
 pub mod weights;
 
-pub mod backend {
-    //! Executors of a plan.
-
-    /// Where a plan runs.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-    pub enum BackendKind {
-        Cpu,
-        Cuda,
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("the {0:?} backend is not built yet")]
-    NotBuilt(backend::BackendKind),
-}
-
 pub use parallax_compiler::Plan;

@@ -226,15 +226,6 @@ impl Graph {
         total
     }
 
-    /// Bytes of one node's output at batch size `batch`.
-    pub fn bytes(&self, n: NodeIndex, batch: u64) -> u128 {
-        let t = &self.g[n].ty;
-        let value = self.sym_value(batch);
-        t.shape.iter().fold(t.dtype.bytes() as u128, |a, d| {
-            a.saturating_mul(d.eval(&value) as u128)
-        })
-    }
-
     /// Every node that must survive dead-code removal: outputs, gradients, updates.
     pub fn roots(&self) -> Vec<NodeIndex> {
         let mut r: Vec<NodeIndex> = self.outputs.iter().map(|(_, n)| *n).collect();

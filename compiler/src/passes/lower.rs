@@ -180,15 +180,9 @@ impl Lowerer<'_> {
                 span,
             ));
         }
-        let kind = op.name();
-        self.g.add(op, ins, layer, span).map_err(|msg| {
-            let shapes: Vec<String> = ins
-                .iter()
-                .map(|&i| self.g.g[i].ty.show(&self.g.sym_names()))
-                .collect();
-            let _ = (kind, shapes);
-            model_err(format!("in layer `{layer}`: {msg}"), span)
-        })
+        self.g
+            .add(op, ins, layer, span)
+            .map_err(|msg| model_err(format!("in layer `{layer}`: {msg}"), span))
     }
 
     fn param(

@@ -3,9 +3,10 @@
 //! by the same f32 operations as the one-op kernels, so fused and unfused plans give the same
 //! bits.
 
-use super::kernels::elementwise::{gelu, gelu_grad, sigmoid};
+use super::kernels::elementwise::{
+    gelu, gelu_grad, relu_grad, sigmoid, sigmoid_grad, tanh_grad, DropoutMask,
+};
 use super::kernels::{Ctx, KernelError};
-use crate::rng;
 use parallax_compiler::ir::Op;
 use rayon::prelude::*;
 
@@ -131,32 +132,18 @@ pub fn run(ops: &[FusedOp], n: usize, per_sample: usize, ctx: &Ctx) -> Result<()
                 Op::Gelu => map1(out, a, gelu),
                 Op::Tanh => map1(out, a, f32::tanh),
                 Op::Sigmoid => map1(out, a, sigmoid),
-                Op::ReluGrad => map2(out, a, b, |x, dy| if x > 0.0 { dy } else { 0.0 }),
+                Op::ReluGrad => map2(out, a, b, relu_grad),
                 Op::GeluGrad => map2(out, a, b, |x, dy| dy * gelu_grad(x)),
-                Op::TanhGrad => map2(out, a, b, |y, dy| dy * (1.0 - y * y)),
-                Op::SigmoidGrad => map2(out, a, b, |y, dy| dy * y * (1.0 - y)),
-                Op::Dropout { p, stream } => {
-                    if !ctx.training || *p == 0.0 {
-                        out.copy_from_slice(a);
-                    } else {
-                        let key = rng::stream(
-                            rng::mix(ctx.seed ^ rng::mix(ctx.step)),
-                            rng::Purpose::Dropout,
-                            *stream,
-                        );
-                        let (threshold, scale) = (*p as f32, (1.0 / (1.0 - p)) as f32);
+                Op::TanhGrad => map2(out, a, b, tanh_grad),
+                Op::SigmoidGrad => map2(out, a, b, sigmoid_grad),
+                Op::Dropout { p, stream } => match DropoutMask::new(*p, *stream, ctx, per_sample) {
+                    None => out.copy_from_slice(a),
+                    Some(mask) => {
                         for (k, (o, &x)) in out.iter_mut().zip(a).enumerate() {
-                            let i = start + k;
-                            let sample = ctx.first_sample + (i / per_sample) as u64;
-                            let index = sample * per_sample as u64 + (i % per_sample) as u64;
-                            *o = if rng::uniform(key, index) < threshold {
-                                0.0
-                            } else {
-                                x * scale
-                            };
+                            *o = mask.apply(start + k, x);
                         }
                     }
-                }
+                },
                 other => unreachable!("`{}` is not elementwise", other.name()),
             }
             if let Some(dst) = f.store {

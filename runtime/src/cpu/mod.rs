@@ -59,6 +59,8 @@ pub struct Executor {
     /// Every step's shape at `shapes_batch` (recomputed only when the batch size changes).
     shapes: Vec<Vec<usize>>,
     shapes_batch: usize,
+    /// Steps that fill a constant, refilled each step for its batch size.
+    fills: Vec<(usize, f32)>,
     /// The fused ops of the kernel being run (kept to reuse its allocation).
     fused_ops: Vec<fused::FusedOp>,
     /// The plan's buffers: dedicated ones (parameters, state, inputs) and reused ones.
@@ -139,7 +141,16 @@ impl Executor {
             .iter()
             .map(|s| resolve(&plan, &s.ty.shape, max_batch))
             .collect();
+        let fills = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s.op {
+                Op::Fill { value, .. } => Some((s.id, value as f32)),
+                _ => None,
+            })
+            .collect();
         let mut e = Executor {
+            fills,
             plan: Arc::new(plan),
             shapes,
             shapes_batch: max_batch,
@@ -336,11 +347,10 @@ impl Executor {
         };
         self.ensure_shapes(batch);
         // Constants are sources too: fill them for this batch.
-        for i in 0..self.plan.steps.len() {
-            if let Op::Fill { value, .. } = self.plan.steps[i].op {
-                self.shape_buffer(i);
-                self.buf_mut(i).f32_mut().fill(value as f32);
-            }
+        for k in 0..self.fills.len() {
+            let (step, value) = self.fills[k];
+            self.shape_buffer(step);
+            self.buf_mut(step).f32_mut().fill(value);
         }
         for k in 0..self.plan.kernels.len() {
             let phase = self.plan.steps[*self.plan.kernels[k]

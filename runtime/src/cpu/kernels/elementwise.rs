@@ -275,10 +275,72 @@ pub fn gelu_grad(x: f32) -> f32 {
     cdf + x * e * 0.398_942_3
 }
 
-/// Keeps each element with probability `1 - p`, scaled by `1 / (1 - p)`. The mask of an
-/// element is a function of (seed, step, stream, the sample's index in the global batch, the
-/// element's index in its sample), so a backward dropout with the same stream reuses the
-/// forward mask and any split of the batch gives the same masks.
+/// `dy` where `x > 0`.
+#[inline]
+pub fn relu_grad(x: f32, dy: f32) -> f32 {
+    if x > 0.0 {
+        dy
+    } else {
+        0.0
+    }
+}
+
+/// `dy * (1 - y^2)` from the output `y = tanh(x)`.
+#[inline]
+pub fn tanh_grad(y: f32, dy: f32) -> f32 {
+    dy * (1.0 - y * y)
+}
+
+/// `dy * y * (1 - y)` from the output `y = sigmoid(x)`.
+#[inline]
+pub fn sigmoid_grad(y: f32, dy: f32) -> f32 {
+    dy * y * (1.0 - y)
+}
+
+/// A dropout mask: keeps each element with probability `1 - p`, scaled by `1 / (1 - p)`. The
+/// decision for an element is a function of (seed, step, stream, the sample's index in the
+/// global batch, the element's index in its sample), so a backward dropout with the same
+/// stream reuses the forward mask and any split of the batch gives the same masks. Both the
+/// one-op kernel and fused kernels use it, so they agree bit for bit.
+#[derive(Debug, Clone, Copy)]
+pub struct DropoutMask {
+    key: u64,
+    threshold: f32,
+    scale: f32,
+    per_sample: usize,
+    first_sample: u64,
+}
+
+impl DropoutMask {
+    /// `None` when dropout is the identity (evaluation, or `p` = 0).
+    pub fn new(p: f64, stream: u64, ctx: &Ctx, per_sample: usize) -> Option<DropoutMask> {
+        (ctx.training && p != 0.0).then(|| DropoutMask {
+            key: rng::stream(
+                rng::mix(ctx.seed ^ rng::mix(ctx.step)),
+                rng::Purpose::Dropout,
+                stream,
+            ),
+            threshold: p as f32,
+            scale: (1.0 / (1.0 - p)) as f32,
+            per_sample: per_sample.max(1),
+            first_sample: ctx.first_sample,
+        })
+    }
+
+    /// Element `i` of the batch, of value `x`, after dropout.
+    #[inline]
+    pub fn apply(&self, i: usize, x: f32) -> f32 {
+        let sample = self.first_sample + (i / self.per_sample) as u64;
+        let index = sample * self.per_sample as u64 + (i % self.per_sample) as u64;
+        if rng::uniform(self.key, index) < self.threshold {
+            0.0
+        } else {
+            x * self.scale
+        }
+    }
+}
+
+/// Dropout of `x` (see [`DropoutMask`]).
 pub fn dropout(
     x: &Tensor,
     p: f64,
@@ -286,29 +348,14 @@ pub fn dropout(
     ctx: &Ctx,
     out: &mut Tensor,
 ) -> Result<(), KernelError> {
-    if !ctx.training || p == 0.0 {
+    let per_sample = x.shape.iter().skip(1).product::<usize>();
+    let Some(mask) = DropoutMask::new(p, stream, ctx, per_sample) else {
         return unary(x, out, |v| v);
-    }
+    };
     let xv = f32s(x, "dropout")?;
-    let per_sample = x.shape.iter().skip(1).product::<usize>().max(1);
-    let key = rng::stream(
-        rng::mix(ctx.seed ^ rng::mix(ctx.step)),
-        rng::Purpose::Dropout,
-        stream,
-    );
-    let threshold = p as f32;
-    let scale = (1.0 / (1.0 - p)) as f32;
-    let first = ctx.first_sample;
     let body = |(start, o): (usize, &mut [f32])| {
         for (k, o) in o.iter_mut().enumerate() {
-            let i = start + k;
-            let sample = first + (i / per_sample) as u64;
-            let index = sample * per_sample as u64 + (i % per_sample) as u64;
-            *o = if rng::uniform(key, index) < threshold {
-                0.0
-            } else {
-                xv[i] * scale
-            };
+            *o = mask.apply(start + k, xv[start + k]);
         }
     };
     let o = out.f32_mut();
