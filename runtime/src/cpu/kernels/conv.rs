@@ -750,21 +750,13 @@ pub fn pool2d_grad(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::tensor::numel;
-    use crate::rng::{stream, uniform, Purpose};
+    use crate::cpu::kernels::testutil::zeros;
 
     /// Uniform in [-1, 1), keyed by `tag`.
     fn random(shape: &[usize], tag: u64) -> Tensor {
-        let s = stream(11, Purpose::Synthetic, tag);
-        let v = (0..numel(shape) as u64)
-            .map(|i| uniform(s, i) * 2.0 - 1.0)
-            .collect();
-        Tensor::from_f32(shape.to_vec(), v)
+        crate::cpu::kernels::testutil::uniform_tensor(11, shape, tag)
     }
-
-    fn zeros(shape: &[usize]) -> Tensor {
-        Tensor::from_f32(shape.to_vec(), vec![0.0; numel(shape)])
-    }
+    use crate::cpu::tensor::numel;
 
     fn f64s(t: &Tensor) -> Vec<f64> {
         t.f32().iter().map(|&v| v as f64).collect()

@@ -408,19 +408,11 @@ pub fn matmul(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rng::{stream, uniform, Purpose};
+    use crate::cpu::kernels::testutil::zeros;
 
     /// Uniform in [-1, 1), keyed by `tag`.
     fn random(shape: &[usize], tag: u64) -> Tensor {
-        let s = stream(7, Purpose::Synthetic, tag);
-        let v = (0..numel(shape) as u64)
-            .map(|i| uniform(s, i) * 2.0 - 1.0)
-            .collect();
-        Tensor::from_f32(shape.to_vec(), v)
-    }
-
-    fn zeros(shape: &[usize]) -> Tensor {
-        Tensor::from_f32(shape.to_vec(), vec![0.0; numel(shape)])
+        crate::cpu::kernels::testutil::uniform_tensor(7, shape, tag)
     }
 
     /// The product by definition in f64.

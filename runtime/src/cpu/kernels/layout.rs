@@ -730,6 +730,7 @@ pub fn expand(x: &Tensor, axes: &[usize], mean: bool, out: &mut Tensor) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::kernels::testutil::{in_pool, zeros};
     use crate::rng::{normal, stream, uniform, Purpose};
 
     fn randn(n: u64, shape: &[usize]) -> Tensor {
@@ -744,10 +745,6 @@ mod tests {
             .map(|i| (uniform(s, i as u64) * 1000.0) as i32 - 500)
             .collect();
         Tensor::from_i32(shape.to_vec(), v)
-    }
-
-    fn zeros(shape: &[usize]) -> Tensor {
-        Tensor::from_f32(shape.to_vec(), vec![0.0; numel(shape)])
     }
 
     fn zeros_i(shape: &[usize]) -> Tensor {
@@ -1187,14 +1184,6 @@ mod tests {
         }
         assert!(expand(&randn(42, &[3, 5]), &[1], false, &mut zeros(&[3, 4, 6])).is_err());
         assert!(expand(&randn(42, &[3, 5]), &[3], false, &mut zeros(&[3, 4, 5])).is_err());
-    }
-
-    fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap()
-            .install(f)
     }
 
     #[test]

@@ -11,6 +11,8 @@ pub mod elementwise;
 pub mod gemm;
 pub mod layout;
 pub mod rows;
+#[cfg(test)]
+pub(crate) mod testutil;
 
 use super::tensor::Tensor;
 use parallax_compiler::ir::Op;

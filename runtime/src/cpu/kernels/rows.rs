@@ -422,6 +422,7 @@ pub fn cross_entropy_grad(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::kernels::testutil::{in_pool, zeros};
     use crate::cpu::tensor::numel;
     use crate::rng::{below, normal, stream, Purpose};
 
@@ -441,10 +442,6 @@ mod tests {
             .map(|i| below(s, i as u64, classes as u64) as i32)
             .collect();
         Tensor::from_i32(shape.to_vec(), v)
-    }
-
-    fn zeros(shape: &[usize]) -> Tensor {
-        Tensor::from_f32(shape.to_vec(), vec![0.0; numel(shape)])
     }
 
     fn f64s(t: &Tensor) -> Vec<f64> {
@@ -791,14 +788,6 @@ mod tests {
     }
 
     // ---- determinism ----
-
-    fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap()
-            .install(f)
-    }
 
     #[test]
     fn results_do_not_depend_on_the_thread_count() {
