@@ -30,6 +30,34 @@ pub(crate) enum Format {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Backend {
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum PrecisionArg {
+    Fp32,
+    Tf32,
+    Bf16,
+}
+
+impl PrecisionArg {
+    /// The runtime's precision; bf16 is not built yet.
+    pub(crate) fn runtime(self) -> Result<parallax_runtime::cuda::Precision, Exit> {
+        match self {
+            PrecisionArg::Fp32 => Ok(parallax_runtime::cuda::Precision::Fp32),
+            PrecisionArg::Tf32 => Ok(parallax_runtime::cuda::Precision::Tf32),
+            PrecisionArg::Bf16 => {
+                eprintln!("error: --precision bf16 is not supported yet (fp32 and tf32 are)");
+                Err(Exit(1))
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Emit {
     /// The IR as stable text (`graph.ir`).
     Ir,
@@ -37,6 +65,9 @@ enum Emit {
     Dot,
     /// The plan as JSON (`plan.json`).
     Plan,
+    /// One PTX file per kernel and `manifest.json` (each kernel's launches and fused ops);
+    /// needs `--out`.
+    Ptx,
 }
 
 impl Emit {
@@ -45,6 +76,7 @@ impl Emit {
             Emit::Ir => "graph.ir",
             Emit::Dot => "graph.dot",
             Emit::Plan => "plan.json",
+            Emit::Ptx => "manifest.json",
         }
     }
 }
@@ -57,7 +89,8 @@ enum Command {
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
-    /// Train an experiment on the CPU and write its run directory.
+    /// Train an experiment (on the CPU, or on GPU 0 with `--backend cuda`) and write its run
+    /// directory.
     Train {
         file: PathBuf,
         /// Train for this many steps (overrides the file's `steps`/`epochs`).
@@ -75,7 +108,39 @@ enum Command {
         /// Start from these parameters (a safetensors file named like `final.safetensors`).
         #[arg(long, value_name = "FILE.safetensors")]
         init: Option<PathBuf>,
+        /// Where to run: `cuda` needs an NVIDIA GPU; `auto` uses one when present.
+        #[arg(long, value_enum, default_value = "auto")]
+        backend: Backend,
+        /// GEMM precision on CUDA: exact fp32, or tf32 tensor cores (the default).
+        #[arg(long, value_enum, default_value = "tf32")]
+        precision: PrecisionArg,
     },
+    /// List the GPUs found, with memory, compute capability and library versions, or say why
+    /// none is usable.
+    Devices {
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
+    },
+    /// Check the CUDA backend against the CPU oracle: a few training steps from identical
+    /// weights on both (largest relative difference of losses and parameters), then the GPU
+    /// step time. Prints a `ROW|...` line for `scripts/gpu-check.sh`.
+    GpuCheck {
+        file: PathBuf,
+        #[arg(long, default_value_t = 3)]
+        steps: u64,
+        #[arg(long, value_enum, default_value = "fp32")]
+        precision: PrecisionArg,
+        /// Timed steps (median reported, after 3 warm-up steps).
+        #[arg(long, default_value_t = 20)]
+        time_steps: u64,
+        /// Compare every kernel's values with the oracle's (and resynchronise), naming each
+        /// kernel that disagrees.
+        #[arg(long)]
+        lockstep: bool,
+    },
+    /// Check collectives on the GPU: NCCL all-reduce at world size 1, and a 4-rank
+    /// data-parallel gradient step on simulated ranks against the 1-rank step of FILE.
+    CollectivesCheck { file: PathBuf },
     /// Compile an experiment into a plan.
     Compile {
         file: PathBuf,
@@ -117,6 +182,7 @@ fn parse_dump(s: &str) -> Result<String, String> {
     }
 }
 
+mod gpu;
 mod train;
 
 /// A failure already reported to the user, with its exit code.
@@ -150,7 +216,30 @@ fn main() -> ExitCode {
             seed,
             run_dir,
             init,
-        } => train::run(&file, steps, epochs, seed, run_dir, init),
+            backend,
+            precision,
+        } => train::run(
+            &file, steps, epochs, seed, run_dir, init, backend, precision,
+        ),
+        Command::Devices { format } => gpu::devices(format),
+        Command::GpuCheck {
+            file,
+            steps,
+            precision,
+            time_steps,
+            lockstep,
+        } => precision.runtime().and_then(|precision| {
+            gpu::gpu_check(
+                &file,
+                &gpu::CheckArgs {
+                    steps,
+                    precision,
+                    time_steps,
+                    lockstep,
+                },
+            )
+        }),
+        Command::CollectivesCheck { file } => gpu::collectives_check(&file),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -256,8 +345,8 @@ fn compile_cmd(
     timings: bool,
     dump_ir: &[String],
 ) -> Result<(), Exit> {
-    if out.is_none() && emit.len() > 1 {
-        eprintln!("error: emitting several things needs `--out DIR`");
+    if out.is_none() && (emit.len() > 1 || emit.contains(&Emit::Ptx)) {
+        eprintln!("error: emitting several files needs `--out DIR`");
         return Err(Exit(2));
     }
     let (source, parse_time) = load(file, format)?;
@@ -293,6 +382,7 @@ fn compile_cmd(
             Emit::Ir => to_text(&compiled.graph, &title),
             Emit::Dot => to_dot(&compiled.graph, &title),
             Emit::Plan => serde_json::to_string_pretty(&plan).expect("a plan serialises") + "\n",
+            Emit::Ptx => String::new(),
         }
     };
     match (out, emit) {
@@ -306,6 +396,10 @@ fn compile_cmd(
                 return Err(Exit(1));
             }
             for &e in emit {
+                if e == Emit::Ptx {
+                    emit_ptx(&plan, dir, file)?;
+                    continue;
+                }
                 let path = dir.join(e.file_name());
                 if let Err(err) = std::fs::write(&path, render(e)) {
                     eprintln!("error: cannot write `{}`: {err}", path.display());
@@ -317,6 +411,43 @@ fn compile_cmd(
         _ => {}
     }
     print_plan(&plan, &pass_times, format);
+    Ok(())
+}
+
+/// Writes `DIR/<kernel>.ptx` for each generated entry and `DIR/manifest.json`.
+fn emit_ptx(plan: &parallax_compiler::Plan, dir: &Path, file: &Path) -> Result<(), Exit> {
+    let module =
+        parallax_compiler::codegen::generate(plan, plan.batch_size, "sm_80").map_err(|e| {
+            eprintln!("{}: error: {e}", file.display());
+            Exit(1)
+        })?;
+    let write = |path: PathBuf, text: String| {
+        std::fs::write(&path, text).map_err(|err| {
+            eprintln!("error: cannot write `{}`: {err}", path.display());
+            Exit(1)
+        })
+    };
+    for (name, _) in &module.entries {
+        let text = module.entry_text(name).unwrap_or_default();
+        write(dir.join(format!("{name}.ptx")), text)?;
+    }
+    let manifest = serde_json::json!({
+        "target": module.target,
+        "batch": module.batch,
+        "scratch_elements": module.scratch,
+        "entries": module.entries.iter().map(|(n, _)| format!("{n}.ptx")).collect::<Vec<_>>(),
+        "kernels": module.kernels,
+    });
+    write(
+        dir.join("manifest.json"),
+        serde_json::to_string_pretty(&manifest).expect("serialisable") + "\n",
+    )?;
+    eprintln!(
+        "wrote {} PTX files and manifest.json for {} kernels to {}",
+        module.entries.len(),
+        module.kernels.len(),
+        dir.display()
+    );
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! `parallax train`: compile, train on the CPU, show progress, report where the run went.
 
-use crate::{load, run_pipeline, Exit, Format};
+use crate::{load, run_pipeline, Backend, Exit, Format, PrecisionArg};
 use indicatif::{ProgressBar, ProgressStyle};
 use parallax_compiler::Options;
 use parallax_runtime::train::{train, Event, TrainConfig};
@@ -52,6 +52,7 @@ fn default_run_dir(name: &str) -> PathBuf {
     dir
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     file: &Path,
     steps: Option<u64>,
@@ -59,8 +60,27 @@ pub fn run(
     seed: Option<u64>,
     run_dir: Option<PathBuf>,
     init: Option<PathBuf>,
+    backend: Backend,
+    precision: PrecisionArg,
 ) -> Result<(), Exit> {
     let (source, _) = load(file, Format::Text)?;
+    let cuda = match backend {
+        Backend::Cpu => false,
+        Backend::Cuda => match parallax_runtime::cuda::probe() {
+            Ok(_) => true,
+            Err(e) => {
+                eprintln!("{}: error: --backend cuda: {e}", file.display());
+                eprintln!("  = hint: `parallax devices` says what was found; `--backend cpu` trains on the CPU");
+                return Err(Exit(1));
+            }
+        },
+        Backend::Auto => parallax_runtime::cuda::probe().is_ok(),
+    };
+    let cuda = if cuda {
+        Some(precision.runtime()?)
+    } else {
+        None
+    };
     let options = Options::default();
     let compiled = run_pipeline(file, &source, &options, Format::Text, &mut |_, _| {})?;
     let plan = compiled.plan(&source, &options);
@@ -72,6 +92,12 @@ pub fn run(
         run_dir: run_dir.clone(),
         init,
         base_dir: file.parent().map(Path::to_path_buf).unwrap_or_default(),
+        cuda,
+    };
+    let backend_name = if cuda.is_some() {
+        "CUDA backend (GPU 0)"
+    } else {
+        "CPU backend"
     };
     let terminal = std::io::stderr().is_terminal();
     let mut bar: Option<ProgressBar> = None;
@@ -85,7 +111,7 @@ pub fn run(
             ..
         } => {
             eprintln!(
-                "{name}: training {total_steps} steps on {train_samples} samples ({validation_samples} for validation), CPU backend"
+                "{name}: training {total_steps} steps on {train_samples} samples ({validation_samples} for validation), {backend_name}"
             );
             every = (total_steps / 10).max(1);
             if terminal {

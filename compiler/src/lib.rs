@@ -2,6 +2,7 @@
 //! pipeline (`passes`) and the plan it produces (`plan`). Pure: no GPU, no I/O beyond the
 //! source text it is handed, and compiling a model allocates none of its weights.
 
+pub mod codegen;
 pub mod diag;
 pub mod dsl;
 pub mod ir;

@@ -1,7 +1,9 @@
 //! The Parallax runtime: executes compiled plans. The CPU backend is the oracle; the data
 //! pipeline feeds it; randomness is keyed by (seed, purpose, index) throughout.
 
+pub mod backend;
 pub mod cpu;
+pub mod cuda;
 pub mod data;
 pub mod rng;
 pub mod train;

@@ -2,6 +2,7 @@
 //! with the schedule's scalars, validation after every epoch, and the run directory
 //! (`experiment.ron`, `metrics.jsonl`, `summary.json`, `final.safetensors`).
 
+use crate::backend::Backend;
 use crate::cpu::tensor::Tensor;
 use crate::cpu::{ExecError, Executor, Mode};
 use crate::data::{self, DataError, Dataset, Loader, ModelIo, TensorSpec, Values};
@@ -26,6 +27,8 @@ pub struct TrainConfig {
     pub init: Option<PathBuf>,
     /// Where relative data paths are resolved (the experiment file's folder).
     pub base_dir: PathBuf,
+    /// Train on GPU 0 with the CUDA executor at this GEMM precision (the CPU when `None`).
+    pub cuda: Option<crate::cuda::Precision>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -45,6 +48,8 @@ pub enum TrainError {
     Model(String),
     #[error("the loss became {loss} at step {step}; lower the learning rate or clip gradients (`clip_norm`)")]
     Diverged { step: u64, loss: f32 },
+    #[error(transparent)]
+    Cuda(#[from] crate::cuda::CudaError),
 }
 
 /// Progress, for the command line to show.
@@ -178,11 +183,8 @@ pub fn model_io(plan: &Plan, loss: &Loss) -> Result<(ModelIo, String, String), T
 }
 
 /// Sets input `name` of the executor to a batch of `batch` samples.
-pub fn feed(e: &mut Executor, name: &str, batch: usize, v: &Values) -> Result<(), ExecError> {
-    match v {
-        Values::F32(x) => e.set_f32(name, batch, x),
-        Values::I32(x) => e.set_i32(name, batch, x),
-    }
+pub fn feed(e: &mut dyn Backend, name: &str, batch: usize, v: &Values) -> Result<(), ExecError> {
+    e.set_input(name, batch, v)
 }
 
 fn slice(v: &Values, per: usize, from: usize, to: usize) -> Values {
@@ -195,7 +197,7 @@ fn slice(v: &Values, per: usize, from: usize, to: usize) -> Values {
 /// Sets the schedule's scalars (learning rate, Adam's corrections) for step `step` of `total`;
 /// returns them.
 pub fn set_scalars(
-    e: &mut Executor,
+    e: &mut dyn Backend,
     optimizer: &Optimizer,
     step: u64,
     total: u64,
@@ -203,7 +205,7 @@ pub fn set_scalars(
     let scalars = optimizer.step_scalars(step, total);
     for &(name, v) in &scalars {
         if e.has_input(name) {
-            e.set_f32(name, 1, &[v])?;
+            e.set_input(name, 1, &Values::F32(vec![v]))?;
         }
     }
     Ok(scalars)
@@ -218,6 +220,39 @@ pub struct Session {
     pub validation: Dataset,
     pub input: String,
     pub target: String,
+}
+
+/// A session's data without its executor (training builds the executor of its backend).
+pub struct SessionData {
+    pub loader: Loader,
+    pub train_samples: usize,
+    pub validation: Dataset,
+    pub input: String,
+    pub target: String,
+}
+
+impl SessionData {
+    /// Loads the experiment's data, split and shuffled by `seed`, in batches of `batch`.
+    pub fn load(
+        source: &Source,
+        plan: &Plan,
+        batch: usize,
+        seed: u64,
+        base_dir: &Path,
+    ) -> Result<SessionData, TrainError> {
+        let e = &source.experiment;
+        let (io, input, target) = model_io(plan, &e.loss)?;
+        let splits = data::load(&e.data, &io, seed, base_dir)?;
+        let train_samples = splits.train.len;
+        let loader = Loader::new(Arc::new(splits.train), batch, seed, e.train.drop_last, 0)?;
+        Ok(SessionData {
+            loader,
+            train_samples,
+            validation: splits.validation,
+            input,
+            target,
+        })
+    }
 }
 
 /// Where a training batch sits: its size, epoch and index within the epoch.
@@ -238,18 +273,14 @@ impl Session {
         seed: u64,
         base_dir: &Path,
     ) -> Result<Session, TrainError> {
-        let e = &source.experiment;
-        let (io, input, target) = model_io(&plan, &e.loss)?;
-        let splits = data::load(&e.data, &io, seed, base_dir)?;
-        let train_samples = splits.train.len;
-        let loader = Loader::new(Arc::new(splits.train), batch, seed, e.train.drop_last, 0)?;
+        let data = SessionData::load(source, &plan, batch, seed, base_dir)?;
         Ok(Session {
             exec: Executor::new(plan, batch, seed),
-            loader,
-            train_samples,
-            validation: splits.validation,
-            input,
-            target,
+            loader: data.loader,
+            train_samples: data.train_samples,
+            validation: data.validation,
+            input: data.input,
+            target: data.target,
         })
     }
 
@@ -302,7 +333,7 @@ struct Validator<'a> {
 
 impl Validator<'_> {
     /// Mean loss over the set (weighted by batch size) and accuracy for class labels.
-    fn run(&self, e: &mut Executor, step: u64) -> Result<(f64, Option<f64>), ExecError> {
+    fn run(&self, e: &mut dyn Backend, step: u64) -> Result<(f64, Option<f64>), ExecError> {
         let n = self.set.len;
         let (per_in, per_t) = (self.set.input.numel(), self.set.target.numel());
         let (mut loss, mut hits, mut total) = (0f64, 0usize, 0usize);
@@ -314,9 +345,10 @@ impl Validator<'_> {
             let targets = slice(&self.set.targets, per_t, from, to);
             feed(e, self.target, b, &targets)?;
             e.run(b, Mode::Eval, step, from as u64)?;
-            loss += e.output("loss").map_or(0.0, |t| t.f32()[0] as f64) * b as f64;
-            if let (Values::I32(labels), Some(out)) = (&targets, e.output(&self.output)) {
-                let (h, t) = correct(out, labels);
+            loss += e.loss(b)? as f64 * b as f64;
+            if let (Values::I32(labels), Some(out)) = (&targets, e.output_values(&self.output, b)?)
+            {
+                let (h, t) = correct(&out, labels);
                 hits += h;
                 total += t;
             }
@@ -351,9 +383,15 @@ pub fn train(
         .unwrap_or_default();
     let parameters = plan.parameters;
     let optimizer = exp.optimizer.clone();
-    let mut session = Session::new(source, plan, batch_size, seed, &cfg.base_dir)?;
+    let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir)?;
+    let mut exec: Box<dyn Backend> = match cfg.cuda {
+        None => Box::new(Executor::new(plan, batch_size, seed)),
+        Some(precision) => Box::new(crate::cuda::CudaExecutor::new(
+            plan, batch_size, seed, 0, precision,
+        )?),
+    };
     if let Some(init) = &cfg.init {
-        weights::load(&mut session.exec, init)?;
+        weights::load(exec.as_mut(), init)?;
     }
     let per_epoch = session.loader.batches_per_epoch() as u64;
     let total = match (exp.train.steps, exp.train.epochs) {
@@ -383,8 +421,7 @@ pub fn train(
         train_samples: session.train_samples,
         validation_samples: session.validation.len,
     });
-    let Session {
-        mut exec,
+    let SessionData {
         mut loader,
         validation,
         input,
@@ -404,13 +441,14 @@ pub fn train(
     for step in 0..total {
         let batch = loader.next().expect("the loader runs forever");
         let t = Instant::now();
-        feed(&mut exec, &input, batch.size, &batch.inputs)?;
-        feed(&mut exec, &target, batch.size, &batch.targets)?;
-        let scalars = set_scalars(&mut exec, &optimizer, step, total)?;
+        feed(exec.as_mut(), &input, batch.size, &batch.inputs)?;
+        feed(exec.as_mut(), &target, batch.size, &batch.targets)?;
+        let scalars = set_scalars(exec.as_mut(), &optimizer, step, total)?;
         exec.run(batch.size, Mode::Train, step, 0)?;
+        // Reading the loss waits for an asynchronous backend's step to finish.
+        let loss = exec.loss(batch.size)?;
         times.push(t.elapsed().as_secs_f64());
         samples += batch.size;
-        let loss = exec.output("loss").map_or(f32::NAN, |t| t.f32()[0]);
         if !loss.is_finite() {
             return Err(TrainError::Diverged {
                 step: step + 1,
@@ -433,7 +471,7 @@ pub fn train(
         });
         let epoch_end = batch.index as u64 + 1 == per_epoch;
         if (epoch_end || step + 1 == total) && validator.set.len > 0 {
-            let (l, a) = validator.run(&mut exec, step)?;
+            let (l, a) = validator.run(exec.as_mut(), step)?;
             val = (Some(l), a);
             let _ = writeln!(
                 metrics,
@@ -449,7 +487,7 @@ pub fn train(
     }
     metrics.flush().map_err(io_err(&metrics_path))?;
     let weights_path = dir.join("final.safetensors");
-    weights::save(&exec, &weights_path)?;
+    weights::save(exec.as_ref(), &weights_path)?;
 
     let warmup = (times.len() / 10).clamp(1.min(times.len()), 5);
     let mut steady: Vec<f64> = times[warmup..].to_vec();
@@ -468,7 +506,7 @@ pub fn train(
         wall_seconds: started.elapsed().as_secs_f64(),
         parameters,
         seed,
-        backend: "cpu",
+        backend: exec.backend_name(),
     };
     let summary_path = dir.join("summary.json");
     let text = serde_json::to_string_pretty(&summary).expect("a summary serialises") + "\n";

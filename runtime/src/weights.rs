@@ -1,7 +1,7 @@
 //! Parameters as safetensors files, named after the model's layers (PyTorch's layouts), so
 //! weights move between Parallax and PyTorch unchanged.
 
-use crate::cpu::Executor;
+use crate::backend::Backend;
 use safetensors::tensor::{Dtype, TensorView};
 use std::path::Path;
 
@@ -28,12 +28,14 @@ pub enum WeightsError {
 }
 
 /// The executor's parameters as safetensors bytes (deterministic: same values, same bytes).
-pub fn to_bytes(e: &Executor) -> Result<Vec<u8>, String> {
+pub fn to_bytes(e: &dyn Backend) -> Result<Vec<u8>, String> {
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = e
-        .params()
-        .map(|(name, t)| {
-            let b: Vec<u8> = t.f32().iter().flat_map(|x| x.to_le_bytes()).collect();
-            (name.to_string(), t.shape.clone(), b)
+        .param_values()
+        .map_err(|err| err.to_string())?
+        .into_iter()
+        .map(|(name, shape, v)| {
+            let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            (name, shape, b)
         })
         .collect();
     let views: Vec<(String, TensorView)> = bytes
@@ -47,7 +49,7 @@ pub fn to_bytes(e: &Executor) -> Result<Vec<u8>, String> {
     safetensors::serialize(views, None).map_err(|e| e.to_string())
 }
 
-pub fn save(e: &Executor, path: &Path) -> Result<(), WeightsError> {
+pub fn save(e: &dyn Backend, path: &Path) -> Result<(), WeightsError> {
     let p = path.display().to_string();
     let bytes = to_bytes(e).map_err(|message| WeightsError::Format {
         path: p.clone(),
@@ -58,7 +60,7 @@ pub fn save(e: &Executor, path: &Path) -> Result<(), WeightsError> {
 
 /// Loads every parameter from `path`; each must be present, f32 and of the right shape, and
 /// the file may hold nothing else. Nothing is changed unless everything fits.
-pub fn load(e: &mut Executor, path: &Path) -> Result<(), WeightsError> {
+pub fn load(e: &mut dyn Backend, path: &Path) -> Result<(), WeightsError> {
     let p = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|source| WeightsError::Read {
         path: p.clone(),
@@ -74,20 +76,25 @@ pub fn load(e: &mut Executor, path: &Path) -> Result<(), WeightsError> {
         message,
     };
     let mut loaded = Vec::new();
-    for (name, t) in e.params() {
+    let params = e.param_values().map_err(|err| WeightsError::Format {
+        path: p.clone(),
+        message: err.to_string(),
+    })?;
+    for (name, shape, _) in &params {
+        let name = name.as_str();
         let view = st
             .tensor(name)
             .map_err(|_| bad(name, "missing from the file".into()))?;
         if view.dtype() != Dtype::F32 {
             return Err(bad(name, format!("is {:?}, expected F32", view.dtype())));
         }
-        if view.shape() != t.shape.as_slice() {
+        if view.shape() != shape.as_slice() {
             return Err(bad(
                 name,
                 format!(
                     "has shape {:?}, the model expects {:?}",
                     view.shape(),
-                    t.shape
+                    shape
                 ),
             ));
         }
@@ -96,7 +103,7 @@ pub fn load(e: &mut Executor, path: &Path) -> Result<(), WeightsError> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        loaded.push((name.to_string(), t.shape.clone(), v));
+        loaded.push((name.to_string(), shape.clone(), v));
     }
     let known: Vec<String> = loaded.iter().map(|(n, _, _)| n.clone()).collect();
     if let Some(extra) = st

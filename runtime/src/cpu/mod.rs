@@ -37,6 +37,9 @@ pub enum ExecError {
     BatchTooLarge { batch: usize, max: usize },
     #[error("parameter `{name}`: {message}")]
     Param { name: String, message: String },
+    /// From another backend behind the same interface (`backend::Backend`).
+    #[error("{0}")]
+    Device(String),
 }
 
 /// Training runs every step and applies the updates; `Gradients` runs the forward and
@@ -200,24 +203,8 @@ impl Executor {
             let Op::Param { init, .. } = self.plan.steps[id].op.clone() else {
                 continue;
             };
-            let key = rng::stream(self.seed, rng::Purpose::Init, index as u64);
-            let v = self.buf_mut(id).f32_mut();
-            match init {
-                Init::Uniform { bound } => {
-                    let b = bound as f32;
-                    for (i, x) in v.iter_mut().enumerate() {
-                        *x = (2.0 * rng::uniform(key, i as u64) - 1.0) * b;
-                    }
-                }
-                Init::Normal { std } => {
-                    let s = std as f32;
-                    for (i, x) in v.iter_mut().enumerate() {
-                        *x = rng::normal(key, i as u64) * s;
-                    }
-                }
-                Init::Zeros => v.fill(0.0),
-                Init::Ones => v.fill(1.0),
-            }
+            let seed = self.seed;
+            init_param(&init, seed, index, self.buf_mut(id).f32_mut());
         }
     }
 
@@ -339,31 +326,9 @@ impl Executor {
                 max: self.max_batch,
             });
         }
-        let ctx = Ctx {
-            seed: self.seed,
-            step,
-            training: mode != Mode::Eval,
-            first_sample,
-        };
-        self.ensure_shapes(batch);
-        // Constants are sources too: fill them for this batch.
-        for k in 0..self.fills.len() {
-            let (step, value) = self.fills[k];
-            self.shape_buffer(step);
-            self.buf_mut(step).f32_mut().fill(value);
-        }
+        let ctx = self.begin(batch, mode, step, first_sample);
         for k in 0..self.plan.kernels.len() {
-            let phase = self.plan.steps[*self.plan.kernels[k]
-                .steps
-                .last()
-                .expect("a kernel has steps")]
-            .phase;
-            let wanted = match mode {
-                Mode::Train => true,
-                Mode::Gradients => phase != Phase::Update,
-                Mode::Eval => phase == Phase::Forward,
-            };
-            if !wanted {
+            if !self.wanted(k, mode) {
                 continue;
             }
             let t = self.profile.is_some().then(std::time::Instant::now);
@@ -385,6 +350,29 @@ impl Executor {
                 e.1 += 1;
             }
         }
+        self.finish(mode);
+        Ok(())
+    }
+
+    /// Sets up a step (shapes, constants) and returns the kernels' context.
+    fn begin(&mut self, batch: usize, mode: Mode, step: u64, first_sample: u64) -> Ctx {
+        self.ensure_shapes(batch);
+        // Constants are sources too: fill them for this batch.
+        for k in 0..self.fills.len() {
+            let (step, value) = self.fills[k];
+            self.shape_buffer(step);
+            self.buf_mut(step).f32_mut().fill(value);
+        }
+        Ctx {
+            seed: self.seed,
+            step,
+            training: mode != Mode::Eval,
+            first_sample,
+        }
+    }
+
+    /// Copies the new parameters and state over the old at the end of a training step.
+    fn finish(&mut self, mode: Mode) {
         if mode == Mode::Train {
             for i in 0..self.plan.updates.len() {
                 let (p, u) = self.plan.updates[i];
@@ -394,7 +382,44 @@ impl Executor {
                 self.buffers[bu] = src;
             }
         }
+    }
+
+    /// Runs a step kernel by kernel, calling `after(k, self)` after each kernel that runs
+    /// (lockstep comparisons with another backend).
+    pub fn run_observed(
+        &mut self,
+        batch: usize,
+        mode: Mode,
+        step: u64,
+        first_sample: u64,
+        after: &mut dyn FnMut(usize, &mut Executor),
+    ) -> Result<(), ExecError> {
+        if batch > self.max_batch {
+            return Err(ExecError::BatchTooLarge {
+                batch,
+                max: self.max_batch,
+            });
+        }
+        let ctx = self.begin(batch, mode, step, first_sample);
+        for k in 0..self.plan.kernels.len() {
+            if self.wanted(k, mode) {
+                self.run_kernel(k, &ctx)?;
+                after(k, self);
+            }
+        }
+        self.finish(mode);
         Ok(())
+    }
+
+    /// Whether kernel `k` runs in `mode`.
+    pub fn wanted(&self, k: usize, mode: Mode) -> bool {
+        let kern = &self.plan.kernels[k];
+        let phase = self.plan.steps[*kern.steps.last().expect("a kernel has steps")].phase;
+        match mode {
+            Mode::Train => true,
+            Mode::Gradients => phase != Phase::Update,
+            Mode::Eval => phase == Phase::Forward,
+        }
     }
 
     fn kernel_err(&self, step: usize, source: KernelError) -> ExecError {
@@ -538,6 +563,12 @@ impl Executor {
         self.outputs.get(name).map(|&id| self.buf(id))
     }
 
+    /// Replaces a step's stored value (lockstep comparisons resynchronise from the oracle).
+    pub fn value_mut(&mut self, step: usize) -> Option<&mut Tensor> {
+        let b = self.slot.get(step).copied().flatten()?;
+        Some(&mut self.buffers[b])
+    }
+
     /// A step's stored value after `run` (`None` for values kept inside a fused kernel).
     pub fn value(&self, step: usize) -> Option<&Tensor> {
         self.slot
@@ -563,6 +594,28 @@ impl Executor {
     pub fn param_mut(&mut self, name: &str) -> Option<&mut [f32]> {
         let id = self.params.iter().find(|(n, _)| n == name)?.1;
         Some(self.buf_mut(id).f32_mut())
+    }
+}
+
+/// The initial values of parameter number `index` (in plan order), keyed by (seed, index):
+/// the same on every backend and machine.
+pub fn init_param(init: &Init, seed: u64, index: usize, v: &mut [f32]) {
+    let key = rng::stream(seed, rng::Purpose::Init, index as u64);
+    match *init {
+        Init::Uniform { bound } => {
+            let b = bound as f32;
+            for (i, x) in v.iter_mut().enumerate() {
+                *x = (2.0 * rng::uniform(key, i as u64) - 1.0) * b;
+            }
+        }
+        Init::Normal { std } => {
+            let s = std as f32;
+            for (i, x) in v.iter_mut().enumerate() {
+                *x = rng::normal(key, i as u64) * s;
+            }
+        }
+        Init::Zeros => v.fill(0.0),
+        Init::Ones => v.fill(1.0),
     }
 }
 

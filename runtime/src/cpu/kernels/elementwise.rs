@@ -315,16 +315,21 @@ impl DropoutMask {
     /// `None` when dropout is the identity (evaluation, or `p` = 0).
     pub fn new(p: f64, stream: u64, ctx: &Ctx, per_sample: usize) -> Option<DropoutMask> {
         (ctx.training && p != 0.0).then(|| DropoutMask {
-            key: rng::stream(
-                rng::mix(ctx.seed ^ rng::mix(ctx.step)),
-                rng::Purpose::Dropout,
-                stream,
-            ),
+            key: Self::key(ctx.seed, ctx.step, stream),
             threshold: p as f32,
             scale: (1.0 / (1.0 - p)) as f32,
             per_sample: per_sample.max(1),
             first_sample: ctx.first_sample,
         })
+    }
+
+    /// The key of a dropout stream at a training step (shared with the CUDA kernels).
+    pub fn key(seed: u64, step: u64, stream: u64) -> u64 {
+        rng::stream(
+            rng::mix(seed ^ rng::mix(step)),
+            rng::Purpose::Dropout,
+            stream,
+        )
     }
 
     /// Element `i` of the batch, of value `x`, after dropout.

@@ -1,0 +1,546 @@
+//! A small PTX writer: typed virtual registers, kernel parameters, structured loops and the
+//! math the op table needs. Every generated kernel goes through it, so the PTX conventions
+//! (rounding modes that forbid FMA contraction, NaN-propagating max, 64-bit addressing) are
+//! decided once, here.
+
+use super::Arg;
+use std::fmt::Write;
+
+/// An f32 register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct F(u32);
+/// A 32-bit integer register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct R(u32);
+/// A 64-bit integer register (indices, addresses).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rd(u32);
+/// A predicate register.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct P(u32);
+
+impl std::fmt::Display for F {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "%f{}", self.0)
+    }
+}
+impl std::fmt::Display for R {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "%r{}", self.0)
+    }
+}
+impl std::fmt::Display for Rd {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "%rd{}", self.0)
+    }
+}
+impl std::fmt::Display for P {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "%p{}", self.0)
+    }
+}
+
+/// An f32 immediate in PTX's exact hexadecimal form.
+pub fn imm(x: f32) -> String {
+    format!("0f{:08X}", x.to_bits())
+}
+
+/// The type of a kernel parameter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ParamType {
+    U64,
+    F32,
+}
+
+/// One `.entry` being written.
+pub struct Kernel {
+    name: String,
+    params: Vec<(String, ParamType)>,
+    args: Vec<Arg>,
+    body: String,
+    shared: String,
+    nf: u32,
+    nr: u32,
+    nrd: u32,
+    np: u32,
+    labels: u32,
+}
+
+impl Kernel {
+    pub fn new(name: &str) -> Kernel {
+        Kernel {
+            name: name.to_string(),
+            params: Vec::new(),
+            args: Vec::new(),
+            body: String::new(),
+            shared: String::new(),
+            nf: 0,
+            nr: 0,
+            nrd: 0,
+            np: 0,
+            labels: 0,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Emits one instruction line (without the semicolon).
+    pub fn ins(&mut self, line: impl AsRef<str>) {
+        let _ = writeln!(self.body, "\t{};", line.as_ref());
+    }
+
+    pub fn f(&mut self) -> F {
+        self.nf += 1;
+        F(self.nf)
+    }
+    pub fn r(&mut self) -> R {
+        self.nr += 1;
+        R(self.nr)
+    }
+    pub fn rd(&mut self) -> Rd {
+        self.nrd += 1;
+        Rd(self.nrd)
+    }
+    pub fn p(&mut self) -> P {
+        self.np += 1;
+        P(self.np)
+    }
+    pub fn label(&mut self) -> String {
+        self.labels += 1;
+        format!("$L{}", self.labels)
+    }
+    pub fn place(&mut self, label: &str) {
+        let _ = writeln!(self.body, "{label}:");
+    }
+    pub fn bra(&mut self, label: &str) {
+        self.ins(format!("bra.uni {label}"));
+    }
+    pub fn bra_if(&mut self, p: P, label: &str) {
+        self.ins(format!("@{p} bra {label}"));
+    }
+    pub fn bra_unless(&mut self, p: P, label: &str) {
+        self.ins(format!("@!{p} bra {label}"));
+    }
+
+    // ---- parameters ----
+
+    fn param(&mut self, arg: Arg) -> String {
+        let name = format!("{}_p{}", self.name, self.params.len());
+        self.params.push((name.clone(), arg.param_type()));
+        self.args.push(arg);
+        name
+    }
+    /// A global-memory pointer parameter (`Arg::Value` or `Arg::Scratch`).
+    pub fn param_ptr(&mut self, arg: Arg) -> Rd {
+        let name = self.param(arg);
+        let (a, b) = (self.rd(), self.rd());
+        self.ins(format!("ld.param.u64 {a}, [{name}]"));
+        self.ins(format!("cvta.to.global.u64 {b}, {a}"));
+        b
+    }
+    pub fn param_u64(&mut self, arg: Arg) -> Rd {
+        let name = self.param(arg);
+        let a = self.rd();
+        self.ins(format!("ld.param.u64 {a}, [{name}]"));
+        a
+    }
+    pub fn param_f32(&mut self, arg: Arg) -> F {
+        let name = self.param(arg);
+        let a = self.f();
+        self.ins(format!("ld.param.f32 {a}, [{name}]"));
+        a
+    }
+    /// The arguments a launch passes, in parameter order.
+    pub fn args(&self) -> &[Arg] {
+        &self.args
+    }
+
+    /// Declares a block-shared f32 array and returns its name.
+    pub fn shared_f32(&mut self, len: u32) -> String {
+        let name = format!("{}_s{}", self.name, self.shared.lines().count());
+        let _ = writeln!(self.shared, "\t.shared .align 4 .f32 {name}[{len}];");
+        name
+    }
+
+    // ---- integers ----
+
+    pub fn u64c(&mut self, v: u64) -> Rd {
+        let d = self.rd();
+        self.ins(format!("mov.u64 {d}, {v}"));
+        d
+    }
+    pub fn u32c(&mut self, v: u32) -> R {
+        let d = self.r();
+        self.ins(format!("mov.u32 {d}, {v}"));
+        d
+    }
+    /// `op` is `add`, `sub`, `mul.lo`, `div`, `rem`, `min`, `max`: `d = a op b` on u64.
+    pub fn op64(&mut self, op: &str, a: Rd, b: impl std::fmt::Display) -> Rd {
+        let d = self.rd();
+        self.ins(format!("{op}.u64 {d}, {a}, {b}"));
+        d
+    }
+    pub fn op64_xor(&mut self, a: Rd, b: Rd) -> Rd {
+        let d = self.rd();
+        self.ins(format!("xor.b64 {d}, {a}, {b}"));
+        d
+    }
+    pub fn op32(&mut self, op: &str, a: R, b: impl std::fmt::Display) -> R {
+        let d = self.r();
+        self.ins(format!("{op}.u32 {d}, {a}, {b}"));
+        d
+    }
+    pub fn wide(&mut self, a: R) -> Rd {
+        let d = self.rd();
+        self.ins(format!("cvt.u64.u32 {d}, {a}"));
+        d
+    }
+    pub fn narrow(&mut self, a: Rd) -> R {
+        let d = self.r();
+        self.ins(format!("cvt.u32.u64 {d}, {a}"));
+        d
+    }
+    /// A special register (`%tid.x`, `%ctaid.x`, `%ntid.x`, `%nctaid.x`, `%laneid`) as u32.
+    pub fn special(&mut self, reg: &str) -> R {
+        let d = self.r();
+        self.ins(format!("mov.u32 {d}, {reg}"));
+        d
+    }
+    /// `a cmp b` on u64 (`lt`, `ge`, `eq`, `ne`, ...).
+    pub fn cmp64(&mut self, cmp: &str, a: Rd, b: impl std::fmt::Display) -> P {
+        let p = self.p();
+        self.ins(format!("setp.{cmp}.u64 {p}, {a}, {b}"));
+        p
+    }
+    pub fn cmp32s(&mut self, cmp: &str, a: R, b: impl std::fmt::Display) -> P {
+        let p = self.p();
+        self.ins(format!("setp.{cmp}.s32 {p}, {a}, {b}"));
+        p
+    }
+
+    // ---- memory ----
+
+    /// The address of element `i` of an array of 4-byte values at `base`.
+    pub fn addr(&mut self, base: Rd, i: Rd) -> Rd {
+        let a = self.rd();
+        self.ins(format!("mad.lo.u64 {a}, {i}, 4, {base}"));
+        a
+    }
+    pub fn load(&mut self, base: Rd, i: Rd) -> F {
+        let a = self.addr(base, i);
+        let d = self.f();
+        self.ins(format!("ld.global.f32 {d}, [{a}]"));
+        d
+    }
+    pub fn load_s32(&mut self, base: Rd, i: Rd) -> R {
+        let a = self.addr(base, i);
+        let d = self.r();
+        self.ins(format!("ld.global.s32 {d}, [{a}]"));
+        d
+    }
+    pub fn store(&mut self, base: Rd, i: Rd, v: F) {
+        let a = self.addr(base, i);
+        self.ins(format!("st.global.f32 [{a}], {v}"));
+    }
+
+    // ---- f32 arithmetic (round-to-nearest forms, so no FMA contraction: the CPU rounds
+    // every product and sum) ----
+
+    pub fn fc(&mut self, v: f32) -> F {
+        let d = self.f();
+        self.ins(format!("mov.f32 {d}, {}", imm(v)));
+        d
+    }
+    pub fn bin(&mut self, op: &str, a: F, b: F) -> F {
+        let d = self.f();
+        let op = match op {
+            "add" | "sub" | "mul" | "div" => format!("{op}.rn.f32"),
+            "max" => "max.NaN.f32".to_string(),
+            other => format!("{other}.f32"),
+        };
+        self.ins(format!("{op} {d}, {a}, {b}"));
+        d
+    }
+    pub fn add(&mut self, a: F, b: F) -> F {
+        self.bin("add", a, b)
+    }
+    pub fn sub(&mut self, a: F, b: F) -> F {
+        self.bin("sub", a, b)
+    }
+    pub fn mul(&mut self, a: F, b: F) -> F {
+        self.bin("mul", a, b)
+    }
+    pub fn div(&mut self, a: F, b: F) -> F {
+        self.bin("div", a, b)
+    }
+    pub fn addc(&mut self, a: F, c: f32) -> F {
+        let d = self.f();
+        self.ins(format!("add.rn.f32 {d}, {a}, {}", imm(c)));
+        d
+    }
+    pub fn mulc(&mut self, a: F, c: f32) -> F {
+        let d = self.f();
+        self.ins(format!("mul.rn.f32 {d}, {a}, {}", imm(c)));
+        d
+    }
+    pub fn un(&mut self, op: &str, a: F) -> F {
+        let d = self.f();
+        self.ins(format!("{op} {d}, {a}"));
+        d
+    }
+    pub fn sqrt(&mut self, a: F) -> F {
+        self.un("sqrt.rn.f32", a)
+    }
+    pub fn abs(&mut self, a: F) -> F {
+        self.un("abs.f32", a)
+    }
+    pub fn neg(&mut self, a: F) -> F {
+        self.un("neg.f32", a)
+    }
+    pub fn mov(&mut self, a: F) -> F {
+        self.un("mov.f32", a)
+    }
+    pub fn cmpf(&mut self, cmp: &str, a: F, b: F) -> P {
+        let p = self.p();
+        self.ins(format!("setp.{cmp}.f32 {p}, {a}, {b}"));
+        p
+    }
+    /// `p ? a : b`
+    pub fn sel(&mut self, a: F, b: F, p: P) -> F {
+        let d = self.f();
+        self.ins(format!("selp.f32 {d}, {a}, {b}, {p}"));
+        d
+    }
+    /// Assigns `v` into an existing register (loop-carried values).
+    pub fn set(&mut self, d: F, v: F) {
+        self.ins(format!("mov.f32 {d}, {v}"));
+    }
+    pub fn set64(&mut self, d: Rd, v: Rd) {
+        self.ins(format!("mov.u64 {d}, {v}"));
+    }
+    pub fn u64_to_f32(&mut self, a: Rd) -> F {
+        let d = self.f();
+        self.ins(format!("cvt.rn.f32.u64 {d}, {a}"));
+        d
+    }
+
+    /// `e^x`: `2^(x log2 e)` with the product split in two, so large arguments keep their
+    /// precision (softmax and cross-entropy compare against the CPU's `exp`).
+    pub fn exp(&mut self, x: F) -> F {
+        let hi = self.f();
+        let lo = self.f();
+        let t = self.f();
+        let d = self.f();
+        let e = self.f();
+        let r = self.f();
+        // hi = round(x * log2e), lo = the rest (with log2e in two parts), so 2^hi is exact
+        // and 2^lo is close to 1.
+        self.ins(format!(
+            "mul.rn.f32 {t}, {x}, {}",
+            imm(std::f32::consts::LOG2_E)
+        ));
+        self.ins(format!("cvt.rni.f32.f32 {hi}, {t}"));
+        self.ins(format!("neg.f32 {t}, {hi}"));
+        self.ins(format!(
+            "fma.rn.f32 {lo}, {x}, {}, {t}",
+            imm(std::f32::consts::LOG2_E)
+        ));
+        self.ins(format!(
+            "fma.rn.f32 {lo}, {x}, {}, {lo}",
+            imm((std::f64::consts::LOG2_E - std::f32::consts::LOG2_E as f64) as f32)
+        ));
+        self.ins(format!("ex2.approx.f32 {d}, {lo}"));
+        self.ins(format!("ex2.approx.f32 {e}, {hi}"));
+        self.ins(format!("mul.rn.f32 {r}, {d}, {e}"));
+        r
+    }
+    /// Natural logarithm.
+    pub fn ln(&mut self, x: F) -> F {
+        let d = self.f();
+        self.ins(format!("lg2.approx.f32 {d}, {x}"));
+        self.mulc(d, std::f32::consts::LN_2)
+    }
+    /// `tanh(x) = sign(x) (1 - 2 / (e^(2|x|) + 1))`, exact at the tails.
+    pub fn tanh(&mut self, x: F) -> F {
+        let a = self.abs(x);
+        let a2 = self.mulc(a, 2.0);
+        let e = self.exp(a2);
+        let e1 = self.addc(e, 1.0);
+        let two = self.fc(2.0);
+        let q = self.div(two, e1);
+        let one = self.fc(1.0);
+        let t = self.sub(one, q);
+        // Small |x|: tanh x = x (1 - x^2/3 + 2x^4/15), where the form above cancels.
+        let x2 = self.mul(x, x);
+        let c = self.mulc(x2, 2.0 / 15.0);
+        let c = self.addc(c, -1.0 / 3.0);
+        let c = self.mul(c, x2);
+        let c = self.addc(c, 1.0);
+        let small = self.mul(c, a);
+        let lim = self.fc(0.004);
+        let p = self.cmpf("lt", a, lim);
+        let m = self.sel(small, t, p);
+        let d = self.f();
+        // copysign.f32 d, a, b copies the sign of a onto b.
+        self.ins(format!("copysign.f32 {d}, {x}, {m}"));
+        d
+    }
+    /// `1 / (1 + e^-x)`.
+    pub fn sigmoid(&mut self, x: F) -> F {
+        let n = self.neg(x);
+        let e = self.exp(n);
+        let d = self.addc(e, 1.0);
+        let one = self.fc(1.0);
+        self.div(one, d)
+    }
+    /// `erf(x)` given `e^(-x^2)`: the CPU kernel's formula, operation for operation.
+    pub fn erf_given(&mut self, x: F, exp_neg_x2: F) -> F {
+        let a = self.abs(x);
+        let x2 = self.mul(x, x);
+        // Series for |x| < 0.5.
+        let s = self.fc(1.0 / 1320.0);
+        let s = self.mul(x2, s);
+        let c = self.fc(1.0 / 216.0);
+        let s = self.sub(c, s);
+        let s = self.mul(x2, s);
+        let s = self.addc(s, -1.0 / 42.0);
+        let s = self.mul(x2, s);
+        let s = self.addc(s, 0.1);
+        let s = self.mul(x2, s);
+        let s = self.addc(s, -1.0 / 3.0);
+        let s = self.mul(x2, s);
+        let s = self.addc(s, 1.0);
+        let series = self.mulc(x, std::f32::consts::FRAC_2_SQRT_PI);
+        let series = self.mul(series, s);
+        // Abramowitz-Stegun 7.1.26 otherwise.
+        let t = self.mulc(a, 0.327_591_1);
+        let t = self.addc(t, 1.0);
+        let one = self.fc(1.0);
+        let t = self.div(one, t);
+        let p = self.mulc(t, 1.061_405_4);
+        let p = self.addc(p, -1.453_152_1);
+        let p = self.mul(t, p);
+        let p = self.addc(p, 1.421_413_8);
+        let p = self.mul(t, p);
+        let p = self.addc(p, -0.284_496_74);
+        let p = self.mul(t, p);
+        let p = self.addc(p, 0.254_829_6);
+        let p = self.mul(t, p);
+        let pe = self.mul(p, exp_neg_x2);
+        let one = self.fc(1.0);
+        let v = self.sub(one, pe);
+        let tail = self.f();
+        self.ins(format!("copysign.f32 {tail}, {x}, {v}"));
+        let half = self.fc(0.5);
+        let small = self.cmpf("lt", a, half);
+        self.sel(series, tail, small)
+    }
+    pub fn gelu(&mut self, x: F) -> F {
+        let a = self.mulc(x, std::f32::consts::FRAC_1_SQRT_2);
+        let na = self.neg(a);
+        let a2 = self.mul(na, a);
+        let e = self.exp(a2);
+        let erf = self.erf_given(a, e);
+        let h = self.mulc(x, 0.5);
+        let one = self.addc(erf, 1.0);
+        self.mul(h, one)
+    }
+    pub fn gelu_grad(&mut self, x: F) -> F {
+        let a = self.mulc(x, std::f32::consts::FRAC_1_SQRT_2);
+        let na = self.neg(a);
+        let a2 = self.mul(na, a);
+        let e = self.exp(a2);
+        let erf = self.erf_given(a, e);
+        let cdf = self.addc(erf, 1.0);
+        let cdf = self.mulc(cdf, 0.5);
+        let xe = self.mul(x, e);
+        let xe = self.mulc(xe, 0.398_942_3);
+        self.add(cdf, xe)
+    }
+
+    /// Sum (or max) across the 32 lanes of a warp; every lane gets the result.
+    pub fn warp_reduce(&mut self, v: F, op: &str) -> F {
+        let mut acc = v;
+        for shift in [16, 8, 4, 2, 1] {
+            let o = self.f();
+            self.ins(format!("shfl.sync.bfly.b32 {o}, {acc}, {shift}, 31, -1"));
+            acc = self.bin(op, acc, o);
+        }
+        acc
+    }
+
+    /// `for i in start..end step stride` over u64 with the body given `i`.
+    pub fn for_range(
+        &mut self,
+        start: Rd,
+        end: Rd,
+        stride: impl std::fmt::Display,
+        body: impl FnOnce(&mut Kernel, Rd),
+    ) {
+        let top = self.label();
+        let done = self.label();
+        let i = self.rd();
+        self.set64(i, start);
+        self.place(&top);
+        let p = self.cmp64("ge", i, end);
+        self.bra_if(p, &done);
+        body(self, i);
+        self.ins(format!("add.u64 {i}, {i}, {stride}"));
+        self.bra(&top);
+        self.place(&done);
+    }
+
+    /// The global thread index and the grid's thread count, as u64.
+    pub fn global_index(&mut self) -> (Rd, Rd) {
+        let (c, n, t, g) = (
+            self.special("%ctaid.x"),
+            self.special("%ntid.x"),
+            self.special("%tid.x"),
+            self.special("%nctaid.x"),
+        );
+        let i = self.rd();
+        self.ins(format!("mul.wide.u32 {i}, {c}, {n}"));
+        let tw = self.wide(t);
+        let i = self.op64("add", i, tw);
+        let s = self.rd();
+        self.ins(format!("mul.wide.u32 {s}, {g}, {n}"));
+        (i, s)
+    }
+
+    /// A grid-stride loop over `0..n`.
+    pub fn grid_stride(&mut self, n: u64, body: impl FnOnce(&mut Kernel, Rd)) {
+        let (i, s) = self.global_index();
+        let end = self.u64c(n);
+        self.for_range(i, end, s, body);
+    }
+
+    /// The finished `.entry` (no module header).
+    pub fn finish(self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(s, ".visible .entry {}(", self.name);
+        for (k, (name, ty)) in self.params.iter().enumerate() {
+            let t = match ty {
+                ParamType::U64 => "u64",
+                ParamType::F32 => "f32",
+            };
+            let comma = if k + 1 < self.params.len() { "," } else { "" };
+            let _ = writeln!(s, "\t.param .{t} {name}{comma}");
+        }
+        s.push_str(")\n{\n");
+        s.push_str(&self.shared);
+        let _ = writeln!(s, "\t.reg .pred %p<{}>;", self.np + 1);
+        let _ = writeln!(s, "\t.reg .b32 %r<{}>;", self.nr + 1);
+        let _ = writeln!(s, "\t.reg .f32 %f<{}>;", self.nf + 1);
+        let _ = writeln!(s, "\t.reg .b64 %rd<{}>;", self.nrd + 1);
+        s.push_str(&self.body);
+        s.push_str("\tret;\n}\n");
+        s
+    }
+}
+
+/// The PTX module header for a target (`sm_80`, `sm_90`).
+pub fn header(target: &str) -> String {
+    format!(".version 8.0\n.target {target}\n.address_size 64\n\n")
+}

@@ -1,0 +1,352 @@
+//! Elementwise chains: one grid-stride kernel evaluates every op of the chain for element `i`
+//! in registers and stores the values read outside the kernel. Operands from memory are read
+//! at `i` (same shape), 0 (one value), `i % len` (a bias repeated along the leading axes), or
+//! through numpy broadcasting coordinates otherwise.
+
+use super::builder::{Kernel, Rd, F};
+use super::{grid_for, Arg, CodegenError, Gen, Launch, BLOCK};
+use crate::ir::Op;
+use crate::plan::Plan;
+
+/// The index into an operand of shape `small` for element `i` of `out`.
+pub(super) fn broadcast_index(k: &mut Kernel, i: Rd, out: &[u64], small: &[u64]) -> Rd {
+    let n: u64 = out.iter().product();
+    let len: u64 = small.iter().product();
+    if len == n {
+        return i;
+    }
+    if len <= 1 {
+        return k.u64c(0);
+    }
+    let suffix = small.len() <= out.len() && out[out.len() - small.len()..] == *small;
+    if suffix {
+        return k.op64("rem", i, len);
+    }
+    // General broadcasting: the coordinates of `i`, kept where `small` is not 1.
+    let offset = out.len() - small.len();
+    let mut idx = k.u64c(0);
+    let (mut out_stride, mut in_stride) = (1u64, 1u64);
+    for d in (0..out.len()).rev() {
+        let size = out[d];
+        let in_size = if d >= offset { small[d - offset] } else { 1 };
+        if in_size != 1 {
+            let q = k.op64("div", i, out_stride);
+            let c = k.op64("rem", q, size);
+            let t = k.op64("mul.lo", c, in_stride);
+            idx = k.op64("add", idx, t);
+        }
+        out_stride *= size;
+        in_stride *= in_size;
+    }
+    idx
+}
+
+/// SplitMix64's finaliser, as `rng::mix`.
+fn mix(k: &mut Kernel, z: Rd) -> Rd {
+    let a = k.op64("shr", z, 30);
+    let z = k.op64_xor(z, a);
+    let z = k.op64("mul.lo", z, "0xBF58476D1CE4E5B9");
+    let a = k.op64("shr", z, 27);
+    let z = k.op64_xor(z, a);
+    let z = k.op64("mul.lo", z, "0x94D049BB133111EB");
+    let a = k.op64("shr", z, 31);
+    k.op64_xor(z, a)
+}
+
+/// Supplies a dropout op's (threshold, scale, random bits of the element) registers.
+pub(super) type DropoutBits<'a> = dyn FnMut(&mut Kernel, f64, u64) -> (F, F, Rd) + 'a;
+
+/// The value of one elementwise op on its operand registers.
+pub(super) fn apply(
+    k: &mut Kernel,
+    op: &Op,
+    a: F,
+    b: Option<F>,
+    dropout: &mut DropoutBits,
+) -> Result<F, CodegenError> {
+    let two = |b: Option<F>| {
+        b.ok_or(CodegenError::Bad {
+            op: op.name(),
+            message: "expects two operands".into(),
+        })
+    };
+    Ok(match op {
+        Op::Add => k.add(a, two(b)?),
+        Op::Sub => k.sub(a, two(b)?),
+        Op::Mul => k.mul(a, two(b)?),
+        Op::Div => k.div(a, two(b)?),
+        Op::Scale { by } => k.mulc(a, *by as f32),
+        Op::AddScalar { value } => k.addc(a, *value as f32),
+        Op::ClampMax { value } => {
+            let v = k.fc(*value as f32);
+            // `min.f32` returns the number when one operand is NaN, as Rust's `f32::min`.
+            let d = k.f();
+            k.ins(format!("min.f32 {d}, {a}, {v}"));
+            d
+        }
+        Op::Sqrt => k.sqrt(a),
+        Op::Relu => {
+            let z = k.fc(0.0);
+            // As the CPU oracle's `f32::max`: NaN becomes 0.
+            let d = k.f();
+            k.ins(format!("max.f32 {d}, {a}, {z}"));
+            d
+        }
+        Op::Gelu => k.gelu(a),
+        Op::Tanh => k.tanh(a),
+        Op::Sigmoid => k.sigmoid(a),
+        Op::ReluGrad => {
+            let dy = two(b)?;
+            let z = k.fc(0.0);
+            let p = k.cmpf("gt", a, z);
+            k.sel(dy, z, p)
+        }
+        Op::GeluGrad => {
+            let dy = two(b)?;
+            let g = k.gelu_grad(a);
+            k.mul(dy, g)
+        }
+        Op::TanhGrad => {
+            let dy = two(b)?;
+            let y2 = k.mul(a, a);
+            let one = k.fc(1.0);
+            let t = k.sub(one, y2);
+            k.mul(dy, t)
+        }
+        Op::SigmoidGrad => {
+            let dy = two(b)?;
+            let t = k.mul(dy, a);
+            let one = k.fc(1.0);
+            let c = k.sub(one, a);
+            k.mul(t, c)
+        }
+        Op::Dropout { p, stream } => {
+            let (threshold, scale, index) = dropout(k, *p, *stream);
+            // uniform = (bits >> 40) * 2^-24, as `rng::uniform`.
+            let bits = k.op64("shr", index, 40);
+            let u = k.u64_to_f32(bits);
+            let u = k.mulc(u, 1.0 / (1u64 << 24) as f32);
+            let drop = k.cmpf("lt", u, threshold);
+            let kept = k.mul(a, scale);
+            let z = k.fc(0.0);
+            k.sel(z, kept, drop)
+        }
+        other => {
+            return Err(CodegenError::Bad {
+                op: other.name(),
+                message: "is not elementwise".into(),
+            })
+        }
+    })
+}
+
+/// Where an operand of a chain op comes from.
+#[derive(Clone, Copy)]
+enum Src {
+    Register(usize),
+    Memory(Rd, usize),
+}
+
+/// One kernel for the elementwise `steps` (all of the last step's shape). `given` is a value
+/// already computed elsewhere (a matmul result at its `Arg`); `stage` is a step whose value is
+/// also written to the scratch buffer (the input of the reduction that follows).
+pub(super) fn chain(
+    g: &mut Gen,
+    name: &str,
+    plan: &Plan,
+    shapes: &[Vec<u64>],
+    steps: &[usize],
+    given: Option<(usize, Arg)>,
+    stage: Option<usize>,
+) -> Result<Launch, CodegenError> {
+    let last = *steps.last().expect("a chain has steps");
+    let out_shape = &shapes[last];
+    let n: u64 = out_shape.iter().product();
+    let per_sample = if out_shape.is_empty() {
+        1
+    } else {
+        (n / out_shape[0].max(1)).max(1)
+    };
+    let mut k = Kernel::new(&format!("{name}e"));
+    // Parameters first: the memory operands (each once), then the stores.
+    let mut memory: Vec<(usize, Rd)> = Vec::new();
+    let mut srcs: Vec<[Option<Src>; 2]> = Vec::new();
+    for &s in steps {
+        let st = &plan.steps[s];
+        let mut ops = [None, None];
+        for (j, &o) in st.operands.iter().enumerate().take(2) {
+            ops[j] = Some(if let Some(r) = steps.iter().position(|&x| x == o) {
+                Src::Register(r)
+            } else {
+                let ptr = match memory.iter().find(|(m, _)| *m == o) {
+                    Some(&(_, p)) => p,
+                    None => {
+                        let arg = match given {
+                            Some((gs, at)) if gs == o => at,
+                            _ => Arg::Value(o),
+                        };
+                        if plan.steps[o].ty.dtype != crate::ir::DType::F32 {
+                            return Err(CodegenError::Bad {
+                                op: st.op.name(),
+                                message: "expects f32 operands".into(),
+                            });
+                        }
+                        let p = k.param_ptr(arg);
+                        memory.push((o, p));
+                        p
+                    }
+                };
+                Src::Memory(ptr, o)
+            });
+        }
+        srcs.push(ops);
+    }
+    let mut stores: Vec<Vec<Rd>> = Vec::new();
+    for &s in steps {
+        let mut v = Vec::new();
+        if plan.steps[s].buffer.is_some() {
+            v.push(k.param_ptr(Arg::Value(s)));
+        }
+        if stage == Some(s) {
+            v.push(k.param_ptr(Arg::Scratch));
+        }
+        stores.push(v);
+    }
+    // Dropout parameters, declared before the loop.
+    let mut drop_params: Vec<(u64, F, F, Rd)> = Vec::new();
+    let mut first: Option<Rd> = None;
+    for &s in steps {
+        if let Op::Dropout { p, stream } = plan.steps[s].op {
+            let key = k.param_u64(Arg::DropoutKey { stream });
+            let t = k.param_f32(Arg::DropoutThreshold { p });
+            let sc = k.param_f32(Arg::DropoutScale { p });
+            drop_params.push((stream, t, sc, key));
+            if first.is_none() {
+                first = Some(k.param_u64(Arg::FirstSample));
+            }
+        }
+    }
+    let (i0, stride) = k.global_index();
+    let end = k.u64c(n);
+    let mut result: Result<(), CodegenError> = Ok(());
+    k.for_range(i0, end, stride, |k, i| {
+        let mut regs: Vec<F> = Vec::new();
+        // The random index of element `i`, computed once per element if any op drops.
+        let mut rand_index: Option<Rd> = None;
+        for (r, &s) in steps.iter().enumerate() {
+            let st = &plan.steps[s];
+            let mut vals = [None, None];
+            for j in 0..2 {
+                vals[j] = match srcs[r][j] {
+                    None => None,
+                    Some(Src::Register(x)) => Some(regs[x]),
+                    Some(Src::Memory(ptr, o)) => {
+                        let idx = broadcast_index(k, i, out_shape, &shapes[o]);
+                        Some(k.load(ptr, idx))
+                    }
+                };
+            }
+            let Some(a) = vals[0] else {
+                result = Err(CodegenError::Bad {
+                    op: st.op.name(),
+                    message: "has no operand".into(),
+                });
+                return;
+            };
+            let mut dropout = |k: &mut Kernel, _p: f64, stream: u64| {
+                let &(_, t, sc, key) = drop_params
+                    .iter()
+                    .find(|d| d.0 == stream)
+                    .expect("declared above");
+                let index = *rand_index.get_or_insert_with(|| {
+                    let fs = first.expect("declared with the dropout");
+                    let q = k.op64("div", i, per_sample);
+                    let rem = k.op64("rem", i, per_sample);
+                    let sample = k.op64("add", fs, q);
+                    let base = k.op64("mul.lo", sample, per_sample);
+                    k.op64("add", base, rem)
+                });
+                // bits = mix(key + index * golden), as `rng::bits`.
+                let t1 = k.op64("mul.lo", index, "0x9E3779B97F4A7C15");
+                let z = k.op64("add", key, t1);
+                (t, sc, mix(k, z))
+            };
+            match apply(k, &st.op, a, vals[1], &mut dropout) {
+                Ok(v) => regs.push(v),
+                Err(e) => {
+                    result = Err(e);
+                    return;
+                }
+            }
+            let v = regs[r];
+            for &p in &stores[r] {
+                k.store(p, i, v);
+            }
+        }
+    });
+    result?;
+    Ok(g.launch(k, grid_for(n, BLOCK), BLOCK))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::assemble;
+    use super::*;
+
+    #[test]
+    fn every_elementwise_op_assembles() {
+        let ops = [
+            Op::Add,
+            Op::Sub,
+            Op::Mul,
+            Op::Div,
+            Op::Scale { by: 0.5 },
+            Op::AddScalar { value: 1.0 },
+            Op::ClampMax { value: 2.0 },
+            Op::Sqrt,
+            Op::Relu,
+            Op::Gelu,
+            Op::Tanh,
+            Op::Sigmoid,
+            Op::ReluGrad,
+            Op::GeluGrad,
+            Op::TanhGrad,
+            Op::SigmoidGrad,
+            Op::Dropout { p: 0.1, stream: 3 },
+        ];
+        let mut g = Gen::new();
+        let mut k = Kernel::new("t");
+        let x = k.param_ptr(Arg::Value(0));
+        let o = k.param_ptr(Arg::Value(1));
+        let key = k.param_u64(Arg::DropoutKey { stream: 3 });
+        let t = k.param_f32(Arg::DropoutThreshold { p: 0.1 });
+        let s = k.param_f32(Arg::DropoutScale { p: 0.1 });
+        k.grid_stride(1000, |k, i| {
+            let a = k.load(x, i);
+            let mut v = a;
+            for op in &ops {
+                let mut d = |k: &mut Kernel, _: f64, _: u64| {
+                    let z = k.op64("add", key, i);
+                    (t, s, mix(k, z))
+                };
+                v = apply(k, op, v, Some(a), &mut d).unwrap();
+            }
+            k.store(o, i, v);
+        });
+        g.launch(k, 4, 256);
+        assemble(&g.text("sm_80")).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    #[test]
+    fn general_broadcasting_reads_by_coordinates() {
+        let mut k = Kernel::new("b");
+        let i = k.u64c(5);
+        let _ = broadcast_index(&mut k, i, &[2, 3, 4], &[3, 1]);
+        let text = k.finish();
+        // Axis 1 of the output (stride 4, size 3) maps to stride 1 of the operand.
+        assert!(
+            text.contains("div.u64") && text.contains("rem.u64"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,897 @@
+//! Data movement and general reductions.
+//!
+//! Moves copy 32-bit words (the bits of f32 or i32 values), one thread per output element in a
+//! grid-stride loop, with the source index computed from the output index and the shapes
+//! baked in as immediates (u32 arithmetic when the output has under 2^32 elements). Sums
+//! accumulate in f64 like the CPU oracle: one thread per output in the CPU's row-major order
+//! (bit-identical) when there are many outputs or few terms, otherwise 32 or 256 lanes per
+//! output, each summing every 32nd (256th) run element, their partials then added in lane order
+//! through shared memory. `ScatterAdd` sums in index order in f32, as the CPU, with no atomics.
+
+use super::builder::{Kernel, Rd, P, R};
+use super::{grid_for, CodegenError, Gen, Launch, Operand, BLOCK};
+use crate::ir::{DType, Op};
+
+pub(super) fn generate(
+    g: &mut Gen,
+    name: &str,
+    op: &Op,
+    ins: &[Operand],
+    out: &Operand,
+) -> Result<Vec<Launch>, CodegenError> {
+    let bad = |m: String| CodegenError::Bad {
+        op: op.name(),
+        message: m,
+    };
+    let want = match op {
+        Op::Concat { .. } | Op::Gather | Op::ScatterAdd { .. } => 2,
+        _ => 1,
+    };
+    if ins.len() != want {
+        return Err(bad(format!("expects {want} operands, got {}", ins.len())));
+    }
+    let x = &ins[0];
+    let words = ins.iter().all(|o| o.dtype == out.dtype) && is_word(out.dtype);
+    let floats = ins.iter().chain([out]).all(|o| o.dtype == DType::F32);
+    let types = || bad("operands and output must share one element type, f32 or i32".into());
+    let shapes = || {
+        let s: Vec<&Vec<u64>> = ins.iter().map(|o| &o.shape).collect();
+        bad(format!("cannot map {s:?} to {:?}", out.shape))
+    };
+    let launch = match op {
+        Op::Reshape { .. } => {
+            if !words {
+                return Err(types());
+            }
+            if x.numel() != out.numel() {
+                return Err(shapes());
+            }
+            strided(g, name, x, out, &[(out.numel(), 1)], 0, None)
+        }
+        Op::Permute { perm } => {
+            let r = x.shape.len();
+            let mut seen = vec![false; r];
+            let ok = perm.len() == r
+                && perm
+                    .iter()
+                    .all(|&p| p < r && !std::mem::replace(&mut seen[p], true));
+            if !words {
+                return Err(types());
+            }
+            if !ok || out.shape.len() != r || (0..r).any(|i| out.shape[i] != x.shape[perm[i]]) {
+                return Err(shapes());
+            }
+            let xs = strides(&x.shape);
+            let dims: Vec<(u64, u64)> = perm.iter().map(|&p| (x.shape[p], xs[p])).collect();
+            strided(g, name, x, out, &dims, 0, None)
+        }
+        Op::Expand { axes, mean, .. } => {
+            let r = out.shape.len();
+            let kept: Vec<u64> = (0..r)
+                .filter(|i| !axes.contains(i))
+                .map(|i| out.shape[i])
+                .collect();
+            if !words || (*mean && !floats) {
+                return Err(types());
+            }
+            if axes.iter().any(|&a| a >= r) || kept != x.shape {
+                return Err(shapes());
+            }
+            let xs = strides(&x.shape);
+            let mut next = xs.iter();
+            let dims: Vec<(u64, u64)> = (0..r)
+                .map(|i| {
+                    let s = if axes.contains(&i) {
+                        0
+                    } else {
+                        *next.next().unwrap_or(&0)
+                    };
+                    (out.shape[i], s)
+                })
+                .collect();
+            let count: u64 = axes.iter().map(|&a| out.shape[a]).product();
+            let div = mean.then_some(count as f32);
+            strided(g, name, x, out, &dims, 0, div)
+        }
+        Op::Slice { axis, start, .. } | Op::Pad { axis, start, .. } => {
+            let (a, r) = (*axis, x.shape.len());
+            if !words {
+                return Err(types());
+            }
+            if a >= r
+                || out.shape.len() != r
+                || (0..r).any(|i| i != a && x.shape[i] != out.shape[i])
+            {
+                return Err(shapes());
+            }
+            let inner = numel(&x.shape[a + 1..]);
+            let (xc, oc, at) = (x.shape[a] * inner, out.shape[a] * inner, start * inner);
+            if let Op::Slice { .. } = op {
+                if start + out.shape[a] > x.shape[a] {
+                    return Err(shapes());
+                }
+                let rows = numel(&x.shape[..a]);
+                strided(g, name, x, out, &[(rows, xc), (oc, 1)], at, None)
+            } else {
+                if start + x.shape[a] > out.shape[a] {
+                    return Err(shapes());
+                }
+                pad(g, name, x, out, xc, oc, at)
+            }
+        }
+        Op::Concat { axis } => {
+            let (a, b, r) = (&ins[0], &ins[1], out.shape.len());
+            if !words {
+                return Err(types());
+            }
+            let fits = a.shape.len() == r
+                && b.shape.len() == r
+                && *axis < r
+                && (0..r).all(|i| {
+                    if i == *axis {
+                        out.shape[i] == a.shape[i] + b.shape[i]
+                    } else {
+                        a.shape[i] == out.shape[i] && b.shape[i] == out.shape[i]
+                    }
+                });
+            if !fits {
+                return Err(shapes());
+            }
+            concat(g, name, a, b, out, *axis)
+        }
+        Op::Gather => {
+            let (table, idx) = (&ins[0], &ins[1]);
+            if table.dtype != DType::F32 || out.dtype != DType::F32 || idx.dtype != DType::I32 {
+                return Err(bad("needs an f32 table and i32 indices".into()));
+            }
+            let mut want = idx.shape.clone();
+            want.push(table.shape.get(1).copied().unwrap_or(0));
+            if table.shape.len() != 2 || out.shape != want || table.shape[0] > i32::MAX as u64 {
+                return Err(shapes());
+            }
+            gather(g, name, table, idx, out)
+        }
+        Op::ScatterAdd { .. } => {
+            let (idx, dy) = (&ins[0], &ins[1]);
+            if idx.dtype != DType::I32 || dy.dtype != DType::F32 || out.dtype != DType::F32 {
+                return Err(bad("needs i32 indices and f32 values".into()));
+            }
+            let r = idx.shape.len();
+            if out.shape.len() != 2
+                || dy.shape.len() != r + 1
+                || dy.shape[..r] != idx.shape[..]
+                || dy.shape[r] != out.shape[1]
+                || out.shape[0] > i32::MAX as u64
+            {
+                return Err(shapes());
+            }
+            scatter_add(g, name, idx, dy, out)
+        }
+        Op::ReduceSum { axes } | Op::ReduceMean { axes } => {
+            if !floats {
+                return Err(types());
+            }
+            let rank = x.shape.len();
+            if axes.iter().any(|&a| a >= rank) {
+                return Err(shapes());
+            }
+            let red: Vec<bool> = (0..rank).map(|i| axes.contains(&i)).collect();
+            let count: u64 = (0..rank).filter(|&i| red[i]).map(|i| x.shape[i]).product();
+            let mean = matches!(op, Op::ReduceMean { .. }).then_some(count);
+            reduce(g, name, x, out, &red, mean).ok_or_else(shapes)?
+        }
+        Op::SumTo { .. } => {
+            if !floats {
+                return Err(types());
+            }
+            let (xr, or) = (x.shape.len(), out.shape.len());
+            if or > xr {
+                return Err(shapes());
+            }
+            let lead = xr - or;
+            let mut red = vec![true; xr];
+            for (j, &d) in out.shape.iter().enumerate() {
+                if d == x.shape[lead + j] {
+                    red[lead + j] = false;
+                } else if d != 1 {
+                    return Err(shapes());
+                }
+            }
+            reduce(g, name, x, out, &red, None).ok_or_else(shapes)?
+        }
+        other => return Err(CodegenError::Unsupported { op: other.name() }),
+    };
+    Ok(vec![launch])
+}
+
+fn is_word(d: DType) -> bool {
+    matches!(d, DType::F32 | DType::I32)
+}
+
+fn numel(shape: &[u64]) -> u64 {
+    shape.iter().product()
+}
+
+fn strides(shape: &[u64]) -> Vec<u64> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// `(size, stride)` pairs, outermost first, with size-1 axes dropped and each axis merged into
+/// the next inner one when they walk the source contiguously (repeats included).
+fn merge(dims: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut m: Vec<(u64, u64)> = Vec::new();
+    for &(n, s) in dims.iter().rev() {
+        if n == 1 {
+            continue;
+        }
+        match m.last_mut() {
+            Some(d) if s == d.0 * d.1 => d.0 *= n,
+            _ => m.push((n, s)),
+        }
+    }
+    m.reverse();
+    m
+}
+
+/// `(x / n, x % n)`, in u32 arithmetic when `small` (every `x` below 2^32).
+fn div_rem(k: &mut Kernel, x: Rd, n: u64, small: bool) -> (Rd, Rd) {
+    let n = n.max(1);
+    if n == 1 {
+        let z = k.u64c(0);
+        return (x, z);
+    }
+    if small && n <= u32::MAX as u64 {
+        let a = k.narrow(x);
+        let q = k.op32("div", a, n);
+        let t = k.op32("mul.lo", q, n);
+        let r = k.op32("sub", a, t);
+        (k.wide(q), k.wide(r))
+    } else {
+        let q = k.op64("div", x, n);
+        let t = k.op64("mul.lo", q, n);
+        (q, k.op64("sub", x, t))
+    }
+}
+
+/// `a * b + c` on u64.
+fn mad(k: &mut Kernel, a: Rd, b: u64, c: Rd) -> Rd {
+    let d = k.rd();
+    k.ins(format!("mad.lo.u64 {d}, {a}, {b}, {c}"));
+    d
+}
+
+/// The source offset of output element `i`: its coordinates along `dims` (merged `(size,
+/// stride)`, outermost first, `i` below the product of the sizes) times the strides.
+fn offset(k: &mut Kernel, i: Rd, dims: &[(u64, u64)], small: bool) -> Rd {
+    let mut rest = i;
+    let mut acc: Option<Rd> = None;
+    for (pos, &(n, s)) in dims.iter().enumerate().rev() {
+        let c = if pos == 0 {
+            rest
+        } else {
+            let (q, r) = div_rem(k, rest, n, small);
+            rest = q;
+            r
+        };
+        if s != 0 {
+            acc = Some(match acc {
+                None if s == 1 => c,
+                None => k.op64("mul.lo", c, s),
+                Some(a) => mad(k, c, s, a),
+            });
+        }
+    }
+    acc.unwrap_or_else(|| k.u64c(0))
+}
+
+/// `v = word[base + i]` when `guard` (`@%p1`, `@!%p1` or empty) holds.
+fn load_word(k: &mut Kernel, guard: &str, base: Rd, i: Rd, v: R) {
+    let a = k.addr(base, i);
+    k.ins(format!("{guard} ld.global.b32 {v}, [{a}]"));
+}
+
+fn store_word(k: &mut Kernel, base: Rd, i: Rd, v: R) {
+    let a = k.addr(base, i);
+    k.ins(format!("st.global.b32 [{a}], {v}"));
+}
+
+fn guard(p: P, holds: bool) -> String {
+    format!("@{}{p}", if holds { "" } else { "!" })
+}
+
+/// A grid-stride kernel over the elements of `out`, with the launch it needs.
+fn elementwise(
+    g: &mut Gen,
+    name: &str,
+    ins: &[&Operand],
+    out: &Operand,
+    body: impl FnOnce(&mut Kernel, &[Rd], Rd, Rd, bool),
+) -> Launch {
+    let n = out.numel();
+    let mut k = Kernel::new(name);
+    let srcs: Vec<Rd> = ins.iter().map(|o| k.param_ptr(o.arg)).collect();
+    let dst = k.param_ptr(out.arg);
+    let small = n <= u32::MAX as u64;
+    k.grid_stride(n, |k, i| body(k, &srcs, dst, i, small));
+    g.launch(k, grid_for(n, BLOCK), BLOCK)
+}
+
+/// `out[i] = x[base + offset(i)]` (divided by `div` if given), `dims` giving the `(size,
+/// stride)` of every output axis in `x`, outermost first.
+fn strided(
+    g: &mut Gen,
+    name: &str,
+    x: &Operand,
+    out: &Operand,
+    dims: &[(u64, u64)],
+    base: u64,
+    div: Option<f32>,
+) -> Launch {
+    let dims = merge(dims);
+    elementwise(g, name, &[x], out, |k, src, dst, i, small| {
+        let off = offset(k, i, &dims, small);
+        let off = if base > 0 {
+            k.op64("add", off, base)
+        } else {
+            off
+        };
+        match div {
+            Some(c) => {
+                let v = k.load(src[0], off);
+                let c = k.fc(c);
+                let v = k.div(v, c);
+                k.store(dst, i, v);
+            }
+            None => {
+                let v = k.r();
+                load_word(k, "", src[0], off, v);
+                store_word(k, dst, i, v);
+            }
+        }
+    })
+}
+
+/// Rows of `oc` words: zeros, with the row of `xc` words of `x` at `at`.
+fn pad(g: &mut Gen, name: &str, x: &Operand, out: &Operand, xc: u64, oc: u64, at: u64) -> Launch {
+    elementwise(g, name, &[x], out, |k, src, dst, i, small| {
+        let (r, c) = div_rem(k, i, oc, small);
+        // c - at wraps around below `at`, so one unsigned compare checks both ends.
+        let t = k.op64("sub", c, at);
+        let inside = k.cmp64("lt", t, xc);
+        let si = mad(k, r, xc, t);
+        let v = k.u32c(0);
+        load_word(k, &guard(inside, true), src[0], si, v);
+        store_word(k, dst, i, v);
+    })
+}
+
+fn concat(g: &mut Gen, name: &str, a: &Operand, b: &Operand, out: &Operand, axis: usize) -> Launch {
+    let inner = numel(&a.shape[axis + 1..]);
+    let (ca, cb) = (a.shape[axis] * inner, b.shape[axis] * inner);
+    elementwise(g, name, &[a, b], out, |k, src, dst, i, small| {
+        let (r, c) = div_rem(k, i, ca + cb, small);
+        let first = k.cmp64("lt", c, ca);
+        let ai = mad(k, r, ca, c);
+        let t = k.op64("sub", c, ca);
+        let bi = mad(k, r, cb, t);
+        let v = k.r();
+        load_word(k, &guard(first, true), src[0], ai, v);
+        load_word(k, &guard(first, false), src[1], bi, v);
+        store_word(k, dst, i, v);
+    })
+}
+
+/// Rows of `table [V, D]` at `indices`; out-of-range indices give rows of zeros.
+fn gather(g: &mut Gen, name: &str, table: &Operand, idx: &Operand, out: &Operand) -> Launch {
+    let (v, d) = (table.shape[0], table.shape[1]);
+    elementwise(g, name, &[table, idx], out, |k, src, dst, i, small| {
+        let (p, j) = div_rem(k, i, d, small);
+        let row = k.load_s32(src[1], p);
+        let row64 = k.rd();
+        k.ins(format!("cvt.s64.s32 {row64}, {row}"));
+        // Negative indices become huge as u64.
+        let ok = k.cmp64("lt", row64, v);
+        let si = mad(k, row64, d, j);
+        let w = k.u32c(0);
+        load_word(k, &guard(ok, true), src[0], si, w);
+        store_word(k, dst, i, w);
+    })
+}
+
+/// `out [V, D]`: for each output row `r`, the rows of `dy` whose index is `r`, added in index
+/// order in f32 from 0 (the CPU's order, so bit-identical). A block owns a row and up to
+/// `8 * BLOCK` columns (a few per thread); it scans the indices `BLOCK` at a time, each warp's
+/// matches a ballot mask in shared memory, and every thread walks the masks in order.
+fn scatter_add(g: &mut Gen, name: &str, idx: &Operand, dy: &Operand, out: &Operand) -> Launch {
+    let (v, d, n) = (out.shape[0], out.shape[1], idx.numel());
+    let block = BLOCK as u64;
+    let per = d.div_ceil(block).clamp(1, 8);
+    let groups = d.div_ceil(block * per).max(1);
+    let blocks = v * groups;
+    let mut k = Kernel::new(name);
+    let (ip, gp, op) = (
+        k.param_ptr(idx.arg),
+        k.param_ptr(dy.arg),
+        k.param_ptr(out.arg),
+    );
+    let masks = k.shared_f32(BLOCK / 32);
+    let sb = k.rd();
+    k.ins(format!("mov.u64 {sb}, {masks}"));
+    let tid32 = k.special("%tid.x");
+    let tid = k.wide(tid32);
+    let lane = k.r();
+    k.ins(format!("and.b32 {lane}, {tid32}, 31"));
+    let lane0 = k.p();
+    k.ins(format!("setp.eq.u32 {lane0}, {lane}, 0"));
+    let warp = k.op32("shr", tid32, 5);
+    let warp = k.wide(warp);
+    let wslot = mad(&mut k, warp, 4, sb);
+    let (c, nc) = (k.special("%ctaid.x"), k.special("%nctaid.x"));
+    let (c, nc) = (k.wide(c), k.wide(nc));
+    let end = k.u64c(blocks);
+    k.for_range(c, end, nc, |k, blk| {
+        let (r, gi) = div_rem(k, blk, groups, blocks <= u32::MAX as u64);
+        let r32 = k.narrow(r);
+        let col0 = mad(k, gi, block * per, tid);
+        let cols: Vec<(Rd, P, _)> = (0..per)
+            .map(|a| {
+                let col = k.op64("add", col0, a * block);
+                (col, k.cmp64("lt", col, d), k.fc(0.0))
+            })
+            .collect();
+        let (z, pe) = (k.u64c(0), k.u64c(n));
+        k.for_range(z, pe, block, |k, p0| {
+            k.ins("bar.sync 0");
+            let p = k.op64("add", p0, tid);
+            let inr = k.cmp64("lt", p, n);
+            let iv = k.u32c(u32::MAX);
+            load_word(k, &guard(inr, true), ip, p, iv);
+            let m = k.cmp32s("eq", iv, r32);
+            k.ins(format!("and.pred {m}, {m}, {inr}"));
+            let bal = k.r();
+            k.ins(format!("vote.sync.ballot.b32 {bal}, {m}, -1"));
+            k.ins(format!("@{lane0} st.shared.b32 [{wslot}], {bal}"));
+            k.ins("bar.sync 0");
+            for w in 0..BLOCK / 32 {
+                let mask = k.r();
+                k.ins(format!("ld.shared.b32 {mask}, [{sb}+{}]", w * 4));
+                let (top, next) = (k.label(), k.label());
+                k.place(&top);
+                let none = k.p();
+                k.ins(format!("setp.eq.u32 {none}, {mask}, 0"));
+                k.bra_if(none, &next);
+                // The lowest set bit: its position, then clear it.
+                let low = k.r();
+                k.ins(format!("neg.s32 {low}, {mask}"));
+                k.ins(format!("and.b32 {low}, {low}, {mask}"));
+                k.ins(format!("xor.b32 {mask}, {mask}, {low}"));
+                let bit = k.r();
+                k.ins(format!("bfind.u32 {bit}, {low}"));
+                let bit = k.wide(bit);
+                let pw = k.op64("add", p0, w as u64 * 32);
+                let pp = k.op64("add", pw, bit);
+                let row = k.op64("mul.lo", pp, d);
+                for &(col, ok, acc) in &cols {
+                    let e = k.op64("add", row, col);
+                    let a = k.addr(gp, e);
+                    let x = k.f();
+                    k.ins(format!("@{ok} ld.global.f32 {x}, [{a}]"));
+                    k.ins(format!("@{ok} add.rn.f32 {acc}, {acc}, {x}"));
+                }
+                k.bra(&top);
+                k.place(&next);
+            }
+        });
+        let orow = k.op64("mul.lo", r, d);
+        for &(col, ok, acc) in &cols {
+            let e = k.op64("add", orow, col);
+            let a = k.addr(op, e);
+            k.ins(format!("@{ok} st.global.f32 [{a}], {acc}"));
+        }
+    });
+    g.launch(k, grid_for(blocks, 1), BLOCK)
+}
+
+/// Loops over every combination of the `groups` (`(size, stride)`, outermost first, in
+/// row-major order), calling `body` with `off` plus the offset of each.
+fn nest(k: &mut Kernel, groups: &[(u64, u64)], off: Rd, body: &mut dyn FnMut(&mut Kernel, Rd)) {
+    match groups.split_first() {
+        None => body(k, off),
+        Some((&(n, s), rest)) => {
+            let end = k.op64("add", off, n * s);
+            k.for_range(off, end, s, |k, o| nest(k, rest, o, body));
+        }
+    }
+}
+
+fn f64_imm(v: f64) -> String {
+    format!("0d{:016X}", v.to_bits())
+}
+
+/// `x` summed over the axes marked in `red` into `out` (the other axes in order), each sum
+/// divided by `mean` if given: f64 sums in row-major order of the reduced axes, as the CPU.
+/// `None` if `out` does not hold the kept axes.
+fn reduce(
+    g: &mut Gen,
+    name: &str,
+    x: &Operand,
+    out: &Operand,
+    red: &[bool],
+    mean: Option<u64>,
+) -> Option<Launch> {
+    // (size, stride, reduced), innermost first while building: size-1 axes dropped, runs of
+    // adjacent axes of one kind merged, as the CPU's `sum_axes`.
+    let mut groups: Vec<(u64, u64, bool)> = Vec::new();
+    let mut stride = 1;
+    for (&n, &r) in x.shape.iter().zip(red).rev() {
+        if n != 1 {
+            match groups.last_mut() {
+                Some(g) if g.2 == r => g.0 *= n,
+                _ => groups.push((n, stride, r)),
+            }
+        }
+        stride *= n;
+    }
+    let kept_inner = matches!(groups.first(), Some(g) if !g.2);
+    groups.reverse();
+    let kept: Vec<(u64, u64)> = groups.iter().filter(|g| !g.2).map(|g| (g.0, g.1)).collect();
+    let mut reduced: Vec<(u64, u64)> = groups.iter().filter(|g| g.2).map(|g| (g.0, g.1)).collect();
+    let n_out = out.numel();
+    if kept.iter().map(|g| g.0).product::<u64>() != n_out {
+        return None;
+    }
+    let (last_n, last_s) = reduced.pop().unwrap_or((1, 1));
+    let count = last_n * reduced.iter().map(|g| g.0).product::<u64>();
+    // Outputs per block and lanes per output.
+    let block = BLOCK as u64;
+    let (to, tk) = if n_out >= 16_384 || count < 64 || last_n < 32 {
+        (block, 1)
+    } else if n_out <= 64 && !kept_inner && last_s == 1 {
+        (1, block)
+    } else {
+        (8, 32)
+    };
+    let mut k = Kernel::new(name);
+    let (src, dst) = (k.param_ptr(x.arg), k.param_ptr(out.arg));
+    let tid = k.special("%tid.x");
+    let tid = k.wide(tid);
+    // Consecutive threads take consecutive outputs when the innermost kept run is contiguous,
+    // consecutive terms otherwise.
+    let (oo, kl) = if kept_inner {
+        let (q, r) = div_rem(&mut k, tid, to, true);
+        (r, q)
+    } else {
+        div_rem(&mut k, tid, tk, true)
+    };
+    let shared = (tk > 1).then(|| k.shared_f32(2 * BLOCK));
+    let small = n_out <= u32::MAX as u64;
+    let (c, nc) = (k.special("%ctaid.x"), k.special("%nctaid.x"));
+    let (c, nc) = (k.wide(c), k.wide(nc));
+    let tiles = n_out.div_ceil(to);
+    let end = k.u64c(tiles);
+    let finish = |k: &mut Kernel, sum: Rd, o: Rd| {
+        let s = match mean {
+            Some(n) => {
+                let d = k.rd();
+                k.ins(format!("div.rn.f64 {d}, {sum}, {}", f64_imm(n as f64)));
+                d
+            }
+            None => sum,
+        };
+        let f = k.f();
+        k.ins(format!("cvt.rn.f32.f64 {f}, {s}"));
+        k.store(dst, o, f);
+    };
+    k.for_range(c, end, nc, |k, tile| {
+        let o = mad(k, tile, to, oo);
+        let valid = k.cmp64("lt", o, n_out);
+        let acc = k.rd();
+        k.ins(format!("mov.b64 {acc}, {}", f64_imm(0.0)));
+        let skip = k.label();
+        k.bra_unless(valid, &skip);
+        let base = offset(k, o, &kept, small);
+        nest(k, &reduced, base, &mut |k, off| {
+            let start = if tk == 1 {
+                off
+            } else {
+                mad(k, kl, last_s, off)
+            };
+            let end = k.op64("add", off, last_n * last_s);
+            k.for_range(start, end, tk * last_s, |k, e| {
+                let v = k.load(src, e);
+                let w = k.rd();
+                k.ins(format!("cvt.f64.f32 {w}, {v}"));
+                k.ins(format!("add.rn.f64 {acc}, {acc}, {w}"));
+            });
+        });
+        k.place(&skip);
+        let Some(s) = &shared else {
+            let done = k.label();
+            k.bra_unless(valid, &done);
+            finish(k, acc, o);
+            k.place(&done);
+            return;
+        };
+        // Partials to shared memory as two words each; the first lane of each output adds
+        // them in lane order.
+        let sb = k.rd();
+        k.ins(format!("mov.u64 {sb}, {s}"));
+        let a = mad(k, tid, 8, sb);
+        let (lo, hi) = (k.r(), k.r());
+        k.ins(format!("mov.b64 {{{lo}, {hi}}}, {acc}"));
+        k.ins(format!("st.shared.b32 [{a}], {lo}"));
+        k.ins(format!("st.shared.b32 [{a}+4], {hi}"));
+        k.ins("bar.sync 0");
+        let lead = k.cmp64("eq", kl, 0);
+        k.ins(format!("and.pred {lead}, {lead}, {valid}"));
+        let done = k.label();
+        k.bra_unless(lead, &done);
+        let (first, step) = if kept_inner {
+            (oo, to)
+        } else {
+            (k.op64("mul.lo", oo, tk), 1)
+        };
+        let start = mad(k, first, 8, sb);
+        let stop = k.op64("add", start, tk * step * 8);
+        let sum = k.rd();
+        k.ins(format!("mov.b64 {sum}, {}", f64_imm(0.0)));
+        k.for_range(start, stop, step * 8, |k, a| {
+            let (lo, hi, w) = (k.r(), k.r(), k.rd());
+            k.ins(format!("ld.shared.b32 {lo}, [{a}]"));
+            k.ins(format!("ld.shared.b32 {hi}, [{a}+4]"));
+            k.ins(format!("mov.b64 {w}, {{{lo}, {hi}}}"));
+            k.ins(format!("add.rn.f64 {sum}, {sum}, {w}"));
+        });
+        finish(k, sum, o);
+        k.place(&done);
+        k.ins("bar.sync 0");
+    });
+    Some(g.launch(k, grid_for(tiles, 1), BLOCK))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codegen::testing::assemble;
+    use crate::codegen::Arg;
+    use crate::ir::Dim;
+
+    const F: DType = DType::F32;
+    const I: DType = DType::I32;
+
+    fn v(i: usize, shape: &[u64], dtype: DType) -> Operand {
+        Operand {
+            arg: Arg::Value(i),
+            shape: shape.to_vec(),
+            dtype,
+        }
+    }
+
+    fn dims(s: &[u64]) -> Vec<Dim> {
+        s.iter().map(|&n| Dim::known(n)).collect()
+    }
+
+    /// Every case generated into one module, which must assemble.
+    fn assembles(cases: &[(Op, Vec<Operand>, Operand)]) {
+        let mut g = Gen::new();
+        for (j, (op, ins, out)) in cases.iter().enumerate() {
+            let l = generate(&mut g, &format!("k{j}"), op, ins, out)
+                .unwrap_or_else(|e| panic!("{op:?} {ins:?} {out:?}: {e}"));
+            assert_eq!(l.len(), 1);
+            let Launch::Kernel { entry, args, .. } = &l[0] else {
+                panic!("{l:?}")
+            };
+            // Its own entry, or an identical one generated before (`Gen` shares those).
+            let text = g.text("sm_80");
+            assert!(text.contains(&format!(".entry {entry}(")), "{entry}");
+            assert_eq!(args.last(), Some(&out.arg));
+        }
+        assemble(&g.text("sm_80")).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// One unary case per element type.
+    fn unary(op: Op, x: &[u64], out: &[u64], types: &[DType]) -> Vec<(Op, Vec<Operand>, Operand)> {
+        types
+            .iter()
+            .map(|&t| (op.clone(), vec![v(0, x, t)], v(1, out, t)))
+            .collect()
+    }
+
+    #[test]
+    fn moves_assemble() {
+        let mut c = Vec::new();
+        let reshape = |s: &[u64]| Op::Reshape { shape: dims(s) };
+        c.extend(unary(reshape(&[6, 4]), &[2, 3, 4], &[6, 4], &[F, I]));
+        c.extend(unary(reshape(&[5000]), &[50, 100], &[5000], &[F]));
+        let permute = |p: &[usize]| Op::Permute { perm: p.to_vec() };
+        c.extend(unary(permute(&[1, 0]), &[3, 4], &[4, 3], &[F, I]));
+        c.extend(unary(permute(&[2, 0, 1]), &[2, 3, 4], &[4, 2, 3], &[F]));
+        c.extend(unary(
+            permute(&[0, 2, 1, 3]),
+            &[2, 3, 4, 5],
+            &[2, 4, 3, 5],
+            &[F, I],
+        ));
+        c.extend(unary(permute(&[0, 1, 2]), &[2, 1, 4], &[2, 1, 4], &[F]));
+        let expand = |a: &[usize], s: &[u64], mean| Op::Expand {
+            axes: a.to_vec(),
+            shape: dims(s),
+            mean,
+        };
+        c.extend(unary(
+            expand(&[1], &[3, 4, 5], true),
+            &[3, 5],
+            &[3, 4, 5],
+            &[F],
+        ));
+        c.extend(unary(
+            expand(&[1, 2], &[4, 3, 2], false),
+            &[4],
+            &[4, 3, 2],
+            &[F, I],
+        ));
+        c.extend(unary(expand(&[0, 1], &[2, 3], true), &[], &[2, 3], &[F]));
+        c.extend(unary(
+            expand(&[0, 3], &[2, 3, 5, 4], false),
+            &[3, 5],
+            &[2, 3, 5, 4],
+            &[F],
+        ));
+        let slice = |axis, start, len| Op::Slice {
+            axis,
+            start,
+            len: Dim::known(len),
+        };
+        c.extend(unary(slice(1, 2, 3), &[4, 6], &[4, 3], &[F, I]));
+        c.extend(unary(slice(2, 1, 2), &[2, 3, 4, 5], &[2, 3, 2, 5], &[F, I]));
+        c.extend(unary(slice(0, 1, 2), &[3, 4, 5], &[2, 4, 5], &[F]));
+        let pad = |axis, start, size| Op::Pad {
+            axis,
+            start,
+            size: Dim::known(size),
+        };
+        c.extend(unary(pad(1, 2, 6), &[4, 3], &[4, 6], &[F, I]));
+        c.extend(unary(pad(2, 1, 4), &[2, 3, 2, 5], &[2, 3, 4, 5], &[F, I]));
+        c.extend(unary(pad(0, 0, 5), &[3, 4, 5], &[5, 4, 5], &[F]));
+        for (t, axis, a, b, o) in [
+            (F, 1, [3, 4, 5], [3, 2, 5], [3, 6, 5]),
+            (I, 1, [3, 4, 5], [3, 2, 5], [3, 6, 5]),
+            (F, 0, [1, 4, 5], [2, 4, 5], [3, 4, 5]),
+            (I, 2, [3, 4, 5], [3, 4, 1], [3, 4, 6]),
+        ] {
+            let op = Op::Concat { axis };
+            c.push((op, vec![v(0, &a, t), v(1, &b, t)], v(2, &o, t)));
+        }
+        let cat4 = [v(0, &[2, 3, 4, 5], F), v(1, &[2, 3, 4, 2], F)];
+        c.push((
+            Op::Concat { axis: 3 },
+            cat4.to_vec(),
+            v(2, &[2, 3, 4, 7], F),
+        ));
+        let gather = |t: &[u64], i: &[u64], o: &[u64]| {
+            (Op::Gather, vec![v(0, t, F), v(1, i, I)], v(2, o, F))
+        };
+        c.push(gather(&[7, 5], &[3, 4], &[3, 4, 5]));
+        c.push(gather(&[7, 5], &[6], &[6, 5]));
+        c.push(gather(&[100, 64], &[2, 3, 8], &[2, 3, 8, 64]));
+        let scatter = |i: &[u64], d: &[u64], o: &[u64]| {
+            let op = Op::ScatterAdd { rows: o[0] };
+            (op, vec![v(0, i, I), v(1, d, F)], v(2, o, F))
+        };
+        c.push(scatter(&[3, 4], &[3, 4, 5], &[7, 5]));
+        c.push(scatter(&[300], &[300, 3000], &[50, 3000]));
+        c.push(scatter(&[2, 3, 4], &[2, 3, 4, 600], &[9, 600]));
+        assembles(&c);
+    }
+
+    #[test]
+    fn reductions_assemble() {
+        let mut c = Vec::new();
+        let shape = [3u64, 4, 5, 6];
+        for axes in [
+            &[][..],
+            &[0],
+            &[3],
+            &[1, 2],
+            &[0, 2],
+            &[1, 3],
+            &[0, 1, 2, 3],
+        ] {
+            let kept: Vec<u64> = (0..4)
+                .filter(|i| !axes.contains(i))
+                .map(|i| shape[i])
+                .collect();
+            let a = axes.to_vec();
+            c.extend(unary(
+                Op::ReduceSum { axes: a.clone() },
+                &shape,
+                &kept,
+                &[F],
+            ));
+            c.extend(unary(Op::ReduceMean { axes: a }, &shape, &kept, &[F]));
+        }
+        // The lane-parallel forms: a bias gradient, a conv bias gradient, row means, a total.
+        c.extend(unary(
+            Op::ReduceSum { axes: vec![0] },
+            &[8192, 768],
+            &[768],
+            &[F],
+        ));
+        let nchw = [64, 32, 26, 26];
+        c.extend(unary(
+            Op::ReduceSum {
+                axes: vec![0, 2, 3],
+            },
+            &nchw,
+            &[32],
+            &[F],
+        ));
+        c.extend(unary(
+            Op::ReduceMean { axes: vec![1] },
+            &[4, 1000],
+            &[4],
+            &[F],
+        ));
+        c.extend(unary(Op::ReduceMean { axes: vec![0] }, &[5000], &[], &[F]));
+        c.extend(unary(
+            Op::ReduceMean { axes: vec![1, 2] },
+            &[16, 50, 60, 3],
+            &[16, 3],
+            &[F],
+        ));
+        let sum_to = |s: &[u64]| Op::SumTo { shape: dims(s) };
+        for to in [
+            &[5][..],
+            &[4, 1],
+            &[1, 3, 4, 1],
+            &[2, 1, 1, 5],
+            &[],
+            &[2, 3, 4, 5],
+        ] {
+            c.extend(unary(sum_to(to), &[2, 3, 4, 5], to, &[F]));
+        }
+        c.extend(unary(sum_to(&[768]), &[16, 512, 768], &[768], &[F]));
+        c.extend(unary(
+            sum_to(&[1, 512, 64]),
+            &[16, 512, 64],
+            &[1, 512, 64],
+            &[F],
+        ));
+        assembles(&c);
+    }
+
+    #[test]
+    fn bad_operands_are_errors() {
+        let mut g = Gen::new();
+        let e = generate(&mut g, "k", &Op::Add, &[v(0, &[2], F)], &v(1, &[2], F));
+        assert_eq!(e.unwrap_err(), CodegenError::Unsupported { op: "add" });
+        let reshape = Op::Reshape { shape: dims(&[5]) };
+        assert!(generate(&mut g, "k", &reshape, &[v(0, &[2, 3], F)], &v(1, &[5], F)).is_err());
+        assert!(generate(&mut g, "k", &reshape, &[v(0, &[5], I)], &v(1, &[5], F)).is_err());
+        let perm = Op::Permute { perm: vec![0, 0] };
+        assert!(generate(&mut g, "k", &perm, &[v(0, &[2, 2], F)], &v(1, &[2, 2], F)).is_err());
+        let red = Op::ReduceSum { axes: vec![1] };
+        assert!(generate(&mut g, "k", &red, &[v(0, &[2, 3], I)], &v(1, &[2], I)).is_err());
+        assert!(generate(&mut g, "k", &red, &[v(0, &[2, 3], F)], &v(1, &[3], F)).is_err());
+        let st = Op::SumTo { shape: dims(&[2]) };
+        assert!(generate(&mut g, "k", &st, &[v(0, &[2, 3], F)], &v(1, &[2], F)).is_err());
+        let ins = [v(0, &[3], F), v(1, &[7, 4], F)];
+        assert!(generate(&mut g, "k", &Op::Gather, &ins, &v(2, &[3, 4], F)).is_err());
+        assert!(generate(&mut g, "k", &Op::Gather, &ins[..1], &v(2, &[3, 4], F)).is_err());
+    }
+
+    #[test]
+    fn merging_follows_contiguous_runs() {
+        assert_eq!(merge(&[(2, 12), (3, 4), (4, 1)]), vec![(24, 1)]);
+        assert_eq!(merge(&[(4, 1), (2, 12), (3, 4)]), vec![(4, 1), (6, 4)]);
+        assert_eq!(merge(&[(3, 0), (1, 7), (5, 0)]), vec![(15, 0)]);
+        assert_eq!(
+            merge(&[(3, 5), (4, 0), (5, 1)]),
+            vec![(3, 5), (4, 0), (5, 1)]
+        );
+    }
+}

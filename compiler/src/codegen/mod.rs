@@ -1,0 +1,529 @@
+//! PTX code generation: every kernel of a plan becomes PTX text (or a cuBLAS GEMM call), with
+//! its launch shape and arguments, for one batch size. Pure text: nothing here needs a GPU, and
+//! `tests/ptx.rs` assembles the output with `ptxas` on CI.
+//!
+//! Files: `builder` writes PTX; `elementwise` the fused elementwise chains; `rows` the
+//! reductions along the last axis (softmax, norms, losses); `layout` data movement and general
+//! reductions; `conv` convolution and pooling.
+
+pub mod builder;
+mod conv;
+mod elementwise;
+mod layout;
+mod rows;
+
+use crate::ir::ops::OpClass;
+use crate::ir::{DType, Op, Phase};
+use crate::passes::fuse::KernelKind;
+use crate::plan::Plan;
+use builder::{Kernel, ParamType};
+use serde::Serialize;
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum CodegenError {
+    #[error("the CUDA backend has no kernel for `{op}` yet")]
+    Unsupported { op: &'static str },
+    #[error("`{op}`: {message}")]
+    Bad { op: &'static str, message: String },
+}
+
+/// A value a launch passes to its kernel, resolved by the runtime at each step.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum Arg {
+    /// The device address of a step's stored value.
+    Value(usize),
+    /// The device address of the scratch buffer (a fused reduction's staged input, or a
+    /// matmul result only its epilogue reads).
+    Scratch,
+    /// The dropout key of a stream for this step (u64).
+    DropoutKey { stream: u64 },
+    /// `p` when training, 0 otherwise (f32): elements whose uniform draw is below it drop.
+    DropoutThreshold { p: f64 },
+    /// `1 / (1 - p)` when training, 1 otherwise (f32).
+    DropoutScale { p: f64 },
+    /// The index of the batch's first sample in the global batch (u64).
+    FirstSample,
+    /// A constant u64 (element counts of the built-in kernels).
+    U64(u64),
+    /// A constant f32 (fill values).
+    F32(f32),
+}
+
+impl Arg {
+    pub fn param_type(&self) -> ParamType {
+        match self {
+            Arg::DropoutThreshold { .. } | Arg::DropoutScale { .. } | Arg::F32(_) => ParamType::F32,
+            _ => ParamType::U64,
+        }
+    }
+}
+
+/// One thing the runtime does for a kernel of the plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum Launch {
+    /// A PTX entry of the module, on a 1-D grid.
+    Kernel {
+        entry: String,
+        grid: u32,
+        block: u32,
+        args: Vec<Arg>,
+    },
+    /// Row-major `c[batch][m, n] = op(a)[batch][m, k] x op(b)[batch][k, n]`, each operand
+    /// `stride` elements from one batch to the next (0: shared by every batch).
+    Gemm {
+        a: Arg,
+        b: Arg,
+        c: Arg,
+        m: u64,
+        n: u64,
+        k: u64,
+        batch: u64,
+        trans_a: bool,
+        trans_b: bool,
+        stride_a: u64,
+        stride_b: u64,
+        stride_c: u64,
+    },
+}
+
+/// The launches of one kernel of the plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct KernelCode {
+    /// Its index in `Plan::kernels`.
+    pub index: usize,
+    /// The phase of its last step (evaluation runs only forward kernels).
+    pub phase: Phase,
+    /// The ops it fuses, in order.
+    pub ops: Vec<&'static str>,
+    pub launches: Vec<Launch>,
+}
+
+/// The code of a whole plan at one batch size.
+#[derive(Debug, Clone, Serialize)]
+pub struct Module {
+    pub target: String,
+    pub batch: u64,
+    /// `(entry name, its .entry text)`, the built-in ones first.
+    pub entries: Vec<(String, String)>,
+    pub kernels: Vec<KernelCode>,
+    /// Elements of the scratch buffer the launches use.
+    pub scratch: u64,
+}
+
+/// Built-in entries: `px_fill(ptr, n, value)` and `px_copy(dst, src, n)`.
+pub const FILL: &str = "px_fill";
+pub const COPY: &str = "px_copy";
+
+impl Module {
+    /// The whole module as one PTX text.
+    pub fn text(&self) -> String {
+        let mut s = builder::header(&self.target);
+        for (_, e) in &self.entries {
+            s.push_str(e);
+            s.push('\n');
+        }
+        s
+    }
+
+    /// One entry as a PTX module of its own.
+    pub fn entry_text(&self, name: &str) -> Option<String> {
+        let (_, e) = self.entries.iter().find(|(n, _)| n == name)?;
+        Some(builder::header(&self.target) + e)
+    }
+}
+
+/// A value an op reads or writes: where it is, its shape and type.
+#[derive(Debug, Clone)]
+pub struct Operand {
+    pub arg: Arg,
+    pub shape: Vec<u64>,
+    pub dtype: DType,
+}
+
+impl Operand {
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// Collects the entries of a module as kernels are generated.
+#[derive(Default)]
+pub struct Gen {
+    entries: Vec<(String, String)>,
+    /// Each entry's text with its name blanked out, to reuse identical kernels (a repeated
+    /// block generates the same kernels in every layer).
+    seen: std::collections::HashMap<String, String>,
+}
+
+/// Threads per block of the grid-stride kernels.
+pub const BLOCK: u32 = 256;
+
+/// A 1-D grid covering `n` elements with `block` threads each, capped (the kernels loop).
+pub fn grid_for(n: u64, block: u32) -> u32 {
+    n.div_ceil(block as u64).clamp(1, 65_535) as u32
+}
+
+impl Gen {
+    pub fn new() -> Gen {
+        Gen::default()
+    }
+
+    /// Every entry so far as one PTX module (for tests).
+    pub fn text(&self, target: &str) -> String {
+        let mut s = builder::header(target);
+        for (_, e) in &self.entries {
+            s.push_str(e);
+            s.push('\n');
+        }
+        s
+    }
+
+    /// Adds a finished kernel and returns its launch.
+    pub fn launch(&mut self, k: Kernel, grid: u32, block: u32) -> Launch {
+        let args = k.args().to_vec();
+        let name = k.name().to_string();
+        let text = k.finish();
+        let key = text.replace(&name, "@");
+        let entry = match self.seen.get(&key) {
+            Some(existing) => existing.clone(),
+            None => {
+                self.seen.insert(key, name.clone());
+                self.entries.push((name.clone(), text));
+                name
+            }
+        };
+        Launch::Kernel {
+            entry,
+            grid,
+            block,
+            args,
+        }
+    }
+}
+
+/// A step's shape with the batch set to `batch` and other symbols at their nominal sizes.
+pub fn resolve(plan: &Plan, shape: &[crate::ir::Dim], batch: u64) -> Vec<u64> {
+    shape
+        .iter()
+        .map(|d| {
+            d.eval(&|s| {
+                if s.0 == 0 {
+                    batch
+                } else {
+                    plan.symbols.get(s.0 as usize).map_or(1, |x| x.1)
+                }
+            })
+        })
+        .collect()
+}
+
+fn builtins(g: &mut Gen) {
+    let mut k = Kernel::new(FILL);
+    let p = k.param_ptr(Arg::Scratch);
+    let n = k.param_u64(Arg::U64(0));
+    let v = k.param_f32(Arg::F32(0.0));
+    let (i, s) = k.global_index();
+    k.for_range(i, n, s, |k, i| k.store(p, i, v));
+    g.launch(k, 1, BLOCK);
+    let mut k = Kernel::new(COPY);
+    let d = k.param_ptr(Arg::Scratch);
+    let src = k.param_ptr(Arg::Scratch);
+    let n = k.param_u64(Arg::U64(0));
+    let (i, s) = k.global_index();
+    k.for_range(i, n, s, |k, i| {
+        let v = k.load(src, i);
+        k.store(d, i, v)
+    });
+    g.launch(k, 1, BLOCK);
+}
+
+/// Generates the code of every kernel of `plan` for batches of `batch` samples.
+pub fn generate(plan: &Plan, batch: u64, target: &str) -> Result<Module, CodegenError> {
+    let mut g = Gen::new();
+    builtins(&mut g);
+    let shapes: Vec<Vec<u64>> = plan
+        .steps
+        .iter()
+        .map(|s| resolve(plan, &s.ty.shape, batch))
+        .collect();
+    let operand = |id: usize, arg: Arg| Operand {
+        arg,
+        shape: shapes[id].clone(),
+        dtype: plan.steps[id].ty.dtype,
+    };
+    let stored = |id: usize| Arg::Value(id);
+    let mut kernels = Vec::new();
+    let mut scratch = 0u64;
+    for (index, kern) in plan.kernels.iter().enumerate() {
+        let steps = &kern.steps;
+        let last = *steps.last().expect("a kernel has steps");
+        let name = format!("k{index}");
+        let ins_of = |s: usize| -> Vec<Operand> {
+            plan.steps[s]
+                .operands
+                .iter()
+                .map(|&o| operand(o, stored(o)))
+                .collect()
+        };
+        let launches = match kern.kind {
+            KernelKind::Single => {
+                let s = steps[0];
+                let step = &plan.steps[s];
+                if step.op.def().class == OpClass::Elementwise {
+                    vec![elementwise::chain(
+                        &mut g, &name, plan, &shapes, steps, None, None,
+                    )?]
+                } else {
+                    single(&mut g, &name, &step.op, &ins_of(s), &operand(s, stored(s)))?
+                }
+            }
+            KernelKind::Elementwise => vec![elementwise::chain(
+                &mut g, &name, plan, &shapes, steps, None, None,
+            )?],
+            KernelKind::ElementwiseReduce => {
+                let (&red, chain) = steps.split_last().expect("a reduction and its chain");
+                let staged = *chain.last().expect("a chain");
+                scratch = scratch.max(shapes[staged].iter().product());
+                let mut l = vec![elementwise::chain(
+                    &mut g,
+                    &name,
+                    plan,
+                    &shapes,
+                    chain,
+                    None,
+                    Some(staged),
+                )?];
+                let ins = [operand(staged, Arg::Scratch)];
+                l.extend(single(
+                    &mut g,
+                    &format!("{name}r"),
+                    &plan.steps[red].op,
+                    &ins,
+                    &operand(red, stored(red)),
+                )?);
+                l
+            }
+            KernelKind::Gemm { .. } => {
+                let mm = steps[0];
+                let at = if plan.steps[mm].buffer.is_some() {
+                    stored(mm)
+                } else {
+                    scratch = scratch.max(shapes[mm].iter().product());
+                    Arg::Scratch
+                };
+                let mut l = vec![gemm(&plan.steps[mm].op, &ins_of(mm), &operand(mm, at))?];
+                if steps.len() > 1 {
+                    l.push(elementwise::chain(
+                        &mut g,
+                        &name,
+                        plan,
+                        &shapes,
+                        &steps[1..],
+                        Some((mm, at)),
+                        None,
+                    )?);
+                }
+                l
+            }
+        };
+        kernels.push(KernelCode {
+            index,
+            phase: plan.steps[last].phase,
+            ops: steps.iter().map(|&s| plan.steps[s].op.name()).collect(),
+            launches,
+        });
+    }
+    Ok(Module {
+        target: target.to_string(),
+        batch,
+        entries: g.entries,
+        kernels,
+        scratch,
+    })
+}
+
+/// A matmul as a GEMM call (row-major, batched over the leading axes).
+fn gemm(op: &Op, ins: &[Operand], out: &Operand) -> Result<Launch, CodegenError> {
+    let Op::MatMul { trans_a, trans_b } = *op else {
+        return Err(CodegenError::Unsupported { op: op.name() });
+    };
+    let (a, b) = (&ins[0], &ins[1]);
+    let r = out.shape.len();
+    if r < 2 || a.shape.len() < 2 || b.shape.len() < 2 {
+        return Err(CodegenError::Bad {
+            op: "matmul",
+            message: "operands of rank below 2".into(),
+        });
+    }
+    let (m, n) = (out.shape[r - 2], out.shape[r - 1]);
+    let ar = a.shape.len();
+    let k = if trans_a {
+        a.shape[ar - 2]
+    } else {
+        a.shape[ar - 1]
+    };
+    let batch: u64 = out.shape[..r - 2].iter().product();
+    let per = |o: &Operand| {
+        let l = o.shape.len();
+        if l == 2 {
+            0
+        } else {
+            o.shape[l - 2] * o.shape[l - 1]
+        }
+    };
+    Ok(Launch::Gemm {
+        a: a.arg,
+        b: b.arg,
+        c: out.arg,
+        m,
+        n,
+        k,
+        batch,
+        trans_a,
+        trans_b,
+        stride_a: per(a),
+        stride_b: per(b),
+        stride_c: m * n,
+    })
+}
+
+/// The launches of one non-elementwise op reading `ins` into `out`.
+fn single(
+    g: &mut Gen,
+    name: &str,
+    op: &Op,
+    ins: &[Operand],
+    out: &Operand,
+) -> Result<Vec<Launch>, CodegenError> {
+    match op {
+        Op::MatMul { .. } => Ok(vec![gemm(op, ins, out)?]),
+        Op::Conv2d { .. }
+        | Op::Conv2dGradInput { .. }
+        | Op::Conv2dGradWeight { .. }
+        | Op::Pool2d { .. }
+        | Op::Pool2dGrad { .. } => conv::generate(g, name, op, ins, out),
+        Op::Softmax { .. }
+        | Op::SoftmaxGrad
+        | Op::LayerNorm { .. }
+        | Op::LayerNormGrad { .. }
+        | Op::RmsNorm { .. }
+        | Op::RmsNormGrad { .. }
+        | Op::BatchNorm { .. }
+        | Op::BatchNormGrad { .. }
+        | Op::CrossEntropy { .. }
+        | Op::CrossEntropyGrad { .. } => rows::generate(g, name, op, ins, out),
+        Op::Reshape { .. }
+        | Op::Permute { .. }
+        | Op::Concat { .. }
+        | Op::Slice { .. }
+        | Op::Pad { .. }
+        | Op::Gather
+        | Op::ScatterAdd { .. }
+        | Op::ReduceSum { .. }
+        | Op::ReduceMean { .. }
+        | Op::SumTo { .. }
+        | Op::Expand { .. } => layout::generate(g, name, op, ins, out),
+        other => Err(CodegenError::Unsupported { op: other.name() }),
+    }
+}
+
+/// Assembling generated PTX with `ptxas` in tests: `$PTXAS`, or the copy `.ci/run` installs
+/// under `.tools/`. A missing `ptxas` fails the test (CI installs it), never skips it.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::path::PathBuf;
+
+    pub fn ptxas() -> PathBuf {
+        if let Ok(p) = std::env::var("PTXAS") {
+            return PathBuf::from(p);
+        }
+        let p =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.tools/nvcc/nvidia/cu13/bin/ptxas");
+        assert!(
+            p.exists(),
+            "ptxas not found at {}: run .ci/run once (it installs nvidia-cuda-nvcc) or set PTXAS",
+            p.display()
+        );
+        p
+    }
+
+    /// Assembles `text` for `sm_80` and `sm_90`; the error names the target and ptxas's output.
+    pub fn assemble(text: &str) -> Result<(), String> {
+        let dir = std::env::temp_dir().join(format!("parallax-ptx-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let id = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let file = dir.join(format!("k{id}.ptx"));
+        for target in ["sm_80", "sm_90"] {
+            let text = text.replace(".target sm_80", &format!(".target {target}"));
+            std::fs::write(&file, &text).map_err(|e| e.to_string())?;
+            let out = std::process::Command::new(ptxas())
+                .args(["--gpu-name", target, "-o", "/dev/null"])
+                .arg(&file)
+                .output()
+                .map_err(|e| e.to_string())?;
+            if !out.status.success() {
+                return Err(format!(
+                    "{target}: {}\n{}",
+                    String::from_utf8_lossy(&out.stderr),
+                    text.lines()
+                        .enumerate()
+                        .map(|(i, l)| format!("{:4} {l}", i + 1))
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                ));
+            }
+        }
+        let _ = std::fs::remove_file(&file);
+        Ok(())
+    }
+
+    use super::{generate, Module};
+
+    /// The module of a model file of `models/`, at its own batch size.
+    pub fn model_module(file: &str) -> Module {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../models")
+            .join(file);
+        let text = std::fs::read_to_string(&path).expect("model file");
+        let source = crate::parse(&text).expect("parses");
+        let options = crate::Options::default();
+        let compiled = crate::compile(&source, &options, &mut |_, _| {}).expect("compiles");
+        let plan = compiled.plan(&source, &options);
+        generate(&plan, plan.batch_size, "sm_80").expect("generates")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{assemble, model_module};
+
+    /// Every kernel of every model file assembles for sm_80 and sm_90 with zero errors.
+    #[test]
+    fn every_model_module_assembles() {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .expect("models/")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().to_string())
+            .filter(|n| n.ends_with(".ron"))
+            .collect();
+        files.sort();
+        assert!(files.len() >= 4, "{files:?}");
+        for f in files {
+            let m = model_module(&f);
+            assemble(&m.text()).unwrap_or_else(|e| panic!("{f}: {e}"));
+        }
+    }
+
+    #[test]
+    fn repeated_blocks_share_their_kernels() {
+        let m = model_module("gpt-large.ron");
+        let launches: usize = m.kernels.iter().map(|k| k.launches.len()).sum();
+        // Dozens of identical layers: far fewer entries than launches.
+        assert!(
+            m.entries.len() * 10 < launches,
+            "{} entries for {launches} launches",
+            m.entries.len()
+        );
+    }
+}

@@ -1,0 +1,995 @@
+//! Row-wise ops: softmax, layer and RMS norm over the last axis, batch norm per channel,
+//! cross-entropy, and their gradients, each as one kernel.
+//!
+//! Rows of up to `WARP_ROW_MAX` values get one warp each (8 rows per 256-thread block), longer
+//! rows a 256-thread block each; batch norm gives each channel a 1024-thread block. As in the
+//! CPU oracle, sums and the per-value formulas run in f64 (kept in the 64-bit registers) and
+//! exponentials in f32. Every reduction runs in a fixed order (per-thread strides, shuffle
+//! trees, then the warps in order through shared memory): no float atomics, so results do not
+//! depend on timing. The cross-entropy loss (a mean over rows) adds per-block sums in a last
+//! block, through a buffer declared in the kernel itself.
+
+use super::builder::{Kernel, Rd, F, P, R};
+use super::{grid_for, CodegenError, Gen, Launch, Operand};
+use crate::ir::{DType, Op};
+
+/// Rows up to this long get one warp each; longer ones a block.
+const WARP_ROW_MAX: u64 = 1024;
+/// Threads per block of the row kernels.
+const ROW_BLOCK: u32 = 256;
+/// Threads of a batch-norm channel block.
+const WIDE_BLOCK: u32 = 1024;
+/// At most this many blocks for cross-entropy (the gradient's blocks each count the labels; the
+/// loss keeps two sums per block).
+const XENT_GRID_MAX: u64 = 1024;
+/// The label of a position that does not count (as the CPU's `rows::IGNORE`).
+const IGNORE: i32 = -100;
+
+// ---- f64 values in the 64-bit registers ----
+
+fn dimm(v: f64) -> String {
+    format!("0d{:016X}", v.to_bits())
+}
+fn dc(k: &mut Kernel, v: f64) -> Rd {
+    let d = k.rd();
+    k.ins(format!("mov.f64 {d}, {}", dimm(v)));
+    d
+}
+fn f64_of(k: &mut Kernel, x: F) -> Rd {
+    let d = k.rd();
+    k.ins(format!("cvt.f64.f32 {d}, {x}"));
+    d
+}
+fn f32_of(k: &mut Kernel, x: Rd) -> F {
+    let d = k.f();
+    k.ins(format!("cvt.rn.f32.f64 {d}, {x}"));
+    d
+}
+fn dins(op: &str) -> String {
+    match op {
+        "max" => "max.f64".into(),
+        "add" | "sub" | "mul" | "div" => format!("{op}.rn.f64"),
+        other => format!("{other}.f64"),
+    }
+}
+/// `a op b` on f64 (`add`, `sub`, `mul`, `div`, `max`: the number when one is NaN, as Rust's).
+fn dop(k: &mut Kernel, op: &str, a: Rd, b: impl std::fmt::Display) -> Rd {
+    let d = k.rd();
+    k.ins(format!("{} {d}, {a}, {b}", dins(op)));
+    d
+}
+/// `acc = acc op x` in place (loop-carried values).
+fn dacc(k: &mut Kernel, op: &str, acc: Rd, x: impl std::fmt::Display) {
+    k.ins(format!("{} {acc}, {acc}, {x}", dins(op)));
+}
+fn identity(op: &str) -> f64 {
+    if op == "max" {
+        f64::NEG_INFINITY
+    } else {
+        0.0
+    }
+}
+
+/// Natural logarithm in f64: `s = 2^e m` with `m` in `[sqrt(1/2), sqrt(2))`, then
+/// `ln s = e ln 2 + 2 atanh((m - 1) / (m + 1))` by its series (|u| < 0.172: 11 terms).
+/// 0, infinity and NaN map as `f64::ln`.
+fn ln64(k: &mut Kernel, s: Rd) -> Rd {
+    let ex = k.op64("shr", s, 52);
+    let mb = k.rd();
+    k.ins(format!("and.b64 {mb}, {s}, 4503599627370495"));
+    k.ins(format!("or.b64 {mb}, {mb}, 4607182418800017408"));
+    let big = k.p();
+    k.ins(format!(
+        "setp.gt.f64 {big}, {mb}, {}",
+        dimm(std::f64::consts::SQRT_2)
+    ));
+    k.ins(format!("@{big} mul.rn.f64 {mb}, {mb}, {}", dimm(0.5)));
+    k.ins(format!("@{big} add.u64 {ex}, {ex}, 1"));
+    let e = k.op64("sub", ex, 1023);
+    let ef = k.rd();
+    k.ins(format!("cvt.rn.f64.s64 {ef}, {e}"));
+    let num = dop(k, "sub", mb, dimm(1.0));
+    let den = dop(k, "add", mb, dimm(1.0));
+    let u = dop(k, "div", num, den);
+    let u2 = dop(k, "mul", u, u);
+    let mut p = dc(k, 1.0 / 21.0);
+    for t in (0..10).rev() {
+        let q = dop(k, "mul", p, u2);
+        p = dop(k, "add", q, dimm(1.0 / (2 * t + 1) as f64));
+    }
+    let a = dop(k, "mul", ef, dimm(std::f64::consts::LN_2));
+    let b = dop(k, "mul", u, p);
+    let b = dop(k, "mul", b, dimm(2.0));
+    let r = dop(k, "add", a, b);
+    // Positive normal and finite, or the special value: ln 0 = -inf, ln inf = inf, NaN.
+    let (ok, lo, zero) = (k.p(), k.p(), k.p());
+    k.ins(format!("setp.lt.f64 {ok}, {s}, {}", dimm(f64::INFINITY)));
+    k.ins(format!(
+        "setp.ge.f64 {lo}, {s}, {}",
+        dimm(f64::MIN_POSITIVE)
+    ));
+    k.ins(format!("and.pred {ok}, {ok}, {lo}"));
+    k.ins(format!("setp.eq.f64 {zero}, {s}, {}", dimm(0.0)));
+    let special = k.rd();
+    k.ins(format!(
+        "selp.f64 {special}, {}, {s}, {zero}",
+        dimm(f64::NEG_INFINITY)
+    ));
+    let d = k.rd();
+    k.ins(format!("selp.f64 {d}, {r}, {special}, {ok}"));
+    d
+}
+
+// ---- threads, segments and reductions ----
+
+/// A kernel's thread layout: each segment (row or channel) to a warp or to the whole block.
+struct Ctx {
+    block: u32,
+    per_warp: bool,
+    tid: R,
+    lane: R,
+    warp: R,
+    /// Shared f64 slots for the cross-warp step (two values per warp).
+    red: String,
+}
+
+fn setup(k: &mut Kernel, block: u32, per_warp: bool) -> Ctx {
+    let red = format!("{}_red", k.name());
+    k.ins(format!(".shared .align 8 .b64 {red}[{}]", 2 * (block / 32)));
+    let tid = k.special("%tid.x");
+    let lane = k.special("%laneid");
+    let warp = k.op32("shr", tid, 5);
+    Ctx {
+        block,
+        per_warp,
+        tid,
+        lane,
+        warp,
+        red,
+    }
+}
+
+/// Loops over segments `0..count`: this warp's (`per_warp`) or this block's, grid-strided.
+fn each_segment(k: &mut Kernel, ctx: &Ctx, count: u64, body: impl FnOnce(&mut Kernel, Rd)) {
+    let per = if ctx.per_warp { ctx.block / 32 } else { 1 };
+    let (c, n) = (k.special("%ctaid.x"), k.special("%nctaid.x"));
+    let first = k.rd();
+    k.ins(format!("mul.wide.u32 {first}, {c}, {per}"));
+    let first = if ctx.per_warp {
+        let w = k.wide(ctx.warp);
+        k.op64("add", first, w)
+    } else {
+        first
+    };
+    let stride = k.rd();
+    k.ins(format!("mul.wide.u32 {stride}, {n}, {per}"));
+    let end = k.u64c(count);
+    k.for_range(first, end, stride, body);
+}
+
+/// Where the values of one segment lie.
+#[derive(Clone, Copy)]
+enum Layout {
+    /// Rows of `c` contiguous values.
+    Rows { rows: u64, c: u64 },
+    /// Channel (axis 1) of `[n, c, inner]`: `n` runs of `inner` values, `c * inner` apart.
+    Channels { n: u64, c: u64, inner: u64 },
+}
+
+impl Layout {
+    fn segments(self) -> u64 {
+        match self {
+            Layout::Rows { rows, .. } => rows,
+            Layout::Channels { c, .. } => c,
+        }
+    }
+    fn len(self) -> u64 {
+        match self {
+            Layout::Rows { c, .. } => c,
+            Layout::Channels { n, inner, .. } => n * inner,
+        }
+    }
+}
+
+/// Runs `body(k, index, j)` on this thread's share of segment `seg` (its values `j` below
+/// `limit` for rows, every value otherwise), `index` being the value's position in memory.
+fn each_elem(
+    k: &mut Kernel,
+    ctx: &Ctx,
+    lay: Layout,
+    seg: Rd,
+    limit: Option<Rd>,
+    body: impl FnOnce(&mut Kernel, Rd, Rd),
+) {
+    let start = k.wide(if ctx.per_warp { ctx.lane } else { ctx.tid });
+    let step = if ctx.per_warp { 32 } else { ctx.block as u64 };
+    match lay {
+        Layout::Rows { c, .. } => {
+            let base = k.op64("mul.lo", seg, c);
+            let end = match limit {
+                Some(l) => l,
+                None => k.u64c(c),
+            };
+            k.for_range(start, end, step, |k, j| {
+                let i = k.op64("add", base, j);
+                body(k, i, j)
+            });
+        }
+        Layout::Channels { n, c, inner } => {
+            if n * inner * c == 0 {
+                return;
+            }
+            // Value e is (b, j) = (e / inner, e % inner) at (b c + seg) inner + j; a step
+            // of `step` values moves (step / inner, step % inner) with at most one carry.
+            let e = k.rd();
+            k.set64(e, start);
+            let b = k.op64("div", start, inner);
+            let j = k.op64("rem", start, inner);
+            let t = k.op64("mul.lo", b, c * inner);
+            let s = k.op64("mul.lo", seg, inner);
+            let t = k.op64("add", t, s);
+            let idx = k.op64("add", t, j);
+            let (top, done) = (k.label(), k.label());
+            k.place(&top);
+            let p = k.cmp64("ge", e, n * inner);
+            k.bra_if(p, &done);
+            body(k, idx, e);
+            let (sb, sj) = (step / inner, step % inner);
+            k.ins(format!("add.u64 {e}, {e}, {step}"));
+            k.ins(format!("add.u64 {j}, {j}, {sj}"));
+            k.ins(format!("add.u64 {idx}, {idx}, {}", sb * c * inner + sj));
+            let q = k.cmp64("ge", j, inner);
+            k.ins(format!("@{q} sub.u64 {j}, {j}, {inner}"));
+            k.ins(format!("@{q} add.u64 {idx}, {idx}, {}", (c - 1) * inner));
+            k.bra(&top);
+            k.place(&done);
+        }
+    }
+}
+
+/// `op` (add or max) over the 32 lanes of a warp (a fixed butterfly; every lane gets the same
+/// bits, the ops being commutative).
+fn warp_d(k: &mut Kernel, v: Rd, op: &str) -> Rd {
+    let mut acc = v;
+    for shift in [16, 8, 4, 2, 1] {
+        let (lo, hi, a, b) = (k.r(), k.r(), k.r(), k.r());
+        k.ins(format!("mov.b64 {{{lo}, {hi}}}, {acc}"));
+        k.ins(format!("shfl.sync.bfly.b32 {a}, {lo}, {shift}, 31, -1"));
+        k.ins(format!("shfl.sync.bfly.b32 {b}, {hi}, {shift}, 31, -1"));
+        let o = k.rd();
+        k.ins(format!("mov.b64 {o}, {{{a}, {b}}}"));
+        acc = dop(k, op, acc, o);
+    }
+    acc
+}
+
+/// Combines warp-uniform values (at most two) across the block's warps, warp by warp in a
+/// fixed tree, into every thread. Every thread of the block must come here.
+fn cross_warp(k: &mut Kernel, ctx: &Ctx, vals: &[(Rd, &str)]) -> Vec<Rd> {
+    let nw = (ctx.block / 32) as u64;
+    let base = k.rd();
+    k.ins(format!("mov.u64 {base}, {}", ctx.red));
+    let (lane, warp) = (k.wide(ctx.lane), k.wide(ctx.warp));
+    let first = k.p();
+    k.ins(format!("setp.eq.u32 {first}, {}, 0", ctx.lane));
+    let slot = |k: &mut Kernel, at: Rd, i: usize| {
+        let s = k.op64("add", at, i as u64 * nw);
+        let a = k.rd();
+        k.ins(format!("mad.lo.u64 {a}, {s}, 8, {base}"));
+        a
+    };
+    for (i, &(v, _)) in vals.iter().enumerate() {
+        let a = slot(k, warp, i);
+        k.ins(format!("@{first} st.shared.f64 [{a}], {v}"));
+    }
+    k.ins("bar.sync 0");
+    let has = k.p();
+    k.ins(format!("setp.lt.u32 {has}, {}, {nw}", ctx.lane));
+    let mut out = Vec::new();
+    for (i, &(_, op)) in vals.iter().enumerate() {
+        let x = dc(k, identity(op));
+        let a = slot(k, lane, i);
+        k.ins(format!("@{has} ld.shared.f64 {x}, [{a}]"));
+        out.push(warp_d(k, x, op));
+    }
+    k.ins("bar.sync 0");
+    out
+}
+
+/// Reduces each value over its segment's threads: the warp, then the block unless `per_warp`
+/// (or over the whole block when `whole_block`).
+fn reduce(k: &mut Kernel, ctx: &Ctx, vals: &[(Rd, &str)], whole_block: bool) -> Vec<Rd> {
+    let w: Vec<(Rd, &str)> = vals.iter().map(|&(v, op)| (warp_d(k, v, op), op)).collect();
+    if whole_block || !ctx.per_warp {
+        cross_warp(k, ctx, &w)
+    } else {
+        w.into_iter().map(|(v, _)| v).collect()
+    }
+}
+
+/// A row layout and its thread layout: a warp per row up to `WARP_ROW_MAX` values.
+fn row_layout(k: &mut Kernel, shape: &[u64]) -> (Layout, Ctx, u32) {
+    let c = *shape.last().unwrap_or(&1);
+    let rows = shape.iter().product::<u64>().checked_div(c).unwrap_or(0);
+    let per_warp = c <= WARP_ROW_MAX;
+    let ctx = setup(k, ROW_BLOCK, per_warp);
+    let grid = grid_for(rows, if per_warp { ROW_BLOCK / 32 } else { 1 });
+    (Layout::Rows { rows, c }, ctx, grid)
+}
+
+// ---- the ops ----
+
+fn bad(op: &Op, message: String) -> CodegenError {
+    CodegenError::Bad {
+        op: op.name(),
+        message,
+    }
+}
+
+/// Checks operand counts, types and shapes.
+fn check(op: &Op, ins: &[Operand], out: &Operand) -> Result<(), CodegenError> {
+    let arity = op.def().arity;
+    if !arity.accepts(ins.len()) {
+        return Err(bad(op, format!("got {} operands", ins.len())));
+    }
+    let x = &ins[0];
+    let r = x.shape.len();
+    let xent = matches!(op, Op::CrossEntropy { .. } | Op::CrossEntropyGrad { .. });
+    let bn = matches!(op, Op::BatchNorm { .. } | Op::BatchNormGrad { .. });
+    if r < 1 + bn as usize {
+        return Err(bad(op, format!("operand of shape {:?}", x.shape)));
+    }
+    if ins.iter().chain([out]).any(|o| o.dtype != DType::F32) && !xent {
+        return Err(bad(op, "expects f32 values".into()));
+    }
+    if let Op::Softmax { causal: true } = op {
+        if r < 2 || x.shape[r - 2] != x.shape[r - 1] {
+            return Err(bad(op, format!("needs [.., S, S], got {:?}", x.shape)));
+        }
+    }
+    if xent {
+        let (l, d) = (&ins[1], ins.get(2));
+        let f32s = [x, out].into_iter().chain(d).all(|o| o.dtype == DType::F32);
+        if l.dtype != DType::I32 || !f32s {
+            return Err(bad(op, "expects f32 logits and i32 labels".into()));
+        }
+        if l.shape[..] != x.shape[..r - 1] || d.is_some_and(|d| d.numel() != 1) {
+            return Err(bad(op, format!("labels {:?} for {:?}", l.shape, x.shape)));
+        }
+        let want = if d.is_some() { x.numel() } else { 1 };
+        if out.numel() != want {
+            return Err(bad(op, format!("output of shape {:?}", out.shape)));
+        }
+    } else if ins.iter().chain([out]).any(|o| o.shape != x.shape) {
+        return Err(bad(op, "operands and output must share one shape".into()));
+    }
+    Ok(())
+}
+
+pub(super) fn generate(
+    g: &mut Gen,
+    name: &str,
+    op: &Op,
+    ins: &[Operand],
+    out: &Operand,
+) -> Result<Vec<Launch>, CodegenError> {
+    let launch = match op {
+        Op::Softmax { causal } => {
+            check(op, ins, out)?;
+            softmax(g, name, &ins[0], out, *causal)
+        }
+        Op::SoftmaxGrad => {
+            check(op, ins, out)?;
+            softmax_grad(g, name, ins, out)
+        }
+        Op::LayerNorm { eps }
+        | Op::LayerNormGrad { eps }
+        | Op::RmsNorm { eps }
+        | Op::RmsNormGrad { eps }
+        | Op::BatchNorm { eps }
+        | Op::BatchNormGrad { eps } => {
+            check(op, ins, out)?;
+            let rms = matches!(op, Op::RmsNorm { .. } | Op::RmsNormGrad { .. });
+            let bn = matches!(op, Op::BatchNorm { .. } | Op::BatchNormGrad { .. });
+            norm(g, name, ins, out, *eps as f32 as f64, rms, bn)
+        }
+        Op::CrossEntropy { smoothing } => {
+            check(op, ins, out)?;
+            xent(g, name, ins, out, *smoothing as f32 as f64)
+        }
+        Op::CrossEntropyGrad { smoothing } => {
+            check(op, ins, out)?;
+            xent_grad(g, name, ins, out, *smoothing as f32 as f64)
+        }
+        other => return Err(CodegenError::Unsupported { op: other.name() }),
+    };
+    Ok(vec![launch])
+}
+
+/// Softmax over the last axis; `causal`: row `i` keeps its first `i % S + 1` values (the query
+/// `i % S` of `[.., S, S]` sees keys up to itself) and zeroes the rest.
+fn softmax(g: &mut Gen, name: &str, x: &Operand, out: &Operand, causal: bool) -> Launch {
+    let mut k = Kernel::new(name);
+    let (xp, op) = (k.param_ptr(x.arg), k.param_ptr(out.arg));
+    let (lay, ctx, grid) = row_layout(&mut k, &x.shape);
+    let c = lay.len();
+    each_segment(&mut k, &ctx, lay.segments(), |k, row| {
+        let n = causal.then(|| {
+            let q = k.op64("rem", row, c);
+            k.op64("add", q, 1)
+        });
+        let (m, s, _) = max_sum_exp(k, &ctx, lay, row, xp, n, false);
+        let inv = k.rd();
+        k.ins(format!("rcp.rn.f64 {inv}, {s}"));
+        each_elem(k, &ctx, lay, row, None, |k, i, j| {
+            let o = k.fc(0.0);
+            let masked = k.label();
+            if let Some(n) = n {
+                let p = k.cmp64("ge", j, n);
+                k.bra_if(p, &masked);
+            }
+            let e = exp_at(k, xp, i, m);
+            let v = dop(k, "mul", e, inv);
+            let v = f32_of(k, v);
+            k.set(o, v);
+            k.place(&masked);
+            k.store(op, i, o);
+        });
+    });
+    g.launch(k, grid, ctx.block)
+}
+
+/// `y * (dy - sum(dy * y))` over the last axis.
+fn softmax_grad(g: &mut Gen, name: &str, ins: &[Operand], out: &Operand) -> Launch {
+    let mut k = Kernel::new(name);
+    let (yp, gp, op) = (
+        k.param_ptr(ins[0].arg),
+        k.param_ptr(ins[1].arg),
+        k.param_ptr(out.arg),
+    );
+    let (lay, ctx, grid) = row_layout(&mut k, &ins[0].shape);
+    let load2 = move |k: &mut Kernel, i: Rd| {
+        let (y, g) = (k.load(yp, i), k.load(gp, i));
+        (f64_of(k, y), f64_of(k, g))
+    };
+    each_segment(&mut k, &ctx, lay.segments(), |k, row| {
+        let s = dc(k, 0.0);
+        each_elem(k, &ctx, lay, row, None, |k, i, _| {
+            let (y, g) = load2(k, i);
+            let t = dop(k, "mul", y, g);
+            dacc(k, "add", s, t);
+        });
+        let s = reduce(k, &ctx, &[(s, "add")], false)[0];
+        each_elem(k, &ctx, lay, row, None, |k, i, _| {
+            let (y, g) = load2(k, i);
+            let t = dop(k, "sub", g, s);
+            let t = dop(k, "mul", y, t);
+            let t = f32_of(k, t);
+            k.store(op, i, t);
+        });
+    });
+    g.launch(k, grid, ctx.block)
+}
+
+/// Layer norm (`bn`: batch norm per channel) or RMS norm, or its gradient given `ins[1]`, as
+/// the CPU: mean and biased variance in two passes, `rstd = 1 / sqrt(var + eps)`, then
+/// `(x - m) rstd` or `rstd (dy - mean(dy) - xhat mean(dy xhat))`; RMS: `r = 1 / sqrt(mean(x^2)
+/// + eps)`, then `x r` or `r dy - x r^3 mean(x dy)`.
+fn norm(
+    g: &mut Gen,
+    name: &str,
+    ins: &[Operand],
+    out: &Operand,
+    eps: f64,
+    rms: bool,
+    bn: bool,
+) -> Launch {
+    let mut k = Kernel::new(name);
+    let xp = k.param_ptr(ins[0].arg);
+    let gp = ins.get(1).map(|d| k.param_ptr(d.arg));
+    let op = k.param_ptr(out.arg);
+    let shape = &ins[0].shape;
+    let (lay, ctx, grid) = if bn {
+        let ctx = setup(&mut k, WIDE_BLOCK, false);
+        let (n, c) = (shape[0], shape[1]);
+        let lay = Layout::Channels {
+            n,
+            c,
+            inner: shape[2..].iter().product(),
+        };
+        (lay, ctx, grid_for(c, 1))
+    } else {
+        row_layout(&mut k, shape)
+    };
+    let len = dimm(lay.len() as f64);
+    // The value (and gradient) at `i` in f64.
+    let load = move |k: &mut Kernel, i: Rd| {
+        let x = k.load(xp, i);
+        let x = f64_of(k, x);
+        let d = gp.map(|gp| {
+            let d = k.load(gp, i);
+            f64_of(k, d)
+        });
+        (x, d)
+    };
+    each_segment(&mut k, &ctx, lay.segments(), |k, seg| {
+        let scale = |k: &mut Kernel, sum: Rd| {
+            let v = dop(k, "div", sum, &len);
+            let v = dop(k, "add", v, dimm(eps));
+            let d = k.rd();
+            k.ins(format!("sqrt.rn.f64 {d}, {v}"));
+            let one = dc(k, 1.0);
+            dop(k, "div", one, d)
+        };
+        if rms {
+            let (ss, sxg) = (dc(k, 0.0), dc(k, 0.0));
+            each_elem(k, &ctx, lay, seg, None, |k, i, _| {
+                let (x, d) = load(k, i);
+                let t = dop(k, "mul", x, x);
+                dacc(k, "add", ss, t);
+                if let Some(d) = d {
+                    let t = dop(k, "mul", x, d);
+                    dacc(k, "add", sxg, t);
+                }
+            });
+            let r = reduce(k, &ctx, &[(ss, "add"), (sxg, "add")], false);
+            let sc = scale(k, r[0]);
+            let mdx = dop(k, "div", r[1], &len);
+            let r3 = dop(k, "mul", sc, sc);
+            let r3 = dop(k, "mul", r3, sc);
+            let kk = dop(k, "mul", r3, mdx);
+            each_elem(k, &ctx, lay, seg, None, |k, i, _| {
+                let (x, d) = load(k, i);
+                let o = match d {
+                    None => dop(k, "mul", x, sc),
+                    Some(d) => {
+                        let a = dop(k, "mul", sc, d);
+                        let b = dop(k, "mul", x, kk);
+                        dop(k, "sub", a, b)
+                    }
+                };
+                let o = f32_of(k, o);
+                k.store(op, i, o);
+            });
+            return;
+        }
+        let (sx, sg) = (dc(k, 0.0), dc(k, 0.0));
+        each_elem(k, &ctx, lay, seg, None, |k, i, _| {
+            let (x, d) = load(k, i);
+            dacc(k, "add", sx, x);
+            if let Some(d) = d {
+                dacc(k, "add", sg, d);
+            }
+        });
+        let r = reduce(k, &ctx, &[(sx, "add"), (sg, "add")], false);
+        let m = dop(k, "div", r[0], &len);
+        let mdy = dop(k, "div", r[1], &len);
+        let (sv, sgd) = (dc(k, 0.0), dc(k, 0.0));
+        each_elem(k, &ctx, lay, seg, None, |k, i, _| {
+            let (x, d) = load(k, i);
+            let t = dop(k, "sub", x, m);
+            let t2 = dop(k, "mul", t, t);
+            dacc(k, "add", sv, t2);
+            if let Some(d) = d {
+                let u = dop(k, "mul", d, t);
+                dacc(k, "add", sgd, u);
+            }
+        });
+        let r = reduce(k, &ctx, &[(sv, "add"), (sgd, "add")], false);
+        let rstd = scale(k, r[0]);
+        let mdyx = dop(k, "mul", r[1], rstd);
+        let mdyx = dop(k, "div", mdyx, &len);
+        each_elem(k, &ctx, lay, seg, None, |k, i, _| {
+            let (x, d) = load(k, i);
+            let t = dop(k, "sub", x, m);
+            let xhat = dop(k, "mul", t, rstd);
+            let o = match d {
+                None => xhat,
+                Some(d) => {
+                    let a = dop(k, "sub", d, mdy);
+                    let b = dop(k, "mul", xhat, mdyx);
+                    let c = dop(k, "sub", a, b);
+                    dop(k, "mul", rstd, c)
+                }
+            };
+            let o = f32_of(k, o);
+            k.store(op, i, o);
+        });
+    });
+    g.launch(k, grid, ctx.block)
+}
+
+/// `f64(e^(x[i] - m))`, the exponential in f32 as the CPU's.
+fn exp_at(k: &mut Kernel, xp: Rd, i: Rd, m: F) -> Rd {
+    let x = k.load(xp, i);
+    let d = k.sub(x, m);
+    let e = k.exp(d);
+    f64_of(k, e)
+}
+
+/// A row's max (f32, NaN skipped as Rust's `f32::max`) and `sum(e^(x - max))` in f64 over its
+/// first `limit` values (all without), and with `with_sum` the plain sum of the values.
+fn max_sum_exp(
+    k: &mut Kernel,
+    ctx: &Ctx,
+    lay: Layout,
+    row: Rd,
+    xp: Rd,
+    limit: Option<Rd>,
+    with_sum: bool,
+) -> (F, Rd, Rd) {
+    let mx = k.fc(f32::NEG_INFINITY);
+    let sx = dc(k, 0.0);
+    each_elem(k, ctx, lay, row, limit, |k, i, _| {
+        let x = k.load(xp, i);
+        k.ins(format!("max.f32 {mx}, {mx}, {x}"));
+        if with_sum {
+            let xd = f64_of(k, x);
+            dacc(k, "add", sx, xd);
+        }
+    });
+    let mx = f64_of(k, mx);
+    let mut vals = vec![(mx, "max")];
+    if with_sum {
+        vals.push((sx, "add"));
+    }
+    let r = reduce(k, ctx, &vals, false);
+    let m = f32_of(k, r[0]);
+    let sum = dc(k, 0.0);
+    each_elem(k, ctx, lay, row, limit, |k, i, _| {
+        let e = exp_at(k, xp, i, m);
+        dacc(k, "add", sum, e);
+    });
+    let sum = reduce(k, ctx, &[(sum, "add")], false)[0];
+    (m, sum, *r.get(1).unwrap_or(&sx))
+}
+
+/// `(l, l as s64, valid)`: the row's label and whether it is in `[0, c)`.
+fn label(k: &mut Kernel, lp: Rd, row: Rd, c: u64) -> (R, Rd, P) {
+    let l = k.load_s32(lp, row);
+    let lw = k.rd();
+    k.ins(format!("cvt.s64.s32 {lw}, {l}"));
+    let (v, hi) = (k.p(), k.p());
+    k.ins(format!("setp.ge.s64 {v}, {lw}, 0"));
+    k.ins(format!("setp.lt.s64 {hi}, {lw}, {c}"));
+    k.ins(format!("and.pred {v}, {v}, {hi}"));
+    (l, lw, v)
+}
+
+/// The mean over rows whose label is not -100 of `-log softmax(x)[label]`, with label
+/// smoothing `s`: `(1 - s) nll + s (lse - mean(x))` (0 when every label is ignored; NaN for a
+/// label outside `[0, C)`, which the CPU refuses). Rows go to warps (or blocks) as for the
+/// other row ops, each keeping its running sums; each block publishes its sums to a static
+/// buffer of the kernel (`.global` in its body), and the last block to finish (an integer
+/// atomic count, reset after) adds the blocks' sums in block order.
+fn xent(g: &mut Gen, name: &str, ins: &[Operand], out: &Operand, s: f64) -> Launch {
+    let mut k = Kernel::new(name);
+    let (xp, lp, op) = (
+        k.param_ptr(ins[0].arg),
+        k.param_ptr(ins[1].arg),
+        k.param_ptr(out.arg),
+    );
+    let (lay, ctx, grid) = row_layout(&mut k, &ins[0].shape);
+    let grid = grid.min(XENT_GRID_MAX as u32);
+    let (part, done, last) = (
+        format!("{name}_part"),
+        format!("{name}_done"),
+        format!("{name}_last"),
+    );
+    k.ins(format!(".global .align 8 .b64 {part}[{}]", 2 * grid));
+    k.ins(format!(".global .align 4 .u32 {done}"));
+    k.ins(format!(".shared .align 4 .u32 {last}"));
+    let c = lay.len();
+    let (total, count) = (dc(&mut k, 0.0), dc(&mut k, 0.0));
+    each_segment(&mut k, &ctx, lay.segments(), |k, row| {
+        let next = k.label();
+        let (l, lw, valid) = label(k, lp, row, c);
+        let ignored = k.cmp32s("eq", l, IGNORE);
+        k.bra_if(ignored, &next);
+        let (m, sum, sx) = max_sum_exp(k, &ctx, lay, row, xp, None, s != 0.0);
+        let md = f64_of(k, m);
+        let ln = ln64(k, sum);
+        let lse = dop(k, "add", md, ln);
+        let at = k.rd();
+        k.ins(format!("selp.b64 {at}, {lw}, 0, {valid}"));
+        let base = k.op64("mul.lo", row, c);
+        let at = k.op64("add", base, at);
+        let xl = k.load(xp, at);
+        let xl = f64_of(k, xl);
+        let mut loss = dop(k, "sub", lse, xl);
+        if s != 0.0 {
+            let a = dop(k, "mul", loss, dimm(1.0 - s));
+            let mean = dop(k, "div", sx, dimm(c as f64));
+            let b = dop(k, "sub", lse, mean);
+            let b = dop(k, "mul", b, dimm(s));
+            loss = dop(k, "add", a, b);
+        }
+        k.ins(format!(
+            "selp.f64 {loss}, {loss}, {}, {valid}",
+            dimm(f64::NAN)
+        ));
+        dacc(k, "add", total, loss);
+        dacc(k, "add", count, dimm(1.0));
+        k.place(&next);
+    });
+    // The block's sums (already block-wide when a block takes a row).
+    let sums = if ctx.per_warp {
+        cross_warp(&mut k, &ctx, &[(total, "add"), (count, "add")])
+    } else {
+        vec![total, count]
+    };
+    let first = k.p();
+    k.ins(format!("setp.eq.u32 {first}, {}, 0", ctx.tid));
+    let pb = k.rd();
+    k.ins(format!("mov.u64 {pb}, {part}"));
+    let (skip, end) = (k.label(), k.label());
+    k.bra_unless(first, &skip);
+    let b = k.special("%ctaid.x");
+    let b = k.wide(b);
+    for (j, v) in sums.into_iter().enumerate() {
+        let i = k.op64("add", b, j as u64 * grid as u64);
+        k.ins(format!("mad.lo.u64 {i}, {i}, 8, {pb}"));
+        k.ins(format!("st.global.f64 [{i}], {v}"));
+    }
+    let (old, flag) = (k.r(), k.r());
+    k.ins("membar.gl");
+    k.ins(format!("atom.global.add.u32 {old}, [{done}], 1"));
+    let is_last = k.p();
+    k.ins(format!("setp.eq.u32 {is_last}, {old}, {}", grid - 1));
+    k.ins(format!("selp.u32 {flag}, 1, 0, {is_last}"));
+    k.ins(format!("st.shared.u32 [{last}], {flag}"));
+    k.place(&skip);
+    k.ins("bar.sync 0");
+    k.ins(format!("ld.shared.u32 {flag}, [{last}]"));
+    let not_last = k.p();
+    k.ins(format!("setp.eq.u32 {not_last}, {flag}, 0"));
+    k.bra_if(not_last, &end);
+    // The last block: every block's sums, in block order.
+    k.ins("membar.gl");
+    let (t, n) = (dc(&mut k, 0.0), dc(&mut k, 0.0));
+    let start = k.wide(ctx.tid);
+    let stop = k.u64c(grid as u64);
+    k.for_range(start, stop, ctx.block, |k, i| {
+        for (j, acc) in [t, n].into_iter().enumerate() {
+            let at = k.op64("add", i, j as u64 * grid as u64);
+            k.ins(format!("mad.lo.u64 {at}, {at}, 8, {pb}"));
+            let v = k.rd();
+            k.ins(format!("ld.relaxed.gpu.global.f64 {v}, [{at}]"));
+            dacc(k, "add", acc, v);
+        }
+    });
+    let r = reduce(&mut k, &ctx, &[(t, "add"), (n, "add")], true);
+    let n = dop(&mut k, "max", r[1], dimm(1.0));
+    let mean = dop(&mut k, "div", r[0], n);
+    let mean = f32_of(&mut k, mean);
+    k.bra_unless(first, &end);
+    let zero = k.u64c(0);
+    k.store(op, zero, mean);
+    k.ins(format!("st.global.u32 [{done}], 0"));
+    k.place(&end);
+    g.launch(k, grid, ctx.block)
+}
+
+/// `(logits, labels, dloss)`: `dloss / count (softmax - target)` per counted row, the target
+/// `1 - s + s / C` at the label and `s / C` elsewhere; 0 for rows labelled -100. Each block
+/// first counts the labels that are not -100 (there is no buffer to share the count in).
+fn xent_grad(g: &mut Gen, name: &str, ins: &[Operand], out: &Operand, s: f64) -> Launch {
+    let mut k = Kernel::new(name);
+    let (xp, lp, dp, op) = (
+        k.param_ptr(ins[0].arg),
+        k.param_ptr(ins[1].arg),
+        k.param_ptr(ins[2].arg),
+        k.param_ptr(out.arg),
+    );
+    let (lay, ctx, grid) = row_layout(&mut k, &ins[0].shape);
+    let grid = grid.min(XENT_GRID_MAX as u32);
+    let (rows, c) = (lay.segments(), lay.len());
+    // The count, in the same order in every block.
+    let n = k.u32c(0);
+    let start = k.wide(ctx.tid);
+    let end = k.u64c(rows);
+    k.for_range(start, end, ctx.block, |k, i| {
+        let l = k.load_s32(lp, i);
+        let counted = k.p();
+        k.ins(format!("setp.ne.s32 {counted}, {l}, {IGNORE}"));
+        k.ins(format!("@{counted} add.u32 {n}, {n}, 1"));
+    });
+    let nd = k.rd();
+    k.ins(format!("cvt.rn.f64.u32 {nd}, {n}"));
+    let total = reduce(&mut k, &ctx, &[(nd, "add")], true)[0];
+    let total = dop(&mut k, "max", total, dimm(1.0));
+    let zero = k.u64c(0);
+    let d = k.load(dp, zero);
+    let d = f64_of(&mut k, d);
+    let scale = dop(&mut k, "div", d, total);
+    let off = s / c as f64;
+    each_segment(&mut k, &ctx, rows, |k, row| {
+        let (next, counted) = (k.label(), k.label());
+        let (l, lw, valid) = label(k, lp, row, c);
+        let ignored = k.cmp32s("eq", l, IGNORE);
+        k.bra_unless(ignored, &counted);
+        let z = k.fc(0.0);
+        each_elem(k, &ctx, lay, row, None, |k, i, _| k.store(op, i, z));
+        k.bra(&next);
+        k.place(&counted);
+        let (m, sum, _) = max_sum_exp(k, &ctx, lay, row, xp, None, false);
+        let inv = k.rd();
+        k.ins(format!("rcp.rn.f64 {inv}, {sum}"));
+        let gr = k.rd();
+        k.ins(format!(
+            "selp.f64 {gr}, {scale}, {}, {valid}",
+            dimm(f64::NAN)
+        ));
+        each_elem(k, &ctx, lay, row, None, |k, i, j| {
+            let e = exp_at(k, xp, i, m);
+            let prob = dop(k, "mul", e, inv);
+            let hit = k.cmp64("eq", j, lw);
+            let t = k.rd();
+            k.ins(format!(
+                "selp.f64 {t}, {}, {}, {hit}",
+                dimm(1.0 - s + off),
+                dimm(off)
+            ));
+            let v = dop(k, "sub", prob, t);
+            let v = dop(k, "mul", gr, v);
+            let v = f32_of(k, v);
+            k.store(op, i, v);
+        });
+        k.place(&next);
+    });
+    g.launch(k, grid, ctx.block)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::{assemble, ptxas};
+    use super::super::{Arg, CodegenError, Gen, Launch, Operand};
+    use super::generate;
+    use crate::ir::{DType, Op};
+
+    fn val(i: usize, shape: &[u64], dtype: DType) -> Operand {
+        Operand {
+            arg: Arg::Value(i),
+            shape: shape.to_vec(),
+            dtype,
+        }
+    }
+    fn f(i: usize, shape: &[u64]) -> Operand {
+        val(i, shape, DType::F32)
+    }
+
+    /// Every op of the file on `shape` (cross-entropy with `shape` as logits), as
+    /// `(op, operands, output)`.
+    fn cases(shape: &[u64]) -> Vec<(Op, Vec<Operand>, Operand)> {
+        let eps = 1e-5;
+        let one = vec![f(0, shape)];
+        let two = vec![f(0, shape), f(1, shape)];
+        let labels = val(1, &shape[..shape.len() - 1], DType::I32);
+        let mut v = vec![
+            (Op::Softmax { causal: false }, one.clone(), f(1, shape)),
+            (Op::SoftmaxGrad, two.clone(), f(2, shape)),
+            (Op::LayerNorm { eps }, one.clone(), f(1, shape)),
+            (Op::LayerNormGrad { eps }, two.clone(), f(2, shape)),
+            (Op::RmsNorm { eps }, one.clone(), f(1, shape)),
+            (Op::RmsNormGrad { eps }, two.clone(), f(2, shape)),
+        ];
+        if shape.len() >= 2 {
+            v.push((Op::BatchNorm { eps }, one.clone(), f(1, shape)));
+            v.push((Op::BatchNormGrad { eps }, two.clone(), f(2, shape)));
+        }
+        let r = shape.len();
+        if r >= 2 && shape[r - 1] == shape[r - 2] {
+            v.push((Op::Softmax { causal: true }, one.clone(), f(1, shape)));
+        }
+        for smoothing in [0.0, 0.1] {
+            let xent = vec![f(0, shape), labels.clone()];
+            v.push((Op::CrossEntropy { smoothing }, xent.clone(), f(2, &[])));
+            let mut grad = xent;
+            grad.push(f(2, &[]));
+            v.push((Op::CrossEntropyGrad { smoothing }, grad, f(3, shape)));
+        }
+        v
+    }
+
+    /// Generates the cases into one module, assembles it and returns its launches and text.
+    fn module(cases: &[(Op, Vec<Operand>, Operand)]) -> (Vec<Launch>, String) {
+        let mut g = Gen::new();
+        let mut launches = Vec::new();
+        for (n, (op, ins, out)) in cases.iter().enumerate() {
+            let l = generate(&mut g, &format!("k{n}"), op, ins, out)
+                .unwrap_or_else(|e| panic!("{op:?}: {e}"));
+            launches.extend(l);
+        }
+        let text = g.text("sm_80");
+        assemble(&text).unwrap_or_else(|e| panic!("{e}"));
+        (launches, text)
+    }
+
+    #[test]
+    fn every_op_assembles_on_short_long_and_edge_shapes() {
+        for shape in [
+            &[4, 7][..],
+            &[3, 5, 1500],
+            &[1, 2, 1100, 1100],
+            &[2, 3, 600],
+            &[11],
+            &[0, 3, 2],
+        ] {
+            module(&cases(shape));
+        }
+    }
+
+    #[test]
+    fn launch_shapes_and_arguments() {
+        let shape = [2, 3, 8, 8];
+        let (l, _) = module(&cases(&shape));
+        let kernel = |l: &Launch| match l {
+            Launch::Kernel {
+                entry,
+                grid,
+                block,
+                args,
+            } => (entry.clone(), *grid, *block, args.clone()),
+            other => panic!("{other:?}"),
+        };
+        let v = |ids: &[usize]| ids.iter().map(|&i| Arg::Value(i)).collect::<Vec<_>>();
+        // Softmax: a warp per row of 8, 48 rows.
+        assert_eq!(kernel(&l[0]), ("k0".into(), 6, 256, v(&[0, 1])));
+        assert_eq!(kernel(&l[1]), ("k1".into(), 6, 256, v(&[0, 1, 2])));
+        // Batch norm: a block per channel.
+        assert_eq!(kernel(&l[6]), ("k6".into(), 3, 1024, v(&[0, 1])));
+        assert_eq!(kernel(&l[7]), ("k7".into(), 3, 1024, v(&[0, 1, 2])));
+        // Cross-entropy: a warp per row.
+        assert_eq!(kernel(&l[9]), ("k9".into(), 6, 256, v(&[0, 1, 2])));
+        assert_eq!(kernel(&l[10]), ("k10".into(), 6, 256, v(&[0, 1, 2, 3])));
+        // Long rows: a block each.
+        let (l, _) = module(&cases(&[3, 5, 1500])[..1]);
+        assert_eq!(kernel(&l[0]), ("k0".into(), 15, 256, v(&[0, 1])));
+    }
+
+    #[test]
+    fn wide_blocks_fit_in_64_registers_per_thread() {
+        // 1024 threads of a block share 64K registers.
+        let (_, text) = module(&cases(&[4, 3, 5, 6]));
+        let file = std::env::temp_dir().join(format!("parallax-rows-{}.ptx", std::process::id()));
+        std::fs::write(&file, &text).unwrap();
+        let out = std::process::Command::new(ptxas())
+            .args(["--gpu-name", "sm_80", "-v", "-o", "/dev/null"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&file);
+        let log = String::from_utf8_lossy(&out.stderr);
+        let used: Vec<u32> = log
+            .lines()
+            .filter_map(|l| l.split("Used ").nth(1))
+            .map(|l| l.split(' ').next().unwrap().parse().unwrap())
+            .collect();
+        assert!(!used.is_empty(), "{log}");
+        assert!(used.iter().all(|&r| r <= 64), "{log}");
+    }
+
+    #[test]
+    fn other_ops_and_bad_shapes_are_refused() {
+        let mut g = Gen::new();
+        let x = f(0, &[2, 3]);
+        let e = generate(&mut g, "k", &Op::Add, &[x.clone(), x.clone()], &x);
+        assert_eq!(e.unwrap_err(), CodegenError::Unsupported { op: "add" });
+        let causal = Op::Softmax { causal: true };
+        assert!(generate(
+            &mut g,
+            "k",
+            &causal,
+            std::slice::from_ref(&x),
+            &f(1, &[2, 3])
+        )
+        .is_err());
+        let xent = Op::CrossEntropy { smoothing: 0.0 };
+        let bad_labels = [x.clone(), val(1, &[3], DType::I32)];
+        assert!(generate(&mut g, "k", &xent, &bad_labels, &f(2, &[])).is_err());
+        let float_labels = [x.clone(), f(1, &[2])];
+        assert!(generate(&mut g, "k", &xent, &float_labels, &f(2, &[])).is_err());
+        let bn = Op::BatchNorm { eps: 1e-5 };
+        assert!(generate(&mut g, "k", &bn, &[f(0, &[4])], &f(1, &[4])).is_err());
+    }
+}

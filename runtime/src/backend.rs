@@ -1,0 +1,105 @@
+//! What training needs from an executor, so the same loop drives the CPU executor and the
+//! CUDA executor.
+
+use crate::cpu::tensor::Tensor;
+use crate::cpu::{ExecError, Executor, Mode};
+use crate::cuda::{CudaError, CudaExecutor};
+use crate::data::Values;
+
+/// Each parameter's name, shape and values.
+pub type ParamValues = Vec<(String, Vec<usize>, Vec<f32>)>;
+
+pub trait Backend {
+    /// `cpu` or `cuda`, for summaries.
+    fn backend_name(&self) -> &'static str;
+    fn set_input(&mut self, name: &str, batch: usize, v: &Values) -> Result<(), ExecError>;
+    fn has_input(&self, name: &str) -> bool;
+    /// One step on a batch of `batch` samples, the first of index `first_sample`.
+    fn run(
+        &mut self,
+        batch: usize,
+        mode: Mode,
+        step: u64,
+        first_sample: u64,
+    ) -> Result<(), ExecError>;
+    /// The loss after `run`.
+    fn loss(&self, batch: usize) -> Result<f32, ExecError>;
+    /// A named output after `run` (a copy), if the plan has it.
+    fn output_values(&self, name: &str, batch: usize) -> Result<Option<Tensor>, ExecError>;
+    /// Every parameter's name, shape and values (a copy), in plan order.
+    fn param_values(&self) -> Result<ParamValues, ExecError>;
+    fn set_param(&mut self, name: &str, shape: &[usize], values: &[f32]) -> Result<(), ExecError>;
+}
+
+impl Backend for Executor {
+    fn backend_name(&self) -> &'static str {
+        "cpu"
+    }
+    fn set_input(&mut self, name: &str, batch: usize, v: &Values) -> Result<(), ExecError> {
+        match v {
+            Values::F32(x) => self.set_f32(name, batch, x),
+            Values::I32(x) => self.set_i32(name, batch, x),
+        }
+    }
+    fn has_input(&self, name: &str) -> bool {
+        Executor::has_input(self, name)
+    }
+    fn run(&mut self, batch: usize, mode: Mode, step: u64, first: u64) -> Result<(), ExecError> {
+        Executor::run(self, batch, mode, step, first)
+    }
+    fn loss(&self, _batch: usize) -> Result<f32, ExecError> {
+        Ok(self.output("loss").map_or(f32::NAN, |t| t.f32()[0]))
+    }
+    fn output_values(&self, name: &str, _batch: usize) -> Result<Option<Tensor>, ExecError> {
+        Ok(self.output(name).cloned())
+    }
+    fn param_values(&self) -> Result<ParamValues, ExecError> {
+        Ok(self
+            .params()
+            .map(|(n, t)| (n.to_string(), t.shape.clone(), t.f32().to_vec()))
+            .collect())
+    }
+    fn set_param(&mut self, name: &str, shape: &[usize], values: &[f32]) -> Result<(), ExecError> {
+        Executor::set_param(self, name, shape, values)
+    }
+}
+
+fn device(e: CudaError) -> ExecError {
+    ExecError::Device(e.to_string())
+}
+
+impl Backend for CudaExecutor {
+    fn backend_name(&self) -> &'static str {
+        "cuda"
+    }
+    fn set_input(&mut self, name: &str, batch: usize, v: &Values) -> Result<(), ExecError> {
+        match v {
+            Values::F32(x) => self.set_f32(name, batch, x),
+            Values::I32(x) => self.set_i32(name, batch, x),
+        }
+        .map_err(device)
+    }
+    fn has_input(&self, name: &str) -> bool {
+        CudaExecutor::has_input(self, name)
+    }
+    fn run(&mut self, batch: usize, mode: Mode, step: u64, first: u64) -> Result<(), ExecError> {
+        CudaExecutor::run(self, batch, mode, step, first).map_err(device)
+    }
+    fn loss(&self, batch: usize) -> Result<f32, ExecError> {
+        Ok(self.output("loss", batch).map_err(device)?[0])
+    }
+    fn output_values(&self, name: &str, batch: usize) -> Result<Option<Tensor>, ExecError> {
+        let Some(shape) = self.output_shape(name, batch) else {
+            return Ok(None);
+        };
+        let v = self.output(name, batch).map_err(device)?;
+        Ok(Some(Tensor::from_f32(shape, v)))
+    }
+    fn param_values(&self) -> Result<ParamValues, ExecError> {
+        self.params().map_err(device)
+    }
+    fn set_param(&mut self, name: &str, shape: &[usize], values: &[f32]) -> Result<(), ExecError> {
+        let _ = shape;
+        CudaExecutor::set_param(self, name, values).map_err(device)
+    }
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The GPU check: for a machine with an NVIDIA GPU, driver 580 and the CUDA 13 libraries from
+# Python wheels, and no Rust toolchain. Build the binary beforehand (`cargo build --release`)
+# and copy it along (or point PARALLAX at it). Prints a short table last.
+#
+#   scripts/gpu-check.sh            # every check
+#   LOCKSTEP=1 scripts/gpu-check.sh # also compare every kernel with the CPU oracle
+set -u
+cd "$(dirname "$0")/.."
+BIN=${PARALLAX:-target/release/parallax}
+if [ ! -x "$BIN" ]; then
+    echo "no parallax binary at $BIN: build it with 'cargo build --release' and copy it along" >&2
+    exit 1
+fi
+# The CUDA 13 wheels: every folder holding a shared library goes on the library path, and
+# libnccl.so.2 gets the libnccl.so name cudarc looks for.
+LIBS=/tmp/parallax-cuda-libs
+mkdir -p "$LIBS"
+SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null || true)
+if [ -n "$SITE" ] && [ -d "$SITE/nvidia" ]; then
+    for d in $(find "$SITE/nvidia" -name 'lib*.so*' -printf '%h\n' | sort -u); do
+        LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+    done
+    nccl=$(find "$SITE/nvidia" -name 'libnccl.so.2' | head -1)
+    [ -n "$nccl" ] && ln -sf "$nccl" "$LIBS/libnccl.so"
+fi
+export LD_LIBRARY_PATH="$LIBS:${LD_LIBRARY_PATH:-}:/usr/local/nvidia/lib64"
+export NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=WARN
+LOG=$(mktemp)
+MODELS=${MODELS:-"mlp cnn transformer"}
+
+"$BIN" devices
+if [ "${LOCKSTEP:-0}" = 1 ]; then
+    for m in $MODELS; do
+        echo "== lockstep $m"
+        timeout 90 "$BIN" gpu-check "models/$m.ron" --steps 1 --time-steps 1 --lockstep \
+            | grep -v '^ROW' | head -60
+    done
+fi
+for m in $MODELS; do
+    for p in fp32 tf32; do
+        echo "== $m $p"
+        timeout 90 "$BIN" gpu-check "models/$m.ron" --steps 3 --precision "$p" | tee -a "$LOG" \
+            || echo "ROW|$m|$p|-|-|FAIL (exit $?)|-|-|-" >>"$LOG"
+    done
+done
+echo "== train models/mlp.ron on CUDA (the main job on the GPU)"
+rm -rf /tmp/parallax-gpu-run
+if timeout 120 "$BIN" train models/mlp.ron --backend cuda --run-dir /tmp/parallax-gpu-run; then
+    acc=$(grep -o '"val_accuracy": [0-9.]*' /tmp/parallax-gpu-run/summary.json | grep -o '[0-9.]*$')
+    ms=$(grep -o '"step_time_ms_median": [0-9.]*' /tmp/parallax-gpu-run/summary.json | grep -o '[0-9.]*$')
+    ok=$(awk -v a="$acc" 'BEGIN { print (a >= 0.95) ? "ok" : "FAIL" }')
+    echo "ROW|train mlp --backend cuda (val accuracy $acc)|tf32|-|-|$ok|$ms|-|-" >>"$LOG"
+else
+    echo "ROW|train mlp --backend cuda|tf32|-|-|FAIL|-|-|-" >>"$LOG"
+fi
+echo "== collectives"
+timeout 90 "$BIN" collectives-check models/mlp.ron | tee -a "$LOG" \
+    || echo "ROW|collectives|fp32|-|-|FAIL|-|-|-" >>"$LOG"
+echo
+echo "gpt-large: not run (13 B parameters with Adam state need about 210 GB, more than one GPU holds; the CPU oracle cannot run it)"
+echo
+printf '%-44s %-5s %-10s %-10s %-6s %-9s %-8s %-6s\n' check prec loss-diff param-diff result step-ms TFLOP/s peak
+grep '^ROW|' "$LOG" | while IFS='|' read -r _ name prec ld pd ok ms tf share; do
+    printf '%-44s %-5s %-10s %-10s %-6s %-9s %-8s %-6s\n' "$name" "$prec" "$ld" "$pd" "$ok" "$ms" "$tf" "$share"
+done
+! grep -q '^ROW|.*|FAIL' "$LOG"
