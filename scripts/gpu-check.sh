@@ -38,7 +38,7 @@ if [ "${LOCKSTEP:-0}" = 1 ]; then
     done
 fi
 for m in $MODELS; do
-    for p in fp32 tf32; do
+    for p in fp32 tf32 bf16; do
         echo "== $m $p"
         timeout 90 "$BIN" gpu-check "$m" --steps 3 --precision "$p" | tee -a "$LOG" \
             || echo "ROW|$m|$p|-|-|FAIL (exit $?)|-|-|-" >>"$LOG"
@@ -49,6 +49,20 @@ for p in fp32 tf32; do
     timeout 90 "$BIN" gpu-check benches/models/mlp-gpu.ron --steps 0 --precision "$p" | tee -a "$LOG" \
         || echo "ROW|bench-mlp-gpu|$p|-|-|FAIL|-|-|-" >>"$LOG"
 done
+echo "== benches/models/gpt-gpu.ron, bf16, against PyTorch eager on the same GPU and shapes"
+timeout 150 "$BIN" gpu-check benches/models/gpt-gpu.ron --steps 0 --precision bf16 --time-steps 10 \
+    | tee -a "$LOG" || echo "ROW|gpt-gpu|bf16|-|-|FAIL|-|-|-" >>"$LOG"
+ours=$(grep '^ROW|gpt-gpu|' "$LOG" | tail -1 | cut -d'|' -f7)
+if python3 -c 'import torch' 2>/dev/null; then
+    TORCH=$(mktemp)
+    timeout 200 python3 benches/gpu/gpt_torch.py | tee "$TORCH"
+    while IFS='|' read -r _ variant ms; do
+        ratio=$(awk -v a="$ours" -v b="$ms" 'BEGIN { if (a > 0 && b > 0) printf "%.2fx", a / b; else print "-" }')
+        echo "ROW|PyTorch $variant; Parallax/PyTorch $ratio|bf16|-|-|-|$ms|-|-" >>"$LOG"
+    done < <(grep '^TORCH|' "$TORCH")
+else
+    echo "PyTorch is not installed: no comparison"
+fi
 echo "== train models/mlp.ron on CUDA (the main job on the GPU)"
 rm -rf /tmp/parallax-gpu-run
 if timeout 120 "$BIN" train models/mlp.ron --backend cuda --run-dir /tmp/parallax-gpu-run; then
@@ -67,8 +81,8 @@ timeout 90 "$BIN" collectives-check models/mlp.ron | tee -a "$LOG" \
 echo
 echo "gpt-large: not run (13 B parameters with Adam state need about 210 GB, more than one GPU holds; the CPU oracle cannot run it)"
 echo
-printf '%-44s %-5s %-10s %-10s %-6s %-9s %-8s %-6s\n' check prec loss-diff param-diff result step-ms TFLOP/s peak
+printf '%-60s %-5s %-10s %-10s %-6s %-9s %-8s %-6s\n' check prec loss-diff param-diff result step-ms TFLOP/s peak
 grep '^ROW|' "$LOG" | while IFS='|' read -r _ name prec ld pd ok ms tf share; do
-    printf '%-44s %-5s %-10s %-10s %-6s %-9s %-8s %-6s\n' "$name" "$prec" "$ld" "$pd" "$ok" "$ms" "$tf" "$share"
+    printf '%-60s %-5s %-10s %-10s %-6s %-9s %-8s %-6s\n' "$name" "$prec" "$ld" "$pd" "$ok" "$ms" "$tf" "$share"
 done
 ! grep -q '^ROW|.*|FAIL' "$LOG"

@@ -44,16 +44,12 @@ pub(crate) enum PrecisionArg {
 }
 
 impl PrecisionArg {
-    /// The runtime's precision; bf16 is not built yet.
     pub(crate) fn runtime(self) -> Result<parallax_runtime::cuda::Precision, Exit> {
-        match self {
-            PrecisionArg::Fp32 => Ok(parallax_runtime::cuda::Precision::Fp32),
-            PrecisionArg::Tf32 => Ok(parallax_runtime::cuda::Precision::Tf32),
-            PrecisionArg::Bf16 => {
-                eprintln!("error: --precision bf16 is not supported yet (fp32 and tf32 are)");
-                Err(Exit(1))
-            }
-        }
+        Ok(match self {
+            PrecisionArg::Fp32 => parallax_runtime::cuda::Precision::Fp32,
+            PrecisionArg::Tf32 => parallax_runtime::cuda::Precision::Tf32,
+            PrecisionArg::Bf16 => parallax_runtime::cuda::Precision::Bf16,
+        })
     }
 }
 
@@ -111,7 +107,8 @@ enum Command {
         /// Where to run: `cuda` needs an NVIDIA GPU; `auto` uses one when present.
         #[arg(long, value_enum, default_value = "auto")]
         backend: Backend,
-        /// GEMM precision on CUDA: exact fp32, or tf32 tensor cores (the default).
+        /// GEMM precision on CUDA: exact fp32, tf32 tensor cores (the default), or bf16
+        /// operands with fp32 accumulation (fp32 master weights).
         #[arg(long, value_enum, default_value = "tf32")]
         precision: PrecisionArg,
     },

@@ -15,11 +15,14 @@ use parallax_compiler::Plan;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// How GEMMs compute: exact fp32, or TF32 tensor cores (fp32 storage).
+/// How GEMMs compute: exact fp32, TF32 tensor cores, or bf16 operands with fp32 accumulation
+/// and output. Storage, master weights, the optimizer and every other kernel stay fp32
+/// (bf16 keeps fp32's exponent range, so no loss scaling is needed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
     Fp32,
     Tf32,
+    Bf16,
 }
 
 /// Device memory freed on drop.
@@ -53,9 +56,15 @@ pub struct CudaExecutor {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: blas_sys::cublasHandle_t,
-    buffers: Vec<DeviceBuffer>,
+    /// One allocation for every buffer of the plan (the memory plan's arena).
+    _arena: DeviceBuffer,
+    /// Each plan buffer's device address inside the arena.
+    buffers: Vec<u64>,
     slot: Vec<Option<usize>>,
     scratch: DeviceBuffer,
+    /// bf16 copies of a GEMM's two operands (bf16 precision only).
+    half: Option<(DeviceBuffer, DeviceBuffer)>,
+    precision: Precision,
     max_batch: usize,
     seed: u64,
     target: &'static str,
@@ -113,6 +122,8 @@ impl CudaExecutor {
                 .map_err(|e| CudaError::Blas(format!("{e:?}")))?;
             let mode = match precision {
                 Precision::Fp32 => blas_sys::cublasMath_t::CUBLAS_PEDANTIC_MATH,
+                // Tensor cores for the bf16 operands (accumulation stays fp32).
+                Precision::Bf16 => blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH,
                 Precision::Tf32 => blas_sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
             };
             blas_sys::cublasSetMathMode(handle, mode)
@@ -149,18 +160,69 @@ impl CudaExecutor {
                 Err(e) => Err(e.into()),
             }
         };
-        let mut buffers = Vec::with_capacity(capacity.len());
-        for (b, &c) in capacity.iter().enumerate() {
-            let what = plan
-                .steps
-                .get(first_step[b])
-                .map_or_else(|| format!("buffer {b}"), |s| describe(&s.op, &s.layer));
-            buffers.push(alloc(c, &what)?);
+        // The arena: every buffer at a 256-byte aligned offset.
+        let mut offsets = Vec::with_capacity(capacity.len());
+        let mut total = 0u64;
+        for &c in &capacity {
+            offsets.push(total);
+            total += (c.max(1) * 4).div_ceil(256) * 256;
         }
+        let largest = (0..capacity.len()).max_by_key(|&b| capacity[b]);
+        let what = largest.map_or_else(
+            || "the plan's buffers".to_string(),
+            |b| {
+                let name = plan
+                    .steps
+                    .get(first_step[b])
+                    .map_or_else(|| format!("buffer {b}"), |s| describe(&s.op, &s.layer));
+                format!(
+                    "the plan's {} buffers (largest: `{name}`, {} bytes)",
+                    capacity.len(),
+                    capacity[b] * 4
+                )
+            },
+        );
+        let arena = alloc(total / 4, &what)?;
+        let buffers: Vec<u64> = offsets.iter().map(|&o| arena.ptr + o).collect();
         // The scratch: the largest any batch size needs (its size is known from the
         // module at the largest batch).
         let code = codegen::generate(&plan, max_batch as u64, target)?;
         let scratch = alloc(code.scratch, "scratch")?;
+        let half = if precision == Precision::Bf16 {
+            let (mut a, mut b) = (0u64, 0u64);
+            for l in code.kernels.iter().flat_map(|k| &k.launches) {
+                if let Launch::Gemm {
+                    m,
+                    n,
+                    k,
+                    batch,
+                    stride_a,
+                    stride_b,
+                    ..
+                } = *l
+                {
+                    let ea = if stride_a == 0 {
+                        m * k
+                    } else {
+                        stride_a * batch
+                    };
+                    let eb = if stride_b == 0 {
+                        k * n
+                    } else {
+                        stride_b * batch
+                    };
+                    a = a.max(ea);
+                    b = b.max(eb);
+                }
+            }
+            // Two bytes per element: half as many f32 slots.
+            Some((
+                alloc(a.div_ceil(2), "bf16 GEMM operand")?,
+                alloc(b.div_ceil(2), "bf16 GEMM operand")?,
+            ))
+        } else {
+            None
+        };
         let mut inputs = HashMap::new();
         let mut params = Vec::new();
         for s in &plan.steps {
@@ -182,9 +244,12 @@ impl CudaExecutor {
             ctx,
             stream,
             blas: handle,
+            _arena: arena,
             buffers,
             slot,
             scratch,
+            half,
+            precision,
             max_batch,
             seed,
             target,
@@ -268,7 +333,7 @@ impl CudaExecutor {
             .get(step)
             .copied()
             .flatten()
-            .map(|b| self.buffers[b].ptr)
+            .map(|b| self.buffers[b])
             .ok_or_else(|| CudaError::Exec(format!("step {step} has no buffer")))
     }
 
@@ -541,6 +606,56 @@ impl CudaExecutor {
                 let (alpha, beta) = (1f32, 0f32);
                 if *m == 0 || *n == 0 || *count == 0 {
                     return Ok(());
+                }
+                if let (Precision::Bf16, Some((ha, hb))) = (self.precision, &self.half) {
+                    let elems = |stride: u64, rows: u64, cols: u64| {
+                        if stride == 0 {
+                            rows * cols
+                        } else {
+                            stride * count
+                        }
+                    };
+                    let (ea, eb) = (elems(*stride_a, *m, *k), elems(*stride_b, *k, *n));
+                    for (dst, src, e) in [(ha.ptr, pa, ea), (hb.ptr, pb, eb)] {
+                        let values = [ArgValue::U64(dst), ArgValue::U64(src), ArgValue::U64(e)];
+                        self.launch_entry(
+                            batch,
+                            codegen::TO_BF16,
+                            codegen::grid_for(e, codegen::BLOCK),
+                            codegen::BLOCK,
+                            &values,
+                        )?;
+                    }
+                    let bf16 = blas_sys::cudaDataType::CUDA_R_16BF;
+                    // SAFETY: as below, with the operands' bf16 copies.
+                    return unsafe {
+                        blas::gemm_strided_batched_ex(
+                            self.blas,
+                            op(*trans_b),
+                            op(*trans_a),
+                            *n as i32,
+                            *m as i32,
+                            *k as i32,
+                            &alpha as *const f32 as *const _,
+                            hb.ptr as *const _,
+                            bf16,
+                            lda as i32,
+                            *stride_b as i64,
+                            ha.ptr as *const _,
+                            bf16,
+                            ldb as i32,
+                            *stride_a as i64,
+                            &beta as *const f32 as *const _,
+                            pc as *mut _,
+                            blas_sys::cudaDataType::CUDA_R_32F,
+                            *n as i32,
+                            *stride_c as i64,
+                            *count as i32,
+                            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                            blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+                        )
+                    }
+                    .map_err(|e| CudaError::Blas(format!("{e:?}")));
                 }
                 // SAFETY: pointers address live buffers holding the operands' elements; sizes
                 // and strides come from the operands' resolved shapes.
