@@ -108,6 +108,8 @@ fn peak_flops(name: &str, precision: Precision) -> Option<f64> {
 }
 
 pub struct CheckArgs {
+    /// Print the slowest kinds of launch of one timed step.
+    pub profile: bool,
     pub steps: u64,
     pub precision: Precision,
     pub time_steps: u64,
@@ -272,6 +274,28 @@ pub fn gpu_check(file: &Path, a: &CheckArgs) -> Result<(), Exit> {
         Ok(())
     })();
     timing.map_err(|e| cuda_err(file, e))?;
+    if a.profile {
+        let launches = gpu_exec
+            .profile_step(b, total + a.time_steps + 3)
+            .map_err(|e| cuda_err(file, e))?;
+        let all: f64 = launches.iter().map(|l| l.1).sum();
+        let mut by: std::collections::HashMap<String, (f64, usize)> = Default::default();
+        for (label, ms) in launches {
+            let e = by.entry(label).or_default();
+            e.0 += ms;
+            e.1 += 1;
+        }
+        let mut rows: Vec<_> = by.into_iter().collect();
+        rows.sort_by(|x, y| y.1 .0.total_cmp(&x.1 .0));
+        println!("PROFILE {name}: {all:.2} ms in launches (one step, events around each launch)");
+        for (label, (ms, n)) in rows.iter().take(25) {
+            let label: String = label.chars().take(70).collect();
+            println!(
+                "PROFILE {ms:9.3} ms {:5.1}% {n:5}x  {label}",
+                100.0 * ms / all.max(1e-9)
+            );
+        }
+    }
     times.sort_by(|x, y| x.total_cmp(y));
     let median_ms = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
     let tflops = flops_per_step / (median_ms * 1e-3) / 1e12;

@@ -134,6 +134,9 @@ enum Command {
         /// kernel that disagrees.
         #[arg(long)]
         lockstep: bool,
+        /// Also time every launch of one step and print the slowest kinds.
+        #[arg(long)]
+        profile: bool,
     },
     /// Check collectives on the GPU: NCCL all-reduce at world size 1, and a 4-rank
     /// data-parallel gradient step on simulated ranks against the 1-rank step of FILE.
@@ -225,10 +228,12 @@ fn main() -> ExitCode {
             precision,
             time_steps,
             lockstep,
+            profile,
         } => precision.runtime().and_then(|precision| {
             gpu::gpu_check(
                 &file,
                 &gpu::CheckArgs {
+                    profile,
                     steps,
                     precision,
                     time_steps,

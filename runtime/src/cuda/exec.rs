@@ -743,6 +743,42 @@ impl CudaExecutor {
         Ok(())
     }
 
+    /// Runs one training step with a CUDA event around every launch and returns the time of
+    /// each launch, labelled by what it computes (for `gpu-check --profile`).
+    pub fn profile_step(
+        &mut self,
+        batch: usize,
+        step: u64,
+    ) -> Result<Vec<(String, f64)>, CudaError> {
+        self.begin(batch)?;
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut labels = Vec::new();
+        let first = self.ctx.new_event(flags)?;
+        first.record(&self.stream)?;
+        let mut events = vec![first];
+        for k in 0..self.plan.kernels.len() {
+            let code = self.modules[&(batch as u64)].code.kernels[k].clone();
+            for l in &code.launches {
+                self.run_launch(batch, l, Mode::Train, step, 0)?;
+                let e = self.ctx.new_event(flags)?;
+                e.record(&self.stream)?;
+                let label = match l {
+                    Launch::Gemm { .. } => format!("gemm ({:?})", self.precision),
+                    Launch::Kernel { .. } => code.ops.join("+"),
+                };
+                labels.push(label);
+                events.push(e);
+            }
+        }
+        self.finish(Mode::Train)?;
+        self.stream.synchronize()?;
+        labels
+            .into_iter()
+            .zip(events.windows(2))
+            .map(|(label, w)| Ok((label, w[0].elapsed_ms(&w[1])? as f64)))
+            .collect()
+    }
+
     /// Copies the updated parameters and state over the old (the end of a training step).
     pub fn finish(&mut self, mode: Mode) -> Result<(), CudaError> {
         if mode == Mode::Train {
