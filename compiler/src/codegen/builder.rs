@@ -157,11 +157,6 @@ impl Kernel {
         &self.args
     }
 
-    /// Declares something at the top of the entry (e.g. `.reg .b16 %h<2>;`).
-    pub fn declare(&mut self, line: &str) {
-        let _ = writeln!(self.shared, "\t{line}");
-    }
-
     /// Declares a block-shared f32 array and returns its name.
     pub fn shared_f32(&mut self, len: u32) -> String {
         let name = format!("{}_s{}", self.name, self.shared.lines().count());

@@ -68,6 +68,8 @@ pub enum Launch {
         block: u32,
         args: Vec<Arg>,
     },
+    /// A contiguous device-to-device copy of `elements` 4-byte values (a reshape).
+    Copy { src: Arg, dst: Arg, elements: u64 },
     /// Row-major `c[batch][m, n] = op(a)[batch][m, k] x op(b)[batch][k, n]`, each operand
     /// `stride` elements from one batch to the next (0: shared by every batch).
     Gemm {
@@ -110,11 +112,9 @@ pub struct Module {
     pub scratch: u64,
 }
 
-/// Built-in entries: `px_fill(ptr, n, value)`, `px_copy(dst, src, n)` and
-/// `px_to_bf16(dst, src, n)` (f32 to bf16, round to nearest even: the operands of bf16 GEMMs).
+/// Built-in entries: `px_fill(ptr, n, value)` and `px_copy(dst, src, n)`.
 pub const FILL: &str = "px_fill";
 pub const COPY: &str = "px_copy";
-pub const TO_BF16: &str = "px_to_bf16";
 
 impl Module {
     /// The whole module as one PTX text.
@@ -235,20 +235,6 @@ fn builtins(g: &mut Gen) {
     k.for_range(i, n, s, |k, i| {
         let v = k.load(src, i);
         k.store(d, i, v)
-    });
-    g.launch(k, 1, BLOCK);
-    let mut k = Kernel::new(TO_BF16);
-    let d = k.param_ptr(Arg::Scratch);
-    let src = k.param_ptr(Arg::Scratch);
-    let n = k.param_u64(Arg::U64(0));
-    k.declare(".reg .b16 %h<2>;");
-    let (i, s) = k.global_index();
-    k.for_range(i, n, s, |k, i| {
-        let v = k.load(src, i);
-        let a = k.rd();
-        k.ins(format!("mad.lo.u64 {a}, {i}, 2, {d}"));
-        k.ins(format!("cvt.rn.bf16.f32 %h1, {v}"));
-        k.ins(format!("st.global.b16 [{a}], %h1"));
     });
     g.launch(k, 1, BLOCK);
 }

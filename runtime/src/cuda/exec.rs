@@ -15,8 +15,8 @@ use parallax_compiler::Plan;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// How GEMMs compute: exact fp32, TF32 tensor cores, or bf16 operands with fp32 accumulation
-/// and output. Storage, master weights, the optimizer and every other kernel stay fp32
+/// How GEMMs compute: exact fp32, TF32 tensor cores, or bf16 tensor-core products with fp32
+/// accumulation and output. Storage, master weights, the optimizer and every other kernel stay fp32
 /// (bf16 keeps fp32's exponent range, so no loss scaling is needed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Precision {
@@ -62,8 +62,6 @@ pub struct CudaExecutor {
     buffers: Vec<u64>,
     slot: Vec<Option<usize>>,
     scratch: DeviceBuffer,
-    /// bf16 copies of a GEMM's two operands (bf16 precision only).
-    half: Option<(DeviceBuffer, DeviceBuffer)>,
     precision: Precision,
     max_batch: usize,
     seed: u64,
@@ -188,41 +186,6 @@ impl CudaExecutor {
         // module at the largest batch).
         let code = codegen::generate(&plan, max_batch as u64, target)?;
         let scratch = alloc(code.scratch, "scratch")?;
-        let half = if precision == Precision::Bf16 {
-            let (mut a, mut b) = (0u64, 0u64);
-            for l in code.kernels.iter().flat_map(|k| &k.launches) {
-                if let Launch::Gemm {
-                    m,
-                    n,
-                    k,
-                    batch,
-                    stride_a,
-                    stride_b,
-                    ..
-                } = *l
-                {
-                    let ea = if stride_a == 0 {
-                        m * k
-                    } else {
-                        stride_a * batch
-                    };
-                    let eb = if stride_b == 0 {
-                        k * n
-                    } else {
-                        stride_b * batch
-                    };
-                    a = a.max(ea);
-                    b = b.max(eb);
-                }
-            }
-            // Two bytes per element: half as many f32 slots.
-            Some((
-                alloc(a.div_ceil(2), "bf16 GEMM operand")?,
-                alloc(b.div_ceil(2), "bf16 GEMM operand")?,
-            ))
-        } else {
-            None
-        };
         let mut inputs = HashMap::new();
         let mut params = Vec::new();
         for s in &plan.steps {
@@ -248,7 +211,6 @@ impl CudaExecutor {
             buffers,
             slot,
             scratch,
-            half,
             precision,
             max_batch,
             seed,
@@ -572,6 +534,27 @@ impl CudaExecutor {
                     .collect::<Result<Vec<_>, _>>()?;
                 self.launch_entry(batch, entry, *grid, *block, &values)
             }
+            Launch::Copy { src, dst, elements } => {
+                let ptr = |x: &Arg| match self.resolve(x, mode, step, first_sample)? {
+                    ArgValue::U64(p) => Ok(p),
+                    ArgValue::F32(_) => {
+                        Err(CudaError::Exec("a copy operand is not a buffer".into()))
+                    }
+                };
+                let (s, d) = (ptr(src)?, ptr(dst)?);
+                if s != d && *elements > 0 {
+                    // SAFETY: both buffers hold `elements` values of 4 bytes.
+                    unsafe {
+                        result::memcpy_dtod_async(
+                            d,
+                            s,
+                            *elements as usize * 4,
+                            self.stream.cu_stream(),
+                        )?
+                    };
+                }
+                Ok(())
+            }
             Launch::Gemm {
                 a,
                 b,
@@ -607,27 +590,11 @@ impl CudaExecutor {
                 if *m == 0 || *n == 0 || *count == 0 {
                     return Ok(());
                 }
-                if let (Precision::Bf16, Some((ha, hb))) = (self.precision, &self.half) {
-                    let elems = |stride: u64, rows: u64, cols: u64| {
-                        if stride == 0 {
-                            rows * cols
-                        } else {
-                            stride * count
-                        }
-                    };
-                    let (ea, eb) = (elems(*stride_a, *m, *k), elems(*stride_b, *k, *n));
-                    for (dst, src, e) in [(ha.ptr, pa, ea), (hb.ptr, pb, eb)] {
-                        let values = [ArgValue::U64(dst), ArgValue::U64(src), ArgValue::U64(e)];
-                        self.launch_entry(
-                            batch,
-                            codegen::TO_BF16,
-                            codegen::grid_for(e, codegen::BLOCK),
-                            codegen::BLOCK,
-                            &values,
-                        )?;
-                    }
-                    let bf16 = blas_sys::cudaDataType::CUDA_R_16BF;
-                    // SAFETY: as below, with the operands' bf16 copies.
+                if self.precision == Precision::Bf16 {
+                    // fp32 storage, bf16 tensor-core products (cuBLAS rounds the operands to
+                    // bf16 as it loads them), fp32 accumulation.
+                    let f32t = blas_sys::cudaDataType::CUDA_R_32F;
+                    // SAFETY: as below.
                     return unsafe {
                         blas::gemm_strided_batched_ex(
                             self.blas,
@@ -637,21 +604,21 @@ impl CudaExecutor {
                             *m as i32,
                             *k as i32,
                             &alpha as *const f32 as *const _,
-                            hb.ptr as *const _,
-                            bf16,
+                            pb as *const _,
+                            f32t,
                             lda as i32,
                             *stride_b as i64,
-                            ha.ptr as *const _,
-                            bf16,
+                            pa as *const _,
+                            f32t,
                             ldb as i32,
                             *stride_a as i64,
                             &beta as *const f32 as *const _,
                             pc as *mut _,
-                            blas_sys::cudaDataType::CUDA_R_32F,
+                            f32t,
                             *n as i32,
                             *stride_c as i64,
                             *count as i32,
-                            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
                             blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
                         )
                     }
@@ -764,7 +731,7 @@ impl CudaExecutor {
                 e.record(&self.stream)?;
                 let label = match l {
                     Launch::Gemm { .. } => format!("gemm ({:?})", self.precision),
-                    Launch::Kernel { .. } => code.ops.join("+"),
+                    Launch::Kernel { .. } | Launch::Copy { .. } => code.ops.join("+"),
                 };
                 labels.push(label);
                 events.push(e);
