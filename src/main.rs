@@ -138,6 +138,17 @@ enum Command {
         #[arg(long)]
         profile: bool,
     },
+    /// Draw the training and validation curves of one or more runs (SVG, shared axes) and
+    /// write an HTML page with their summaries side by side.
+    Report {
+        #[arg(required = true)]
+        runs: Vec<PathBuf>,
+        /// Where to write `report.html` and the plots (default: the first run's folder).
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
+    /// List the experiment fields that differ between two runs, and each run's final metrics.
+    Diff { a: PathBuf, b: PathBuf },
     /// Check collectives on the GPU: NCCL all-reduce at world size 1, and a 4-rank
     /// data-parallel gradient step on simulated ranks against the 1-rank step of FILE.
     CollectivesCheck { file: PathBuf },
@@ -183,6 +194,7 @@ fn parse_dump(s: &str) -> Result<String, String> {
 }
 
 mod gpu;
+mod report;
 mod train;
 
 /// A failure already reported to the user, with its exit code.
@@ -242,6 +254,8 @@ fn main() -> ExitCode {
             )
         }),
         Command::CollectivesCheck { file } => gpu::collectives_check(&file),
+        Command::Report { runs, out } => report::report(&runs, out.as_deref()),
+        Command::Diff { a, b } => report::diff(&a, &b),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -6,6 +6,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod data;
 pub mod rng;
+pub mod tensorboard;
 pub mod train;
 pub mod weights;
 
