@@ -10,4 +10,14 @@ if [ ! -x "$PTXAS" ]; then
         --target .tools/nvcc nvidia-cuda-nvcc==13.0.88
 fi
 "$PTXAS" --version | tail -1
+# TensorBoard's own event reader, for runtime/tests/tensorboard.rs (~90 MB, once, into
+# .tools/tb): only what its EventAccumulator imports, not the server's dependencies (grpcio,
+# werkzeug, pillow, ...: 160 MB). Installed beside, then moved, so an interrupted install is
+# retried rather than found half done.
+if [ ! -d .tools/tb/tensorboard ]; then
+    rm -rf .tools/tb .tools/tb.partial
+    python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+        --target .tools/tb.partial tensorboard==2.21.0 protobuf==7.36.2 absl-py==2.5.1 numpy==2.4.6
+    mv .tools/tb.partial .tools/tb
+fi
 cargo test --workspace --locked "$@"

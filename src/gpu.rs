@@ -128,7 +128,7 @@ pub fn gpu_check(file: &Path, a: &CheckArgs) -> Result<(), Exit> {
     let name = e.name.clone();
     let optimizer = e.optimizer.clone();
     let flops_per_step = 3.0 * plan.flops_per_sample as f64 * batch as f64;
-    let mut session = SessionData::load(&source, &plan, batch, seed, &base).map_err(|err| {
+    let mut session = SessionData::load(&source, &plan, batch, seed, &base, 0).map_err(|err| {
         eprintln!("{}: error: {err}", file.display());
         Exit(1)
     })?;

@@ -86,9 +86,10 @@ enum Command {
         format: Format,
     },
     /// Train an experiment (on the CPU, or on GPU 0 with `--backend cuda`) and write its run
-    /// directory.
+    /// directory; or continue a run from its newest checkpoint with `--resume RUN_DIR`.
     Train {
-        file: PathBuf,
+        #[arg(required_unless_present = "resume")]
+        file: Option<PathBuf>,
         /// Train for this many steps (overrides the file's `steps`/`epochs`).
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         steps: Option<u64>,
@@ -104,11 +105,25 @@ enum Command {
         /// Start from these parameters (a safetensors file named like `final.safetensors`).
         #[arg(long, value_name = "FILE.safetensors")]
         init: Option<PathBuf>,
+        /// Override any field of the file, type-checked like the file: `--set optimizer.lr=3e-4
+        /// --set train.batch_size=256` (recorded in the run's `run.json`).
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<String>,
+        /// Write a checkpoint (parameters, optimizer state, step) every N steps.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+        checkpoint_every: Option<u64>,
+        /// Keep the newest K checkpoints (0 keeps all).
+        #[arg(long, value_name = "K", default_value_t = 3)]
+        keep: usize,
+        /// Continue the run in RUN_DIR from its newest checkpoint (bit for bit as if never
+        /// interrupted); `--steps` may extend it.
+        #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["file", "epochs", "seed", "run_dir", "init", "set"])]
+        resume: Option<PathBuf>,
         /// Where to run: `cuda` needs an NVIDIA GPU; `auto` uses one when present.
         #[arg(long, value_enum, default_value = "auto")]
         backend: Backend,
         /// GEMM precision on CUDA: exact fp32, tf32 tensor cores (the default), or bf16
-        /// operands with fp32 accumulation (fp32 master weights).
+        /// products with fp32 accumulation (fp32 master weights).
         #[arg(long, value_enum, default_value = "tf32")]
         precision: PrecisionArg,
     },
@@ -228,11 +243,26 @@ fn main() -> ExitCode {
             seed,
             run_dir,
             init,
+            set,
+            checkpoint_every,
+            keep,
+            resume,
             backend,
             precision,
-        } => train::run(
-            &file, steps, epochs, seed, run_dir, init, backend, precision,
-        ),
+        } => train::run(train::Args {
+            file,
+            steps,
+            epochs,
+            seed,
+            run_dir,
+            init,
+            set,
+            checkpoint_every: checkpoint_every.unwrap_or(0),
+            keep,
+            resume,
+            backend,
+            precision,
+        }),
         Command::Devices { format } => gpu::devices(format),
         Command::GpuCheck {
             file,
@@ -287,7 +317,7 @@ pub(crate) fn load(file: &Path, format: Format) -> Result<(Source, Duration), Ex
 
 /// Errors go to stderr with the source line and a caret; with `--format json` also as one
 /// JSON object on stdout.
-fn report(file: &str, src: &str, diags: &[Diagnostic], format: Format) {
+pub(crate) fn report(file: &str, src: &str, diags: &[Diagnostic], format: Format) {
     let mut err = std::io::stderr().lock();
     for d in diags {
         let _ = write!(err, "{}", d.render(file, src));

@@ -1,7 +1,8 @@
 //! `parallax train`: compile, train on the CPU, show progress, report where the run went.
 
-use crate::{load, run_pipeline, Backend, Exit, Format, PrecisionArg};
+use crate::{load, report, run_pipeline, Backend, Exit, Format, PrecisionArg};
 use indicatif::{ProgressBar, ProgressStyle};
+use parallax_compiler::dsl::overrides::{self, Override};
 use parallax_compiler::Options;
 use parallax_runtime::train::{train, Event, TrainConfig};
 use std::io::IsTerminal;
@@ -52,18 +53,67 @@ fn default_run_dir(name: &str) -> PathBuf {
     dir
 }
 
-#[allow(clippy::too_many_arguments)]
-pub fn run(
-    file: &Path,
-    steps: Option<u64>,
-    epochs: Option<u64>,
-    seed: Option<u64>,
-    run_dir: Option<PathBuf>,
-    init: Option<PathBuf>,
-    backend: Backend,
-    precision: PrecisionArg,
-) -> Result<(), Exit> {
+/// `parallax train`'s arguments.
+pub struct Args {
+    pub file: Option<PathBuf>,
+    pub steps: Option<u64>,
+    pub epochs: Option<u64>,
+    pub seed: Option<u64>,
+    pub run_dir: Option<PathBuf>,
+    pub init: Option<PathBuf>,
+    pub set: Vec<String>,
+    pub checkpoint_every: u64,
+    pub keep: usize,
+    pub resume: Option<PathBuf>,
+    pub backend: Backend,
+    pub precision: PrecisionArg,
+}
+
+pub fn run(args: Args) -> Result<(), Exit> {
+    let Args {
+        file,
+        steps,
+        epochs,
+        seed,
+        run_dir,
+        init,
+        set,
+        checkpoint_every,
+        keep,
+        resume,
+        backend,
+        precision,
+    } = args;
+    // A resumed run reads the experiment it recorded (every default and override resolved).
+    let file = match (&resume, file) {
+        (Some(dir), _) => dir.join("experiment.ron"),
+        (None, Some(f)) => f,
+        (None, None) => unreachable!("clap requires FILE unless --resume"),
+    };
+    let file = file.as_path();
+    let run_dir = resume.clone().or(run_dir);
     let (source, _) = load(file, Format::Text)?;
+    let overrides = set
+        .iter()
+        .map(|s| Override::parse(s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            eprintln!("error: --set {e}");
+            Exit(2)
+        })?;
+    let source = if overrides.is_empty() {
+        source
+    } else {
+        overrides::apply(&source, &overrides).map_err(|e| {
+            report(
+                &file.display().to_string(),
+                "",
+                &e.diagnostics(),
+                Format::Text,
+            );
+            Exit(1)
+        })?
+    };
     let cuda = match backend {
         Backend::Cpu => false,
         Backend::Cuda => match parallax_runtime::cuda::probe() {
@@ -93,6 +143,10 @@ pub fn run(
         init,
         base_dir: file.parent().map(Path::to_path_buf).unwrap_or_default(),
         cuda,
+        checkpoint_every,
+        keep,
+        resume: resume.is_some(),
+        overrides: set,
     };
     let backend_name = if cuda.is_some() {
         "CUDA backend (GPU 0)"

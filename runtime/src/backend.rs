@@ -29,6 +29,9 @@ pub trait Backend {
     /// Every parameter's name, shape and values (a copy), in plan order.
     fn param_values(&self) -> Result<ParamValues, ExecError>;
     fn set_param(&mut self, name: &str, shape: &[usize], values: &[f32]) -> Result<(), ExecError>;
+    /// Every optimizer state's name, shape and values (a copy), in plan order.
+    fn state_values(&self) -> Result<ParamValues, ExecError>;
+    fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError>;
 }
 
 impl Backend for Executor {
@@ -61,6 +64,16 @@ impl Backend for Executor {
     }
     fn set_param(&mut self, name: &str, shape: &[usize], values: &[f32]) -> Result<(), ExecError> {
         Executor::set_param(self, name, shape, values)
+    }
+    fn state_values(&self) -> Result<ParamValues, ExecError> {
+        Ok(self
+            .states()
+            .into_iter()
+            .map(|(n, t)| (n.to_string(), t.shape.clone(), t.f32().to_vec()))
+            .collect())
+    }
+    fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError> {
+        Executor::set_state(self, name, values)
     }
 }
 
@@ -101,5 +114,11 @@ impl Backend for CudaExecutor {
     fn set_param(&mut self, name: &str, shape: &[usize], values: &[f32]) -> Result<(), ExecError> {
         let _ = shape;
         CudaExecutor::set_param(self, name, values).map_err(device)
+    }
+    fn state_values(&self) -> Result<ParamValues, ExecError> {
+        self.states().map_err(device)
+    }
+    fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError> {
+        CudaExecutor::set_state(self, name, values).map_err(device)
     }
 }

@@ -2,6 +2,7 @@
 //! pipeline feeds it; randomness is keyed by (seed, purpose, index) throughout.
 
 pub mod backend;
+pub mod checkpoint;
 pub mod cpu;
 pub mod cuda;
 pub mod data;

@@ -11,6 +11,7 @@ use parallax_compiler::dsl::ast::{Experiment, Loss, Optimizer};
 use parallax_compiler::ir::{Dim, Op};
 use parallax_compiler::{Plan, Source};
 use serde::Serialize;
+use sha2::Digest;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,6 +30,14 @@ pub struct TrainConfig {
     pub base_dir: PathBuf,
     /// Train on GPU 0 with the CUDA executor at this GEMM precision (the CPU when `None`).
     pub cuda: Option<crate::cuda::Precision>,
+    /// Write a checkpoint every this many steps (none when 0).
+    pub checkpoint_every: u64,
+    /// Keep the newest this many checkpoints (all when 0).
+    pub keep: usize,
+    /// Continue the run in `run_dir` from its newest checkpoint.
+    pub resume: bool,
+    /// The `--set` overrides applied to the file, recorded in `run.json`.
+    pub overrides: Vec<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +59,8 @@ pub enum TrainError {
     Diverged { step: u64, loss: f32 },
     #[error(transparent)]
     Cuda(#[from] crate::cuda::CudaError),
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
 }
 
 /// Progress, for the command line to show.
@@ -90,6 +101,23 @@ pub struct Summary {
     pub parameters: u64,
     pub seed: u64,
     pub backend: &'static str,
+    /// The run's identity: a hash of the resolved experiment and its data.
+    pub run_id: String,
+    /// The step this process started from (0, or a checkpoint's step when resumed).
+    pub resumed_from: u64,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The run's identity: the resolved experiment's text and the data's hash.
+pub fn run_id(experiment_ron: &str, data_hash: &str) -> String {
+    let mut h = sha2::Sha256::new();
+    h.update(experiment_ron.as_bytes());
+    h.update(b"\0");
+    h.update(data_hash.as_bytes());
+    hex(&h.finalize())[..16].to_string()
 }
 
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> TrainError + '_ {
@@ -224,6 +252,8 @@ pub struct Session {
 
 /// A session's data without its executor (training builds the executor of its backend).
 pub struct SessionData {
+    /// SHA-256 (hex) of every sample of the training and validation sets.
+    pub data_hash: String,
     pub loader: Loader,
     pub train_samples: usize,
     pub validation: Dataset,
@@ -239,13 +269,31 @@ impl SessionData {
         batch: usize,
         seed: u64,
         base_dir: &Path,
+        first_batch: u64,
     ) -> Result<SessionData, TrainError> {
         let e = &source.experiment;
         let (io, input, target) = model_io(plan, &e.loss)?;
         let splits = data::load(&e.data, &io, seed, base_dir)?;
         let train_samples = splits.train.len;
-        let loader = Loader::new(Arc::new(splits.train), batch, seed, e.train.drop_last, 0)?;
+        let mut h = sha2::Sha256::new();
+        for set in [&splits.train, &splits.validation] {
+            for v in [&set.inputs, &set.targets] {
+                match v {
+                    Values::F32(x) => x.iter().for_each(|a| h.update(a.to_le_bytes())),
+                    Values::I32(x) => x.iter().for_each(|a| h.update(a.to_le_bytes())),
+                }
+            }
+        }
+        let data_hash = hex(&h.finalize());
+        let loader = Loader::new(
+            Arc::new(splits.train),
+            batch,
+            seed,
+            e.train.drop_last,
+            first_batch,
+        )?;
         Ok(SessionData {
+            data_hash,
             loader,
             train_samples,
             validation: splits.validation,
@@ -273,7 +321,7 @@ impl Session {
         seed: u64,
         base_dir: &Path,
     ) -> Result<Session, TrainError> {
-        let data = SessionData::load(source, &plan, batch, seed, base_dir)?;
+        let data = SessionData::load(source, &plan, batch, seed, base_dir, 0)?;
         Ok(Session {
             exec: Executor::new(plan, batch, seed),
             loader: data.loader,
@@ -383,7 +431,35 @@ pub fn train(
         .unwrap_or_default();
     let parameters = plan.parameters;
     let optimizer = exp.optimizer.clone();
-    let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir)?;
+    let dir = &cfg.run_dir;
+    // Where a resumed run starts: its newest checkpoint, checked before anything else.
+    let checkpoints = crate::checkpoint::list(dir);
+    let resume_from = if cfg.resume {
+        let Some((step, path)) = checkpoints.last().cloned() else {
+            return Err(TrainError::Model(format!(
+                "{} has no checkpoint to resume from (train with --checkpoint-every N)",
+                dir.display()
+            )));
+        };
+        Some((step, path))
+    } else {
+        None
+    };
+    let start_step = resume_from.as_ref().map_or(0, |r| r.0);
+    let plan_label = format!(
+        "dp{}.tp{}.pp{} {}",
+        plan.strategy.dp, plan.strategy.tp, plan.strategy.pp, plan.device_kind
+    );
+    let plan_record = serde_json::json!({
+        "strategy": plan.strategy,
+        "kernels": plan.kernels.len(),
+        "ops": plan.ops,
+        "peak_memory_bytes": plan.memory.peak_bytes,
+        "batch_size": plan.batch_size,
+    });
+    let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
+    let exp_text = parallax_compiler::dsl::to_ron(&exp);
+    let id = run_id(&exp_text, &session.data_hash);
     let mut exec: Box<dyn Backend> = match cfg.cuda {
         None => Box::new(Executor::new(plan, batch_size, seed)),
         Some(precision) => Box::new(crate::cuda::CudaExecutor::new(
@@ -393,6 +469,10 @@ pub fn train(
     if let Some(init) = &cfg.init {
         weights::load(exec.as_mut(), init)?;
     }
+    let model = crate::checkpoint::fingerprint(&exec.param_values()?, &exec.state_values()?);
+    if let Some((_, path)) = &resume_from {
+        crate::checkpoint::load(path, exec.as_mut())?;
+    }
     let per_epoch = session.loader.batches_per_epoch() as u64;
     let total = match (exp.train.steps, exp.train.epochs) {
         (Some(s), _) => s,
@@ -400,20 +480,70 @@ pub fn train(
         (None, None) => per_epoch,
     };
 
-    let dir = &cfg.run_dir;
-    if dir.join("metrics.jsonl").exists() {
+    if !cfg.resume && dir.join("metrics.jsonl").exists() {
         return Err(TrainError::Model(format!(
-            "{} already holds a run; choose another --run-dir",
+            "{} already holds a run; choose another --run-dir, or continue it with --resume",
             dir.display()
         )));
     }
     std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     let exp_path = dir.join("experiment.ron");
-    std::fs::write(&exp_path, parallax_compiler::dsl::to_ron(&exp)).map_err(io_err(&exp_path))?;
+    write_atomic(&exp_path, exp_text.as_bytes())?;
+    let record_path = dir.join("run.json");
+    let mut record = serde_json::json!({
+        "run_id": id,
+        "data_sha256": session.data_hash,
+        "parallax_version": env!("CARGO_PKG_VERSION"),
+        "backend": exec.backend_name(),
+        "devices": match cfg.cuda {
+            None => "cpu".to_string(),
+            Some(p) => format!("cuda:0 ({p:?})"),
+        },
+        "plan": plan_record,
+        "overrides": cfg.overrides,
+        "checkpoint_every": cfg.checkpoint_every,
+        "resumes": [],
+    });
+    if cfg.resume {
+        // Keep the record of the run being continued, and note this continuation.
+        if let Ok(old) = std::fs::read_to_string(&record_path) {
+            if let Ok(old) = serde_json::from_str::<serde_json::Value>(&old) {
+                let mut resumes = old["resumes"].as_array().cloned().unwrap_or_default();
+                resumes.push(serde_json::json!({"from_step": start_step, "run_id": id}));
+                record = old;
+                record["resumes"] = serde_json::Value::Array(resumes);
+            }
+        }
+    }
+    write_atomic(
+        &record_path,
+        (serde_json::to_string_pretty(&record).expect("serialisable") + "\n").as_bytes(),
+    )?;
+    // Metrics: a resumed run keeps the lines up to its checkpoint (a crashed run may have
+    // logged steps after it) and appends from there.
     let metrics_path = dir.join("metrics.jsonl");
+    if cfg.resume {
+        let old = std::fs::read_to_string(&metrics_path).unwrap_or_default();
+        let kept: String = old
+            .lines()
+            .filter(|l| {
+                serde_json::from_str::<serde_json::Value>(l)
+                    .ok()
+                    .and_then(|v| v["step"].as_u64())
+                    .is_some_and(|s| s <= start_step)
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        write_atomic(&metrics_path, kept.as_bytes())?;
+    }
     let mut metrics = std::io::BufWriter::new(
-        std::fs::File::create(&metrics_path).map_err(io_err(&metrics_path))?,
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&metrics_path)
+            .map_err(io_err(&metrics_path))?,
     );
+    let mut events = crate::tensorboard::EventWriter::create(dir).map_err(io_err(dir))?;
 
     on_event(&Event::Start {
         total_steps: total,
@@ -438,7 +568,7 @@ pub fn train(
     let mut times = Vec::with_capacity(total as usize);
     let (mut samples, mut last_loss) = (0usize, f32::NAN);
     let mut val = (None, None);
-    for step in 0..total {
+    for step in start_step..total {
         let batch = loader.next().expect("the loader runs forever");
         let t = Instant::now();
         feed(exec.as_mut(), &input, batch.size, &batch.inputs)?;
@@ -461,6 +591,8 @@ pub fn train(
             "{}",
             serde_json::json!({"step": step + 1, "epoch": batch.epoch, "loss": loss, "lr": scalars[0].1})
         );
+        let _ = events.scalar("train/loss", step + 1, loss);
+        let _ = events.scalar("train/lr", step + 1, scalars[0].1);
         let busy: f64 = times.iter().sum();
         on_event(&Event::Step {
             step: step + 1,
@@ -478,16 +610,33 @@ pub fn train(
                 "{}",
                 serde_json::json!({"step": step + 1, "epoch": batch.epoch, "val_loss": l, "val_accuracy": a})
             );
+            let _ = events.scalar("val/loss", step + 1, l as f32);
+            if let Some(a) = a {
+                let _ = events.scalar("val/accuracy", step + 1, a as f32);
+            }
             on_event(&Event::Validation {
                 epoch: batch.epoch,
                 loss: l,
                 accuracy: a,
             });
         }
+        if cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0 {
+            // The metrics up to this step reach the file before the checkpoint exists.
+            metrics.flush().map_err(io_err(&metrics_path))?;
+            let meta = crate::checkpoint::Meta {
+                step: step + 1,
+                run_id: id.clone(),
+                model: model.clone(),
+                plan: plan_label.clone(),
+            };
+            crate::checkpoint::save(dir, exec.as_ref(), &meta, cfg.keep)?;
+        }
     }
     metrics.flush().map_err(io_err(&metrics_path))?;
+    events.flush().map_err(io_err(dir))?;
     let weights_path = dir.join("final.safetensors");
-    weights::save(exec.as_ref(), &weights_path)?;
+    let bytes = weights::to_bytes(exec.as_ref()).map_err(TrainError::Model)?;
+    write_atomic(&weights_path, &bytes)?;
 
     let warmup = (times.len() / 10).clamp(1.min(times.len()), 5);
     let mut steady: Vec<f64> = times[warmup..].to_vec();
@@ -507,9 +656,22 @@ pub fn train(
         parameters,
         seed,
         backend: exec.backend_name(),
+        run_id: id.clone(),
+        resumed_from: start_step,
     };
     let summary_path = dir.join("summary.json");
     let text = serde_json::to_string_pretty(&summary).expect("a summary serialises") + "\n";
-    std::fs::write(&summary_path, text).map_err(io_err(&summary_path))?;
+    write_atomic(&summary_path, text.as_bytes())?;
     Ok(summary)
+}
+
+/// Writes a file whole or not at all: a temporary file, synced, then renamed over the target.
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
+        f.write_all(bytes).map_err(io_err(&tmp))?;
+        f.sync_all().map_err(io_err(&tmp))?;
+    }
+    std::fs::rename(&tmp, path).map_err(io_err(path))
 }

@@ -3,6 +3,7 @@
 
 pub mod ast;
 pub mod expr;
+pub mod overrides;
 pub mod spans;
 pub mod validate;
 

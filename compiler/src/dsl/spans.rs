@@ -340,6 +340,36 @@ impl SpanTree {
         Some(node.span)
     }
 
+    /// The span of the value at exactly `path`, and the names found where the path stops
+    /// matching (for suggestions).
+    pub fn find_exact(&self, path: &Path) -> Result<Span, Vec<String>> {
+        let mut node = self.root.as_ref().ok_or_else(Vec::new)?;
+        for seg in &path.0 {
+            let fields = match &node.kind {
+                Kind::Named(fields) => Some(fields),
+                // A newtype wrapper such as `Some(x)`: look through it.
+                Kind::Seq(elems) if elems.len() == 1 && matches!(seg, Seg::Name(_)) => {
+                    match &elems[0].kind {
+                        Kind::Named(fields) => Some(fields),
+                        _ => None,
+                    }
+                }
+                _ => None,
+            };
+            let next = match (seg, fields, &node.kind) {
+                (Seg::Name(n), Some(fields), _) => {
+                    fields.iter().find(|(k, _)| k == n).map(|(_, v)| v)
+                }
+                (Seg::Index(i), _, Kind::Seq(elems)) => elems.get(*i),
+                _ => None,
+            };
+            node = next.ok_or_else(|| {
+                fields.map_or_else(Vec::new, |f| f.iter().map(|(k, _)| k.clone()).collect())
+            })?;
+        }
+        Ok(node.span)
+    }
+
     /// The span of just the head of the value at `path`: a variant's name (`Linear` in
     /// `Linear(out: 3)`), a field's name, or the whole value when it is short.
     pub fn head(&self, path: &Path, src: &str) -> Option<Span> {

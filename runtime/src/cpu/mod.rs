@@ -236,6 +236,41 @@ impl Executor {
             .map(|(n, id)| (n.as_str(), self.buf(*id)))
     }
 
+    /// Optimizer state (momenta, Adam's moments) by name, in plan order.
+    pub fn states(&self) -> Vec<(&str, &Tensor)> {
+        self.plan
+            .steps
+            .iter()
+            .filter_map(|s| match &s.op {
+                Op::State { name, .. } => Some((name.as_str(), self.buf(s.id))),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Replaces an optimizer state's values (resuming from a checkpoint).
+    pub fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError> {
+        let id = self
+            .plan
+            .steps
+            .iter()
+            .find(|s| matches!(&s.op, Op::State { name: n, .. } if n == name))
+            .map(|s| s.id)
+            .ok_or_else(|| ExecError::Param {
+                name: name.into(),
+                message: "the model has no such optimizer state".into(),
+            })?;
+        let t = self.buf_mut(id);
+        if t.numel() != values.len() {
+            return Err(ExecError::Param {
+                name: name.into(),
+                message: format!("{} values given, {} expected", values.len(), t.numel()),
+            });
+        }
+        t.f32_mut().copy_from_slice(values);
+        Ok(())
+    }
+
     /// Replaces a parameter's values (for `--init`); the shape must match.
     pub fn set_param(
         &mut self,

@@ -354,6 +354,41 @@ impl CudaExecutor {
             .collect()
     }
 
+    /// Optimizer state by name with shapes and values (copied from the device).
+    pub fn states(&self) -> Result<crate::backend::ParamValues, CudaError> {
+        self.plan
+            .steps
+            .iter()
+            .filter_map(|s| match &s.op {
+                Op::State { name, .. } => Some((name.clone(), s.id)),
+                _ => None,
+            })
+            .map(|(n, id)| {
+                let shape: Vec<usize> = self.shape(id, 1).iter().map(|&d| d as usize).collect();
+                let v = self.download_f32(id, shape.iter().product())?;
+                Ok((n, shape, v))
+            })
+            .collect()
+    }
+
+    /// Replaces an optimizer state's values (resuming from a checkpoint).
+    pub fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), CudaError> {
+        let id = self
+            .plan
+            .steps
+            .iter()
+            .find(|s| matches!(&s.op, Op::State { name: n, .. } if n == name))
+            .map(|s| s.id)
+            .ok_or_else(|| CudaError::Exec(format!("the model has no optimizer state `{name}`")))?;
+        if numel(&self.shape(id, 1)) as usize != values.len() {
+            return Err(CudaError::Exec(format!(
+                "optimizer state `{name}`: {} values given",
+                values.len()
+            )));
+        }
+        self.upload(id, values)
+    }
+
     /// Replaces a parameter's values (for `--init` and comparisons).
     pub fn set_param(&mut self, name: &str, values: &[f32]) -> Result<(), CudaError> {
         let id = self

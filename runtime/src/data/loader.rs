@@ -69,7 +69,7 @@ pub fn make_batch(
 }
 
 /// Serves the batches of a data set forever, epoch after epoch (see the module's rules),
-/// starting at `first_epoch`. A worker thread prepares up to [`PREFETCH`] batches ahead;
+/// starting at batch `first_batch` of the run. A worker thread prepares up to [`PREFETCH`] batches ahead;
 /// dropping the loader stops it.
 pub struct Loader {
     rx: Option<Receiver<Batch>>,
@@ -83,7 +83,7 @@ impl Loader {
         batch_size: usize,
         seed: u64,
         drop_last: bool,
-        first_epoch: u64,
+        first_batch: u64,
     ) -> Result<Loader, DataError> {
         let len = dataset.len;
         if batch_size == 0 {
@@ -106,10 +106,13 @@ impl Loader {
         let worker = std::thread::Builder::new()
             .name("parallax-data".into())
             .spawn(move || {
-                let mut epoch = first_epoch;
+                // Batch `first_batch` of the run (counting across epochs) comes first, so a
+                // resumed run reads what an uninterrupted one would have.
+                let mut epoch = first_batch / per_epoch as u64;
+                let mut start = (first_batch % per_epoch as u64) as usize;
                 loop {
                     let order = epoch_order(seed, epoch, len);
-                    for index in 0..per_epoch {
+                    for index in std::mem::take(&mut start)..per_epoch {
                         let batch = make_batch(&dataset, &order, batch_size, epoch, index);
                         if tx.send(batch).is_err() {
                             return; // the loader was dropped
@@ -211,9 +214,14 @@ mod tests {
             .take(5)
             .collect();
         assert_ne!(a[..5], other[..]);
-        // Starting at epoch 2 continues exactly where epochs 0 and 1 left off.
-        let resumed: Vec<Batch> = Loader::new(ds, 8, 5, false, 2).unwrap().take(5).collect();
+        // Starting at batch 10 (epoch 2) or 7 (inside epoch 1) continues exactly there.
+        let resumed: Vec<Batch> = Loader::new(ds.clone(), 8, 5, false, 10)
+            .unwrap()
+            .take(5)
+            .collect();
         assert_eq!(resumed[..], a[10..15]);
+        let mid: Vec<Batch> = Loader::new(ds, 8, 5, false, 7).unwrap().take(8).collect();
+        assert_eq!(mid[..], a[7..15]);
     }
 
     #[test]

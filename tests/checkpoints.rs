@@ -1,0 +1,247 @@
+//! Checkpoints and `--resume`: a run killed with SIGKILL at random points and resumed ends
+//! with the same bytes as a run never interrupted; damaged or foreign checkpoints are refused.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn bin() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_parallax"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    bin().args(args).output().expect("the binary runs")
+}
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("parallax-ckpt-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+const STEPS: &str = "1200";
+
+fn train_args(dir: &Path) -> Vec<String> {
+    [
+        "train",
+        "models/mlp.ron",
+        "--steps",
+        STEPS,
+        "--checkpoint-every",
+        "25",
+        "--keep",
+        "2",
+        "--run-dir",
+        dir.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn checkpoint_steps(dir: &Path) -> Vec<u64> {
+    let mut v: Vec<u64> = std::fs::read_dir(dir.join("checkpoints"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().to_string();
+            n.strip_prefix("step-")?
+                .strip_suffix(".safetensors")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_run_killed_at_random_points_resumes_to_the_same_bytes() {
+    let whole = temp("whole");
+    let o = bin().args(train_args(&whole)).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let want = std::fs::read(whole.join("final.safetensors")).unwrap();
+    let want_metrics = std::fs::read_to_string(whole.join("metrics.jsonl")).unwrap();
+    // Only the newest two checkpoints are kept.
+    assert_eq!(checkpoint_steps(&whole), vec![1175, 1200]);
+
+    // Kill once the run has passed a checkpoint, plus a few milliseconds that vary per case
+    // (so the kill lands anywhere in a step, a validation or a checkpoint write).
+    for (i, (after, extra_ms)) in [(100u64, 0u64), (450, 3), (800, 7)].into_iter().enumerate() {
+        let dir = temp(&format!("killed{i}"));
+        let mut child = bin()
+            .args(train_args(&dir))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        while checkpoint_steps(&dir).last().copied().unwrap_or(0) < after {
+            assert!(
+                t.elapsed() < Duration::from_secs(120),
+                "no checkpoint appeared"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(extra_ms));
+        child.kill().unwrap(); // SIGKILL
+        child.wait().unwrap();
+        assert!(
+            !dir.join("final.safetensors").exists(),
+            "case {i}: the run finished before it was killed"
+        );
+        let o = run(&["train", "--resume", dir.to_str().unwrap()]);
+        assert!(
+            o.status.success(),
+            "case {i}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let got = std::fs::read(dir.join("final.safetensors")).unwrap();
+        assert!(
+            got == want,
+            "case {i}: final.safetensors differs after resuming"
+        );
+        let metrics = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap();
+        assert_eq!(metrics, want_metrics, "case {i}: metrics differ");
+        let record = std::fs::read_to_string(dir.join("run.json")).unwrap();
+        assert!(record.contains("\"from_step\""), "{record}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    let _ = std::fs::remove_dir_all(&whole);
+}
+
+/// A short run with checkpoints, for the refusal tests.
+fn short_run(name: &str, model: &str) -> PathBuf {
+    let dir = temp(name);
+    let o = run(&[
+        "train",
+        model,
+        "--steps",
+        "20",
+        "--checkpoint-every",
+        "10",
+        "--run-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    dir
+}
+
+fn refused(dir: &Path, expect: &[&str]) {
+    let o = run(&["train", "--resume", dir.to_str().unwrap(), "--steps", "30"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    for e in expect {
+        assert!(err.contains(e), "expected `{e}` in: {err}");
+    }
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn damaged_and_foreign_checkpoints_are_refused() {
+    let dir = short_run("damaged", "models/mlp.ron");
+    let ckpt = dir.join("checkpoints/step-00000020.safetensors");
+    let good = std::fs::read(&ckpt).unwrap();
+
+    // One flipped bit in the tensor data: the checksum catches it.
+    let mut bad = good.clone();
+    let n = bad.len();
+    bad[n - 10] ^= 0x01;
+    std::fs::write(&ckpt, &bad).unwrap();
+    refused(
+        &dir,
+        &["step-00000020.safetensors", "checksum", "corrupted"],
+    );
+
+    // Truncated, as by a crash of a writer that did not rename atomically.
+    std::fs::write(&ckpt, &good[..good.len() / 2]).unwrap();
+    refused(
+        &dir,
+        &["step-00000020.safetensors", "truncated or corrupted"],
+    );
+
+    // A checkpoint of another model: the first missing tensor is named.
+    let cnn = short_run("cnn", "models/cnn.ron");
+    std::fs::copy(cnn.join("checkpoints/step-00000020.safetensors"), &ckpt).unwrap();
+    refused(&dir, &["step-00000020.safetensors", "tensor `0.weight`"]);
+
+    // The intact checkpoint resumes and extends the run.
+    std::fs::write(&ckpt, &good).unwrap();
+    let o = run(&["train", "--resume", dir.to_str().unwrap(), "--steps", "30"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let summary = std::fs::read_to_string(dir.join("summary.json")).unwrap();
+    assert!(summary.contains("\"steps\": 30"), "{summary}");
+    assert!(summary.contains("\"resumed_from\": 20"), "{summary}");
+
+    // No checkpoint at all.
+    let none = temp("none");
+    let o = run(&[
+        "train",
+        "models/mlp.ron",
+        "--steps",
+        "3",
+        "--run-dir",
+        none.to_str().unwrap(),
+    ]);
+    assert!(o.status.success());
+    refused(&none, &["no checkpoint to resume from"]);
+    for d in [dir, cnn, none] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+#[test]
+fn overrides_are_applied_type_checked_and_recorded() {
+    let dir = temp("set");
+    let o = run(&[
+        "train",
+        "models/mlp.ron",
+        "--steps",
+        "3",
+        "--set",
+        "optimizer.lr=0.05",
+        "--set",
+        "train.batch_size=32",
+        "--run-dir",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let exp = std::fs::read_to_string(dir.join("experiment.ron")).unwrap();
+    assert!(
+        exp.contains("lr: 0.05") && exp.contains("batch_size: 32"),
+        "{exp}"
+    );
+    let record = std::fs::read_to_string(dir.join("run.json")).unwrap();
+    assert!(record.contains("optimizer.lr=0.05"), "{record}");
+    assert!(record.contains("\"run_id\""), "{record}");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let o = run(&[
+        "train",
+        "models/mlp.ron",
+        "--steps",
+        "3",
+        "--set",
+        "optimizer.lr=fast",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("--set optimizer.lr=fast"), "{err}");
+    let o = run(&[
+        "train",
+        "models/mlp.ron",
+        "--steps",
+        "3",
+        "--set",
+        "optimiser.lr=1",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("no field `optimiser.lr`") && err.contains("optimizer"),
+        "{err}"
+    );
+}
