@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The test command: installs ptxas (from the PyPI wheel nvidia-cuda-nvcc, ~37 MB, once, into
-# .tools/) so the generated PTX of every model is assembled for sm_80 and sm_90, then runs the
-# whole test suite. Needs the Rust toolchain and python3 with pip; no GPU.
+# The test command: installs, once, into .tools/: ptxas (the PyPI wheel nvidia-cuda-nvcc, ~37 MB)
+# so the generated PTX of every model is assembled for sm_80 and sm_90, and TensorBoard's event
+# reader; then runs the whole test suite. Needs the Rust toolchain and python3 with pip; no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PTXAS=.tools/nvcc/nvidia/cu13/bin/ptxas
 if [ ! -x "$PTXAS" ]; then
+    rm -rf .tools/nvcc .tools/nvcc.partial
     python3 -m pip install --quiet --disable-pip-version-check --no-deps \
-        --target .tools/nvcc nvidia-cuda-nvcc==13.0.88
+        --target .tools/nvcc.partial nvidia-cuda-nvcc==13.0.88
+    mv .tools/nvcc.partial .tools/nvcc
 fi
 "$PTXAS" --version | tail -1
 # TensorBoard's own event reader, for runtime/tests/tensorboard.rs (~90 MB, once, into
