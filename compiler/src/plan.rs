@@ -93,6 +93,36 @@ pub struct Plan {
     pub updates: Vec<(usize, usize)>,
 }
 
+/// The named sources of a plan: `(name, step)` in plan order.
+#[derive(Debug, Clone, Default)]
+pub struct Names {
+    pub inputs: Vec<(String, usize)>,
+    pub params: Vec<(String, usize)>,
+    pub states: Vec<(String, usize)>,
+    pub outputs: Vec<(String, usize)>,
+}
+
+impl Plan {
+    /// Its inputs, parameters, optimizer state and outputs by name.
+    pub fn names(&self) -> Names {
+        let mut n = Names::default();
+        for s in &self.steps {
+            match &s.op {
+                Op::Input { name, .. } => n.inputs.push((name.clone(), s.id)),
+                Op::Param { name, .. } => n.params.push((name.clone(), s.id)),
+                Op::State { name, .. } => n.states.push((name.clone(), s.id)),
+                _ => {}
+            }
+        }
+        n.outputs = self
+            .output_steps
+            .iter()
+            .map(|o| (o.name.clone(), o.step))
+            .collect();
+        n
+    }
+}
+
 fn sat(v: u128) -> u64 {
     u64::try_from(v).unwrap_or(u64::MAX)
 }

@@ -77,6 +77,8 @@ pub struct Executor {
     inputs: HashMap<String, usize>,
     outputs: HashMap<String, usize>,
     params: Vec<(String, usize)>,
+    /// Optimizer state by name.
+    states: Vec<(String, usize)>,
     /// Seconds and calls per kernel, when profiling.
     profile: Option<HashMap<&'static str, (f64, u64)>>,
 }
@@ -123,22 +125,10 @@ impl Executor {
             vec![scratch_len],
             scratch_len,
         );
-        let mut inputs = HashMap::new();
-        let mut params = Vec::new();
-        for s in &plan.steps {
-            match &s.op {
-                Op::Input { name, .. } => {
-                    inputs.insert(name.clone(), s.id);
-                }
-                Op::Param { name, .. } => params.push((name.clone(), s.id)),
-                _ => {}
-            }
-        }
-        let outputs = plan
-            .output_steps
-            .iter()
-            .map(|o| (o.name.clone(), o.step))
-            .collect();
+        let names = plan.names();
+        let inputs: HashMap<String, usize> = names.inputs.into_iter().collect();
+        let outputs: HashMap<String, usize> = names.outputs.into_iter().collect();
+        let (params, states) = (names.params, names.states);
         let shapes = plan
             .steps
             .iter()
@@ -166,6 +156,7 @@ impl Executor {
             inputs,
             outputs,
             params,
+            states,
             profile: None,
         };
         e.init_params();
@@ -238,24 +229,19 @@ impl Executor {
 
     /// Optimizer state (momenta, Adam's moments) by name, in plan order.
     pub fn states(&self) -> Vec<(&str, &Tensor)> {
-        self.plan
-            .steps
+        self.states
             .iter()
-            .filter_map(|s| match &s.op {
-                Op::State { name, .. } => Some((name.as_str(), self.buf(s.id))),
-                _ => None,
-            })
+            .map(|(n, id)| (n.as_str(), self.buf(*id)))
             .collect()
     }
 
     /// Replaces an optimizer state's values (resuming from a checkpoint).
     pub fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError> {
         let id = self
-            .plan
-            .steps
+            .states
             .iter()
-            .find(|s| matches!(&s.op, Op::State { name: n, .. } if n == name))
-            .map(|s| s.id)
+            .find(|(n, _)| n == name)
+            .map(|s| s.1)
             .ok_or_else(|| ExecError::Param {
                 name: name.into(),
                 message: "the model has no such optimizer state".into(),

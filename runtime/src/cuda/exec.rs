@@ -70,6 +70,8 @@ pub struct CudaExecutor {
     inputs: HashMap<String, usize>,
     outputs: HashMap<String, usize>,
     params: Vec<(String, usize)>,
+    /// Optimizer state by name.
+    states: Vec<(String, usize)>,
     /// The batch of the inputs set last (the batch `run` must be called with).
     batch: usize,
 }
@@ -186,22 +188,10 @@ impl CudaExecutor {
         // module at the largest batch).
         let code = codegen::generate(&plan, max_batch as u64, target)?;
         let scratch = alloc(code.scratch, "scratch")?;
-        let mut inputs = HashMap::new();
-        let mut params = Vec::new();
-        for s in &plan.steps {
-            match &s.op {
-                Op::Input { name, .. } => {
-                    inputs.insert(name.clone(), s.id);
-                }
-                Op::Param { name, .. } => params.push((name.clone(), s.id)),
-                _ => {}
-            }
-        }
-        let outputs = plan
-            .output_steps
-            .iter()
-            .map(|o| (o.name.clone(), o.step))
-            .collect();
+        let names = plan.names();
+        let inputs: HashMap<String, usize> = names.inputs.into_iter().collect();
+        let outputs: HashMap<String, usize> = names.outputs.into_iter().collect();
+        let (params, states) = (names.params, names.states);
         let mut e = CudaExecutor {
             plan: Arc::new(plan),
             ctx,
@@ -219,6 +209,7 @@ impl CudaExecutor {
             inputs,
             outputs,
             params,
+            states,
             batch: max_batch,
         };
         e.load(code)?;
@@ -333,11 +324,9 @@ impl CudaExecutor {
             self.upload(id, &v)?;
         }
         // Optimizer state starts at zero.
-        for s in self.plan.steps.clone().iter() {
-            if let Op::State { .. } = s.op {
-                let n = numel(&self.shape(s.id, 1)) as usize;
-                self.upload(s.id, &vec![0f32; n])?;
-            }
+        for &(_, id) in &self.states {
+            let n = numel(&self.shape(id, 1)) as usize;
+            self.upload(id, &vec![0f32; n])?;
         }
         Ok(())
     }
@@ -356,14 +345,10 @@ impl CudaExecutor {
 
     /// Optimizer state by name with shapes and values (copied from the device).
     pub fn states(&self) -> Result<crate::backend::ParamValues, CudaError> {
-        self.plan
-            .steps
+        self.states
             .iter()
-            .filter_map(|s| match &s.op {
-                Op::State { name, .. } => Some((name.clone(), s.id)),
-                _ => None,
-            })
             .map(|(n, id)| {
+                let (n, id) = (n.clone(), *id);
                 let shape: Vec<usize> = self.shape(id, 1).iter().map(|&d| d as usize).collect();
                 let v = self.download_f32(id, shape.iter().product())?;
                 Ok((n, shape, v))
@@ -374,11 +359,10 @@ impl CudaExecutor {
     /// Replaces an optimizer state's values (resuming from a checkpoint).
     pub fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), CudaError> {
         let id = self
-            .plan
-            .steps
+            .states
             .iter()
-            .find(|s| matches!(&s.op, Op::State { name: n, .. } if n == name))
-            .map(|s| s.id)
+            .find(|(n, _)| n == name)
+            .map(|s| s.1)
             .ok_or_else(|| CudaError::Exec(format!("the model has no optimizer state `{name}`")))?;
         if numel(&self.shape(id, 1)) as usize != values.len() {
             return Err(CudaError::Exec(format!(
