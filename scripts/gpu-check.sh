@@ -75,6 +75,21 @@ if timeout 120 "$BIN" train models/mlp.ron --backend cuda --run-dir /tmp/paralla
 else
     echo "ROW|train mlp --backend cuda|tf32|-|-|FAIL|-|-|-" >>"$LOG"
 fi
+echo "== checkpoint and resume on CUDA (bitwise)"
+rm -rf /tmp/parallax-ck1 /tmp/parallax-ck2
+if timeout 60 "$BIN" train models/mlp.ron --backend cuda --steps 300 --checkpoint-every 100 \
+    --run-dir /tmp/parallax-ck1 >/dev/null 2>&1; then
+    cp -r /tmp/parallax-ck1 /tmp/parallax-ck2
+    rm /tmp/parallax-ck2/final.safetensors /tmp/parallax-ck2/checkpoints/step-00000300.safetensors
+    timeout 60 "$BIN" train --resume /tmp/parallax-ck2 --backend cuda >/dev/null 2>&1
+    if cmp -s /tmp/parallax-ck1/final.safetensors /tmp/parallax-ck2/final.safetensors; then
+        echo "ROW|resume from step 200 on CUDA: final.safetensors identical|tf32|-|-|ok|-|-|-" >>"$LOG"
+    else
+        echo "ROW|resume from step 200 on CUDA: final.safetensors identical|tf32|-|-|FAIL|-|-|-" >>"$LOG"
+    fi
+else
+    echo "ROW|checkpointing run on CUDA|tf32|-|-|FAIL|-|-|-" >>"$LOG"
+fi
 echo "== collectives"
 timeout 90 "$BIN" collectives-check models/mlp.ron | tee -a "$LOG" \
     || echo "ROW|collectives|fp32|-|-|FAIL|-|-|-" >>"$LOG"
