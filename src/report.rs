@@ -1,17 +1,681 @@
-//! `parallax report` and `parallax diff`: reading run directories (being written).
+//! `parallax report` and `parallax diff`: reading the run directories `parallax train` writes
+//! (`experiment.ron`, `metrics.jsonl`, `summary.json`).
+//!
+//! A bad input is reported as `error: <path>: <what>` with exit code 1; nothing here panics on
+//! a malformed file. Summaries are read as untyped JSON so that fields added by later versions
+//! (or missing from older ones) only add (or blank) rows.
 
 use crate::Exit;
-use std::path::Path;
-use std::path::PathBuf;
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::prelude::*;
+use serde_json::{Map, Value};
+use std::fmt::Display;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// The metrics `diff` prints side by side, in this order.
+const DIFF_METRICS: &str =
+    "final_train_loss val_loss val_accuracy steps wall_seconds samples_per_sec";
+
+/// Above this many points a training-loss curve is averaged into buckets: the SVG (inlined
+/// into the HTML) stays small for long runs, and a mean reads better than raw noise anyway.
+const MAX_POINTS: usize = 1500;
+
+/// Prints `error: <path>: <what>` and returns the exit code for it.
+fn fail(path: &Path, what: impl Display) -> Exit {
+    eprintln!("error: {}: {what}", path.display());
+    Exit(1)
+}
+
+fn read(path: &Path) -> Result<String, Exit> {
+    std::fs::read_to_string(path).map_err(|e| fail(path, e))
+}
+
+/// Writes to stdout, ignoring a closed pipe (`parallax diff a b | head`), which `println!`
+/// would turn into a panic.
+fn emit(text: &str) {
+    let _ = std::io::stdout().lock().write_all(text.as_bytes());
+}
+
+type Points = Vec<(f64, f64)>;
+
+/// One run directory, read.
+struct Run {
+    dir: PathBuf,
+    label: String,
+    summary: Map<String, Value>,
+    /// `(step, value)` points of the training loss, validation loss and validation accuracy.
+    curves: [Points; 3],
+}
+
+const CURVES: [&str; 3] = ["loss", "val_loss", "val_accuracy"];
+
+fn load_summary(dir: &Path) -> Result<Map<String, Value>, Exit> {
+    if !dir.is_dir() {
+        let what = if dir.exists() {
+            "not a folder"
+        } else {
+            "no such run folder"
+        };
+        return Err(fail(dir, what));
+    }
+    let path = dir.join("summary.json");
+    match serde_json::from_str(&read(&path)?) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(fail(&path, "expected a JSON object")),
+        Err(e) => Err(fail(&path, format_args!("invalid JSON: {e}"))),
+    }
+}
+
+fn load_curves(dir: &Path) -> Result<[Points; 3], Exit> {
+    let path = dir.join("metrics.jsonl");
+    let mut curves: [Points; 3] = Default::default();
+    for (i, line) in read(&path)?.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |what: &dyn Display| fail(&path, format_args!("line {}: {what}", i + 1));
+        let obj: Value = serde_json::from_str(line).map_err(|e| {
+            // serde_json counts lines within the one line it was given: keep the column only.
+            let msg = e.to_string();
+            let msg = msg
+                .rsplit_once(" at line ")
+                .map_or(msg.as_str(), |(m, _)| m);
+            bad(&format_args!("column {}: {msg}", e.column()))
+        })?;
+        let Some(step) = obj.get("step").and_then(Value::as_f64) else {
+            return Err(bad(&"no numeric \"step\""));
+        };
+        // Lines of other kinds (from later versions) add nothing, and a null (a regression
+        // loss has no accuracy) is no point.
+        for (key, curve) in CURVES.iter().zip(&mut curves) {
+            if let Some(v) = obj.get(*key).and_then(Value::as_f64) {
+                curve.push((step, v));
+            }
+        }
+    }
+    Ok(curves)
+}
+
+/// Names runs by their folder; when two folders share a name, by the experiment name and
+/// the path as given, and by position as a last resort (the same folder twice).
+fn labels(dirs: &[&Path], summaries: &[Map<String, Value>]) -> Vec<String> {
+    let folder = |d: &Path| {
+        let d = d.canonicalize().unwrap_or_else(|_| d.to_path_buf());
+        let name = d.file_name().map(|n| n.to_string_lossy().into_owned());
+        name.unwrap_or_else(|| d.display().to_string())
+    };
+    let folders: Vec<String> = dirs.iter().map(|d| folder(d)).collect();
+    let unique = |all: &[String], s: &String| all.iter().filter(|x| *x == s).count() == 1;
+    let mut out: Vec<String> = (0..dirs.len())
+        .map(|i| match summaries[i].get("name").and_then(Value::as_str) {
+            _ if unique(&folders, &folders[i]) => folders[i].clone(),
+            Some(name) => format!("{name} ({})", dirs[i].display()),
+            None => dirs[i].display().to_string(),
+        })
+        .collect();
+    let named = out.clone();
+    for (i, label) in out.iter_mut().enumerate() {
+        if !unique(&named, label) {
+            *label = format!("{label} [{}]", i + 1);
+        }
+    }
+    out
+}
+
+/// A number to about 4 significant digits, without trailing zeros; other values as JSON.
+fn fmt_value(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        Value::Number(n) if n.is_f64() => fmt_f64(n.as_f64().unwrap_or(f64::NAN)),
+        v => v.to_string(),
+    }
+}
+
+fn fmt_f64(x: f64) -> String {
+    if x == 0.0 || !x.is_finite() {
+        return x.to_string();
+    }
+    if x.abs() < 1e-4 {
+        return format!("{x:.3e}");
+    }
+    let decimals = (3 - x.abs().log10().floor() as i32).max(0) as usize;
+    let s = format!("{x:.decimals$}");
+    match s.contains('.') {
+        true => s.trim_end_matches('0').trim_end_matches('.').to_string(),
+        false => s,
+    }
+}
+
+/// Run colours (Tableau 10): distinct, and all legible on white.
+const COLORS: [u32; 10] = [
+    0x1f77b4, 0xff7f0e, 0x2ca02c, 0xd62728, 0x9467bd, 0x8c564b, 0xe377c2, 0x7f7f7f, 0xbcbd22,
+    0x17becf,
+];
+
+fn color(run: usize) -> RGBColor {
+    let [_, r, g, b] = COLORS[run % COLORS.len()].to_be_bytes();
+    RGBColor(r, g, b)
+}
+
+/// One curve of a chart.
+struct Series<'a> {
+    label: String,
+    points: &'a [(f64, f64)],
+    style: ShapeStyle,
+    /// Marker radius in pixels (0: a plain line).
+    marker: u32,
+}
+
+/// Averages consecutive points into at most `max` buckets.
+fn thin(points: &[(f64, f64)], max: usize) -> Points {
+    if points.len() <= max {
+        return points.to_vec();
+    }
+    let chunks = points.chunks(points.len().div_ceil(max));
+    let mean = |c: &[(f64, f64)]| {
+        let (x, y) = c.iter().fold((0.0, 0.0), |(x, y), p| (x + p.0, y + p.1));
+        (x / c.len() as f64, y / c.len() as f64)
+    };
+    chunks.map(mean).collect()
+}
+
+/// The lowest and highest values of the points, widened when they are equal.
+fn bounds<'a>(points: impl Iterator<Item = &'a (f64, f64)>) -> Option<(f64, f64)> {
+    let (lo, hi) = points.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), p| {
+        (lo.min(p.1), hi.max(p.1))
+    });
+    let pad = |v: f64| v.abs().max(1e-3) * 0.1;
+    match (lo.is_finite(), lo < hi) {
+        (false, _) => None,
+        (true, true) => Some((lo, hi)),
+        (true, false) => Some((lo - pad(lo), hi + pad(hi))),
+    }
+}
+
+/// Draws the series on shared axes into an SVG string. Generic over the y axis so that
+/// losses can use a logarithmic one and accuracy a linear one.
+fn chart<Y>(
+    (title, y_desc): (&str, &str),
+    legend: SeriesLabelPosition,
+    x_max: f64,
+    y: Y,
+    series: &[Series],
+) -> Result<String, String>
+where
+    Y: AsRangedCoord<Value = f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
+    let mut svg = String::new();
+    let draw = |svg: &mut String| -> Result<(), Box<dyn std::error::Error + '_>> {
+        let root = SVGBackend::with_string(svg, (900, 480)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 20))
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.0..x_max, y)?;
+        chart
+            .configure_mesh()
+            .x_desc("step")
+            .y_desc(y_desc)
+            .x_label_formatter(&|x| fmt_f64(*x))
+            .y_label_formatter(&|y| fmt_f64(*y))
+            .draw()?;
+        for s in series.iter().filter(|s| !s.points.is_empty()) {
+            let style = s.style;
+            let line = LineSeries::new(s.points.iter().copied(), style).point_size(s.marker);
+            chart
+                .draw_series(line)?
+                .label(s.label.as_str())
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], style));
+        }
+        chart
+            .configure_series_labels()
+            .position(legend)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+        Ok(())
+    };
+    draw(&mut svg).map_err(|e| e.to_string())?;
+    Ok(svg)
+}
+
+/// `loss.svg`: each run's training loss per step (thin) and validation loss at each epoch
+/// end (thick, with markers), in the run's colour. Logarithmic when every loss is positive:
+/// the late part of training, where runs differ, is otherwise squashed near zero.
+fn loss_chart(runs: &[Run], x_max: f64) -> Result<String, String> {
+    let thinned: Vec<Points> = runs
+        .iter()
+        .map(|r| thin(&r.curves[0], MAX_POINTS))
+        .collect();
+    let mut series = Vec::new();
+    for (i, (run, loss)) in runs.iter().zip(&thinned).enumerate() {
+        series.push(Series {
+            label: format!("{} train", run.label),
+            points: loss,
+            style: color(i).mix(0.5).stroke_width(1),
+            marker: 0,
+        });
+        series.push(Series {
+            label: format!("{} validation", run.label),
+            points: &run.curves[1],
+            style: color(i).stroke_width(3),
+            marker: 3,
+        });
+    }
+    let (lo, hi) = bounds(series.iter().flat_map(|s| s.points)).unwrap_or((0.0, 1.0));
+    // Losses fall: the upper right is clear of the curves.
+    let legend = SeriesLabelPosition::UpperRight;
+    if lo > 0.0 {
+        let y = (lo * 0.9..hi * 1.1).log_scale();
+        chart(("Loss", "loss (log scale)"), legend, x_max, y, &series)
+    } else {
+        chart(("Loss", "loss"), legend, x_max, lo..hi, &series)
+    }
+}
+
+/// `accuracy.svg`: validation accuracy per step; `None` when no run measured any.
+fn accuracy_chart(runs: &[Run], x_max: f64) -> Option<Result<String, String>> {
+    let series: Vec<Series> = (runs.iter().enumerate())
+        .map(|(i, run)| Series {
+            label: run.label.clone(),
+            points: &run.curves[2],
+            style: color(i).stroke_width(2),
+            marker: 3,
+        })
+        .collect();
+    let (lo, hi) = bounds(series.iter().flat_map(|s| s.points))?;
+    let pad = (hi - lo) * 0.05;
+    // Accuracy rises: the lower right is clear of the curves.
+    let (titles, legend) = (
+        ("Validation accuracy", "accuracy"),
+        SeriesLabelPosition::LowerRight,
+    );
+    Some(chart(titles, legend, x_max, lo - pad..hi + pad, &series))
+}
+
+fn escape(s: &str) -> String {
+    (s.replace('&', "&amp;").replace('<', "&lt;"))
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// The order of `train`'s summary fields (`serde_json` reads objects sorted by key).
+const SUMMARY_ORDER: &str = "name steps epochs final_train_loss val_loss val_accuracy \
+    samples_per_sec step_time_ms_median wall_seconds parameters seed backend run_id resumed_from";
+
+/// The summaries side by side: one row per field (the known ones first, in `train`'s order,
+/// then any others by name), one column per run.
+fn summary_table(runs: &[Run]) -> String {
+    let row = |head: &str, tag: &str, cells: Vec<String>| {
+        let cells: String = (cells.iter())
+            .map(|c| format!("<{tag}>{}</{tag}>", escape(c)))
+            .collect();
+        format!("<tr><th>{}</th>{cells}</tr>\n", escape(head))
+    };
+    let mut html = String::from("<table class=\"summary\">\n");
+    html += &row("", "th", runs.iter().map(|r| r.label.clone()).collect());
+    let folders = runs.iter().map(|r| r.dir.display().to_string());
+    html += &row("folder", "td", folders.collect());
+    let rank = |k: &str| SUMMARY_ORDER.split(' ').position(|o| o == k);
+    let mut keys: Vec<&String> = runs.iter().flat_map(|r| r.summary.keys()).collect();
+    keys.sort_by_key(|k| (rank(k).unwrap_or(usize::MAX), *k));
+    keys.dedup();
+    for key in keys {
+        let cell = |r: &Run| fmt_value(r.summary.get(key).unwrap_or(&Value::Null));
+        html += &row(key, "td", runs.iter().map(cell).collect());
+    }
+    html + "</table>\n"
+}
+
+const STYLE: &str = "body{font-family:sans-serif;margin:2em;color:#222}\
+table.summary{border-collapse:collapse}\
+.summary td,.summary th{border:1px solid #ccc;padding:4px 10px;text-align:right}\
+.summary th{background:#f4f4f4}.summary tr>th:first-child{text-align:left}\
+svg{display:block;max-width:100%;height:auto;margin:1em 0}";
 
 pub fn report(runs: &[PathBuf], out: Option<&Path>) -> Result<(), Exit> {
-    let _ = (runs, out);
-    eprintln!("error: `parallax report` is not built yet");
-    Err(Exit(1))
+    let Some(first) = runs.first() else {
+        eprintln!("error: no run folders given");
+        return Err(Exit(1));
+    };
+    let summaries = (runs.iter().map(|d| load_summary(d))).collect::<Result<Vec<_>, _>>()?;
+    let dirs: Vec<&Path> = runs.iter().map(PathBuf::as_path).collect();
+    let labels = labels(&dirs, &summaries);
+    let mut loaded = Vec::new();
+    for ((dir, summary), label) in runs.iter().zip(summaries).zip(labels) {
+        let (dir, curves) = (dir.clone(), load_curves(dir)?);
+        loaded.push(Run {
+            dir,
+            label,
+            summary,
+            curves,
+        });
+    }
+    let out = out.unwrap_or(first);
+    if out.exists() && !out.is_dir() {
+        return Err(fail(out, "not a folder"));
+    }
+    std::fs::create_dir_all(out).map_err(|e| fail(out, e))?;
+
+    // One x axis for both plots: the last step of any run.
+    let x_max =
+        (loaded.iter().flat_map(|r| r.curves.iter().flatten())).fold(1.0, |m, p| p.0.max(m));
+    let failed = |e: String| fail(out, format_args!("drawing the plots: {e}"));
+    let mut plots = vec![(
+        "loss.svg",
+        "Loss",
+        loss_chart(&loaded, x_max).map_err(failed)?,
+    )];
+    if let Some(svg) = accuracy_chart(&loaded, x_max) {
+        plots.push(("accuracy.svg", "Validation accuracy", svg.map_err(failed)?));
+    }
+
+    let names: Vec<String> = loaded.iter().map(|r| escape(&r.label)).collect();
+    let mut html = format!(
+        "<!DOCTYPE html>\n<html>\n<head>\n<meta charset=\"utf-8\">\n\
+         <title>Parallax report: {}</title>\n<style>{STYLE}</style>\n</head>\n<body>\n\
+         <h1>Parallax report</h1>\n<h2>Summaries</h2>\n{}",
+        names.join(", "),
+        summary_table(&loaded)
+    );
+    let mut written = String::new();
+    for (file, title, svg) in &plots {
+        let path = out.join(file);
+        std::fs::write(&path, svg).map_err(|e| fail(&path, e))?;
+        written += &format!("{}\n", path.display());
+        // The plots are inlined too, so that the page is one self-contained file.
+        html += &format!("<h2>{title}</h2>\n{svg}\n");
+    }
+    let path = out.join("report.html");
+    std::fs::write(&path, html + "</body>\n</html>\n").map_err(|e| fail(&path, e))?;
+    emit(&format!("{written}{}\n", path.display()));
+    Ok(())
+}
+
+/// A RON value that keeps struct and enum variant names: `ron::Value` drops them, and `diff`
+/// has to say when, say, the optimizer changed from `Sgd` to `AdamW`.
+enum Ron {
+    /// A number, string, char or bare identifier (`true`, `None`, `Relu`), as written.
+    Atom(String),
+    Group(Group),
+}
+
+/// `[..]`, `{..}`, or `(..)` after an optional name (structs, tuples, `Some(..)`).
+struct Group {
+    /// The opening bracket, which tells the kinds apart.
+    open: u8,
+    name: Option<String>,
+    /// Whether items are keyed by field name or map key (as written), or by position.
+    keyed: bool,
+    items: Vec<(String, Ron)>,
+}
+
+fn closing(open: u8) -> char {
+    match open {
+        b'[' => ']',
+        b'{' => '}',
+        _ => ')',
+    }
+}
+
+fn is_ident(_: u8, c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_'
+}
+
+/// Digits, `.`, `_`, suffixes and hex (`1_000`, `0x1F`, `2f32`), and exponents (`1e-8`).
+fn is_number(prev: u8, c: u8) -> bool {
+    is_ident(prev, c) || c == b'.' || (b"eE".contains(&prev) && b"+-".contains(&c))
+}
+
+/// A recursive-descent reader for RON text (comments, trailing commas and all) into [`Ron`].
+struct Reader<'a> {
+    src: &'a str,
+    pos: usize,
+    /// Nesting depth, bounded so that a hostile file cannot overflow the stack.
+    depth: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn error(&self, what: &str) -> String {
+        let before = &self.src[..self.pos];
+        let line = before.matches('\n').count() + 1;
+        let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+        format!("{line}:{col}: {what}")
+    }
+
+    /// The next significant byte, after whitespace and comments.
+    fn peek(&mut self) -> Option<u8> {
+        loop {
+            let rest = &self.src[self.pos..];
+            let trimmed = rest.trim_start();
+            self.pos += rest.len() - trimmed.len();
+            if trimmed.starts_with("//") {
+                self.pos += trimmed.find('\n').unwrap_or(trimmed.len());
+            } else if let Some(body) = trimmed.strip_prefix("/*") {
+                self.pos += body.find("*/").map_or(trimmed.len(), |i| i + 4);
+            } else {
+                return trimmed.bytes().next();
+            }
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> bool {
+        let found = self.peek() == Some(c);
+        self.pos += usize::from(found);
+        found
+    }
+
+    /// Consumes a token: its first byte, then the bytes `keep` accepts after the previous.
+    fn token(&mut self, keep: fn(u8, u8) -> bool) -> String {
+        let bytes = &self.src.as_bytes()[self.pos..];
+        let n = 1 + bytes.windows(2).take_while(|w| keep(w[0], w[1])).count();
+        self.pos += n;
+        self.src[self.pos - n..self.pos].to_string()
+    }
+
+    /// A quoted string or char, escapes kept as written.
+    fn quoted(&mut self, quote: u8) -> Result<String, String> {
+        let bytes = &self.src.as_bytes()[self.pos..];
+        let mut i = 1;
+        while i < bytes.len() && bytes[i] != quote {
+            i += if bytes[i] == b'\\' { 2 } else { 1 };
+        }
+        if i >= bytes.len() {
+            return Err(self.error("unterminated string"));
+        }
+        self.pos += i + 1;
+        Ok(self.src[self.pos - i - 1..self.pos].to_string())
+    }
+
+    fn value(&mut self) -> Result<Ron, String> {
+        if self.depth == 128 {
+            return Err(self.error("nested too deeply"));
+        }
+        self.depth += 1;
+        let value = match self.peek() {
+            Some(open @ (b'[' | b'{' | b'(')) => self.group(open, None),
+            Some(q @ (b'"' | b'\'')) => self.quoted(q).map(Ron::Atom),
+            Some(c) if c.is_ascii_alphabetic() || c == b'_' => {
+                let name = self.token(is_ident);
+                match self.peek() {
+                    Some(b'(') => self.group(b'(', Some(name)),
+                    _ => Ok(Ron::Atom(name)),
+                }
+            }
+            Some(c) if c.is_ascii_digit() || b"+-.".contains(&c) => {
+                Ok(Ron::Atom(self.token(is_number)))
+            }
+            Some(_) => Err(self.error("unexpected character")),
+            None => Err(self.error("unexpected end of file")),
+        };
+        self.depth -= 1;
+        value
+    }
+
+    /// Comma-separated items from `open` (the next byte) to its closing bracket, a trailing
+    /// comma allowed.
+    fn group(&mut self, open: u8, name: Option<String>) -> Result<Ron, String> {
+        self.pos += 1;
+        let close = closing(open) as u8;
+        // Parentheses hold fields when they open with `ident:` (else a tuple's values).
+        let start = self.pos;
+        let keyed = open == b'{'
+            || (open == b'('
+                && matches!(self.peek(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
+                && !self.token(is_ident).is_empty()
+                && self.peek() == Some(b':'));
+        self.pos = start;
+        let mut items = Vec::new();
+        while !self.eat(close) {
+            let key = if keyed {
+                let key = render(&self.value()?);
+                if !self.eat(b':') {
+                    return Err(self.error("expected `:`"));
+                }
+                key
+            } else {
+                items.len().to_string()
+            };
+            items.push((key, self.value()?));
+            if !self.eat(b',') && self.peek() != Some(close) {
+                return Err(self.error(&format!("expected `,` or `{}`", close as char)));
+            }
+        }
+        Ok(Ron::Group(Group {
+            open,
+            name,
+            keyed,
+            items,
+        }))
+    }
+}
+
+fn parse_ron(path: &Path) -> Result<Ron, Exit> {
+    let src = read(path)?;
+    let mut reader = Reader {
+        src: &src,
+        pos: 0,
+        depth: 0,
+    };
+    let value = reader.value().map_err(|e| fail(path, e))?;
+    match reader.peek() {
+        None => Ok(value),
+        Some(_) => Err(fail(path, reader.error("unexpected text after the value"))),
+    }
+}
+
+/// The value on one line, as RON.
+fn render(v: &Ron) -> String {
+    let g = match v {
+        Ron::Atom(a) => return a.clone(),
+        Ron::Group(g) => g,
+    };
+    let name = g.name.as_deref().unwrap_or("");
+    if g.items.is_empty() && !name.is_empty() {
+        return name.to_string(); // a unit variant
+    }
+    let items: Vec<String> = (g.items.iter())
+        .map(|(k, v)| match g.keyed {
+            true => format!("{k}: {}", render(v)),
+            false => render(v),
+        })
+        .collect();
+    let (open, close) = (g.open as char, closing(g.open));
+    format!("{name}{open}{}{close}", items.join(", "))
+}
+
+/// [`render`], shortened to `Name(..)` (or `[..]`, `{..}`) when longer than 60 characters.
+fn brief(v: &Ron) -> String {
+    match (render(v), v) {
+        (full, Ron::Group(g)) if full.len() > 60 => {
+            let name = g.name.as_deref().unwrap_or("");
+            format!("{name}{}..{}", g.open as char, closing(g.open))
+        }
+        (full, _) => full,
+    }
+}
+
+fn find<'a>(items: &'a [(String, Ron)], key: &str) -> Option<&'a Ron> {
+    items.iter().find(|i| i.0 == key).map(|i| &i.1)
+}
+
+/// Collects `path: a -> b` for every field that differs between `a` and `b`.
+fn walk(path: &str, a: &Ron, b: &Ron, out: &mut Vec<String>) {
+    let changed = || {
+        let at = if path.is_empty() { "experiment" } else { path };
+        format!("{at}: {} -> {}", brief(a), brief(b))
+    };
+    let (ga, gb) = match (a, b) {
+        (Ron::Atom(x), Ron::Atom(y)) => {
+            // `5e-3` and `0.005` are the same number.
+            let num = |s: &str| s.replace('_', "").parse::<f64>().ok();
+            if x != y && (num(x).is_none() || num(x) != num(y)) {
+                out.push(changed());
+            }
+            return;
+        }
+        (Ron::Group(ga), Ron::Group(gb))
+            if (ga.open, &ga.name, ga.keyed) == (gb.open, &gb.name, gb.keyed) =>
+        {
+            (ga, gb)
+        }
+        _ => return out.push(changed()),
+    };
+    let (ia, ib) = (&ga.items, &gb.items);
+    // Items by key (or position); those only on one side shown against `(absent)`.
+    let mut inner = Vec::new();
+    let at = |k: &str| match path {
+        "" => k.trim_matches('"').to_string(),
+        _ => format!("{path}.{}", k.trim_matches('"')),
+    };
+    for (k, va) in ia {
+        match find(ib, k) {
+            Some(vb) => walk(&at(k), va, vb, &mut inner),
+            None => inner.push(format!("{}: {} -> (absent)", at(k), brief(va))),
+        }
+    }
+    for (k, vb) in ib.iter().filter(|(k, _)| find(ia, k).is_none()) {
+        inner.push(format!("{}: (absent) -> {}", at(k), brief(vb)));
+    }
+    // A one-value tuple (`Some(30)`, `Dropout(0.1)`) reads best whole.
+    if !inner.is_empty() && ga.open == b'(' && !ga.keyed && ia.len() == 1 && ib.len() == 1 {
+        out.push(changed());
+    } else {
+        out.extend(inner);
+    }
 }
 
 pub fn diff(a: &Path, b: &Path) -> Result<(), Exit> {
-    let _ = (a, b);
-    eprintln!("error: `parallax diff` is not built yet");
-    Err(Exit(1))
+    // Summaries first: they also check that each folder exists, which names the folder
+    // rather than a file in it when a path is wrong.
+    let summaries = [load_summary(a)?, load_summary(b)?];
+    let exp_a = parse_ron(&a.join("experiment.ron"))?;
+    let exp_b = parse_ron(&b.join("experiment.ron"))?;
+    let mut lines = Vec::new();
+    walk("", &exp_a, &exp_b, &mut lines);
+    if lines.is_empty() {
+        lines.push("experiments are identical".into());
+    }
+
+    let names = labels(&[a, b], &summaries);
+    let mut rows = vec![[String::new(), names[0].clone(), names[1].clone()]];
+    for key in DIFF_METRICS.split(' ') {
+        let cell = |s: &Map<String, Value>| fmt_value(s.get(key).unwrap_or(&Value::Null));
+        rows.push([key.into(), cell(&summaries[0]), cell(&summaries[1])]);
+    }
+    let width = |c: usize| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0);
+    let (w0, w1) = (width(0), width(1));
+    let mut text = lines.join("\n") + "\n\n";
+    for [key, va, vb] in &rows {
+        text += format!("{key:<w0$}  {va:<w1$}  {vb}").trim_end();
+        text += "\n";
+    }
+    emit(&text);
+    Ok(())
 }
