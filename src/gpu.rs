@@ -84,27 +84,14 @@ pub fn rel_diff(reference: &[f32], other: &[f32]) -> f64 {
     diff / scale
 }
 
-/// Peak dense FLOP/s of known GPUs at a precision (vendors' datasheets, SXM parts).
+/// Peak dense FLOP/s of a known GPU at a precision (its device profile).
 fn peak_flops(name: &str, precision: Precision) -> Option<f64> {
-    let n = name.to_lowercase();
-    // (fp32, tf32 dense, bf16 dense) in TFLOP/s: NVIDIA's H100/H200 SXM, A100 SXM and L4
-    // datasheets.
-    let (fp32, tf32, bf16) = if n.contains("h100") || n.contains("h200") {
-        (67.0, 494.7, 989.4)
-    } else if n.contains("a100") {
-        (19.5, 156.0, 312.0)
-    } else if n.contains("l4") {
-        (30.3, 60.0, 121.0)
-    } else {
-        return None;
-    };
-    Some(
-        match precision {
-            Precision::Fp32 => fp32,
-            Precision::Tf32 => tf32,
-            Precision::Bf16 => bf16,
-        } * 1e12,
-    )
+    let p = parallax_compiler::devices::for_gpu_name(name)?;
+    Some(match precision {
+        Precision::Fp32 => p.fp32,
+        Precision::Tf32 => p.tf32,
+        Precision::Bf16 => p.bf16,
+    })
 }
 
 pub struct CheckArgs {

@@ -173,6 +173,13 @@ enum Command {
         /// GPUs to plan for (recorded; plans are single-device until the partition pass).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
         gpus: Option<u32>,
+        /// The device kind to plan for (overrides the file's `devices.kind`): h100, h200,
+        /// a100-80gb, a100-40gb, l4, cpu.
+        #[arg(long, value_name = "KIND")]
+        device: Option<String>,
+        /// Each GPU's memory (overrides the profile's), e.g. `24GiB`.
+        #[arg(long, value_name = "SIZE", value_parser = parallax_compiler::devices::parse_bytes)]
+        gpu_memory: Option<u64>,
         /// What to write: the IR text, its DOT graph, or the plan (comma-separated).
         #[arg(long, value_enum, value_delimiter = ',')]
         emit: Vec<Emit>,
@@ -222,6 +229,8 @@ fn main() -> ExitCode {
         Command::Compile {
             file,
             gpus,
+            device,
+            gpu_memory,
             emit,
             out,
             format,
@@ -229,7 +238,11 @@ fn main() -> ExitCode {
             dump_ir,
         } => compile_cmd(
             &file,
-            gpus,
+            Target {
+                gpus,
+                device,
+                gpu_memory,
+            },
             &emit,
             out.as_deref(),
             format,
@@ -382,9 +395,16 @@ fn check(file: &Path, format: Format) -> Result<(), Exit> {
 }
 
 #[allow(clippy::too_many_arguments)]
+/// What `compile` plans for: GPU count, device kind and memory (the file's unless given).
+struct Target {
+    gpus: Option<u32>,
+    device: Option<String>,
+    gpu_memory: Option<u64>,
+}
+
 fn compile_cmd(
     file: &Path,
-    gpus: Option<u32>,
+    target: Target,
     emit: &[Emit],
     out: Option<&Path>,
     format: Format,
@@ -395,10 +415,27 @@ fn compile_cmd(
         eprintln!("error: emitting several files needs `--out DIR`");
         return Err(Exit(2));
     }
+    let Target {
+        gpus,
+        device,
+        gpu_memory,
+    } = target;
     let (source, parse_time) = load(file, format)?;
     let options = Options {
         gpus,
         ..Options::default()
+    };
+    let kind = device.unwrap_or_else(|| source.experiment.devices.kind.clone());
+    let Some(profile) = parallax_compiler::devices::profile(&kind) else {
+        let kinds: Vec<&str> = parallax_compiler::devices::PROFILES
+            .iter()
+            .map(|p| p.kind)
+            .collect();
+        eprintln!(
+            "error: unknown device kind `{kind}`; {}",
+            parallax_compiler::diag::suggest(&kind, "device kinds", kinds.iter().copied())
+        );
+        return Err(Exit(2));
     };
     let title = source.experiment.name.clone();
     let mut dump = |pass: &str, g: &parallax_compiler::ir::Graph| {
@@ -456,8 +493,79 @@ fn compile_cmd(
         }
         _ => {}
     }
-    print_plan(&plan, &pass_times, format);
-    Ok(())
+    let capacity = gpu_memory.unwrap_or(profile.memory);
+    let fits = plan.memory.peak_bytes <= capacity;
+    let device = serde_json::json!({
+        "kind": profile.kind,
+        "name": profile.name,
+        "memory_bytes": capacity,
+        "fits_one_device": fits,
+    });
+    print_plan(&plan, &pass_times, format, device);
+    memory_fit(&plan, profile, capacity, format)
+}
+
+/// Whether the plan's peak memory fits one device; a plan for one GPU that does not fit is
+/// refused with its memory table (exit 1) before anything runs.
+fn memory_fit(
+    p: &parallax_compiler::Plan,
+    profile: &parallax_compiler::devices::Profile,
+    capacity: u64,
+    format: Format,
+) -> Result<(), Exit> {
+    let m = &p.memory;
+    let fits = m.peak_bytes <= capacity;
+    if format == Format::Text {
+        println!(
+            "  device:     {} ({} each): {}",
+            profile.name,
+            bytes(capacity),
+            if fits {
+                format!(
+                    "fits, peak {} ({:.1}%)",
+                    bytes(m.peak_bytes),
+                    100.0 * m.peak_bytes as f64 / capacity as f64
+                )
+            } else {
+                format!("does not fit one device: peak {}", bytes(m.peak_bytes))
+            }
+        );
+    }
+    if fits || p.gpus_requested > 1 {
+        if !fits && format == Format::Text {
+            println!(
+                "  note:       partitioning over the {} requested GPUs is not built yet, so this plan cannot run as it is",
+                p.gpus_requested
+            );
+        }
+        return Ok(());
+    }
+    let activations = m
+        .peak_bytes
+        .saturating_sub(m.parameter_bytes)
+        .saturating_sub(m.optimizer_state_bytes)
+        .saturating_sub(m.input_bytes);
+    eprintln!(
+        "error: `{}` needs {} at its peak, more than the {} of one {}",
+        p.name,
+        bytes(m.peak_bytes),
+        bytes(capacity),
+        profile.name
+    );
+    for (what, b) in [
+        ("parameters", m.parameter_bytes),
+        ("optimizer state", m.optimizer_state_bytes),
+        ("inputs", m.input_bytes),
+        ("activations at the peak", activations),
+        ("total at the peak", m.peak_bytes),
+    ] {
+        eprintln!("  {what:<24} {:>12}", bytes(b));
+    }
+    eprintln!(
+        "  = hint: parameters and optimizer state alone need at least {} GPUs of this kind once sharded; multi-GPU partitioning is not built yet; a smaller batch_size lowers the activations",
+        (m.parameter_bytes + m.optimizer_state_bytes).div_ceil(capacity.max(1))
+    );
+    Err(Exit(1))
 }
 
 /// Writes `DIR/<kernel>.ptx` for each generated entry and `DIR/manifest.json`.
@@ -501,11 +609,19 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn print_plan(p: &parallax_compiler::Plan, timings: &[(&str, Duration)], format: Format) {
+fn print_plan(
+    p: &parallax_compiler::Plan,
+    timings: &[(&str, Duration)],
+    format: Format,
+    device: serde_json::Value,
+) {
     match format {
         Format::Json => {
+            // A one-GPU plan that does not fit is an error (exit 1, the table on stderr).
+            let ok = device["fits_one_device"].as_bool().unwrap_or(true) || p.gpus_requested > 1;
             let v = serde_json::json!({
-                "ok": true,
+                "ok": ok,
+                "device": device,
                 "name": p.name,
                 "gpus_requested": p.gpus_requested,
                 "device_kind": p.device_kind,

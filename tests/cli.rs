@@ -176,3 +176,49 @@ fn a_missing_file_exits_1() {
     assert!(stderr(&o).starts_with("models/nope.ron: error: cannot read the file"));
     assert!(!Path::new("models/nope.ron").exists());
 }
+
+#[test]
+fn compile_checks_the_plan_fits_the_device_before_anything_runs() {
+    let o = parallax(&["compile", "models/mlp.ron", "--device", "l4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("NVIDIA L4 24GB") && stdout(&o).contains("fits"),
+        "{}",
+        stdout(&o)
+    );
+
+    // One GPU that cannot hold the model: exit 1 and the memory table.
+    let o = parallax(&["compile", "models/gpt-large.ron", "--gpus", "1"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let err = stderr(&o);
+    for row in [
+        "parameters",
+        "optimizer state",
+        "activations at the peak",
+        "total at the peak",
+    ] {
+        assert!(err.contains(row), "{row}: {err}");
+    }
+    assert!(err.contains("48.84 GiB") && err.contains("H100"), "{err}");
+    let o = parallax(&[
+        "compile",
+        "models/gpt-large.ron",
+        "--gpus",
+        "1",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["device"]["fits_one_device"], false);
+
+    // --gpu-memory overrides the profile's memory.
+    let o = parallax(&["compile", "models/mlp.ron", "--gpu-memory", "100KiB"]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let o = parallax(&["compile", "models/mlp.ron", "--gpu-memory", "lots"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = parallax(&["compile", "models/mlp.ron", "--device", "h300"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("did you mean `h100`"), "{}", stderr(&o));
+}

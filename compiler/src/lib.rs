@@ -3,6 +3,7 @@
 //! source text it is handed, and compiling a model allocates none of its weights.
 
 pub mod codegen;
+pub mod devices;
 pub mod diag;
 pub mod dsl;
 pub mod ir;
