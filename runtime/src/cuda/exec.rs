@@ -595,79 +595,24 @@ impl CudaExecutor {
                     }
                 };
                 let (pa, pb, pc) = (ptr(a)?, ptr(b)?, ptr(c)?);
-                let op = |t: bool| {
-                    if t {
-                        blas_sys::cublasOperation_t::CUBLAS_OP_T
-                    } else {
-                        blas_sys::cublasOperation_t::CUBLAS_OP_N
-                    }
-                };
-                // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
-                let lda = if *trans_b { *k } else { *n };
-                let ldb = if *trans_a { *m } else { *k };
-                let (alpha, beta) = (1f32, 0f32);
-                if *m == 0 || *n == 0 || *count == 0 {
-                    return Ok(());
-                }
-                if self.precision == Precision::Bf16 {
-                    // fp32 storage, bf16 tensor-core products (cuBLAS rounds the operands to
-                    // bf16 as it loads them), fp32 accumulation.
-                    let f32t = blas_sys::cudaDataType::CUDA_R_32F;
-                    // SAFETY: as below.
-                    return unsafe {
-                        blas::gemm_strided_batched_ex(
-                            self.blas,
-                            op(*trans_b),
-                            op(*trans_a),
-                            *n as i32,
-                            *m as i32,
-                            *k as i32,
-                            &alpha as *const f32 as *const _,
-                            pb as *const _,
-                            f32t,
-                            lda as i32,
-                            *stride_b as i64,
-                            pa as *const _,
-                            f32t,
-                            ldb as i32,
-                            *stride_a as i64,
-                            &beta as *const f32 as *const _,
-                            pc as *mut _,
-                            f32t,
-                            *n as i32,
-                            *stride_c as i64,
-                            *count as i32,
-                            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
-                            blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
-                        )
-                    }
-                    .map_err(|e| CudaError::Blas(format!("{e:?}")));
-                }
-                // SAFETY: pointers address live buffers holding the operands' elements; sizes
-                // and strides come from the operands' resolved shapes.
-                unsafe {
-                    blas::sgemm_strided_batched(
-                        self.blas,
-                        op(*trans_b),
-                        op(*trans_a),
-                        *n as i32,
-                        *m as i32,
-                        *k as i32,
-                        &alpha,
-                        pb as *const f32,
-                        lda as i32,
-                        *stride_b as i64,
-                        pa as *const f32,
-                        ldb as i32,
-                        *stride_a as i64,
-                        &beta,
-                        pc as *mut f32,
-                        *n as i32,
-                        *stride_c as i64,
-                        *count as i32,
-                    )
-                }
-                .map_err(|e| CudaError::Blas(format!("{e:?}")))
+                super::gemm::gemm(
+                    self.blas,
+                    self.precision,
+                    &super::gemm::Gemm {
+                        pa,
+                        pb,
+                        pc,
+                        m: *m,
+                        n: *n,
+                        k: *k,
+                        count: *count,
+                        trans_a: *trans_a,
+                        trans_b: *trans_b,
+                        stride_a: *stride_a,
+                        stride_b: *stride_b,
+                        stride_c: *stride_c,
+                    },
+                )
             }
         }
     }

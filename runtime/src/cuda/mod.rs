@@ -4,6 +4,7 @@
 //! nothing CUDA is needed to build or test the rest of Parallax.
 
 mod exec;
+mod gemm;
 pub mod nccl;
 
 pub use cudarc;

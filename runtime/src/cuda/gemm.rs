@@ -1,0 +1,101 @@
+//! GEMMs through cuBLAS: the plan's row-major matmuls as column-major calls with the operands
+//! swapped (`C^T = op(B)^T op(A)^T`), strided-batched, at the executor's precision.
+
+use super::{CudaError, Precision};
+use cudarc::cublas::{result as blas_result, sys as blas_sys};
+
+/// One matmul's device addresses and sizes (see `codegen::Launch::Gemm`).
+pub(super) struct Gemm {
+    pub pa: u64,
+    pub pb: u64,
+    pub pc: u64,
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub count: u64,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub stride_a: u64,
+    pub stride_b: u64,
+    pub stride_c: u64,
+}
+
+pub(super) fn gemm(
+    blas: blas_sys::cublasHandle_t,
+    precision: Precision,
+    g: &Gemm,
+) -> Result<(), CudaError> {
+    let op = |t: bool| {
+        if t {
+            blas_sys::cublasOperation_t::CUBLAS_OP_T
+        } else {
+            blas_sys::cublasOperation_t::CUBLAS_OP_N
+        }
+    };
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T.
+    let lda = if g.trans_b { g.k } else { g.n };
+    let ldb = if g.trans_a { g.m } else { g.k };
+    let (alpha, beta) = (1f32, 0f32);
+    if g.m == 0 || g.n == 0 || g.count == 0 {
+        return Ok(());
+    }
+    if precision == Precision::Bf16 {
+        // fp32 storage and accumulation; cuBLAS may use bf16 tensor cores, converting the
+        // operands as it loads them (for small problems it picked tf32 kernels on an H200).
+        let f32t = blas_sys::cudaDataType::CUDA_R_32F;
+        // SAFETY: as below.
+        return unsafe {
+            blas_result::gemm_strided_batched_ex(
+                blas,
+                op(g.trans_b),
+                op(g.trans_a),
+                g.n as i32,
+                g.m as i32,
+                g.k as i32,
+                &alpha as *const f32 as *const _,
+                g.pb as *const _,
+                f32t,
+                lda as i32,
+                g.stride_b as i64,
+                g.pa as *const _,
+                f32t,
+                ldb as i32,
+                g.stride_a as i64,
+                &beta as *const f32 as *const _,
+                g.pc as *mut _,
+                f32t,
+                g.n as i32,
+                g.stride_c as i64,
+                g.count as i32,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
+            )
+        }
+        .map_err(|e| CudaError::Blas(format!("{e:?}")));
+    }
+    // SAFETY: pointers address live buffers holding the operands' elements; sizes
+    // and strides come from the operands' resolved shapes.
+    unsafe {
+        blas_result::sgemm_strided_batched(
+            blas,
+            op(g.trans_b),
+            op(g.trans_a),
+            g.n as i32,
+            g.m as i32,
+            g.k as i32,
+            &alpha,
+            g.pb as *const f32,
+            lda as i32,
+            g.stride_b as i64,
+            g.pa as *const f32,
+            ldb as i32,
+            g.stride_a as i64,
+            &beta,
+            g.pc as *mut f32,
+            g.n as i32,
+            g.stride_c as i64,
+            g.count as i32,
+        )
+    }
+    .map_err(|e| CudaError::Blas(format!("{e:?}")))
+}
