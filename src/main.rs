@@ -117,6 +117,9 @@ enum Command {
         /// interrupted); `--steps` may extend it.
         #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["file", "epochs", "seed", "run_dir", "init", "set"])]
         resume: Option<PathBuf>,
+        /// GPUs to train on (one until the partition pass exists; more is refused clearly).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
+        gpus: u32,
         /// Where to run: `cuda` needs an NVIDIA GPU; `auto` uses one when present.
         #[arg(long, value_enum, default_value = "auto")]
         backend: Backend,
@@ -259,6 +262,7 @@ fn main() -> ExitCode {
             checkpoint_every,
             keep,
             resume,
+            gpus,
             backend,
             precision,
         } => train::run(train::Args {
@@ -272,6 +276,7 @@ fn main() -> ExitCode {
             checkpoint_every: checkpoint_every.unwrap_or(0),
             keep,
             resume,
+            gpus,
             backend,
             precision,
         }),

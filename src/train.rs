@@ -65,6 +65,7 @@ pub struct Args {
     pub checkpoint_every: u64,
     pub keep: usize,
     pub resume: Option<PathBuf>,
+    pub gpus: u32,
     pub backend: Backend,
     pub precision: PrecisionArg,
 }
@@ -81,6 +82,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         checkpoint_every,
         keep,
         resume,
+        gpus,
         backend,
         precision,
     } = args;
@@ -114,6 +116,20 @@ pub fn run(args: Args) -> Result<(), Exit> {
             Exit(1)
         })?
     };
+    if gpus > 1 {
+        // Say what is missing, and whether the GPUs are even there.
+        let found = match parallax_runtime::cuda::probe() {
+            Ok(d) => format!("{} GPU(s) here", d.gpus.len()),
+            Err(e) => format!("no usable GPU here: {e}"),
+        };
+        eprintln!(
+            "{}: error: --gpus {gpus}: training on several devices needs the partition pass, which is not built yet",
+            file.display()
+        );
+        eprintln!("  = note: {found}");
+        eprintln!("  = hint: `parallax compile FILE --gpus {gpus}` shows the plan's memory; train with --gpus 1");
+        return Err(Exit(1));
+    }
     let cuda = match backend {
         Backend::Cpu => false,
         Backend::Cuda => match parallax_runtime::cuda::probe() {
