@@ -63,6 +63,18 @@ impl EventWriter {
         write_record(&mut self.file, &event)
     }
 
+    /// Marks a restart at `step` (a resumed run): TensorBoard then drops the events of earlier
+    /// files at this step and after, which the interrupted run logged past its checkpoint.
+    pub fn session_start(&mut self, step: u64) -> io::Result<()> {
+        let mut log = Proto::default();
+        log.varint(1, 1); // SessionLog.status = START
+        let mut event = Proto::default();
+        event.double(1, wall_time(SystemTime::now())); // Event.wall_time
+        event.varint(2, step); // Event.step
+        event.bytes(7, &log.0); // Event.session_log (6 is the deprecated log_message)
+        write_record(&mut self.file, &event.0)
+    }
+
     /// Writes the buffered events to the file.
     pub fn flush(&mut self) -> io::Result<()> {
         self.file.flush()

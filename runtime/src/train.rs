@@ -544,6 +544,9 @@ pub fn train(
             .map_err(io_err(&metrics_path))?,
     );
     let mut events = crate::tensorboard::EventWriter::create(dir).map_err(io_err(dir))?;
+    if cfg.resume {
+        events.session_start(start_step + 1).map_err(io_err(dir))?;
+    }
 
     on_event(&Event::Start {
         total_steps: total,

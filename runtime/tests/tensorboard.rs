@@ -28,6 +28,67 @@ fn workspace() -> PathBuf {
         .to_path_buf()
 }
 
+/// TensorBoard's reader on `dir`: `(tag, step, value)` sorted.
+fn read(dir: &Path) -> Vec<(String, u64, f32)> {
+    let tb = workspace().join(".tools/tb");
+    let out = Command::new("python3")
+        .env("PYTHONPATH", &tb)
+        .args(["-c", READ_SCALARS])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut v: Vec<(String, u64, f32)> = stdout
+        .lines()
+        .skip(1)
+        .map(|line| {
+            let f: Vec<&str> = line.split(' ').collect();
+            let value: f64 = f[2].parse().unwrap();
+            (f[0].to_string(), f[1].parse().unwrap(), value as f32)
+        })
+        .collect();
+    v.sort_by(|a, b| (a.0.clone(), a.1).cmp(&(b.0.clone(), b.1)));
+    v
+}
+
+/// A resumed run writes a second file starting with a restart marker: TensorBoard keeps the
+/// first file's steps before it and the second file's from it on, each step once.
+#[test]
+fn a_restart_marker_drops_the_interrupted_runs_later_steps() {
+    let dir = std::env::temp_dir().join(format!("parallax-tb-restart-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut first = EventWriter::create(&dir).unwrap();
+    for step in 1..=10 {
+        first.scalar("loss", step, step as f32).unwrap();
+    }
+    first.flush().unwrap();
+    drop(first);
+    // Resumed from a checkpoint after step 6: step 7 on again, with other values.
+    let mut second = EventWriter::create(&dir).unwrap();
+    second.session_start(7).unwrap();
+    for step in 7..=10 {
+        second.scalar("loss", step, -(step as f32)).unwrap();
+    }
+    second.flush().unwrap();
+    let want: Vec<(String, u64, f32)> = (1..=10)
+        .map(|s| {
+            (
+                "loss".to_string(),
+                s,
+                if s < 7 { s as f32 } else { -(s as f32) },
+            )
+        })
+        .collect();
+    assert_eq!(read(&dir), want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 fn tensorboard_reads_our_scalars() {
     let tb = workspace().join(".tools/tb");
