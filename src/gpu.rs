@@ -3,11 +3,13 @@
 //! its step time; `collectives-check`: NCCL and the simulated-ranks all-reduce).
 
 use crate::{load, run_pipeline, Exit, Format};
+use parallax_compiler::dsl::ast::Optimizer;
 use parallax_compiler::Options;
-use parallax_runtime::cpu::{Executor, Mode};
+use parallax_runtime::backend::Backend;
+use parallax_runtime::cpu::{ExecError, Executor, Mode};
 use parallax_runtime::cuda::{self, CudaError, CudaExecutor, Precision};
-use parallax_runtime::data::Values;
-use parallax_runtime::train::{Session, SessionData};
+use parallax_runtime::data::{Batch, Values};
+use parallax_runtime::train::{feed, set_scalars, SessionData};
 use std::path::Path;
 
 pub fn devices(format: Format) -> Result<(), Exit> {
@@ -57,11 +59,23 @@ fn cuda_err(file: &Path, e: CudaError) -> Exit {
     Exit(1)
 }
 
-fn feed_cuda(e: &mut CudaExecutor, name: &str, batch: usize, v: &Values) -> Result<(), CudaError> {
-    match v {
-        Values::F32(x) => e.set_f32(name, batch, x),
-        Values::I32(x) => e.set_i32(name, batch, x),
-    }
+/// Sets a batch and the schedule's scalars for `step` of `total` on either backend.
+fn set_batch(
+    e: &mut dyn Backend,
+    session: &SessionData,
+    b: &Batch,
+    optimizer: &Optimizer,
+    step: u64,
+    total: u64,
+) -> Result<(), ExecError> {
+    feed(e, &session.input, b.size, &b.inputs)?;
+    feed(e, &session.target, b.size, &b.targets)?;
+    set_scalars(e, optimizer, step, total).map(|_| ())
+}
+
+fn exec_err(file: &Path, e: ExecError) -> Exit {
+    eprintln!("{}: error: {e}", file.display());
+    Exit(1)
 }
 
 /// `max |a - b| / max |a|`: a difference relative to the reference's scale.
@@ -151,52 +165,22 @@ pub fn gpu_check(file: &Path, a: &CheckArgs) -> Result<(), Exit> {
     if total == 0 {
         // Timing only (models too large for the CPU oracle): one batch on the GPU.
         let b = session.loader.next().expect("the loader runs forever");
-        let r = (|| -> Result<(), CudaError> {
-            feed_cuda(&mut gpu_exec, &session.input, b.size, &b.inputs)?;
-            feed_cuda(&mut gpu_exec, &session.target, b.size, &b.targets)?;
-            for (n, v) in optimizer.step_scalars(0, 1) {
-                if gpu_exec.has_input(n) {
-                    gpu_exec.set_f32(n, 1, &[v])?;
-                }
-            }
-            Ok(())
-        })();
-        r.map_err(|e| cuda_err(file, e))?;
+        set_batch(&mut gpu_exec, &session, &b, &optimizer, 0, 1).map_err(|e| exec_err(file, e))?;
     }
     let mut loss_diff = 0f64;
     let mut lockstep_failures = 0usize;
     for step in 0..total {
         let cpu = oracle.as_mut().expect("an oracle when steps > 0");
         let b = session.loader.next().expect("the loader runs forever");
-        let run = (|| -> Result<(), CudaError> {
-            feed_cuda(&mut gpu_exec, &session.input, b.size, &b.inputs)?;
-            feed_cuda(&mut gpu_exec, &session.target, b.size, &b.targets)?;
-            for (n, v) in optimizer.step_scalars(step, total) {
-                if gpu_exec.has_input(n) {
-                    gpu_exec.set_f32(n, 1, &[v])?;
-                }
-            }
-            Ok(())
-        })();
-        run.map_err(|e| cuda_err(file, e))?;
-        let feed = (|| -> Result<(), parallax_runtime::cpu::ExecError> {
-            parallax_runtime::train::feed(cpu, &session.input, b.size, &b.inputs)?;
-            parallax_runtime::train::feed(cpu, &session.target, b.size, &b.targets)?;
-            parallax_runtime::train::set_scalars(cpu, &optimizer, step, total)?;
-            Ok(())
-        })();
-        feed.map_err(|e| {
-            eprintln!("{}: error: {e}", file.display());
-            Exit(1)
-        })?;
+        set_batch(&mut gpu_exec, &session, &b, &optimizer, step, total)
+            .and_then(|_| set_batch(cpu, &session, &b, &optimizer, step, total))
+            .map_err(|e| exec_err(file, e))?;
         if a.lockstep {
             lockstep_failures +=
                 lockstep(cpu, &mut gpu_exec, b.size, step).map_err(|e| cuda_err(file, e))?;
         } else {
-            cpu.run(b.size, Mode::Train, step, 0).map_err(|e| {
-                eprintln!("{}: error: {e}", file.display());
-                Exit(1)
-            })?;
+            cpu.run(b.size, Mode::Train, step, 0)
+                .map_err(|e| exec_err(file, e))?;
             gpu_exec
                 .run(b.size, Mode::Train, step, 0)
                 .and_then(|_| gpu_exec.synchronize())
@@ -406,7 +390,8 @@ pub fn collectives_check(file: &Path) -> Result<(), Exit> {
     let shard = batch / ranks;
     let seed = e.train.seed;
     let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
-    let mut session = Session::new(&source, plan.clone(), batch, seed, &base).map_err(|err| {
+    // The data only: this check runs no CPU executor.
+    let mut session = SessionData::load(&source, &plan, batch, seed, &base, 0).map_err(|err| {
         eprintln!("{}: error: {err}", file.display());
         Exit(1)
     })?;
@@ -423,17 +408,21 @@ pub fn collectives_check(file: &Path) -> Result<(), Exit> {
         }
     };
     let grads = plan.grads.clone();
+    let put = |x: &mut CudaExecutor, name: &str, size: usize, v: &Values| {
+        x.set_input(name, size, v)
+            .map_err(|e| CudaError::Exec(e.to_string()))
+    };
     let result = (|| -> Result<f64, CudaError> {
         let mut full = CudaExecutor::new(plan.clone(), batch, seed, 0, Precision::Fp32)?;
-        feed_cuda(&mut full, &session.input, b.size, &b.inputs)?;
-        feed_cuda(&mut full, &session.target, b.size, &b.targets)?;
+        put(&mut full, &session.input, b.size, &b.inputs)?;
+        put(&mut full, &session.target, b.size, &b.targets)?;
         full.run(b.size, Mode::Gradients, 0, 0)?;
         full.synchronize()?;
         let mut execs = Vec::new();
         for r in 0..ranks {
             let mut x = CudaExecutor::new(plan.clone(), shard, seed, 0, Precision::Fp32)?;
-            feed_cuda(&mut x, &session.input, shard, &cut(&b.inputs, r))?;
-            feed_cuda(&mut x, &session.target, shard, &cut(&b.targets, r))?;
+            put(&mut x, &session.input, shard, &cut(&b.inputs, r))?;
+            put(&mut x, &session.target, shard, &cut(&b.targets, r))?;
             x.run(shard, Mode::Gradients, 0, (r * shard) as u64)?;
             x.synchronize()?;
             execs.push(x);
@@ -457,7 +446,6 @@ pub fn collectives_check(file: &Path) -> Result<(), Exit> {
         }
         Ok(worst)
     })();
-    let _ = &mut session;
     match result {
         Ok(d) => {
             println!(

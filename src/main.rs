@@ -85,49 +85,7 @@ enum Command {
     },
     /// Train an experiment (on the CPU, or on GPU 0 with `--backend cuda`) and write its run
     /// directory; or continue a run from its newest checkpoint with `--resume RUN_DIR`.
-    Train {
-        #[arg(required_unless_present = "resume")]
-        file: Option<PathBuf>,
-        /// Train for this many steps (overrides the file's `steps`/`epochs`).
-        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
-        steps: Option<u64>,
-        /// Train for this many epochs (overrides the file's `steps`/`epochs`).
-        #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "steps")]
-        epochs: Option<u64>,
-        /// The seed (overrides the file's).
-        #[arg(long)]
-        seed: Option<u64>,
-        /// Where to write the run (default `runs/<name>-<timestamp>`).
-        #[arg(long)]
-        run_dir: Option<PathBuf>,
-        /// Start from these parameters (a safetensors file named like `final.safetensors`).
-        #[arg(long, value_name = "FILE.safetensors")]
-        init: Option<PathBuf>,
-        /// Override any field of the file, type-checked like the file: `--set optimizer.lr=3e-4
-        /// --set train.batch_size=256` (recorded in the run's `run.json`).
-        #[arg(long = "set", value_name = "PATH=VALUE")]
-        set: Vec<String>,
-        /// Write a checkpoint (parameters, optimizer state, step) every N steps.
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
-        checkpoint_every: Option<u64>,
-        /// Keep the newest K checkpoints (0 keeps all).
-        #[arg(long, value_name = "K", default_value_t = 3)]
-        keep: usize,
-        /// Continue the run in RUN_DIR from its newest checkpoint (bit for bit as if never
-        /// interrupted); `--steps` may extend it.
-        #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["file", "epochs", "seed", "run_dir", "init", "set"])]
-        resume: Option<PathBuf>,
-        /// GPUs to train on (one until the partition pass exists; more is refused clearly).
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
-        gpus: u32,
-        /// Where to run: `cuda` needs an NVIDIA GPU; `auto` uses one when present.
-        #[arg(long, value_enum, default_value = "auto")]
-        backend: Backend,
-        /// GEMM precision on CUDA: exact fp32, tf32 tensor cores (the default), or bf16
-        /// products with fp32 accumulation (fp32 master weights).
-        #[arg(long, value_enum, default_value = "tf32")]
-        precision: PrecisionArg,
-    },
+    Train(train::Args),
     /// List the GPUs found, with memory, compute capability and library versions, or say why
     /// none is usable.
     Devices {
@@ -251,35 +209,7 @@ fn main() -> ExitCode {
             timings,
             &dump_ir,
         ),
-        Command::Train {
-            file,
-            steps,
-            epochs,
-            seed,
-            run_dir,
-            init,
-            set,
-            checkpoint_every,
-            keep,
-            resume,
-            gpus,
-            backend,
-            precision,
-        } => train::run(train::Args {
-            file,
-            steps,
-            epochs,
-            seed,
-            run_dir,
-            init,
-            set,
-            checkpoint_every: checkpoint_every.unwrap_or(0),
-            keep,
-            resume,
-            gpus,
-            backend,
-            precision,
-        }),
+        Command::Train(args) => train::run(args),
         Command::Devices { format } => gpu::devices(format),
         Command::GpuCheck {
             file,

@@ -54,19 +54,48 @@ fn default_run_dir(name: &str) -> PathBuf {
 }
 
 /// `parallax train`'s arguments.
+#[derive(clap::Args)]
 pub struct Args {
+    #[arg(required_unless_present = "resume")]
     pub file: Option<PathBuf>,
+    /// Train for this many steps (overrides the file's `steps`/`epochs`).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub steps: Option<u64>,
+    /// Train for this many epochs (overrides the file's `steps`/`epochs`).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "steps")]
     pub epochs: Option<u64>,
+    /// The seed (overrides the file's).
+    #[arg(long)]
     pub seed: Option<u64>,
+    /// Where to write the run (default `runs/<name>-<timestamp>`).
+    #[arg(long)]
     pub run_dir: Option<PathBuf>,
+    /// Start from these parameters (a safetensors file named like `final.safetensors`).
+    #[arg(long, value_name = "FILE.safetensors")]
     pub init: Option<PathBuf>,
+    /// Override any field of the file, type-checked like the file: `--set optimizer.lr=3e-4
+    /// --set train.batch_size=256` (recorded in the run's `run.json`).
+    #[arg(long = "set", value_name = "PATH=VALUE")]
     pub set: Vec<String>,
-    pub checkpoint_every: u64,
+    /// Write a checkpoint (parameters, optimizer state, step) every N steps.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
+    pub checkpoint_every: Option<u64>,
+    /// Keep the newest K checkpoints (0 keeps all).
+    #[arg(long, value_name = "K", default_value_t = 3)]
     pub keep: usize,
+    /// Continue the run in RUN_DIR from its newest checkpoint (bit for bit as if never
+    /// interrupted); `--steps` may extend it.
+    #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["file", "epochs", "seed", "run_dir", "init", "set"])]
     pub resume: Option<PathBuf>,
+    /// GPUs to train on (one until the partition pass exists; more is refused clearly).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub gpus: u32,
+    /// Where to run: `cuda` needs an NVIDIA GPU; `auto` uses one when present.
+    #[arg(long, value_enum, default_value = "auto")]
     pub backend: Backend,
+    /// GEMM precision on CUDA: exact fp32, tf32 tensor cores (the default), or bf16
+    /// products with fp32 accumulation (fp32 master weights).
+    #[arg(long, value_enum, default_value = "tf32")]
     pub precision: PrecisionArg,
 }
 
@@ -86,6 +115,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         backend,
         precision,
     } = args;
+    let checkpoint_every = checkpoint_every.unwrap_or(0);
     // A resumed run reads the experiment it recorded (every default and override resolved).
     let file = match (&resume, file) {
         (Some(dir), _) => dir.join("experiment.ron"),

@@ -103,6 +103,17 @@ pub struct Names {
 }
 
 impl Plan {
+    /// The steps that hold one constant value, `(step, value)`: refilled for each batch size.
+    pub fn fills(&self) -> Vec<(usize, f32)> {
+        self.steps
+            .iter()
+            .filter_map(|s| match s.op {
+                Op::Fill { value, .. } => Some((s.id, value as f32)),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Its inputs, parameters, optimizer state and outputs by name.
     pub fn names(&self) -> Names {
         let mut n = Names::default();

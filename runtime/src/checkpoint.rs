@@ -8,7 +8,6 @@ use crate::backend::{Backend, ParamValues};
 use safetensors::tensor::{Dtype, TensorView};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 pub const FORMAT: &str = "parallax-checkpoint-1";
@@ -159,17 +158,7 @@ pub fn save(
     let path = path_for(run_dir, meta.step);
     let dir = path.parent().expect("a checkpoints folder");
     std::fs::create_dir_all(dir).map_err(io(dir))?;
-    let tmp = dir.join(format!(".step-{:08}.tmp", meta.step));
-    {
-        let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(&bytes).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
-    }
-    std::fs::rename(&tmp, &path).map_err(io(&path))?;
-    // The rename itself is durable once the folder is synced.
-    if let Ok(d) = std::fs::File::open(dir) {
-        let _ = d.sync_all();
-    }
+    crate::files::write_atomic(&path, &bytes).map_err(io(&path))?;
     let all = list(run_dir);
     if keep > 0 && all.len() > keep {
         for (_, old) in &all[..all.len() - keep] {

@@ -6,6 +6,7 @@ pub mod checkpoint;
 pub mod cpu;
 pub mod cuda;
 pub mod data;
+pub mod files;
 pub mod rng;
 pub mod tensorboard;
 pub mod train;

@@ -638,8 +638,7 @@ pub fn train(
     metrics.flush().map_err(io_err(&metrics_path))?;
     events.flush().map_err(io_err(dir))?;
     let weights_path = dir.join("final.safetensors");
-    let bytes = weights::to_bytes(exec.as_ref()).map_err(TrainError::Model)?;
-    write_atomic(&weights_path, &bytes)?;
+    weights::save(exec.as_ref(), &weights_path)?;
 
     let warmup = (times.len() / 10).clamp(1.min(times.len()), 5);
     let mut steady: Vec<f64> = times[warmup..].to_vec();
@@ -668,13 +667,6 @@ pub fn train(
     Ok(summary)
 }
 
-/// Writes a file whole or not at all: a temporary file, synced, then renamed over the target.
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
-        f.write_all(bytes).map_err(io_err(&tmp))?;
-        f.sync_all().map_err(io_err(&tmp))?;
-    }
-    std::fs::rename(&tmp, path).map_err(io_err(path))
+    crate::files::write_atomic(path, bytes).map_err(io_err(path))
 }

@@ -49,13 +49,15 @@ pub fn to_bytes(e: &dyn Backend) -> Result<Vec<u8>, String> {
     safetensors::serialize(views, None).map_err(|e| e.to_string())
 }
 
+/// Writes the parameters whole or not at all.
 pub fn save(e: &dyn Backend, path: &Path) -> Result<(), WeightsError> {
     let p = path.display().to_string();
     let bytes = to_bytes(e).map_err(|message| WeightsError::Format {
         path: p.clone(),
         message,
     })?;
-    std::fs::write(path, bytes).map_err(|source| WeightsError::Write { path: p, source })
+    crate::files::write_atomic(path, &bytes)
+        .map_err(|source| WeightsError::Write { path: p, source })
 }
 
 /// Loads every parameter from `path`; each must be present, f32 and of the right shape, and

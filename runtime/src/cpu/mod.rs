@@ -52,6 +52,20 @@ pub enum Mode {
     Eval,
 }
 
+impl Mode {
+    /// Whether kernel `k` of `plan` runs in this mode (by the phase of its last step); every
+    /// backend asks this.
+    pub fn runs(self, plan: &Plan, k: usize) -> bool {
+        let kern = &plan.kernels[k];
+        let phase = plan.steps[*kern.steps.last().expect("a kernel has steps")].phase;
+        match self {
+            Mode::Train => true,
+            Mode::Gradients => phase != Phase::Update,
+            Mode::Eval => phase == Phase::Forward,
+        }
+    }
+}
+
 static EMPTY: Tensor = Tensor {
     data: Data::F32(Vec::new()),
     shape: Vec::new(),
@@ -134,14 +148,7 @@ impl Executor {
             .iter()
             .map(|s| resolve(&plan, &s.ty.shape, max_batch))
             .collect();
-        let fills = plan
-            .steps
-            .iter()
-            .filter_map(|s| match s.op {
-                Op::Fill { value, .. } => Some((s.id, value as f32)),
-                _ => None,
-            })
-            .collect();
+        let fills = plan.fills();
         let mut e = Executor {
             fills,
             plan: Arc::new(plan),
@@ -434,13 +441,7 @@ impl Executor {
 
     /// Whether kernel `k` runs in `mode`.
     pub fn wanted(&self, k: usize, mode: Mode) -> bool {
-        let kern = &self.plan.kernels[k];
-        let phase = self.plan.steps[*kern.steps.last().expect("a kernel has steps")].phase;
-        match mode {
-            Mode::Train => true,
-            Mode::Gradients => phase != Phase::Update,
-            Mode::Eval => phase == Phase::Forward,
-        }
+        mode.runs(&self.plan, k)
     }
 
     fn kernel_err(&self, step: usize, source: KernelError) -> ExecError {

@@ -10,7 +10,7 @@ use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 use parallax_compiler::codegen::{self, Arg, Launch, Module};
-use parallax_compiler::ir::{DType, Op, Phase};
+use parallax_compiler::ir::{DType, Op};
 use parallax_compiler::Plan;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -72,6 +72,8 @@ pub struct CudaExecutor {
     params: Vec<(String, usize)>,
     /// Optimizer state by name.
     states: Vec<(String, usize)>,
+    /// Steps that hold one constant, `(step, value)`, filled at the start of every step.
+    fills: Vec<(usize, f32)>,
     /// The batch of the inputs set last (the batch `run` must be called with).
     batch: usize,
 }
@@ -192,6 +194,7 @@ impl CudaExecutor {
         let inputs: HashMap<String, usize> = names.inputs.into_iter().collect();
         let outputs: HashMap<String, usize> = names.outputs.into_iter().collect();
         let (params, states) = (names.params, names.states);
+        let fills = plan.fills();
         let mut e = CudaExecutor {
             plan: Arc::new(plan),
             ctx,
@@ -208,6 +211,7 @@ impl CudaExecutor {
             modules: HashMap::new(),
             inputs,
             outputs,
+            fills,
             params,
             states,
             batch: max_batch,
@@ -627,35 +631,22 @@ impl CudaExecutor {
         }
         self.ensure_module(batch)?;
         self.batch = batch;
-        for s in self.plan.steps.iter() {
-            if let Op::Fill { value, .. } = s.op {
-                let n = numel(&self.shape(s.id, batch));
-                let values = [
-                    ArgValue::U64(self.ptr(s.id)?),
-                    ArgValue::U64(n),
-                    ArgValue::F32(value as f32),
-                ];
-                self.launch_entry(
-                    batch,
-                    codegen::FILL,
-                    codegen::grid_for(n, codegen::BLOCK),
-                    codegen::BLOCK,
-                    &values,
-                )?;
-            }
+        for &(step, value) in &self.fills {
+            let n = numel(&self.shape(step, batch));
+            let values = [
+                ArgValue::U64(self.ptr(step)?),
+                ArgValue::U64(n),
+                ArgValue::F32(value),
+            ];
+            self.launch_entry(
+                batch,
+                codegen::FILL,
+                codegen::grid_for(n, codegen::BLOCK),
+                codegen::BLOCK,
+                &values,
+            )?;
         }
         Ok(())
-    }
-
-    /// Whether kernel `k` runs in `mode`.
-    pub fn wanted(&self, k: usize, mode: Mode) -> bool {
-        let kern = &self.plan.kernels[k];
-        let phase = self.plan.steps[*kern.steps.last().expect("a kernel has steps")].phase;
-        match mode {
-            Mode::Train => true,
-            Mode::Gradients => phase != Phase::Update,
-            Mode::Eval => phase == Phase::Forward,
-        }
     }
 
     /// Runs kernel `k` of the plan (after `begin`).
@@ -742,7 +733,7 @@ impl CudaExecutor {
     ) -> Result<(), CudaError> {
         self.begin(batch)?;
         for k in 0..self.plan.kernels.len() {
-            if self.wanted(k, mode) {
+            if mode.runs(&self.plan, k) {
                 self.run_kernel(k, mode, step, first_sample)?;
             }
         }
@@ -752,13 +743,6 @@ impl CudaExecutor {
     /// Waits for the queued work; reports a kernel fault as an error.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         self.stream.synchronize().map_err(Into::into)
-    }
-
-    /// The launches of kernel `k` at the current batch (for reports).
-    pub fn kernel_code(&self, k: usize) -> Option<&codegen::KernelCode> {
-        self.modules
-            .get(&(self.batch as u64))
-            .map(|m| &m.code.kernels[k])
     }
 }
 
