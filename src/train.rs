@@ -3,8 +3,9 @@
 use crate::{load, report, run_pipeline, Backend, Exit, Format, PrecisionArg};
 use indicatif::{ProgressBar, ProgressStyle};
 use parallax_compiler::dsl::overrides::{self, Override};
+use parallax_compiler::shards::Sharding;
 use parallax_compiler::Options;
-use parallax_runtime::train::{train, Event, TrainConfig};
+use parallax_runtime::train::{train, Event, Simulated, TrainConfig};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
@@ -87,9 +88,15 @@ pub struct Args {
     /// interrupted); `--steps` may extend it.
     #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["file", "epochs", "seed", "run_dir", "init", "set"])]
     pub resume: Option<PathBuf>,
-    /// GPUs to train on (one until the partition pass exists; more is refused clearly).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=65536))]
-    pub gpus: u32,
+    /// Devices to train on, data parallel: each batch is cut into the file's
+    /// `devices.micro_shards` pieces, so any count up to that gives the same bits. On the CPU
+    /// backend they are simulated devices. Without it (and with `devices.gpus: 1` in the file)
+    /// one device runs the whole batch unsplit.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub gpus: Option<u32>,
+    /// Each simulated device's memory (default: the file's device kind's), e.g. `24GiB`.
+    #[arg(long, value_name = "SIZE", value_parser = parallax_compiler::devices::parse_bytes)]
+    pub gpu_memory: Option<u64>,
     /// Where to run: `cuda` needs an NVIDIA GPU; `auto` uses one when present.
     #[arg(long, value_enum, default_value = "auto")]
     pub backend: Backend,
@@ -97,6 +104,34 @@ pub struct Args {
     /// products with fp32 accumulation (fp32 master weights).
     #[arg(long, value_enum, default_value = "tf32")]
     pub precision: PrecisionArg,
+}
+
+/// The simulated devices for `--gpus n`: each with the memory of the file's device kind (or
+/// `--gpu-memory`). More devices than micro-shards would leave some without work forever.
+fn simulated_devices(
+    file: &Path,
+    source: &parallax_compiler::Source,
+    n: u32,
+    gpu_memory: Option<u64>,
+) -> Result<Simulated, Exit> {
+    let d = &source.experiment.devices;
+    let shards = Sharding::new(d.micro_shards, source.experiment.train.batch_size).shards;
+    if n > shards {
+        eprintln!(
+            "{}: error: --gpus {n}: each batch is cut into {shards} micro-shards, so {n} devices cannot all get work",
+            file.display()
+        );
+        eprintln!("  = hint: raise it with `--set devices.micro_shards={n}` (every GPU count up to it then gives the same bits; the batch size bounds it)");
+        return Err(Exit(1));
+    }
+    let capacity = match gpu_memory {
+        Some(b) => b,
+        None => parallax_compiler::devices::profile(&d.kind).map_or(u64::MAX, |p| p.memory),
+    };
+    Ok(Simulated {
+        devices: n as usize,
+        capacity,
+    })
 }
 
 pub fn run(args: Args) -> Result<(), Exit> {
@@ -112,6 +147,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         keep,
         resume,
         gpus,
+        gpu_memory,
         backend,
         precision,
     } = args;
@@ -146,20 +182,9 @@ pub fn run(args: Args) -> Result<(), Exit> {
             Exit(1)
         })?
     };
-    if gpus > 1 {
-        // Say what is missing, and whether the GPUs are even there.
-        let found = match parallax_runtime::cuda::probe() {
-            Ok(d) => format!("{} GPU(s) here", d.gpus.len()),
-            Err(e) => format!("no usable GPU here: {e}"),
-        };
-        eprintln!(
-            "{}: error: --gpus {gpus}: training on several devices needs the partition pass, which is not built yet",
-            file.display()
-        );
-        eprintln!("  = note: {found}");
-        eprintln!("  = hint: `parallax compile FILE --gpus {gpus}` shows the plan's memory; train with --gpus 1");
-        return Err(Exit(1));
-    }
+    let devices = &source.experiment.devices;
+    // Data parallel when asked on the command line or the file wants several GPUs.
+    let parallel = gpus.or((devices.gpus > 1).then_some(devices.gpus));
     let cuda = match backend {
         Backend::Cpu => false,
         Backend::Cuda => match parallax_runtime::cuda::probe() {
@@ -177,9 +202,33 @@ pub fn run(args: Args) -> Result<(), Exit> {
     } else {
         None
     };
-    let options = Options::default();
+    let simulated = match (parallel, cuda) {
+        (Some(n), Some(_)) if n > 1 => {
+            eprintln!(
+                "{}: error: --gpus {n}: training on several GPUs (NCCL) is not built yet",
+                file.display()
+            );
+            eprintln!("  = hint: `--backend cpu` runs the same data-parallel plan on {n} simulated devices, with the same bits");
+            return Err(Exit(1));
+        }
+        (Some(n), None) => Some(simulated_devices(file, &source, n, gpu_memory)?),
+        _ => None,
+    };
+    let options = Options {
+        shards: simulated.map(|_| {
+            Sharding::new(
+                source.experiment.devices.micro_shards,
+                source.experiment.train.batch_size,
+            )
+        }),
+        gpus: simulated.map(|s| s.devices as u32),
+        ..Options::default()
+    };
     let compiled = run_pipeline(file, &source, &options, Format::Text, &mut |_, _| {})?;
-    let plan = compiled.plan(&source, &options);
+    let mut plan = compiled.plan(&source, &options);
+    if let Some(s) = simulated {
+        plan.strategy.dp = s.devices as u32;
+    }
     let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&source.experiment.name));
     let cfg = TrainConfig {
         steps,
@@ -193,11 +242,16 @@ pub fn run(args: Args) -> Result<(), Exit> {
         keep,
         resume: resume.is_some(),
         overrides: set,
+        simulated,
     };
-    let backend_name = if cuda.is_some() {
-        "CUDA backend (GPU 0)"
-    } else {
-        "CPU backend"
+    let backend_name = match (cuda, simulated) {
+        (Some(_), _) => "CUDA backend (GPU 0)".to_string(),
+        (None, Some(s)) => format!(
+            "CPU backend, {} simulated device(s), data parallel over {} micro-shards",
+            s.devices,
+            options.shards.map_or(1, |s| s.shards)
+        ),
+        (None, None) => "CPU backend".to_string(),
     };
     let terminal = std::io::stderr().is_terminal();
     let mut bar: Option<ProgressBar> = None;

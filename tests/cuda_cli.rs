@@ -98,18 +98,3 @@ fn compile_emits_one_ptx_file_per_kernel_and_a_manifest() {
     assert_eq!(o.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(&dir);
 }
-
-#[test]
-fn training_on_several_gpus_is_refused_until_plans_are_partitioned() {
-    let o = parallax(&["train", "models/mlp.ron", "--gpus", "4", "--steps", "1"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("--gpus 4") && err.contains("partition pass"),
-        "{err}"
-    );
-    assert!(
-        err.contains("= note:") && !err.contains("panicked"),
-        "{err}"
-    );
-}

@@ -11,6 +11,7 @@
 use parallax_compiler::ir::{DType, Dim, Graph, Init, NodeIndex, Op, TensorType};
 use parallax_compiler::passes::{autodiff, Ctx};
 use parallax_compiler::plan::Plan;
+use parallax_compiler::shards::{Sharding, INV_BATCH, SHARD_WEIGHT};
 use parallax_compiler::{compile, parse, parse_bytes, Options, Source};
 use parallax_runtime::cpu::{Executor, Mode};
 use parallax_runtime::rng;
@@ -59,15 +60,35 @@ fn check(e: &mut Executor, batch: usize, directions: u64, h: f32, what: &str) {
 // ---- whole models ----
 
 fn model(name: &str) {
+    model_with(name, Options::default());
+}
+
+fn model_with(name: &str, options: Options) {
     let path = format!("{}/models/{name}.ron", env!("CARGO_MANIFEST_DIR"));
     let source = parse_bytes(&std::fs::read(path).unwrap()).unwrap();
-    let options = Options::default();
     let plan = compile(&source, &options, &mut |_, _| {})
         .unwrap()
         .plan(&source, &options);
     let mut s = Session::new(&source, plan, 8, 1, std::path::Path::new(".")).unwrap();
     let batch = s.next_batch().unwrap().size;
+    // A sharded plan alone is one shard holding the whole batch.
+    for (input, v) in [(SHARD_WEIGHT, 1.0), (INV_BATCH, 1.0 / batch as f32)] {
+        if s.exec.has_input(input) {
+            s.exec.set_f32(input, 1, &[v]).unwrap();
+        }
+    }
     check(&mut s.exec, batch, 2, 1e-3, name);
+}
+
+/// The per-shard plan: synchronised BatchNorm built from sums, an all-reduce, a division and
+/// a square root, differentiated by their VJP rules.
+#[test]
+fn sharded_cnn_gradients() {
+    let options = Options {
+        shards: Some(Sharding::new(1, 8)),
+        ..Options::default()
+    };
+    model_with("cnn", options);
 }
 
 #[test]

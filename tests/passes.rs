@@ -191,3 +191,50 @@ fn shape_errors_name_the_layer_both_shapes_and_the_place() {
     assert!(line.contains("(\"out\", Add"), "{line}");
     assert_eq!(&line[loc.col - 1..loc.col + 2], "Add");
 }
+
+/// Per-shard plans: every pass leaves a valid graph; BatchNorm is synchronised (its two
+/// statistics all-reduced, and their gradients in backward); every gradient is all-reduced, and the first of those runs
+/// before the backward pass ends (communication overlaps the rest of backward).
+#[test]
+fn sharded_plans_synchronise_and_overlap_gradient_sums() {
+    use parallax_compiler::ir::Phase;
+    use parallax_compiler::shards::Sharding;
+    for name in ["mlp", "cnn", "transformer"] {
+        let source = model(name);
+        let options = Options {
+            verify: false,
+            shards: Some(Sharding::new(8, source.experiment.train.batch_size)),
+            ..Options::default()
+        };
+        let compiled = compile(&source, &options, &mut |pass, g| {
+            verify(g).unwrap_or_else(|e| panic!("{name}: after `{pass}`: {e}"));
+        })
+        .unwrap();
+        let g = &compiled.graph;
+        let norms = if name == "cnn" { 1 } else { 0 };
+        assert_eq!(count(g, OpKind::BatchNorm), 0, "{name}");
+        assert_eq!(
+            count(g, OpKind::AllReduce),
+            g.grads.len() + 1 + 4 * norms,
+            "{name}: one per gradient, one for the loss, two per BatchNorm and their two VJPs"
+        );
+        let plan = compiled.plan(&source, &options);
+        let phase_of = |k: &parallax_compiler::plan::PlanKernel| {
+            let s = &plan.steps[*k.steps.last().unwrap()];
+            (s.phase, matches!(s.op, Op::AllReduce))
+        };
+        let kernels: Vec<_> = plan.kernels.iter().map(phase_of).collect();
+        let first_sync = kernels
+            .iter()
+            .position(|&(p, c)| p == Phase::Backward && c)
+            .unwrap();
+        let last_backward = kernels
+            .iter()
+            .rposition(|&(p, c)| p == Phase::Backward && !c)
+            .unwrap();
+        assert!(
+            first_sync < last_backward,
+            "{name}: gradient sums wait for backward to end"
+        );
+    }
+}

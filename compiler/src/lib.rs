@@ -10,6 +10,7 @@ pub mod ir;
 pub mod passes;
 pub mod plan;
 pub mod schedule;
+pub mod shards;
 
 pub use diag::{Diagnostic, Loc, Span};
 pub use dsl::{parse, parse_bytes, Source};

@@ -1,7 +1,6 @@
 //! The plan: the compiler's output and the runtime's input. Serialisable and versioned;
 //! for now a single-device plan (the partition pass will choose among strategies).
 
-use crate::dsl::ast::Train;
 use crate::dsl::Source;
 use crate::ir::{Graph, Op, Phase, TensorType};
 use crate::passes::fuse::KernelKind;
@@ -70,7 +69,10 @@ pub struct Plan {
     pub gpus_requested: u32,
     pub device_kind: String,
     pub strategy: Strategy,
+    /// The batch this plan runs: the file's, or one micro-shard's when `sharding` is set.
     pub batch_size: u64,
+    /// Set when the plan is one micro-shard's part of data parallelism.
+    pub sharding: Option<crate::shards::Sharding>,
     pub parameters: u64,
     pub layers: usize,
     pub flops_per_sample: u64,
@@ -112,6 +114,27 @@ impl Plan {
                 _ => None,
             })
             .collect()
+    }
+
+    /// Elements of the host executor's staging buffer at `batch`: the input of a fused
+    /// reduction, or a matmul result that only its epilogue reads.
+    pub fn scratch_elements(&self, batch: u64) -> u64 {
+        let numel = |id: usize| {
+            crate::codegen::resolve(self, &self.steps[id].ty.shape, batch)
+                .iter()
+                .product::<u64>()
+        };
+        self.kernels
+            .iter()
+            .filter_map(|k| match k.kind {
+                KernelKind::ElementwiseReduce => k.steps.iter().rev().nth(1).map(|&s| numel(s)),
+                KernelKind::Gemm { .. } if self.steps[k.steps[0]].buffer.is_none() => {
+                    Some(numel(k.steps[0]))
+                }
+                _ => None,
+            })
+            .max()
+            .unwrap_or(0)
     }
 
     /// Its inputs, parameters, optimizer state and outputs by name.
@@ -171,7 +194,7 @@ impl Plan {
             g
         };
         let e = &source.experiment;
-        let Train { batch_size, .. } = e.train;
+        let batch_size = options.plan_batch(source);
         let order = g.topo_order().unwrap_or_default();
         let ids: HashMap<_, _> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
         let mut params = Vec::new();
@@ -216,6 +239,7 @@ impl Plan {
                 pp: 1,
             },
             batch_size,
+            sharding: options.shards,
             parameters: sat(g.parameter_count()),
             layers: g.layers,
             flops_per_sample: sat(g.flops(1, crate::ir::Phase::Forward)),

@@ -3,11 +3,13 @@
 
 pub mod backend;
 pub mod checkpoint;
+pub mod collective;
 pub mod cpu;
 pub mod cuda;
 pub mod data;
 pub mod files;
 pub mod rng;
+pub mod sim;
 pub mod tensorboard;
 pub mod train;
 pub mod weights;

@@ -38,6 +38,16 @@ pub struct TrainConfig {
     pub resume: bool,
     /// The `--set` overrides applied to the file, recorded in `run.json`.
     pub overrides: Vec<String>,
+    /// Run a per-shard plan on this many simulated devices (`crate::sim`).
+    pub simulated: Option<Simulated>,
+}
+
+/// Simulated devices for a data-parallel plan.
+#[derive(Debug, Clone, Copy)]
+pub struct Simulated {
+    pub devices: usize,
+    /// Each device's memory, in bytes.
+    pub capacity: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -452,6 +462,7 @@ pub fn train(
     );
     let plan_record = serde_json::json!({
         "strategy": plan.strategy,
+        "micro_shards": plan.sharding.map(|s| s.shards),
         "kernels": plan.kernels.len(),
         "ops": plan.ops,
         "peak_memory_bytes": plan.memory.peak_bytes,
@@ -460,9 +471,15 @@ pub fn train(
     let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
     let exp_text = parallax_compiler::dsl::to_ron(&exp);
     let id = run_id(&exp_text, &session.data_hash);
-    let mut exec: Box<dyn Backend> = match cfg.cuda {
-        None => Box::new(Executor::new(plan, batch_size, seed)),
-        Some(precision) => Box::new(crate::cuda::CudaExecutor::new(
+    let mut exec: Box<dyn Backend> = match (cfg.cuda, cfg.simulated) {
+        (_, Some(sim)) => Box::new(crate::sim::SimulatedDevices::new(
+            plan,
+            sim.devices,
+            seed,
+            sim.capacity,
+        )?),
+        (None, None) => Box::new(Executor::new(plan, batch_size, seed)),
+        (Some(precision), None) => Box::new(crate::cuda::CudaExecutor::new(
             plan, batch_size, seed, 0, precision,
         )?),
     };
@@ -495,9 +512,10 @@ pub fn train(
         "data_sha256": session.data_hash,
         "parallax_version": env!("CARGO_PKG_VERSION"),
         "backend": exec.backend_name(),
-        "devices": match cfg.cuda {
-            None => "cpu".to_string(),
-            Some(p) => format!("cuda:0 ({p:?})"),
+        "devices": match (cfg.cuda, cfg.simulated) {
+            (_, Some(s)) => format!("{} simulated device(s) on the cpu", s.devices),
+            (None, None) => "cpu".to_string(),
+            (Some(p), None) => format!("cuda:0 ({p:?})"),
         },
         "plan": plan_record,
         "overrides": cfg.overrides,

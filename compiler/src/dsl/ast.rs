@@ -578,6 +578,14 @@ pub struct Devices {
     pub kind: String,
     #[serde(default = "gpus_one")]
     pub nodes: u32,
+    /// The fixed pieces data parallelism splits each batch into: every GPU count up to this
+    /// gives the same bits (each GPU takes whole pieces; their gradients sum in a fixed order).
+    #[serde(default = "micro_shards_default")]
+    pub micro_shards: u32,
+}
+
+fn micro_shards_default() -> u32 {
+    8
 }
 
 impl Default for Devices {
@@ -586,6 +594,7 @@ impl Default for Devices {
             gpus: 1,
             kind: kind_default(),
             nodes: 1,
+            micro_shards: micro_shards_default(),
         }
     }
 }

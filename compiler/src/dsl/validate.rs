@@ -92,6 +92,16 @@ pub fn validate(src: &Source) -> Vec<Diagnostic> {
             None,
         );
     }
+    if d.micro_shards == 0 || d.micro_shards > 65536 {
+        c.fail(
+            path!["devices", "micro_shards"],
+            format!(
+                "`micro_shards` must be between 1 and 65536, got {}",
+                d.micro_shards
+            ),
+            Some("a batch smaller than it splits into one-sample shards".into()),
+        );
+    }
     if !DEVICE_KINDS.contains(&d.kind.as_str()) {
         c.fail(
             path!["devices", "kind"],

@@ -52,6 +52,9 @@ pub struct Graph {
     /// Persistent values (parameters, optimizer state) and what replaces them at the end of a
     /// step (after the optimizer pass).
     pub updates: Vec<(NodeIndex, NodeIndex)>,
+    /// What autodiff differentiates when it is not the `loss` output: a sharded plan's own
+    /// weighted share of the loss (its `loss` output is the sum over every shard).
+    pub objective: Option<NodeIndex>,
     /// The phase new nodes are added in.
     pub phase: Phase,
     /// Kernels in execution order (after the fuse pass).
@@ -80,6 +83,7 @@ impl Graph {
             layers: 0,
             grads: Vec::new(),
             updates: Vec::new(),
+            objective: None,
             phase: Phase::Forward,
             kernels: Vec::new(),
             schedule: None,
@@ -150,25 +154,31 @@ impl Graph {
     }
 
     /// A topological order, ties broken by creation order so it is stable; `None` on a cycle.
+    /// A collective goes as soon as its operand is ready, so a gradient's all-reduce starts
+    /// while the rest of the backward pass still runs.
     pub fn topo_order(&self) -> Option<Vec<NodeIndex>> {
+        let key = |n: NodeIndex| {
+            let late = self.g[n].op.def().class != crate::ir::ops::OpClass::Collective;
+            Reverse((late, n))
+        };
         let mut indeg: Vec<usize> = vec![0; self.g.node_bound()];
         for e in self.g.edge_references() {
             indeg[e.target().index()] += 1;
         }
-        let mut ready: BinaryHeap<Reverse<NodeIndex>> = self
+        let mut ready: BinaryHeap<Reverse<(bool, NodeIndex)>> = self
             .g
             .node_indices()
             .filter(|n| indeg[n.index()] == 0)
-            .map(Reverse)
+            .map(key)
             .collect();
         let mut order = Vec::with_capacity(self.g.node_count());
-        while let Some(Reverse(n)) = ready.pop() {
+        while let Some(Reverse((_, n))) = ready.pop() {
             order.push(n);
             for e in self.g.edges_directed(n, Direction::Outgoing) {
                 let t = e.target();
                 indeg[t.index()] -= 1;
                 if indeg[t.index()] == 0 {
-                    ready.push(Reverse(t));
+                    ready.push(key(t));
                 }
             }
         }

@@ -225,6 +225,12 @@ pub enum Op {
     CrossEntropyGrad {
         smoothing: f64,
     },
+
+    // ---- collectives ----
+    /// The sum of the operand over every micro-shard of the data-parallel group, in a fixed
+    /// tree order over shard index (so the bits do not depend on how shards sit on devices).
+    /// With one shard it is the identity.
+    AllReduce,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -277,6 +283,7 @@ pub enum OpKind {
     Expand,
     CrossEntropy,
     CrossEntropyGrad,
+    AllReduce,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -303,6 +310,8 @@ pub enum OpClass {
     Reduction,
     /// Moves data without arithmetic.
     Layout,
+    /// Communicates between devices: a kernel of its own, run by the collective library.
+    Collective,
 }
 
 /// Infers the output type; `names` names the symbols for messages.
@@ -346,7 +355,7 @@ use OpKind as K;
 
 /// The table, in `OpKind` order (a test checks it).
 #[rustfmt::skip]
-pub static OPS: [OpDef; 48] = [
+pub static OPS: [OpDef; 49] = [
     row(K::Input, "input", 0, Source, declared, free, vjp::source),
     row(K::Param, "param", 0, Source, declared, free, vjp::source),
     row(K::State, "state", 0, Source, declared, free, vjp::source),
@@ -367,11 +376,11 @@ pub static OPS: [OpDef; 48] = [
     row(K::Add, "add", 2, Elementwise, broadcast_shape, per_out::<1>, vjp::add),
     row(K::Sub, "sub", 2, Elementwise, broadcast_shape, per_out::<1>, vjp::sub),
     row(K::Mul, "mul", 2, Elementwise, broadcast_shape, per_out::<1>, vjp::mul),
-    row(K::Div, "div", 2, Elementwise, broadcast_shape, per_out::<1>, vjp::none),
+    row(K::Div, "div", 2, Elementwise, broadcast_shape, per_out::<1>, vjp::div),
     row(K::Scale, "scale", 1, Elementwise, float_same, per_out::<1>, vjp::scale),
     row(K::AddScalar, "add_scalar", 1, Elementwise, float_same, per_out::<1>, vjp::identity),
     row(K::ClampMax, "clamp_max", 1, Elementwise, float_same, per_out::<1>, vjp::none),
-    row(K::Sqrt, "sqrt", 1, Elementwise, float_same, per_out::<1>, vjp::none),
+    row(K::Sqrt, "sqrt", 1, Elementwise, float_same, per_out::<1>, vjp::sqrt),
     row(K::Relu, "relu", 1, Elementwise, float_same, per_out::<1>, vjp::relu),
     row(K::Gelu, "gelu", 1, Elementwise, float_same, per_out::<8>, vjp::gelu),
     row(K::Tanh, "tanh", 1, Elementwise, float_same, per_out::<4>, vjp::tanh),
@@ -395,6 +404,7 @@ pub static OPS: [OpDef; 48] = [
     row(K::Expand, "expand", 1, Layout, expand_shape, per_out::<1>, vjp::none),
     row(K::CrossEntropy, "cross_entropy", 2, Reduction, xent_shape, per_in::<0, 5>, vjp::cross_entropy),
     row(K::CrossEntropyGrad, "cross_entropy_grad", 3, Reduction, xent_grad_shape, per_in::<0, 5>, vjp::none),
+    row(K::AllReduce, "all_reduce", 1, Collective, float_same, per_out::<1>, vjp::all_reduce),
 ];
 
 impl Op {
@@ -448,6 +458,7 @@ impl Op {
             Op::Expand { .. } => K::Expand,
             Op::CrossEntropy { .. } => K::CrossEntropy,
             Op::CrossEntropyGrad { .. } => K::CrossEntropyGrad,
+            Op::AllReduce => K::AllReduce,
         }
     }
 
@@ -561,7 +572,8 @@ impl Op {
             Op::CrossEntropy { smoothing } | Op::CrossEntropyGrad { smoothing } => {
                 flag(*smoothing != 0.0, &format!("smoothing={smoothing}"))
             }
-            Op::Gather
+            Op::AllReduce
+            | Op::Gather
             | Op::Add
             | Op::Sub
             | Op::Mul

@@ -57,6 +57,12 @@ pub fn identity(_: &mut Vjp, _: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Gr
     Ok(vec![Some(dy)])
 }
 
+/// The objective is the sum of every shard's loss, and each shard reads the reduced value:
+/// the gradient of a shard's operand is the sum of every shard's cotangent.
+pub fn all_reduce(v: &mut Vjp, _: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+    Ok(vec![Some(v.add(Op::AllReduce, &[dy])?)])
+}
+
 pub fn matmul(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let Op::MatMul { trans_a, trans_b } = v.op(n) else {
         unreachable!()
@@ -249,6 +255,23 @@ pub fn mul(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads
     let db = v.add(Op::Mul, &[dy, a])?;
     let db = v.unbroadcast(db, b)?;
     Ok(vec![Some(da), Some(db)])
+}
+
+/// `y = a / b`: `da = dy / b`, `db = -(dy / b) * y`.
+pub fn div(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let (a, b) = (ins[0], ins[1]);
+    let q = v.add(Op::Div, &[dy, b])?;
+    let da = v.unbroadcast(q, a)?;
+    let qy = v.add(Op::Mul, &[q, n])?;
+    let db = v.add(Op::Scale { by: -1.0 }, &[qy])?;
+    let db = v.unbroadcast(db, b)?;
+    Ok(vec![Some(da), Some(db)])
+}
+
+/// `y = sqrt(x)`: `dx = 0.5 * dy / y`.
+pub fn sqrt(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let half = v.add(Op::Scale { by: 0.5 }, &[dy])?;
+    Ok(vec![Some(v.add(Op::Div, &[half, n])?)])
 }
 
 pub fn scale(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {

@@ -4,10 +4,12 @@
 
 pub mod autodiff;
 pub mod fuse;
+pub mod grad_sync;
 pub mod lower;
 pub mod optimizer;
 pub mod schedule;
 pub mod shapes;
+pub mod shard;
 pub mod simplify;
 
 use crate::dsl::Source;
@@ -43,9 +45,19 @@ pub static PIPELINE: &[Pass] = &[
         run: shapes::run,
     },
     Pass {
+        name: "shard",
+        about: "per micro-shard plans: synchronised BatchNorm, each shard's share of the loss",
+        run: shard::run,
+    },
+    Pass {
         name: "autodiff",
         about: "append the backward graph from each op's VJP rule",
         run: autodiff::run,
+    },
+    Pass {
+        name: "grad_sync",
+        about: "per micro-shard plans: all-reduce every gradient as soon as it exists",
+        run: grad_sync::run,
     },
     Pass {
         name: "optimizer",
@@ -77,16 +89,27 @@ pub fn pass_names() -> Vec<&'static str> {
 pub struct Options {
     /// GPUs requested (`--gpus`); recorded in the plan.
     pub gpus: Option<u32>,
+    /// Build the plan for one micro-shard of data parallelism (`crate::shards`).
+    pub shards: Option<crate::shards::Sharding>,
     /// Run the IR verifier after every pass.
     pub verify: bool,
     /// Stop after this pass (`check` needs only the forward graph's shapes).
     pub stop_after: Option<&'static str>,
 }
 
+impl Options {
+    /// The batch the plan is built for: the file's, or one micro-shard's.
+    pub fn plan_batch(&self, source: &Source) -> u64 {
+        let batch = source.experiment.train.batch_size;
+        self.shards.map_or(batch, |s| s.shard_batch())
+    }
+}
+
 impl Default for Options {
     fn default() -> Self {
         Options {
             gpus: None,
+            shards: None,
             verify: cfg!(debug_assertions),
             stop_after: None,
         }

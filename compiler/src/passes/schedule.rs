@@ -42,7 +42,7 @@ pub struct Schedule {
 }
 
 pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
-    let batch = ctx.source.experiment.train.batch_size;
+    let batch = ctx.options.plan_batch(ctx.source);
     g.schedule = Some(plan_buffers(g, batch));
     Ok(())
 }

@@ -60,6 +60,14 @@ impl Tensor {
         numel(&self.shape)
     }
 
+    /// Bytes its allocation holds (capacity, not the current shape).
+    pub fn allocated_bytes(&self) -> u64 {
+        match &self.data {
+            Data::F32(v) => v.capacity() as u64 * 4,
+            Data::I32(v) => v.capacity() as u64 * 4,
+        }
+    }
+
     /// Reshapes within the allocated capacity (never allocates in steady state).
     pub fn reshape_in_place(&mut self, shape: &[usize]) {
         let n = numel(shape);

@@ -1,0 +1,181 @@
+//! Data parallelism on simulated devices: the same bits on any device count (uneven splits,
+//! a short last batch and synchronised BatchNorm included), close to the unsplit run, the
+//! memory each device allocates equal to what the compiler predicts, and clear refusals.
+
+use parallax_compiler::shards::{assign, device_bytes, Sharding};
+use parallax_compiler::{compile, parse_bytes, Options};
+use parallax_runtime::sim::SimulatedDevices;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn parallax(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_parallax"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the binary runs")
+}
+
+fn temp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("parallax-dp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Trains and returns the final weights' bytes and each step's loss.
+fn train(file: &str, run: &Path, extra: &[&str]) -> (Vec<u8>, Vec<f64>) {
+    let mut args = vec!["train", file, "--run-dir", run.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let o = parallax(&args);
+    assert!(
+        o.status.success(),
+        "{args:?}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let weights = std::fs::read(run.join("final.safetensors")).unwrap();
+    let losses = std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["loss"].as_f64())
+        .collect();
+    let _ = std::fs::remove_dir_all(run);
+    (weights, losses)
+}
+
+fn relative(a: &[f64], b: &[f64]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() / x.abs().max(y.abs()).max(1e-12))
+        .fold(0.0, f64::max)
+}
+
+/// Every model (BatchNorm in `cnn`, dropout in `mlp`), every device count: byte-identical
+/// weights and identical losses; and close to one device running the batch unsplit.
+#[test]
+fn every_model_gives_the_same_bits_on_any_device_count() {
+    for (model, steps) in [("mlp", "3"), ("cnn", "3"), ("transformer", "2")] {
+        let file = format!("models/{model}.ron");
+        let (one, losses) = train(&file, &temp(model), &["--gpus", "1", "--steps", steps]);
+        for n in ["2", "3", "4", "8"] {
+            let run = temp(&format!("{model}-{n}"));
+            let (w, l) = train(&file, &run, &["--gpus", n, "--steps", steps]);
+            assert_eq!(l, losses, "{model} on {n} devices: losses");
+            assert!(
+                w == one,
+                "{model} on {n} devices: final.safetensors differs"
+            );
+        }
+        let (_, unsplit) = train(&file, &temp(&format!("{model}-u")), &["--steps", steps]);
+        let r = relative(&losses, &unsplit);
+        assert!(
+            r < 1e-5,
+            "{model}: sharded vs unsplit losses differ by {r:e}"
+        );
+    }
+}
+
+/// An epoch's short last batch (1438 samples in batches of 64: 30 left over) and a batch that
+/// does not divide into the shards (60 in 8 shards of 8, the last of 4), on 3 devices.
+#[test]
+fn uneven_batches_keep_the_same_bits() {
+    let (one, _) = train(
+        "models/mlp.ron",
+        &temp("short-1"),
+        &["--gpus", "1", "--steps", "24"],
+    );
+    let (three, _) = train(
+        "models/mlp.ron",
+        &temp("short-3"),
+        &["--gpus", "3", "--steps", "24"],
+    );
+    assert!(one == three, "the short last batch changed the bits");
+    let set = ["--set", "train.batch_size=60", "--steps", "3", "--gpus"];
+    let (a, _) = train(
+        "models/mlp.ron",
+        &temp("b60-1"),
+        &[&set[..], &["1"]].concat(),
+    );
+    let (b, _) = train(
+        "models/mlp.ron",
+        &temp("b60-3"),
+        &[&set[..], &["3"]].concat(),
+    );
+    assert!(a == b, "uneven shards changed the bits");
+}
+
+/// More micro-shards allow more devices, with the same bits among themselves.
+#[test]
+fn more_devices_need_more_micro_shards() {
+    let o = parallax(&["train", "models/mlp.ron", "--gpus", "16", "--steps", "1"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("8 micro-shards") && err.contains("devices.micro_shards=16"),
+        "{err}"
+    );
+    let set = ["--set", "devices.micro_shards=16", "--steps", "2", "--gpus"];
+    let (a, _) = train(
+        "models/mlp.ron",
+        &temp("m16-1"),
+        &[&set[..], &["1"]].concat(),
+    );
+    let (b, _) = train(
+        "models/mlp.ron",
+        &temp("m16-16"),
+        &[&set[..], &["16"]].concat(),
+    );
+    assert!(a == b);
+}
+
+#[test]
+fn a_device_too_small_is_refused_before_training() {
+    let run = temp("small");
+    let o = parallax(&[
+        "train",
+        "models/cnn.ron",
+        "--gpus",
+        "2",
+        "--gpu-memory",
+        "64KiB",
+        "--run-dir",
+        run.to_str().unwrap(),
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("simulated device 0 runs out of memory") && !err.contains("panicked"),
+        "{err}"
+    );
+    assert!(!run.join("metrics.jsonl").exists());
+}
+
+/// What the compiler predicts each device needs is what the simulated devices allocate.
+#[test]
+fn predicted_device_memory_is_what_the_devices_allocate() {
+    for model in ["mlp", "cnn", "transformer"] {
+        let path = format!("{}/models/{model}.ron", env!("CARGO_MANIFEST_DIR"));
+        let source = parse_bytes(&std::fs::read(path).unwrap()).unwrap();
+        let e = &source.experiment;
+        let sharding = Sharding::new(e.devices.micro_shards, e.train.batch_size);
+        let options = Options {
+            shards: Some(sharding),
+            ..Options::default()
+        };
+        let plan = compile(&source, &options, &mut |_, _| {})
+            .unwrap()
+            .plan(&source, &options);
+        for n in [1, 3, 8] {
+            let sim = SimulatedDevices::new(plan.clone(), n, 1, u64::MAX).unwrap();
+            let held = assign(sharding.shards as usize, n);
+            for (m, own) in sim.memory().iter().zip(held) {
+                assert_eq!(
+                    m.bytes,
+                    device_bytes(&plan, own.len()),
+                    "{model}, {n} devices, device {}",
+                    m.device
+                );
+            }
+        }
+    }
+}
