@@ -106,6 +106,16 @@ pub struct Args {
     pub precision: PrecisionArg,
 }
 
+/// The devices a run in `dir` trained on, when it was data parallel (its `run.json`).
+fn recorded_devices(dir: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(dir.join("run.json")).ok()?;
+    let record: serde_json::Value = serde_json::from_str(&text).ok()?;
+    record["plan"]["micro_shards"].as_u64()?;
+    record["plan"]["strategy"]["dp"]
+        .as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+}
+
 /// The simulated devices for `--gpus n`: each with the memory of the file's device kind (or
 /// `--gpu-memory`). More devices than micro-shards would leave some without work forever.
 fn simulated_devices(
@@ -183,8 +193,24 @@ pub fn run(args: Args) -> Result<(), Exit> {
         })?
     };
     let devices = &source.experiment.devices;
-    // Data parallel when asked on the command line or the file wants several GPUs.
-    let parallel = gpus.or((devices.gpus > 1).then_some(devices.gpus));
+    // Data parallel when asked on the command line or the file wants several GPUs; a resumed
+    // run continues as it was split (on any device count: the bits do not depend on it).
+    let parallel = match &resume {
+        None => gpus.or((devices.gpus > 1).then_some(devices.gpus)),
+        Some(dir) => match (recorded_devices(dir), gpus) {
+            (Some(n), None) => Some(n),
+            (Some(_), Some(m)) => Some(m),
+            (None, None) => None,
+            (None, Some(m)) => {
+                eprintln!(
+                    "{}: error: --gpus {m}: this run trained on one device with its batches unsplit, so it cannot continue data parallel with the same bits",
+                    dir.display()
+                );
+                eprintln!("  = hint: resume without --gpus, or start a new run with --gpus (any count then resumes on any other)");
+                return Err(Exit(1));
+            }
+        },
+    };
     let cuda = match backend {
         Backend::Cpu => false,
         Backend::Cuda => match parallax_runtime::cuda::probe() {

@@ -245,3 +245,66 @@ fn overrides_are_applied_type_checked_and_recorded() {
         "{err}"
     );
 }
+
+/// A data-parallel run resumes on another device count and ends with the same bytes as one
+/// never interrupted; an unsplit run cannot continue data parallel.
+#[test]
+fn a_data_parallel_run_resumes_on_another_device_count() {
+    let whole = temp("dp-whole");
+    let o = run(&[
+        "train",
+        "models/mlp.ron",
+        "--gpus",
+        "1",
+        "--steps",
+        "12",
+        "--run-dir",
+        whole.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let split = temp("dp-split");
+    let o = run(&[
+        "train",
+        "models/mlp.ron",
+        "--gpus",
+        "2",
+        "--steps",
+        "6",
+        "--checkpoint-every",
+        "3",
+        "--run-dir",
+        split.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let dir = split.to_str().unwrap();
+    let o = run(&["train", "--resume", dir, "--steps", "12", "--gpus", "3"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let bytes = |d: &Path| std::fs::read(d.join("final.safetensors")).unwrap();
+    assert!(
+        bytes(&whole) == bytes(&split),
+        "resumed on 3 devices, the bytes differ"
+    );
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(split.join("run.json")).unwrap()).unwrap();
+    assert_eq!(
+        record["resumes"][0]["devices"],
+        "3 simulated device(s) on the cpu"
+    );
+
+    let unsplit = short_run("dp-unsplit", "models/mlp.ron");
+    let o = run(&[
+        "train",
+        "--resume",
+        unsplit.to_str().unwrap(),
+        "--steps",
+        "30",
+        "--gpus",
+        "2",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot continue data parallel"), "{err}");
+    for d in [whole, split, unsplit] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

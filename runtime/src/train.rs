@@ -527,7 +527,11 @@ pub fn train(
         if let Ok(old) = std::fs::read_to_string(&record_path) {
             if let Ok(old) = serde_json::from_str::<serde_json::Value>(&old) {
                 let mut resumes = old["resumes"].as_array().cloned().unwrap_or_default();
-                resumes.push(serde_json::json!({"from_step": start_step, "run_id": id}));
+                resumes.push(serde_json::json!({
+                    "from_step": start_step,
+                    "run_id": id,
+                    "devices": record["devices"].clone(),
+                }));
                 record = old;
                 record["resumes"] = serde_json::Value::Array(resumes);
             }
