@@ -5,6 +5,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use parallax_compiler::dsl::overrides::{self, Override};
 use parallax_compiler::shards::Sharding;
 use parallax_compiler::Options;
+use parallax_runtime::sim::Grid;
 use parallax_runtime::train::{train, Event, Simulated, TrainConfig};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -97,6 +98,10 @@ pub struct Args {
     /// Each simulated device's memory (default: the file's device kind's), e.g. `24GiB`.
     #[arg(long, value_name = "SIZE", value_parser = parallax_compiler::devices::parse_bytes)]
     pub gpu_memory: Option<u64>,
+    /// How the devices split the work, e.g. `dp2.pp2` (data-parallel ranks times pipeline
+    /// stages; degrees left out are 1; the product is `--gpus`). Default: all data parallel.
+    #[arg(long, value_name = "STRATEGY", requires = "gpus")]
+    pub strategy: Option<String>,
     /// Where to run: `cuda` needs an NVIDIA GPU; `auto` uses one when present.
     #[arg(long, value_enum, default_value = "auto")]
     pub backend: Backend,
@@ -106,42 +111,102 @@ pub struct Args {
     pub precision: PrecisionArg,
 }
 
-/// The devices a run in `dir` trained on, when it was data parallel (its `run.json`).
-fn recorded_devices(dir: &Path) -> Option<u32> {
+/// The device grid a run in `dir` trained on, when it was partitioned (its `run.json`).
+fn recorded_grid(dir: &Path) -> Option<Grid> {
     let text = std::fs::read_to_string(dir.join("run.json")).ok()?;
     let record: serde_json::Value = serde_json::from_str(&text).ok()?;
     record["plan"]["micro_shards"].as_u64()?;
-    record["plan"]["strategy"]["dp"]
-        .as_u64()
-        .and_then(|n| u32::try_from(n).ok())
+    let degree = |k: &str| record["plan"]["strategy"][k].as_u64().map(|n| n as usize);
+    Some(Grid {
+        dp: degree("dp")?,
+        pp: degree("pp")?,
+    })
 }
 
-/// The simulated devices for `--gpus n`: each with the memory of the file's device kind (or
-/// `--gpu-memory`). More devices than micro-shards would leave some without work forever.
+/// The simulated devices for `--gpus n` split as `strategy` (all data parallel when absent):
+/// each with the memory of the file's device kind (or `--gpu-memory`). More data-parallel
+/// ranks than micro-shards would leave some without work forever.
 fn simulated_devices(
     file: &Path,
     source: &parallax_compiler::Source,
     n: u32,
+    strategy: Option<&str>,
     gpu_memory: Option<u64>,
 ) -> Result<Simulated, Exit> {
+    let fail = |message: String, hint: &str| {
+        eprintln!("{}: error: {message}", file.display());
+        eprintln!("  = hint: {hint}");
+        Exit(1)
+    };
+    let (dp, tp, pp) = match strategy {
+        None => (n, 1, 1),
+        Some(s) => parse_strategy(s).map_err(|m| {
+            fail(
+                format!("--strategy {s}: {m}"),
+                "write degrees like `dp4`, `dp2.pp2` or `pp2.dp2`",
+            )
+        })?,
+    };
+    if dp * tp * pp != n {
+        return Err(fail(
+            format!(
+                "--strategy dp{dp}.tp{tp}.pp{pp} uses {} devices, not --gpus {n}",
+                dp * tp * pp
+            ),
+            "the degrees multiply to the GPU count",
+        ));
+    }
+    if tp > 1 {
+        return Err(fail(
+            format!("--strategy dp{dp}.tp{tp}.pp{pp}: tensor parallelism cannot run on simulated devices yet"),
+            "`parallax compile FILE --gpus N --explain` costs tensor-parallel plans; train with data and pipeline parallelism",
+        ));
+    }
     let d = &source.experiment.devices;
     let shards = Sharding::new(d.micro_shards, source.experiment.train.batch_size).shards;
-    if n > shards {
-        eprintln!(
-            "{}: error: --gpus {n}: each batch is cut into {shards} micro-shards, so {n} devices cannot all get work",
-            file.display()
-        );
-        eprintln!("  = hint: raise it with `--set devices.micro_shards={n}` (every GPU count up to it then gives the same bits; the batch size bounds it)");
-        return Err(Exit(1));
+    if dp > shards {
+        return Err(fail(
+            format!("--gpus {n}: each batch is cut into {shards} micro-shards, so {dp} data-parallel ranks cannot all get work"),
+            &format!("raise it with `--set devices.micro_shards={dp}` (every GPU count up to it then gives the same bits; the batch size bounds it)"),
+        ));
     }
     let capacity = match gpu_memory {
         Some(b) => b,
         None => parallax_compiler::devices::profile(&d.kind).map_or(u64::MAX, |p| p.memory),
     };
     Ok(Simulated {
-        devices: n as usize,
+        grid: Grid {
+            dp: dp as usize,
+            pp: pp as usize,
+        },
         capacity,
     })
+}
+
+/// `dp2.tp2.pp2`, in any order; degrees left out are 1.
+fn parse_strategy(s: &str) -> Result<(u32, u32, u32), String> {
+    let (mut dp, mut tp, mut pp) = (None, None, None);
+    for part in s.split('.') {
+        let split = part
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(part.len());
+        let (kind, degree) = part.split_at(split);
+        let degree: u32 = degree
+            .parse()
+            .ok()
+            .filter(|&d| d > 0)
+            .ok_or_else(|| format!("`{part}` needs a positive degree"))?;
+        let slot = match kind {
+            "dp" => &mut dp,
+            "tp" => &mut tp,
+            "pp" => &mut pp,
+            _ => return Err(format!("`{kind}` is not dp, tp or pp")),
+        };
+        if slot.replace(degree).is_some() {
+            return Err(format!("`{kind}` is given twice"));
+        }
+    }
+    Ok((dp.unwrap_or(1), tp.unwrap_or(1), pp.unwrap_or(1)))
 }
 
 pub fn run(args: Args) -> Result<(), Exit> {
@@ -158,6 +223,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         resume,
         gpus,
         gpu_memory,
+        strategy,
         backend,
         precision,
     } = args;
@@ -195,10 +261,14 @@ pub fn run(args: Args) -> Result<(), Exit> {
     let devices = &source.experiment.devices;
     // Data parallel when asked on the command line or the file wants several GPUs; a resumed
     // run continues as it was split (on any device count: the bits do not depend on it).
+    let mut strategy = strategy;
     let parallel = match &resume {
         None => gpus.or((devices.gpus > 1).then_some(devices.gpus)),
-        Some(dir) => match (recorded_devices(dir), gpus) {
-            (Some(n), None) => Some(n),
+        Some(dir) => match (recorded_grid(dir), gpus) {
+            (Some(g), None) => {
+                strategy = Some(format!("dp{}.pp{}", g.dp, g.pp));
+                Some((g.dp * g.pp) as u32)
+            }
             (Some(_), Some(m)) => Some(m),
             (None, None) => None,
             (None, Some(m)) => {
@@ -237,7 +307,13 @@ pub fn run(args: Args) -> Result<(), Exit> {
             eprintln!("  = hint: `--backend cpu` runs the same data-parallel plan on {n} simulated devices, with the same bits");
             return Err(Exit(1));
         }
-        (Some(n), None) => Some(simulated_devices(file, &source, n, gpu_memory)?),
+        (Some(n), None) => Some(simulated_devices(
+            file,
+            &source,
+            n,
+            strategy.as_deref(),
+            gpu_memory,
+        )?),
         _ => None,
     };
     let options = Options {
@@ -247,13 +323,14 @@ pub fn run(args: Args) -> Result<(), Exit> {
                 source.experiment.train.batch_size,
             )
         }),
-        gpus: simulated.map(|s| s.devices as u32),
+        gpus: parallel,
         ..Options::default()
     };
     let compiled = run_pipeline(file, &source, &options, Format::Text, &mut |_, _| {})?;
     let mut plan = compiled.plan(&source, &options);
     if let Some(s) = simulated {
-        plan.strategy.dp = s.devices as u32;
+        plan.strategy.dp = s.grid.dp as u32;
+        plan.strategy.pp = s.grid.pp as u32;
     }
     let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&source.experiment.name));
     let cfg = TrainConfig {
@@ -273,8 +350,10 @@ pub fn run(args: Args) -> Result<(), Exit> {
     let backend_name = match (cuda, simulated) {
         (Some(_), _) => "CUDA backend (GPU 0)".to_string(),
         (None, Some(s)) => format!(
-            "CPU backend, {} simulated device(s), data parallel over {} micro-shards",
-            s.devices,
+            "CPU backend, {} simulated device(s) (dp{}.pp{}) over {} micro-shards",
+            s.grid.dp * s.grid.pp,
+            s.grid.dp,
+            s.grid.pp,
             options.shards.map_or(1, |s| s.shards)
         ),
         (None, None) => "CPU backend".to_string(),

@@ -1,10 +1,12 @@
-//! Data parallelism on simulated devices: the same bits on any device count (uneven splits,
-//! a short last batch and synchronised BatchNorm included), close to the unsplit run, the
-//! memory each device allocates equal to what the compiler predicts, and clear refusals.
+//! Data and pipeline parallelism on simulated devices: the same bits on any device grid
+//! (uneven splits, a short last batch, synchronised BatchNorm and clipping across stages
+//! included), close to the unsplit run, the memory each device allocates equal to what the
+//! compiler predicts, and clear refusals.
 
 use parallax_compiler::shards::{assign, device_bytes, Sharding};
+use parallax_compiler::stages::split;
 use parallax_compiler::{compile, parse_bytes, Options};
-use parallax_runtime::sim::SimulatedDevices;
+use parallax_runtime::sim::{Grid, SimulatedDevices};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -57,14 +59,21 @@ fn every_model_gives_the_same_bits_on_any_device_count() {
     for (model, steps) in [("mlp", "3"), ("cnn", "3"), ("transformer", "2")] {
         let file = format!("models/{model}.ron");
         let (one, losses) = train(&file, &temp(model), &["--gpus", "1", "--steps", steps]);
-        for n in ["2", "3", "4", "8"] {
-            let run = temp(&format!("{model}-{n}"));
-            let (w, l) = train(&file, &run, &["--gpus", n, "--steps", steps]);
-            assert_eq!(l, losses, "{model} on {n} devices: losses");
-            assert!(
-                w == one,
-                "{model} on {n} devices: final.safetensors differs"
-            );
+        let grids = [
+            ("2", "dp2"),
+            ("3", "dp3"),
+            ("4", "dp4"),
+            ("8", "dp8"),
+            ("2", "pp2"),
+            ("3", "pp3"),
+            ("4", "dp2.pp2"),
+        ];
+        for (n, strategy) in grids {
+            let run = temp(&format!("{model}-{strategy}"));
+            let args = ["--gpus", n, "--strategy", strategy, "--steps", steps];
+            let (w, l) = train(&file, &run, &args);
+            assert_eq!(l, losses, "{model} as {strategy}: losses");
+            assert!(w == one, "{model} as {strategy}: final.safetensors differs");
         }
         let (_, unsplit) = train(&file, &temp(&format!("{model}-u")), &["--steps", steps]);
         let r = relative(&losses, &unsplit);
@@ -129,6 +138,39 @@ fn more_devices_need_more_micro_shards() {
 }
 
 #[test]
+fn strategies_that_cannot_run_are_refused() {
+    for (n, strategy, expect) in [
+        ("4", "dp2.pp3", "uses 6 devices, not --gpus 4"),
+        (
+            "2",
+            "tp2",
+            "tensor parallelism cannot run on simulated devices yet",
+        ),
+        ("2", "dq2", "`dq` is not dp, tp or pp"),
+        ("16", "pp16", "16 pipeline stages need at least 16 layers"),
+    ] {
+        let o = parallax(&[
+            "train",
+            "models/cnn.ron",
+            "--gpus",
+            n,
+            "--strategy",
+            strategy,
+            "--steps",
+            "1",
+            "--run-dir",
+            temp("refused").to_str().unwrap(),
+        ]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{strategy}: {err}");
+        assert!(
+            err.contains(expect) && !err.contains("panicked"),
+            "{strategy}: {err}"
+        );
+    }
+}
+
+#[test]
 fn a_device_too_small_is_refused_before_training() {
     let run = temp("small");
     let o = parallax(&[
@@ -144,13 +186,15 @@ fn a_device_too_small_is_refused_before_training() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("simulated device 0 runs out of memory") && !err.contains("panicked"),
+        err.contains("simulated device 0 (rank 0, stage 0) runs out of memory")
+            && !err.contains("panicked"),
         "{err}"
     );
     assert!(!run.join("metrics.jsonl").exists());
 }
 
-/// What the compiler predicts each device needs is what the simulated devices allocate.
+/// What the compiler predicts each device needs is what the simulated devices allocate; a
+/// pipeline stage holds less than the whole model.
 #[test]
 fn predicted_device_memory_is_what_the_devices_allocate() {
     for model in ["mlp", "cnn", "transformer"] {
@@ -165,16 +209,27 @@ fn predicted_device_memory_is_what_the_devices_allocate() {
         let plan = compile(&source, &options, &mut |_, _| {})
             .unwrap()
             .plan(&source, &options);
-        for n in [1, 3, 8] {
-            let sim = SimulatedDevices::new(plan.clone(), n, 1, u64::MAX).unwrap();
-            let held = assign(sharding.shards as usize, n);
-            for (m, own) in sim.memory().iter().zip(held) {
+        let whole = device_bytes(&plan, 1, None);
+        for (dp, pp) in [(1, 1), (3, 1), (8, 1), (1, 2), (2, 2), (1, 3)] {
+            let sim = SimulatedDevices::new(plan.clone(), Grid { dp, pp }, 1, u64::MAX).unwrap();
+            let stages = split(&plan, pp).unwrap().kernel_stage;
+            let held = assign(sharding.shards as usize, dp);
+            for m in sim.memory() {
+                let owned: Vec<bool> = stages.iter().map(|&s| s == m.stage).collect();
+                let owned = (pp > 1).then_some(owned.as_slice());
+                let predicted = device_bytes(&plan, held[m.rank].len(), owned);
                 assert_eq!(
-                    m.bytes,
-                    device_bytes(&plan, own.len()),
-                    "{model}, {n} devices, device {}",
+                    m.bytes, predicted,
+                    "{model}, dp{dp}.pp{pp}, device {}",
                     m.device
                 );
+                if pp > 1 && held[m.rank].len() == 1 {
+                    assert!(
+                        m.bytes < whole,
+                        "{model}: stage {} holds the whole model",
+                        m.stage
+                    );
+                }
             }
         }
     }

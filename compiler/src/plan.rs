@@ -116,6 +116,40 @@ impl Plan {
             .collect()
     }
 
+    /// The steps whose values the kernels marked in `owned` read or write (every step when
+    /// `None`): what a device running only those kernels (a pipeline stage) holds.
+    pub fn steps_touched(&self, owned: Option<&[bool]>) -> Vec<bool> {
+        let Some(owned) = owned else {
+            return vec![true; self.steps.len()];
+        };
+        let mut touched = vec![false; self.steps.len()];
+        for (k, kern) in self.kernels.iter().enumerate() {
+            if owned.get(k).copied().unwrap_or(false) {
+                for &s in &kern.steps {
+                    touched[s] = true;
+                    for &o in &self.steps[s].operands {
+                        touched[o] = true;
+                    }
+                }
+            }
+        }
+        touched
+    }
+
+    /// Elements each buffer needs at `batch` to hold the `touched` steps assigned to it.
+    pub fn buffer_elements(&self, touched: &[bool], batch: u64) -> Vec<u64> {
+        let mut elements = vec![0u64; self.buffers.len()];
+        for s in &self.steps {
+            if let (Some(b), true) = (s.buffer, touched[s.id]) {
+                let n = crate::codegen::resolve(self, &s.ty.shape, batch)
+                    .iter()
+                    .product::<u64>();
+                elements[b] = elements[b].max(n);
+            }
+        }
+        elements
+    }
+
     /// Elements of the host executor's staging buffer at `batch`: the input of a fused
     /// reduction, or a matmul result that only its epilogue reads.
     pub fn scratch_elements(&self, batch: u64) -> u64 {

@@ -101,13 +101,30 @@ pub fn subtree_count(leaves: usize, devices: usize) -> usize {
         .sum()
 }
 
-/// The memory a device holding `held` shards of a per-shard `plan` needs: one copy of the
-/// parameters and optimizer state, and for each shard its inputs, intermediates and the
-/// executor's staging buffer (a device without shards still holds one shard's buffers).
-pub fn device_bytes(plan: &crate::Plan, held: usize) -> u64 {
-    let m = &plan.memory;
-    let per_shard = m.input_bytes + m.activation_bytes + 4 * plan.scratch_elements(plan.batch_size);
-    m.parameter_bytes + m.optimizer_state_bytes + per_shard * held.max(1) as u64
+/// The memory a device holding `held` shards of a per-shard `plan` needs when it runs the
+/// kernels marked in `owned` (a pipeline stage; all when `None`): one copy of the parameters
+/// and optimizer state those kernels read, and for each shard the other values they touch
+/// and the executor's staging buffer (a device without shards still holds one shard's).
+pub fn device_bytes(plan: &crate::Plan, held: usize, owned: Option<&[bool]>) -> u64 {
+    use crate::ir::Op;
+    let touched = plan.steps_touched(owned);
+    let elements = plan.buffer_elements(&touched, plan.batch_size);
+    let mut persistent = vec![false; plan.buffers.len()];
+    for s in &plan.steps {
+        if let (Op::Param { .. } | Op::State { .. }, Some(b)) = (&s.op, s.buffer) {
+            persistent[b] = true;
+        }
+    }
+    let (mut once, mut per_shard) = (0u64, plan.scratch_elements(plan.batch_size));
+    for (b, &n) in elements.iter().enumerate() {
+        if persistent[b] {
+            once += n;
+        } else {
+            per_shard += n;
+        }
+    }
+    // Every element is 4 bytes (f32 values, i32 indices).
+    4 * (once + per_shard * held.max(1) as u64)
 }
 
 #[cfg(test)]

@@ -1,9 +1,12 @@
-//! Simulated devices: a data-parallel plan run on N device workers in one process, each with
-//! its own memory (capped like the GPU it stands for), its parameters and optimizer state, and
-//! the micro-shards of each batch it holds (`parallax_compiler::shards`). The plan's collective
-//! ops run through the collective library (`crate::collective`); every other kernel runs on
-//! the CPU executor, once per shard. All devices run in lockstep, kernel by kernel, so the
-//! result is the same whatever the device count (tests check it bit for bit).
+//! Simulated devices: a partitioned plan run by N device workers in one process, each with its
+//! own memory (capped like the GPU it stands for). Devices form a grid of data-parallel ranks
+//! times pipeline stages. A rank holds whole micro-shards of each batch
+//! (`parallax_compiler::shards`); a stage holds a contiguous run of layers
+//! (`parallax_compiler::stages`), their parameters and optimizer state, and runs only their
+//! kernels. The plan's collectives run through the collective library (`crate::collective`);
+//! a value one stage computes and another reads travels point to point. Every device runs in
+//! lockstep, kernel by kernel, and every cross-shard sum follows one fixed tree, so the
+//! result has the same bits on any grid (tests check it).
 
 use crate::backend::{Backend, ParamValues};
 use crate::collective::{partials, Collective, InProcess, Traffic};
@@ -18,38 +21,58 @@ use parallax_compiler::Plan;
 use std::collections::HashMap;
 use std::ops::Range;
 
-/// One simulated device: an executor per micro-shard it can hold; the first owns the
-/// parameters and optimizer state, which the others borrow kernel by kernel.
+/// One simulated device: an executor per micro-shard its rank holds; the first owns the
+/// stage's parameters and optimizer state, which the others borrow kernel by kernel.
 struct Device {
     shards: Vec<Executor>,
+}
+
+/// The device grid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grid {
+    /// Data-parallel ranks.
+    pub dp: usize,
+    /// Pipeline stages.
+    pub pp: usize,
 }
 
 pub struct SimulatedDevices {
     plan: Plan,
     sharding: Sharding,
+    grid: Grid,
+    /// Rank-major: device `r * pp + s`.
     devices: Vec<Device>,
+    kernel_stage: Vec<usize>,
+    /// The kernel that computes each stored value (none for sources).
+    producer: Vec<Option<usize>>,
+    /// The stage holding each source (parameter, state, input) that kernels read.
+    source_stage: HashMap<usize, usize>,
     collective: InProcess,
+    /// Bytes sent between stages.
+    p2p_bytes: u64,
     /// Inputs with a batch axis, as set for the whole batch: split into shards at `run`.
     batched: HashMap<String, (usize, Values)>,
-    /// The shards of the last step, and who held them.
+    /// The shards of the last step, and which rank held them.
     last: Vec<Range<usize>>,
     owners: Vec<Range<usize>>,
 }
 
-/// What each device holds after setup, in bytes (the executors' allocations).
+/// What a device holds after setup, in bytes (its executors' allocations).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeviceMemory {
     pub device: usize,
+    pub rank: usize,
+    pub stage: usize,
     pub shards: usize,
     pub bytes: u64,
 }
 
 impl SimulatedDevices {
-    /// `plan` must be a per-shard plan (`Plan::sharding` set). Each device gets the memory of
-    /// `capacity` bytes; a device whose buffers do not fit is refused before anything runs.
+    /// `plan` must be a per-shard plan (`Plan::sharding` set). Each device gets `capacity`
+    /// bytes; a device whose buffers do not fit is refused before anything runs.
     pub fn new(
         plan: Plan,
-        devices: usize,
+        grid: Grid,
         seed: u64,
         capacity: u64,
     ) -> Result<SimulatedDevices, ExecError> {
@@ -58,24 +81,64 @@ impl SimulatedDevices {
                 "simulated devices run a per-shard plan (compiled with micro-shards)".into(),
             ));
         };
-        let devices = devices.max(1);
-        let max_batch = plan.batch_size as usize;
-        let mut devs = Vec::with_capacity(devices);
-        for held in assign(sharding.shards as usize, devices) {
-            // Even a device without shards holds the parameters and runs the update.
-            let mut shards: Vec<Executor> = (0..held.len().max(1))
-                .map(|_| Executor::new(plan.clone(), max_batch, seed))
-                .collect();
-            for e in shards.iter_mut().skip(1) {
-                drop(e.take_persistent());
+        let grid = Grid {
+            dp: grid.dp.max(1),
+            pp: grid.pp.max(1),
+        };
+        let kernel_stage = if grid.pp == 1 {
+            vec![0; plan.kernels.len()]
+        } else {
+            parallax_compiler::stages::split(&plan, grid.pp)
+                .map_err(|e| ExecError::Device(e.to_string()))?
+                .kernel_stage
+        };
+        let mut producer = vec![None; plan.steps.len()];
+        let mut source_stage: HashMap<usize, usize> = HashMap::new();
+        for (k, kern) in plan.kernels.iter().enumerate() {
+            for &s in &kern.steps {
+                producer[s] = Some(k);
+                for &o in &plan.steps[s].operands {
+                    if !plan.steps[o].op.is_source() {
+                        continue;
+                    }
+                    let stage = *source_stage.entry(o).or_insert(kernel_stage[k]);
+                    let persistent =
+                        matches!(plan.steps[o].op, Op::Param { .. } | Op::State { .. });
+                    if persistent && stage != kernel_stage[k] {
+                        return Err(ExecError::Device(format!(
+                            "`{}` is read by layers on pipeline stages {stage} and {}: a tensor shared across stages (tied weights) cannot be split yet",
+                            plan.steps[o].layer, kernel_stage[k]
+                        )));
+                    }
+                }
             }
-            devs.push(Device { shards });
+        }
+        let max_batch = plan.batch_size as usize;
+        let mut devices = Vec::with_capacity(grid.dp * grid.pp);
+        for held in assign(sharding.shards as usize, grid.dp) {
+            for stage in 0..grid.pp {
+                let owned: Vec<bool> = kernel_stage.iter().map(|&s| s == stage).collect();
+                let owned = (grid.pp > 1).then_some(owned.as_slice());
+                // Even a rank without shards holds the parameters and runs the update.
+                let mut shards: Vec<Executor> = (0..held.len().max(1))
+                    .map(|_| Executor::for_kernels(plan.clone(), max_batch, seed, owned))
+                    .collect();
+                for e in shards.iter_mut().skip(1) {
+                    drop(e.take_persistent());
+                }
+                devices.push(Device { shards });
+            }
         }
         let sim = SimulatedDevices {
             plan,
             sharding,
-            devices: devs,
-            collective: InProcess::new(devices),
+            grid,
+            devices,
+            kernel_stage,
+            producer,
+            source_stage,
+            collective: InProcess::new(grid.dp),
+            p2p_bytes: 0,
             batched: HashMap::new(),
             last: Vec::new(),
             owners: Vec::new(),
@@ -83,8 +146,10 @@ impl SimulatedDevices {
         for m in sim.memory() {
             if m.bytes > capacity {
                 return Err(ExecError::Device(format!(
-                    "simulated device {} runs out of memory: its {} micro-shard(s) need {} but it has {}",
+                    "simulated device {} (rank {}, stage {}) runs out of memory: its {} micro-shard(s) need {} but it has {}",
                     m.device,
+                    m.rank,
+                    m.stage,
                     m.shards,
                     bytes(m.bytes),
                     bytes(capacity)
@@ -101,24 +166,36 @@ impl SimulatedDevices {
             .enumerate()
             .map(|(device, d)| DeviceMemory {
                 device,
+                rank: device / self.grid.pp,
+                stage: device % self.grid.pp,
                 shards: d.shards.len(),
                 bytes: d.shards.iter().map(Executor::allocated_bytes).sum(),
             })
             .collect()
     }
 
-    pub fn traffic(&self) -> Traffic {
-        self.collective.traffic()
+    /// Collective traffic, and bytes sent between pipeline stages.
+    pub fn traffic(&self) -> (Traffic, u64) {
+        (self.collective.traffic(), self.p2p_bytes)
     }
 
     pub fn sharding(&self) -> Sharding {
         self.sharding
     }
 
-    /// Shard `i` of the last step: its device and executor.
-    fn shard(&self, i: usize) -> &Executor {
-        let d = self.owners.iter().position(|r| r.contains(&i)).unwrap_or(0);
-        &self.devices[d].shards[i - self.owners[d].start]
+    pub fn grid(&self) -> Grid {
+        self.grid
+    }
+
+    fn device(&self, rank: usize, stage: usize) -> usize {
+        rank * self.grid.pp + stage
+    }
+
+    /// The executor of shard `i` of the last step on `stage`.
+    fn shard(&self, stage: usize, i: usize) -> &Executor {
+        let r = self.owners.iter().position(|o| o.contains(&i)).unwrap_or(0);
+        let j = i.saturating_sub(self.owners.get(r).map_or(0, |o| o.start));
+        &self.devices[self.device(r, stage)].shards[j]
     }
 
     fn is_batched(&self, name: &str) -> bool {
@@ -128,45 +205,96 @@ impl SimulatedDevices {
             .any(|t| t.name == name && t.shape.first().is_some_and(|d| d == "B"))
     }
 
-    /// Runs kernel `k` on every shard, or the collective it is.
-    fn kernel(&mut self, k: usize, ctxs: &[Vec<Ctx>]) -> Result<(), ExecError> {
-        let kern = &self.plan.kernels[k];
-        let last = *kern.steps.last().expect("a kernel has steps");
-        let step = &self.plan.steps[last];
-        if matches!(step.op, Op::AllReduce) {
-            return self.all_reduce(last, step.operands[0]);
+    fn stage_of_step(&self, step: usize) -> usize {
+        match self.producer[step] {
+            Some(k) => self.kernel_stage[k],
+            None => self.source_stage.get(&step).copied().unwrap_or(0),
         }
+    }
+
+    /// Runs kernel `k` on every shard of its stage, or the collective it is.
+    fn kernel(&mut self, k: usize, ctxs: &[Vec<Ctx>]) -> Result<(), ExecError> {
+        let stage = self.kernel_stage[k];
+        let last = *self.plan.kernels[k]
+            .steps
+            .last()
+            .expect("a kernel has steps");
+        let (op, phase) = (&self.plan.steps[last].op, self.plan.steps[last].phase);
+        let collective = matches!(op, Op::AllReduce);
         // The update runs once per device, where the parameters live.
-        let update = step.phase == Phase::Update;
-        for (d, dev) in self.devices.iter_mut().enumerate() {
-            let held = self.owners[d].len();
+        let update = phase == Phase::Update;
+        for r in 0..self.grid.dp {
+            let held = self.owners[r].len();
             let runs = if update { 1 } else { held };
-            for j in 0..runs {
+            let d = self.device(r, stage);
+            for (j, ctx) in ctxs[d].iter().enumerate().take(runs) {
+                self.receive(k, r, j)?;
+                if collective {
+                    continue;
+                }
+                let dev = &mut self.devices[d];
                 if j == 0 {
-                    dev.shards[0].run_kernel_at(k, &ctxs[d][0])?;
+                    dev.shards[0].run_kernel_at(k, ctx)?;
                 } else {
                     let persistent = dev.shards[0].take_persistent();
                     dev.shards[j].put_persistent(persistent);
-                    let r = dev.shards[j].run_kernel_at(k, &ctxs[d][j]);
+                    let result = dev.shards[j].run_kernel_at(k, ctx);
                     let persistent = dev.shards[j].take_persistent();
                     dev.shards[0].put_persistent(persistent);
-                    r?;
+                    result?;
                 }
+            }
+        }
+        if collective {
+            self.all_reduce(stage, last, self.plan.steps[last].operands[0])?;
+        }
+        Ok(())
+    }
+
+    /// Copies into shard `j` of rank `r` the values kernel `k` reads that another stage
+    /// computed: the pipeline's sends and receives.
+    fn receive(&mut self, k: usize, r: usize, j: usize) -> Result<(), ExecError> {
+        if self.grid.pp == 1 {
+            return Ok(());
+        }
+        let stage = self.kernel_stage[k];
+        let kern = &self.plan.kernels[k];
+        let mut wanted: Vec<(usize, usize)> = Vec::new();
+        for &s in &kern.steps {
+            for &o in &self.plan.steps[s].operands {
+                if kern.steps.contains(&o) || self.producer[o].is_none() {
+                    continue;
+                }
+                let from = self.stage_of_step(o);
+                if from != stage && !wanted.contains(&(o, from)) {
+                    wanted.push((o, from));
+                }
+            }
+        }
+        for (o, from) in wanted {
+            let src = &self.devices[self.device(r, from)].shards[j];
+            let Some(t) = src.value(o) else { continue };
+            let (shape, data) = (t.shape.clone(), t.f32().to_vec());
+            self.p2p_bytes += 4 * data.len() as u64;
+            let dst = &mut self.devices[r * self.grid.pp + stage].shards[j];
+            if let Some(t) = dst.value_mut(o) {
+                t.reshape_in_place(&shape);
+                t.f32_mut().copy_from_slice(&data);
             }
         }
         Ok(())
     }
 
-    /// The sum over every shard of `operand` into `out`, on every shard.
-    fn all_reduce(&mut self, out: usize, operand: usize) -> Result<(), ExecError> {
+    /// The sum over every shard of `operand` into `out`, on every shard of `stage`.
+    fn all_reduce(&mut self, stage: usize, out: usize, operand: usize) -> Result<(), ExecError> {
         let leaves = self.last.len();
         let value = |i: usize| -> Vec<f32> {
-            self.shard(i)
+            self.shard(stage, i)
                 .value(operand)
                 .map(|t| t.f32().to_vec())
                 .unwrap_or_default()
         };
-        let shape = self.shard(0).value(operand).map(|t| t.shape.clone());
+        let shape = self.shard(stage, 0).value(operand).map(|t| t.shape.clone());
         let sent: Vec<_> = self
             .owners
             .iter()
@@ -177,8 +305,10 @@ impl SimulatedDevices {
             .all_reduce(leaves, sent)
             .map_err(|e| ExecError::Device(e.to_string()))?;
         let shape = shape.unwrap_or_else(|| vec![total.len()]);
-        for (d, dev) in self.devices.iter_mut().enumerate() {
-            for e in dev.shards.iter_mut().take(self.owners[d].len().max(1)) {
+        for r in 0..self.grid.dp {
+            let held = self.owners[r].len().max(1);
+            let d = self.device(r, stage);
+            for e in self.devices[d].shards.iter_mut().take(held) {
                 if let Some(t) = e.value_mut(out) {
                     t.reshape_in_place(&shape);
                     t.f32_mut().copy_from_slice(&total);
@@ -186,6 +316,38 @@ impl SimulatedDevices {
             }
         }
         Ok(())
+    }
+
+    /// Each persistent value (by name) from the device of rank 0 that holds it, in plan order.
+    fn persistent(&self, states: bool) -> Result<ParamValues, ExecError> {
+        let names = self.plan.names();
+        let list = if states { &names.states } else { &names.params };
+        let mut out = Vec::with_capacity(list.len());
+        for (name, step) in list {
+            let e = &self.devices[self.device(0, self.stage_of_step(*step))].shards[0];
+            let all = if states {
+                e.state_values()?
+            } else {
+                e.param_values()?
+            };
+            if let Some(v) = all.into_iter().find(|v| &v.0 == name) {
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The devices of every rank that hold persistent value `name`.
+    fn holders(&self, name: &str) -> Vec<usize> {
+        let names = self.plan.names();
+        let step = names
+            .params
+            .iter()
+            .chain(&names.states)
+            .find(|(n, _)| n == name)
+            .map(|p| p.1);
+        let stage = step.map_or(0, |s| self.stage_of_step(s));
+        (0..self.grid.dp).map(|r| self.device(r, stage)).collect()
     }
 }
 
@@ -208,14 +370,16 @@ impl Backend for SimulatedDevices {
         }
         for dev in &mut self.devices {
             for e in &mut dev.shards {
-                Backend::set_input(e, name, batch, v)?;
+                if e.has_input(name) {
+                    Backend::set_input(e, name, batch, v)?;
+                }
             }
         }
         Ok(())
     }
 
     fn has_input(&self, name: &str) -> bool {
-        self.devices[0].shards[0].has_input(name)
+        self.devices.iter().any(|d| d.shards[0].has_input(name))
     }
 
     fn run(
@@ -226,11 +390,11 @@ impl Backend for SimulatedDevices {
         first_sample: u64,
     ) -> Result<(), ExecError> {
         self.last = self.sharding.split(batch);
-        self.owners = assign(self.last.len(), self.devices.len());
+        self.owners = assign(self.last.len(), self.grid.dp);
         let mut ctxs: Vec<Vec<Ctx>> = Vec::with_capacity(self.devices.len());
         for (d, dev) in self.devices.iter_mut().enumerate() {
+            let own = self.owners[d / self.grid.pp].clone();
             let mut mine = Vec::new();
-            let own = self.owners[d].clone();
             if own.is_empty() {
                 // No shards this step: it still runs the update on its own copy.
                 mine.push(dev.shards[0].begin_step(1, mode, step, first_sample)?);
@@ -246,18 +410,23 @@ impl Backend for SimulatedDevices {
                             "input `{name}` holds {total} samples but the step runs {batch}"
                         )));
                     }
-                    let per = match v {
+                    if !e.has_input(name) {
+                        continue;
+                    }
+                    let len = match v {
                         Values::F32(x) => x.len(),
                         Values::I32(x) => x.len(),
-                    } / batch.max(1);
-                    Backend::set_input(e, name, n, &slice(v, per, r))?;
+                    };
+                    Backend::set_input(e, name, n, &slice(v, len / batch.max(1), r))?;
                 }
-                let weight = Values::F32(vec![n as f32 / batch as f32]);
-                if e.has_input(SHARD_WEIGHT) {
-                    Backend::set_input(e, SHARD_WEIGHT, 1, &weight)?;
-                }
-                if e.has_input(INV_BATCH) {
-                    Backend::set_input(e, INV_BATCH, 1, &Values::F32(vec![1.0 / batch as f32]))?;
+                let scalars = [
+                    (SHARD_WEIGHT, n as f32 / batch as f32),
+                    (INV_BATCH, 1.0 / batch as f32),
+                ];
+                for (name, value) in scalars {
+                    if e.has_input(name) {
+                        Backend::set_input(e, name, 1, &Values::F32(vec![value]))?;
+                    }
                 }
                 mine.push(e.begin_step(n, mode, step, first_sample + r.start as u64)?);
             }
@@ -275,18 +444,25 @@ impl Backend for SimulatedDevices {
     }
 
     fn loss(&self, _batch: usize) -> Result<f32, ExecError> {
-        Ok(self
-            .shard(0)
-            .output("loss")
-            .map_or(f32::NAN, |t| t.f32()[0]))
+        let Some(step) = self.plan.output_steps.iter().find(|o| o.name == "loss") else {
+            return Ok(f32::NAN);
+        };
+        let t = self
+            .shard(self.stage_of_step(step.step), 0)
+            .value(step.step);
+        Ok(t.map_or(f32::NAN, |t| t.f32()[0]))
     }
 
     fn output_values(&self, name: &str, _batch: usize) -> Result<Option<Tensor>, ExecError> {
+        let Some(out) = self.plan.output_steps.iter().find(|o| o.name == name) else {
+            return Ok(None);
+        };
+        let stage = self.stage_of_step(out.step);
         // The shards' outputs, concatenated along the batch axis in shard order.
         let mut shape: Option<Vec<usize>> = None;
         let mut data = Vec::new();
         for i in 0..self.last.len() {
-            let Some(t) = self.shard(i).output(name) else {
+            let Some(t) = self.shard(stage, i).value(out.step) else {
                 return Ok(None);
             };
             match shape.as_mut() {
@@ -300,23 +476,23 @@ impl Backend for SimulatedDevices {
     }
 
     fn param_values(&self) -> Result<ParamValues, ExecError> {
-        self.devices[0].shards[0].param_values()
+        self.persistent(false)
     }
 
     fn set_param(&mut self, name: &str, shape: &[usize], values: &[f32]) -> Result<(), ExecError> {
-        for dev in &mut self.devices {
-            dev.shards[0].set_param(name, shape, values)?;
+        for d in self.holders(name) {
+            self.devices[d].shards[0].set_param(name, shape, values)?;
         }
         Ok(())
     }
 
     fn state_values(&self) -> Result<ParamValues, ExecError> {
-        self.devices[0].shards[0].state_values()
+        self.persistent(true)
     }
 
     fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError> {
-        for dev in &mut self.devices {
-            dev.shards[0].set_state(name, values)?;
+        for d in self.holders(name) {
+            self.devices[d].shards[0].set_state(name, values)?;
         }
         Ok(())
     }

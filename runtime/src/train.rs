@@ -42,10 +42,10 @@ pub struct TrainConfig {
     pub simulated: Option<Simulated>,
 }
 
-/// Simulated devices for a data-parallel plan.
+/// Simulated devices for a partitioned plan.
 #[derive(Debug, Clone, Copy)]
 pub struct Simulated {
-    pub devices: usize,
+    pub grid: crate::sim::Grid,
     /// Each device's memory, in bytes.
     pub capacity: u64,
 }
@@ -474,7 +474,7 @@ pub fn train(
     let mut exec: Box<dyn Backend> = match (cfg.cuda, cfg.simulated) {
         (_, Some(sim)) => Box::new(crate::sim::SimulatedDevices::new(
             plan,
-            sim.devices,
+            sim.grid,
             seed,
             sim.capacity,
         )?),
@@ -513,7 +513,12 @@ pub fn train(
         "parallax_version": env!("CARGO_PKG_VERSION"),
         "backend": exec.backend_name(),
         "devices": match (cfg.cuda, cfg.simulated) {
-            (_, Some(s)) => format!("{} simulated device(s) on the cpu", s.devices),
+            (_, Some(s)) => format!(
+                "{} simulated device(s) on the cpu (dp{}.pp{})",
+                s.grid.dp * s.grid.pp,
+                s.grid.dp,
+                s.grid.pp
+            ),
             (None, None) => "cpu".to_string(),
             (Some(p), None) => format!("cuda:0 ({p:?})"),
         },

@@ -95,21 +95,33 @@ pub struct Executor {
     states: Vec<(String, usize)>,
     /// Seconds and calls per kernel, when profiling.
     profile: Option<HashMap<&'static str, (f64, u64)>>,
+    /// The steps whose values this executor holds (all, unless built for some kernels).
+    needed: Vec<bool>,
 }
 
 impl Executor {
     /// Allocates every buffer of the plan for batches up to `max_batch` and initialises the
     /// parameters from `seed` (keyed by parameter index, so the same on any machine).
     pub fn new(plan: Plan, max_batch: usize, seed: u64) -> Executor {
+        Executor::for_kernels(plan, max_batch, seed, None)
+    }
+
+    /// Like `new`, but when `owned` is given, only for the kernels it marks (a pipeline
+    /// stage): buffers that none of them reads or writes stay unallocated.
+    pub fn for_kernels(
+        plan: Plan,
+        max_batch: usize,
+        seed: u64,
+        owned: Option<&[bool]>,
+    ) -> Executor {
         let max_batch = max_batch.max(1);
-        let numel = |id: usize| tensor::numel(&resolve(&plan, &plan.steps[id].ty.shape, max_batch));
-        let mut capacity = vec![0usize; plan.buffers.len()];
+        let needed = plan.steps_touched(owned);
+        let capacity: Vec<usize> = plan
+            .buffer_elements(&needed, max_batch as u64)
+            .into_iter()
+            .map(|n| n as usize)
+            .collect();
         let slot: Vec<Option<usize>> = plan.steps.iter().map(|s| s.buffer).collect();
-        for (id, b) in slot.iter().enumerate() {
-            if let Some(b) = *b {
-                capacity[b] = capacity[b].max(numel(id));
-            }
-        }
         let mut buffers: Vec<Tensor> = plan
             .buffers
             .iter()
@@ -118,7 +130,7 @@ impl Executor {
             .collect();
         // Sources keep their shapes: parameters and state for good, inputs until set.
         for s in &plan.steps {
-            if let (true, Some(b)) = (s.op.is_source(), s.buffer) {
+            if let (true, Some(b), true) = (s.op.is_source(), s.buffer, needed[s.id]) {
                 buffers[b].reshape_in_place(&resolve(&plan, &s.ty.shape, max_batch));
             }
         }
@@ -137,7 +149,7 @@ impl Executor {
             .iter()
             .map(|s| resolve(&plan, &s.ty.shape, max_batch))
             .collect();
-        let fills = plan.fills();
+        let fills = plan.fills().into_iter().filter(|f| needed[f.0]).collect();
         let mut e = Executor {
             fills,
             plan: Arc::new(plan),
@@ -154,6 +166,7 @@ impl Executor {
             params,
             states,
             profile: None,
+            needed,
         };
         e.init_params();
         e
@@ -324,8 +337,9 @@ impl Executor {
     }
 
     /// Whether the plan reads an input of this name (e.g. Adam's bias corrections).
+    /// Whether the plan reads input `name` (in the kernels this executor runs).
     pub fn has_input(&self, name: &str) -> bool {
-        self.inputs.contains_key(name)
+        self.inputs.get(name).is_some_and(|&s| self.needed[s])
     }
 
     /// Runs one step on a batch of `batch` samples whose first sample has index `first_sample`
@@ -393,6 +407,10 @@ impl Executor {
         if mode == Mode::Train {
             for i in 0..self.plan.updates.len() {
                 let (p, u) = self.plan.updates[i];
+                // Another pipeline stage's parameter: not held here.
+                if !self.needed[u] {
+                    continue;
+                }
                 let (bp, bu) = (self.slot[p].expect("stored"), self.slot[u].expect("stored"));
                 let src = std::mem::take(&mut self.buffers[bu]);
                 self.buffers[bp].f32_mut().copy_from_slice(src.f32());
