@@ -119,6 +119,7 @@ fn recorded_grid(dir: &Path) -> Option<Grid> {
     let degree = |k: &str| record["plan"]["strategy"][k].as_u64().map(|n| n as usize);
     Some(Grid {
         dp: degree("dp")?,
+        tp: degree("tp")?,
         pp: degree("pp")?,
     })
 }
@@ -156,12 +157,6 @@ fn simulated_devices(
             "the degrees multiply to the GPU count",
         ));
     }
-    if tp > 1 {
-        return Err(fail(
-            format!("--strategy dp{dp}.tp{tp}.pp{pp}: tensor parallelism cannot run on simulated devices yet"),
-            "`parallax compile FILE --gpus N --explain` costs tensor-parallel plans; train with data and pipeline parallelism",
-        ));
-    }
     let d = &source.experiment.devices;
     let shards = Sharding::new(d.micro_shards, source.experiment.train.batch_size).shards;
     if dp > shards {
@@ -177,6 +172,7 @@ fn simulated_devices(
     Ok(Simulated {
         grid: Grid {
             dp: dp as usize,
+            tp: tp as usize,
             pp: pp as usize,
         },
         capacity,
@@ -266,8 +262,8 @@ pub fn run(args: Args) -> Result<(), Exit> {
         None => gpus.or((devices.gpus > 1).then_some(devices.gpus)),
         Some(dir) => match (recorded_grid(dir), gpus) {
             (Some(g), None) => {
-                strategy = Some(format!("dp{}.pp{}", g.dp, g.pp));
-                Some((g.dp * g.pp) as u32)
+                strategy = Some(format!("dp{}.tp{}.pp{}", g.dp, g.tp, g.pp));
+                Some(g.devices() as u32)
             }
             (Some(_), Some(m)) => Some(m),
             (None, None) => None,
@@ -316,6 +312,23 @@ pub fn run(args: Args) -> Result<(), Exit> {
         )?),
         _ => None,
     };
+    // Data and pipeline degrees never change the bits; the tensor-parallel degree does.
+    let recorded = resume.as_deref().and_then(recorded_grid);
+    if let (Some(old), Some(new)) = (recorded, simulated) {
+        if old.tp != new.grid.tp {
+            eprintln!(
+                "{}: error: this run trained with tensor parallelism of degree {}; continuing with {} would change its bits",
+                file.display(),
+                old.tp,
+                new.grid.tp
+            );
+            eprintln!(
+                "  = hint: keep `tp{}` in --strategy (data and pipeline degrees may change)",
+                old.tp
+            );
+            return Err(Exit(1));
+        }
+    }
     let options = Options {
         shards: simulated.map(|_| {
             Sharding::new(
@@ -324,13 +337,30 @@ pub fn run(args: Args) -> Result<(), Exit> {
             )
         }),
         gpus: parallel,
+        tensor_parallel: simulated.map(|s| s.grid.tp as u32).filter(|&t| t > 1),
         ..Options::default()
     };
     let compiled = run_pipeline(file, &source, &options, Format::Text, &mut |_, _| {})?;
     let mut plan = compiled.plan(&source, &options);
     if let Some(s) = simulated {
         plan.strategy.dp = s.grid.dp as u32;
+        plan.strategy.tp = s.grid.tp as u32;
         plan.strategy.pp = s.grid.pp as u32;
+        if plan
+            .tensor_parallel
+            .as_ref()
+            .is_some_and(|t| t.splits.is_empty())
+        {
+            eprintln!(
+                "{}: error: --strategy: tensor parallelism splits Attention and Mlp layers, and this model has none",
+                file.display()
+            );
+            eprintln!(
+                "  = hint: use data or pipeline parallelism (`dp{}`, `pp2`)",
+                s.grid.devices()
+            );
+            return Err(Exit(1));
+        }
     }
     let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&source.experiment.name));
     let cfg = TrainConfig {
@@ -350,9 +380,10 @@ pub fn run(args: Args) -> Result<(), Exit> {
     let backend_name = match (cuda, simulated) {
         (Some(_), _) => "CUDA backend (GPU 0)".to_string(),
         (None, Some(s)) => format!(
-            "CPU backend, {} simulated device(s) (dp{}.pp{}) over {} micro-shards",
-            s.grid.dp * s.grid.pp,
+            "CPU backend, {} simulated device(s) (dp{}.tp{}.pp{}) over {} micro-shards",
+            s.grid.devices(),
             s.grid.dp,
+            s.grid.tp,
             s.grid.pp,
             options.shards.map_or(1, |s| s.shards)
         ),

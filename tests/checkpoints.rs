@@ -288,7 +288,7 @@ fn a_data_parallel_run_resumes_on_another_device_count() {
         serde_json::from_str(&std::fs::read_to_string(split.join("run.json")).unwrap()).unwrap();
     assert_eq!(
         record["resumes"][0]["devices"],
-        "3 simulated device(s) on the cpu (dp3.pp1)"
+        "3 simulated device(s) on the cpu (dp3.tp1.pp1)"
     );
 
     let unsplit = short_run("dp-unsplit", "models/mlp.ron");

@@ -141,11 +141,7 @@ fn more_devices_need_more_micro_shards() {
 fn strategies_that_cannot_run_are_refused() {
     for (n, strategy, expect) in [
         ("4", "dp2.pp3", "uses 6 devices, not --gpus 4"),
-        (
-            "2",
-            "tp2",
-            "tensor parallelism cannot run on simulated devices yet",
-        ),
+        ("2", "tp2", "this model has none"),
         ("2", "dq2", "`dq` is not dp, tp or pp"),
         ("16", "pp16", "16 pipeline stages need at least 16 layers"),
     ] {
@@ -171,6 +167,93 @@ fn strategies_that_cannot_run_are_refused() {
 }
 
 #[test]
+fn heads_that_do_not_split_are_refused() {
+    let o = parallax(&[
+        "train",
+        "models/transformer.ron",
+        "--gpus",
+        "3",
+        "--strategy",
+        "tp3",
+        "--steps",
+        "1",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("4 heads do not split over 3 tensor-parallel ranks") && err.contains("^"),
+        "{err}"
+    );
+}
+
+/// Every tensor's values from a safetensors file, by name.
+fn tensors(bytes: &[u8]) -> Vec<(String, Vec<f32>)> {
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    let mut out: Vec<(String, Vec<f32>)> = header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "__metadata__")
+        .map(|(k, v)| {
+            let at = |i: usize| v["data_offsets"][i].as_u64().unwrap() as usize;
+            let values = data[at(0)..at(1)]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect();
+            (k.clone(), values)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// Tensor parallelism (Megatron: attention heads and the MLP split, the row-parallel
+/// products summed across ranks) on its own and with data and pipeline parallelism: losses
+/// within 1e-5 of one device, weights within 1e-5 (relative norm), the same bits on any grid
+/// with the same tensor-parallel degree.
+#[test]
+fn tensor_parallel_transformer_matches_one_device() {
+    let file = "models/transformer.ron";
+    let steps = ["--steps", "3"];
+    let (one, losses) = train(
+        file,
+        &temp("tp-1"),
+        &[&["--gpus", "1"][..], &steps].concat(),
+    );
+    let mut tp2 = None;
+    for (n, strategy) in [
+        ("2", "tp2"),
+        ("4", "tp4"),
+        ("4", "dp2.tp2"),
+        ("8", "dp2.tp2.pp2"),
+    ] {
+        let run = temp(&format!("tp-{strategy}"));
+        let args = [&["--gpus", n, "--strategy", strategy][..], &steps].concat();
+        let (w, l) = train(file, &run, &args);
+        let r = relative(&l, &losses);
+        assert!(r < 1e-5, "{strategy}: losses differ by {r:e}");
+        let (mine, reference) = (tensors(&w), tensors(&one));
+        assert_eq!(mine.len(), reference.len());
+        for ((name, a), (other, b)) in mine.iter().zip(reference) {
+            assert_eq!(*name, other);
+            assert_eq!(a.len(), b.len(), "{strategy}: `{name}`");
+            let norm = |v: &[f32]| v.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+            let diff: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x - y).collect();
+            let r = norm(&diff) / norm(&b).max(1e-12);
+            assert!(r < 1e-5, "{strategy}: `{name}` differs by {r:e}");
+        }
+        if strategy.contains("tp2") {
+            match &tp2 {
+                None => tp2 = Some(w),
+                Some(first) => assert!(*first == w, "{strategy}: bits differ from tp2"),
+            }
+        }
+    }
+}
+
+#[test]
 fn a_device_too_small_is_refused_before_training() {
     let run = temp("small");
     let o = parallax(&[
@@ -186,7 +269,7 @@ fn a_device_too_small_is_refused_before_training() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
-        err.contains("simulated device 0 (rank 0, stage 0) runs out of memory")
+        err.contains("simulated device 0 (rank 0, tensor rank 0, stage 0) runs out of memory")
             && !err.contains("panicked"),
         "{err}"
     );
@@ -194,41 +277,49 @@ fn a_device_too_small_is_refused_before_training() {
 }
 
 /// What the compiler predicts each device needs is what the simulated devices allocate; a
-/// pipeline stage holds less than the whole model.
+/// pipeline stage or a tensor-parallel rank holds less than the whole model.
 #[test]
 fn predicted_device_memory_is_what_the_devices_allocate() {
-    for model in ["mlp", "cnn", "transformer"] {
+    let cases = [
+        ("mlp", 1),
+        ("cnn", 1),
+        ("transformer", 1),
+        ("transformer", 2),
+    ];
+    for (model, tp) in cases {
         let path = format!("{}/models/{model}.ron", env!("CARGO_MANIFEST_DIR"));
         let source = parse_bytes(&std::fs::read(path).unwrap()).unwrap();
         let e = &source.experiment;
         let sharding = Sharding::new(e.devices.micro_shards, e.train.batch_size);
-        let options = Options {
-            shards: Some(sharding),
-            ..Options::default()
+        let plan_for = |tp: u32| {
+            let options = Options {
+                shards: Some(sharding),
+                tensor_parallel: (tp > 1).then_some(tp),
+                ..Options::default()
+            };
+            compile(&source, &options, &mut |_, _| {})
+                .unwrap()
+                .plan(&source, &options)
         };
-        let plan = compile(&source, &options, &mut |_, _| {})
-            .unwrap()
-            .plan(&source, &options);
-        let whole = device_bytes(&plan, 1, None);
+        let plan = plan_for(tp);
+        let whole = device_bytes(&plan_for(1), 1, None);
         for (dp, pp) in [(1, 1), (3, 1), (8, 1), (1, 2), (2, 2), (1, 3)] {
-            let sim = SimulatedDevices::new(plan.clone(), Grid { dp, pp }, 1, u64::MAX).unwrap();
+            let grid = Grid {
+                dp,
+                tp: tp as usize,
+                pp,
+            };
+            let sim = SimulatedDevices::new(plan.clone(), grid, 1, u64::MAX).unwrap();
             let stages = split(&plan, pp).unwrap().kernel_stage;
             let held = assign(sharding.shards as usize, dp);
             for m in sim.memory() {
                 let owned: Vec<bool> = stages.iter().map(|&s| s == m.stage).collect();
                 let owned = (pp > 1).then_some(owned.as_slice());
                 let predicted = device_bytes(&plan, held[m.rank].len(), owned);
-                assert_eq!(
-                    m.bytes, predicted,
-                    "{model}, dp{dp}.pp{pp}, device {}",
-                    m.device
-                );
-                if pp > 1 && held[m.rank].len() == 1 {
-                    assert!(
-                        m.bytes < whole,
-                        "{model}: stage {} holds the whole model",
-                        m.stage
-                    );
+                let at = format!("{model}, dp{dp}.tp{tp}.pp{pp}, device {}", m.device);
+                assert_eq!(m.bytes, predicted, "{at}");
+                if (pp > 1 || tp > 1) && held[m.rank].len() == 1 {
+                    assert!(m.bytes < whole, "{at} holds the whole model");
                 }
             }
         }

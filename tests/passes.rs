@@ -221,7 +221,7 @@ fn sharded_plans_synchronise_and_overlap_gradient_sums() {
         let plan = compiled.plan(&source, &options);
         let phase_of = |k: &parallax_compiler::plan::PlanKernel| {
             let s = &plan.steps[*k.steps.last().unwrap()];
-            (s.phase, matches!(s.op, Op::AllReduce))
+            (s.phase, matches!(s.op, Op::AllReduce { .. }))
         };
         let kernels: Vec<_> = plan.kernels.iter().map(phase_of).collect();
         let first_sync = kernels

@@ -32,6 +32,21 @@ pub struct ParamInfo {
     pub init: String,
 }
 
+/// How the plan splits layers over tensor-parallel ranks.
+#[derive(Debug, Clone, Serialize)]
+pub struct TensorParallel {
+    pub degree: u32,
+    /// Each parameter and optimizer state that is one rank's slice (by name), and the axis
+    /// the slices are cut along; the rest are whole on every rank.
+    pub splits: Vec<(String, usize)>,
+}
+
+impl TensorParallel {
+    pub fn axis_of(&self, name: &str) -> Option<usize> {
+        self.splits.iter().find(|s| s.0 == name).map(|s| s.1)
+    }
+}
+
 /// One op of the plan, in execution order; operands are earlier steps' ids.
 #[derive(Debug, Clone, Serialize)]
 pub struct Step {
@@ -73,6 +88,8 @@ pub struct Plan {
     pub batch_size: u64,
     /// Set when the plan is one micro-shard's part of data parallelism.
     pub sharding: Option<crate::shards::Sharding>,
+    /// Set when the plan is one tensor-parallel rank's part.
+    pub tensor_parallel: Option<TensorParallel>,
     pub parameters: u64,
     pub layers: usize,
     pub flops_per_sample: u64,
@@ -205,6 +222,32 @@ fn info(g: &Graph, name: &str, n: petgraph::stable_graph::NodeIndex) -> TensorIn
     }
 }
 
+/// The parameters (and their optimizer state) that tensor parallelism slices.
+fn tensor_parallel(g: &Graph, options: &Options) -> Option<TensorParallel> {
+    let degree = options.tensor_parallel.filter(|&t| t > 1)?;
+    let mut splits = Vec::new();
+    for &(n, axis) in &g.param_splits {
+        if let Op::Param { name, .. } = &g.g[n].op {
+            splits.push((name.clone(), axis));
+        }
+    }
+    for n in g.g.node_indices() {
+        if let Op::State { name, .. } = &g.g[n].op {
+            let of = splits
+                .iter()
+                .find(|(p, _)| {
+                    name.strip_prefix(p.as_str())
+                        .is_some_and(|r| r.starts_with('.'))
+                })
+                .map(|s| s.1);
+            if let Some(axis) = of {
+                splits.push((name.clone(), axis));
+            }
+        }
+    }
+    Some(TensorParallel { degree, splits })
+}
+
 impl Plan {
     pub fn single_device(g: &Graph, source: &Source, options: &Options) -> Plan {
         // A graph that skipped the fuse and schedule passes runs one op per kernel.
@@ -274,6 +317,7 @@ impl Plan {
             },
             batch_size,
             sharding: options.shards,
+            tensor_parallel: tensor_parallel(g, options),
             parameters: sat(g.parameter_count()),
             layers: g.layers,
             flops_per_sample: sat(g.flops(1, crate::ir::Phase::Forward)),

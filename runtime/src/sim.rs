@@ -11,10 +11,10 @@
 use crate::backend::{Backend, ParamValues};
 use crate::collective::{partials, Collective, InProcess, Traffic};
 use crate::cpu::kernels::Ctx;
-use crate::cpu::tensor::Tensor;
+use crate::cpu::tensor::{self as slice, Tensor};
 use crate::cpu::{ExecError, Executor, Mode};
 use crate::data::Values;
-use parallax_compiler::ir::{Op, Phase};
+use parallax_compiler::ir::{Group, Op, Phase};
 use parallax_compiler::plan::bytes;
 use parallax_compiler::shards::{assign, Sharding, INV_BATCH, SHARD_WEIGHT};
 use parallax_compiler::Plan;
@@ -32,15 +32,23 @@ struct Device {
 pub struct Grid {
     /// Data-parallel ranks.
     pub dp: usize,
+    /// Tensor-parallel ranks (the plan must be built for this degree).
+    pub tp: usize,
     /// Pipeline stages.
     pub pp: usize,
+}
+
+impl Grid {
+    pub fn devices(&self) -> usize {
+        self.dp * self.tp * self.pp
+    }
 }
 
 pub struct SimulatedDevices {
     plan: Plan,
     sharding: Sharding,
     grid: Grid,
-    /// Rank-major: device `r * pp + s`.
+    /// Data rank, then tensor rank, then stage: device `(r * tp + t) * pp + s`.
     devices: Vec<Device>,
     kernel_stage: Vec<usize>,
     /// The kernel that computes each stored value (none for sources).
@@ -48,6 +56,8 @@ pub struct SimulatedDevices {
     /// The stage holding each source (parameter, state, input) that kernels read.
     source_stage: HashMap<usize, usize>,
     collective: InProcess,
+    /// The tensor-parallel ranks' all-reduces.
+    tensor: InProcess,
     /// Bytes sent between stages.
     p2p_bytes: u64,
     /// Inputs with a batch axis, as set for the whole batch: split into shards at `run`.
@@ -62,6 +72,7 @@ pub struct SimulatedDevices {
 pub struct DeviceMemory {
     pub device: usize,
     pub rank: usize,
+    pub tensor_rank: usize,
     pub stage: usize,
     pub shards: usize,
     pub bytes: u64,
@@ -83,8 +94,19 @@ impl SimulatedDevices {
         };
         let grid = Grid {
             dp: grid.dp.max(1),
+            tp: grid.tp.max(1),
             pp: grid.pp.max(1),
         };
+        let degree = plan
+            .tensor_parallel
+            .as_ref()
+            .map_or(1, |t| t.degree as usize);
+        if degree != grid.tp {
+            return Err(ExecError::Device(format!(
+                "the plan is built for {degree} tensor-parallel rank(s), the grid has {}",
+                grid.tp
+            )));
+        }
         let kernel_stage = if grid.pp == 1 {
             vec![0; plan.kernels.len()]
         } else {
@@ -114,19 +136,21 @@ impl SimulatedDevices {
             }
         }
         let max_batch = plan.batch_size as usize;
-        let mut devices = Vec::with_capacity(grid.dp * grid.pp);
+        let mut devices = Vec::with_capacity(grid.devices());
         for held in assign(sharding.shards as usize, grid.dp) {
-            for stage in 0..grid.pp {
-                let owned: Vec<bool> = kernel_stage.iter().map(|&s| s == stage).collect();
-                let owned = (grid.pp > 1).then_some(owned.as_slice());
-                // Even a rank without shards holds the parameters and runs the update.
-                let mut shards: Vec<Executor> = (0..held.len().max(1))
-                    .map(|_| Executor::for_kernels(plan.clone(), max_batch, seed, owned))
-                    .collect();
-                for e in shards.iter_mut().skip(1) {
-                    drop(e.take_persistent());
+            for t in 0..grid.tp {
+                for stage in 0..grid.pp {
+                    let owned: Vec<bool> = kernel_stage.iter().map(|&s| s == stage).collect();
+                    let owned = (grid.pp > 1).then_some(owned.as_slice());
+                    // Even a rank without shards holds the parameters and runs the update.
+                    let mut shards: Vec<Executor> = (0..held.len().max(1))
+                        .map(|_| Executor::for_kernels(plan.clone(), max_batch, seed, owned, t))
+                        .collect();
+                    for e in shards.iter_mut().skip(1) {
+                        drop(e.take_persistent());
+                    }
+                    devices.push(Device { shards });
                 }
-                devices.push(Device { shards });
             }
         }
         let sim = SimulatedDevices {
@@ -138,6 +162,7 @@ impl SimulatedDevices {
             producer,
             source_stage,
             collective: InProcess::new(grid.dp),
+            tensor: InProcess::new(grid.tp),
             p2p_bytes: 0,
             batched: HashMap::new(),
             last: Vec::new(),
@@ -146,9 +171,10 @@ impl SimulatedDevices {
         for m in sim.memory() {
             if m.bytes > capacity {
                 return Err(ExecError::Device(format!(
-                    "simulated device {} (rank {}, stage {}) runs out of memory: its {} micro-shard(s) need {} but it has {}",
+                    "simulated device {} (rank {}, tensor rank {}, stage {}) runs out of memory: its {} micro-shard(s) need {} but it has {}",
                     m.device,
                     m.rank,
+                    m.tensor_rank,
                     m.stage,
                     m.shards,
                     bytes(m.bytes),
@@ -166,7 +192,8 @@ impl SimulatedDevices {
             .enumerate()
             .map(|(device, d)| DeviceMemory {
                 device,
-                rank: device / self.grid.pp,
+                rank: device / (self.grid.pp * self.grid.tp),
+                tensor_rank: device / self.grid.pp % self.grid.tp,
                 stage: device % self.grid.pp,
                 shards: d.shards.len(),
                 bytes: d.shards.iter().map(Executor::allocated_bytes).sum(),
@@ -174,9 +201,14 @@ impl SimulatedDevices {
             .collect()
     }
 
-    /// Collective traffic, and bytes sent between pipeline stages.
-    pub fn traffic(&self) -> (Traffic, u64) {
-        (self.collective.traffic(), self.p2p_bytes)
+    /// Traffic of the data-parallel and the tensor-parallel collectives, and bytes sent
+    /// between pipeline stages.
+    pub fn traffic(&self) -> (Traffic, Traffic, u64) {
+        (
+            self.collective.traffic(),
+            self.tensor.traffic(),
+            self.p2p_bytes,
+        )
     }
 
     pub fn sharding(&self) -> Sharding {
@@ -187,15 +219,15 @@ impl SimulatedDevices {
         self.grid
     }
 
-    fn device(&self, rank: usize, stage: usize) -> usize {
-        rank * self.grid.pp + stage
+    fn device(&self, rank: usize, tensor_rank: usize, stage: usize) -> usize {
+        (rank * self.grid.tp + tensor_rank) * self.grid.pp + stage
     }
 
-    /// The executor of shard `i` of the last step on `stage`.
-    fn shard(&self, stage: usize, i: usize) -> &Executor {
+    /// The executor of shard `i` of the last step on `stage` of tensor rank `t`.
+    fn shard(&self, t: usize, stage: usize, i: usize) -> &Executor {
         let r = self.owners.iter().position(|o| o.contains(&i)).unwrap_or(0);
         let j = i.saturating_sub(self.owners.get(r).map_or(0, |o| o.start));
-        &self.devices[self.device(r, stage)].shards[j]
+        &self.devices[self.device(r, t, stage)].shards[j]
     }
 
     fn is_batched(&self, name: &str) -> bool {
@@ -220,16 +252,20 @@ impl SimulatedDevices {
             .last()
             .expect("a kernel has steps");
         let (op, phase) = (&self.plan.steps[last].op, self.plan.steps[last].phase);
-        let collective = matches!(op, Op::AllReduce);
+        let group = match op {
+            Op::AllReduce { group } => Some(*group),
+            _ => None,
+        };
         // The update runs once per device, where the parameters live.
         let update = phase == Phase::Update;
-        for r in 0..self.grid.dp {
+        let Grid { dp, tp, .. } = self.grid;
+        for (r, t) in (0..dp).flat_map(|r| (0..tp).map(move |t| (r, t))) {
             let held = self.owners[r].len();
             let runs = if update { 1 } else { held };
-            let d = self.device(r, stage);
+            let d = self.device(r, t, stage);
             for (j, ctx) in ctxs[d].iter().enumerate().take(runs) {
-                self.receive(k, r, j)?;
-                if collective {
+                self.receive(k, d, j)?;
+                if group.is_some() {
                     continue;
                 }
                 let dev = &mut self.devices[d];
@@ -245,15 +281,61 @@ impl SimulatedDevices {
                 }
             }
         }
-        if collective {
-            self.all_reduce(stage, last, self.plan.steps[last].operands[0])?;
+        let operand = self.plan.steps[last].operands[0];
+        match group {
+            Some(Group::Shards) => {
+                for t in 0..self.grid.tp {
+                    self.all_reduce(t, stage, last, operand)?;
+                }
+            }
+            Some(Group::Tensor) => self.tensor_all_reduce(stage, last, operand)?,
+            None => {}
         }
         Ok(())
     }
 
-    /// Copies into shard `j` of rank `r` the values kernel `k` reads that another stage
+    /// The sum over the tensor-parallel ranks of `operand` into `out`, shard by shard.
+    fn tensor_all_reduce(
+        &mut self,
+        stage: usize,
+        out: usize,
+        operand: usize,
+    ) -> Result<(), ExecError> {
+        let tp = self.grid.tp;
+        for r in 0..self.grid.dp {
+            for j in 0..self.owners[r].len() {
+                let grid = self.grid;
+                let at = move |t: usize| (r * grid.tp + t) * grid.pp + stage;
+                let value = |t: usize| -> Vec<f32> {
+                    self.devices[at(t)].shards[j]
+                        .value(operand)
+                        .map(|v| v.f32().to_vec())
+                        .unwrap_or_default()
+                };
+                let shape = self.devices[at(0)].shards[j]
+                    .value(operand)
+                    .map(|v| v.shape.clone());
+                let sent = (0..tp).map(|t| partials(tp, t..t + 1, &value)).collect();
+                let total = self
+                    .tensor
+                    .all_reduce(tp, sent)
+                    .map_err(|e| ExecError::Device(e.to_string()))?;
+                let shape = shape.unwrap_or_else(|| vec![total.len()]);
+                for t in 0..tp {
+                    let d = at(t);
+                    if let Some(v) = self.devices[d].shards[j].value_mut(out) {
+                        v.reshape_in_place(&shape);
+                        v.f32_mut().copy_from_slice(&total);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies into shard `j` of device `d` the values kernel `k` reads that another stage
     /// computed: the pipeline's sends and receives.
-    fn receive(&mut self, k: usize, r: usize, j: usize) -> Result<(), ExecError> {
+    fn receive(&mut self, k: usize, d: usize, j: usize) -> Result<(), ExecError> {
         if self.grid.pp == 1 {
             return Ok(());
         }
@@ -272,11 +354,11 @@ impl SimulatedDevices {
             }
         }
         for (o, from) in wanted {
-            let src = &self.devices[self.device(r, from)].shards[j];
+            let src = &self.devices[d - stage + from].shards[j];
             let Some(t) = src.value(o) else { continue };
             let (shape, data) = (t.shape.clone(), t.f32().to_vec());
             self.p2p_bytes += 4 * data.len() as u64;
-            let dst = &mut self.devices[r * self.grid.pp + stage].shards[j];
+            let dst = &mut self.devices[d].shards[j];
             if let Some(t) = dst.value_mut(o) {
                 t.reshape_in_place(&shape);
                 t.f32_mut().copy_from_slice(&data);
@@ -285,16 +367,26 @@ impl SimulatedDevices {
         Ok(())
     }
 
-    /// The sum over every shard of `operand` into `out`, on every shard of `stage`.
-    fn all_reduce(&mut self, stage: usize, out: usize, operand: usize) -> Result<(), ExecError> {
+    /// The sum over every shard of `operand` into `out`, on every shard of `stage` of tensor
+    /// rank `t`.
+    fn all_reduce(
+        &mut self,
+        t: usize,
+        stage: usize,
+        out: usize,
+        operand: usize,
+    ) -> Result<(), ExecError> {
         let leaves = self.last.len();
         let value = |i: usize| -> Vec<f32> {
-            self.shard(stage, i)
+            self.shard(t, stage, i)
                 .value(operand)
-                .map(|t| t.f32().to_vec())
+                .map(|v| v.f32().to_vec())
                 .unwrap_or_default()
         };
-        let shape = self.shard(stage, 0).value(operand).map(|t| t.shape.clone());
+        let shape = self
+            .shard(t, stage, 0)
+            .value(operand)
+            .map(|v| v.shape.clone());
         let sent: Vec<_> = self
             .owners
             .iter()
@@ -307,11 +399,11 @@ impl SimulatedDevices {
         let shape = shape.unwrap_or_else(|| vec![total.len()]);
         for r in 0..self.grid.dp {
             let held = self.owners[r].len().max(1);
-            let d = self.device(r, stage);
+            let d = self.device(r, t, stage);
             for e in self.devices[d].shards.iter_mut().take(held) {
-                if let Some(t) = e.value_mut(out) {
-                    t.reshape_in_place(&shape);
-                    t.f32_mut().copy_from_slice(&total);
+                if let Some(v) = e.value_mut(out) {
+                    v.reshape_in_place(&shape);
+                    v.f32_mut().copy_from_slice(&total);
                 }
             }
         }
@@ -323,18 +415,74 @@ impl SimulatedDevices {
         let names = self.plan.names();
         let list = if states { &names.states } else { &names.params };
         let mut out = Vec::with_capacity(list.len());
+        let split = |name: &str| self.plan.tensor_parallel.as_ref()?.axis_of(name);
         for (name, step) in list {
-            let e = &self.devices[self.device(0, self.stage_of_step(*step))].shards[0];
-            let all = if states {
-                e.state_values()?
+            let stage = self.stage_of_step(*step);
+            let ranks = if split(name).is_some() {
+                self.grid.tp
             } else {
-                e.param_values()?
+                1
             };
-            if let Some(v) = all.into_iter().find(|v| &v.0 == name) {
-                out.push(v);
+            let mut parts = Vec::with_capacity(ranks);
+            for t in 0..ranks {
+                let e = &self.devices[self.device(0, t, stage)].shards[0];
+                let all = if states {
+                    e.state_values()?
+                } else {
+                    e.param_values()?
+                };
+                if let Some(v) = all.into_iter().find(|v| &v.0 == name) {
+                    parts.push(v);
+                }
+            }
+            let Some(first) = parts.first() else { continue };
+            match split(name) {
+                Some(axis) => {
+                    let mut shape = first.1.clone();
+                    let values: Vec<Vec<f32>> = parts.iter().map(|p| p.2.clone()).collect();
+                    let whole = slice::join_parts(&values, &shape, axis);
+                    shape[axis] *= self.grid.tp;
+                    out.push((name.clone(), shape, whole));
+                }
+                None => out.push(parts.swap_remove(0)),
             }
         }
         Ok(out)
+    }
+
+    /// Sets persistent value `name` from its whole value on every device that holds it (a
+    /// tensor-parallel slice on each tensor rank).
+    fn set_persistent(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        values: &[f32],
+        state: bool,
+    ) -> Result<(), ExecError> {
+        let split = self
+            .plan
+            .tensor_parallel
+            .as_ref()
+            .and_then(|tp| tp.axis_of(name));
+        let tp = self.grid.tp;
+        for d in self.holders(name) {
+            let t = d / self.grid.pp % tp;
+            let (local, part) = match split {
+                Some(axis) if shape.len() > axis => {
+                    let mut local = shape.to_vec();
+                    local[axis] /= tp;
+                    (local, slice::slice_part(values, shape, axis, tp, t))
+                }
+                _ => (shape.to_vec(), values.to_vec()),
+            };
+            let e = &mut self.devices[d].shards[0];
+            if state {
+                e.set_state(name, &part)?;
+            } else {
+                e.set_param(name, &local, &part)?;
+            }
+        }
+        Ok(())
     }
 
     /// The devices of every rank that hold persistent value `name`.
@@ -347,7 +495,10 @@ impl SimulatedDevices {
             .find(|(n, _)| n == name)
             .map(|p| p.1);
         let stage = step.map_or(0, |s| self.stage_of_step(s));
-        (0..self.grid.dp).map(|r| self.device(r, stage)).collect()
+        (0..self.grid.dp)
+            .flat_map(|r| (0..self.grid.tp).map(move |t| (r, t)))
+            .map(|(r, t)| self.device(r, t, stage))
+            .collect()
     }
 }
 
@@ -392,8 +543,9 @@ impl Backend for SimulatedDevices {
         self.last = self.sharding.split(batch);
         self.owners = assign(self.last.len(), self.grid.dp);
         let mut ctxs: Vec<Vec<Ctx>> = Vec::with_capacity(self.devices.len());
+        let per_rank = self.grid.pp * self.grid.tp;
         for (d, dev) in self.devices.iter_mut().enumerate() {
-            let own = self.owners[d / self.grid.pp].clone();
+            let own = self.owners[d / per_rank].clone();
             let mut mine = Vec::new();
             if own.is_empty() {
                 // No shards this step: it still runs the update on its own copy.
@@ -448,7 +600,7 @@ impl Backend for SimulatedDevices {
             return Ok(f32::NAN);
         };
         let t = self
-            .shard(self.stage_of_step(step.step), 0)
+            .shard(0, self.stage_of_step(step.step), 0)
             .value(step.step);
         Ok(t.map_or(f32::NAN, |t| t.f32()[0]))
     }
@@ -462,7 +614,7 @@ impl Backend for SimulatedDevices {
         let mut shape: Option<Vec<usize>> = None;
         let mut data = Vec::new();
         for i in 0..self.last.len() {
-            let Some(t) = self.shard(stage, i).value(out.step) else {
+            let Some(t) = self.shard(0, stage, i).value(out.step) else {
                 return Ok(None);
             };
             match shape.as_mut() {
@@ -480,10 +632,7 @@ impl Backend for SimulatedDevices {
     }
 
     fn set_param(&mut self, name: &str, shape: &[usize], values: &[f32]) -> Result<(), ExecError> {
-        for d in self.holders(name) {
-            self.devices[d].shards[0].set_param(name, shape, values)?;
-        }
-        Ok(())
+        self.set_persistent(name, shape, values, false)
     }
 
     fn state_values(&self) -> Result<ParamValues, ExecError> {
@@ -491,9 +640,12 @@ impl Backend for SimulatedDevices {
     }
 
     fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError> {
-        for d in self.holders(name) {
-            self.devices[d].shards[0].set_state(name, values)?;
-        }
-        Ok(())
+        let shape = self
+            .persistent(true)?
+            .into_iter()
+            .find(|s| s.0 == name)
+            .map(|s| s.1)
+            .unwrap_or_else(|| vec![values.len()]);
+        self.set_persistent(name, &shape, values, true)
     }
 }

@@ -514,9 +514,10 @@ pub fn train(
         "backend": exec.backend_name(),
         "devices": match (cfg.cuda, cfg.simulated) {
             (_, Some(s)) => format!(
-                "{} simulated device(s) on the cpu (dp{}.pp{})",
-                s.grid.dp * s.grid.pp,
+                "{} simulated device(s) on the cpu (dp{}.tp{}.pp{})",
+                s.grid.devices(),
                 s.grid.dp,
+                s.grid.tp,
                 s.grid.pp
             ),
             (None, None) => "cpu".to_string(),

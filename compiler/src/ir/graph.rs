@@ -55,6 +55,9 @@ pub struct Graph {
     /// What autodiff differentiates when it is not the `loss` output: a sharded plan's own
     /// weighted share of the loss (its `loss` output is the sum over every shard).
     pub objective: Option<NodeIndex>,
+    /// Parameters that are one tensor-parallel rank's slice of a layer's, and the axis the
+    /// slices are cut along.
+    pub param_splits: Vec<(NodeIndex, usize)>,
     /// The phase new nodes are added in.
     pub phase: Phase,
     /// Kernels in execution order (after the fuse pass).
@@ -84,6 +87,7 @@ impl Graph {
             grads: Vec::new(),
             updates: Vec::new(),
             objective: None,
+            param_splits: Vec::new(),
             phase: Phase::Forward,
             kernels: Vec::new(),
             schedule: None,

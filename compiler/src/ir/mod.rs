@@ -13,6 +13,6 @@ pub mod vjp;
 
 pub use dim::{Dim, Sym};
 pub use graph::{Graph, Node, Phase};
-pub use ops::{Init, Op, OpKind, OPS};
+pub use ops::{Group, Init, Op, OpKind, OPS};
 pub use petgraph::stable_graph::NodeIndex;
 pub use types::{DType, TensorType};

@@ -227,10 +227,25 @@ pub enum Op {
     },
 
     // ---- collectives ----
-    /// The sum of the operand over every micro-shard of the data-parallel group, in a fixed
-    /// tree order over shard index (so the bits do not depend on how shards sit on devices).
-    /// With one shard it is the identity.
-    AllReduce,
+    /// The sum of the operand over a group of devices. Over `Shards` (every micro-shard of
+    /// data parallelism) it follows a fixed tree over shard index, so the bits do not depend
+    /// on how shards sit on devices; over `Tensor` it sums a row-parallel layer's partial
+    /// products across the tensor-parallel ranks. With one member it is the identity.
+    AllReduce {
+        group: Group,
+    },
+    /// The identity on a value every tensor-parallel rank holds, entering a column-parallel
+    /// layer: its gradient is the sum over the ranks of theirs.
+    TensorParallelCopy,
+}
+
+/// Which devices a collective spans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Group {
+    /// Every micro-shard of the batch (data parallelism).
+    Shards,
+    /// The ranks that split one layer's weights (tensor parallelism).
+    Tensor,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -284,6 +299,7 @@ pub enum OpKind {
     CrossEntropy,
     CrossEntropyGrad,
     AllReduce,
+    TensorParallelCopy,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -355,7 +371,7 @@ use OpKind as K;
 
 /// The table, in `OpKind` order (a test checks it).
 #[rustfmt::skip]
-pub static OPS: [OpDef; 49] = [
+pub static OPS: [OpDef; 50] = [
     row(K::Input, "input", 0, Source, declared, free, vjp::source),
     row(K::Param, "param", 0, Source, declared, free, vjp::source),
     row(K::State, "state", 0, Source, declared, free, vjp::source),
@@ -405,6 +421,7 @@ pub static OPS: [OpDef; 49] = [
     row(K::CrossEntropy, "cross_entropy", 2, Reduction, xent_shape, per_in::<0, 5>, vjp::cross_entropy),
     row(K::CrossEntropyGrad, "cross_entropy_grad", 3, Reduction, xent_grad_shape, per_in::<0, 5>, vjp::none),
     row(K::AllReduce, "all_reduce", 1, Collective, float_same, per_out::<1>, vjp::all_reduce),
+    row(K::TensorParallelCopy, "tensor_parallel_copy", 1, Layout, float_same, free, vjp::tensor_parallel_copy),
 ];
 
 impl Op {
@@ -458,7 +475,8 @@ impl Op {
             Op::Expand { .. } => K::Expand,
             Op::CrossEntropy { .. } => K::CrossEntropy,
             Op::CrossEntropyGrad { .. } => K::CrossEntropyGrad,
-            Op::AllReduce => K::AllReduce,
+            Op::AllReduce { .. } => K::AllReduce,
+            Op::TensorParallelCopy => K::TensorParallelCopy,
         }
     }
 
@@ -572,7 +590,11 @@ impl Op {
             Op::CrossEntropy { smoothing } | Op::CrossEntropyGrad { smoothing } => {
                 flag(*smoothing != 0.0, &format!("smoothing={smoothing}"))
             }
-            Op::AllReduce
+            Op::AllReduce { group } => match group {
+                Group::Shards => "group=shards".to_string(),
+                Group::Tensor => "group=tensor".to_string(),
+            },
+            Op::TensorParallelCopy
             | Op::Gather
             | Op::Add
             | Op::Sub

@@ -3,7 +3,7 @@
 //! them; no layer has a hand-written backward.
 
 use super::graph::Graph;
-use super::ops::Op;
+use super::ops::{Group, Op};
 use super::types::TensorType;
 use crate::diag::Span;
 use petgraph::stable_graph::NodeIndex;
@@ -57,10 +57,31 @@ pub fn identity(_: &mut Vjp, _: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Gr
     Ok(vec![Some(dy)])
 }
 
-/// The objective is the sum of every shard's loss, and each shard reads the reduced value:
-/// the gradient of a shard's operand is the sum of every shard's cotangent.
-pub fn all_reduce(v: &mut Vjp, _: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
-    Ok(vec![Some(v.add(Op::AllReduce, &[dy])?)])
+/// Over shards, the objective is the sum of every shard's loss and each shard reads the
+/// reduced value: a shard's operand gets the sum of every shard's cotangent. Over tensor
+/// ranks, every rank computes the same loss once: the cotangent passes through.
+pub fn all_reduce(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+    match v.op(n) {
+        Op::AllReduce {
+            group: Group::Shards,
+        } => Ok(vec![Some(v.add(
+            Op::AllReduce {
+                group: Group::Shards,
+            },
+            &[dy],
+        )?)]),
+        _ => Ok(vec![Some(dy)]),
+    }
+}
+
+/// Every tensor rank's branch reads the copy: the gradient sums their cotangents.
+pub fn tensor_parallel_copy(v: &mut Vjp, _: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+    Ok(vec![Some(v.add(
+        Op::AllReduce {
+            group: Group::Tensor,
+        },
+        &[dy],
+    )?)])
 }
 
 pub fn matmul(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {

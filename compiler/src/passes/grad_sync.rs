@@ -5,7 +5,11 @@
 
 use super::Ctx;
 use crate::diag::Diagnostic;
-use crate::ir::{Graph, Op};
+use crate::ir::{Graph, Group, Op};
+
+const SHARDS: Op = Op::AllReduce {
+    group: Group::Shards,
+};
 use crate::Error;
 
 pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
@@ -16,7 +20,7 @@ pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
         let grad = g.grads[i].1;
         let layer = g.g[grad].layer.clone();
         let total = g
-            .add(Op::AllReduce, &[grad], &layer, None)
+            .add(SHARDS, &[grad], &layer, None)
             .map_err(|m| Error::Model(Diagnostic::new(format!("gradient sync: {m}"), None)))?;
         g.grads[i].1 = total;
     }

@@ -9,7 +9,7 @@ use crate::dsl::expr::{eval_int, eval_size, Evaluator, ExprError};
 use crate::dsl::spans::Path;
 use crate::dsl::Source;
 use crate::ir::dim::{product, Dim, MAX_DIM};
-use crate::ir::{DType, Graph, Init, Op, TensorType};
+use crate::ir::{DType, Graph, Group, Init, Op, TensorType};
 use crate::path;
 use crate::Error;
 use petgraph::stable_graph::NodeIndex;
@@ -31,6 +31,7 @@ pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
         scopes: Vec::new(),
         dropout_streams: 0,
         block_stack: Vec::new(),
+        tensor_parallel: u64::from(ctx.options.tensor_parallel.unwrap_or(1)).max(1),
     };
     l.experiment()?;
     *g = l.g;
@@ -46,6 +47,18 @@ struct Lowerer<'a> {
     scopes: Vec<Scope>,
     dropout_streams: u64,
     block_stack: Vec<String>,
+    /// Tensor-parallel degree: Attention and Mlp layers split their weights this many ways.
+    tensor_parallel: u64,
+}
+
+/// How a tensor-parallel Linear splits its weight `[out, in]` (Megatron-LM).
+#[derive(Clone, Copy)]
+enum Split {
+    /// By output features: each rank computes a slice of the output.
+    Column,
+    /// By input features: each rank multiplies its slice of the input, then the partial
+    /// products are summed across ranks.
+    Row,
 }
 
 fn model_err(msg: impl Into<String>, span: Option<Span>) -> Error {
@@ -294,6 +307,66 @@ impl Lowerer<'_> {
             y = self.add(Op::Add, &[y, b], layer, span)?;
         }
         Ok(y)
+    }
+
+    /// A Linear layer's share on one tensor-parallel rank, its weights a slice of the whole
+    /// layer's (initialised as the whole, then sliced, so any degree starts from the same
+    /// numbers).
+    fn linear_split(
+        &mut self,
+        x: NodeIndex,
+        out: u64,
+        bias: bool,
+        split: Split,
+        layer: &str,
+        span: Option<Span>,
+    ) -> Result<NodeIndex, Error> {
+        let t = self.tensor_parallel;
+        let k = self.features(x, layer, "Linear", span)?;
+        let (shape, axis, full_in) = match split {
+            Split::Column => ([out / t, k], 0, k),
+            Split::Row => ([out, k], 1, k * t),
+        };
+        let bound = 1.0 / (full_in as f64).sqrt();
+        let w = self.param(layer, "weight", &shape, Init::Uniform { bound }, span)?;
+        self.g.param_splits.push((w, axis));
+        let mm = Op::MatMul {
+            trans_a: false,
+            trans_b: true,
+        };
+        let mut y = self.add(mm, &[x, w], layer, span)?;
+        if let Split::Row = split {
+            let tensor = Op::AllReduce {
+                group: Group::Tensor,
+            };
+            y = self.add(tensor, &[y], layer, span)?;
+        }
+        if bias {
+            let local = if let Split::Column = split {
+                out / t
+            } else {
+                out
+            };
+            let b = self.param(layer, "bias", &[local], Init::Uniform { bound }, span)?;
+            if let Split::Column = split {
+                self.g.param_splits.push((b, 0));
+            }
+            y = self.add(Op::Add, &[y, b], layer, span)?;
+        }
+        Ok(y)
+    }
+
+    /// Checks that `what` (heads, hidden features) splits over the tensor-parallel ranks.
+    fn splits(&self, n: u64, what: &str, name: &str, span: Option<Span>) -> Result<(), Error> {
+        let t = self.tensor_parallel;
+        if n.is_multiple_of(t) {
+            return Ok(());
+        }
+        Err(model_err(
+            format!("`{name}`: {n} {what} do not split over {t} tensor-parallel ranks"),
+            span,
+        )
+        .with_hint_model(format!("choose a tensor-parallel degree that divides {n}")))
     }
 
     fn activation(
@@ -714,6 +787,16 @@ impl Lowerer<'_> {
             Layer::Mlp { hidden, act, bias } => {
                 let d = self.features(x, name, kind, span)?;
                 let h = self.known(hidden, &p.join("hidden"), "`hidden`")?;
+                if self.tensor_parallel > 1 {
+                    // fc1 by columns, fc2 by rows: one all-reduce forward, one backward.
+                    self.splits(h, "hidden features", name, span)?;
+                    let x = self.add(Op::TensorParallelCopy, &[x], name, span)?;
+                    let fc1 = format!("{name}.fc1");
+                    let y = self.linear_split(x, h, *bias, Split::Column, &fc1, span)?;
+                    let y = self.activation(y, *act, name, span)?;
+                    let fc2 = format!("{name}.fc2");
+                    return self.linear_split(y, d, *bias, Split::Row, &fc2, span);
+                }
                 let y = self.linear(x, h, *bias, &format!("{name}.fc1"), span)?;
                 let y = self.activation(y, *act, name, span)?;
                 self.linear(y, d, *bias, &format!("{name}.fc2"), span)
@@ -747,9 +830,25 @@ impl Lowerer<'_> {
         let hd = d / h;
         let t = self.ty(x).clone();
         let (b, s) = (t.shape[0].clone(), t.shape[1].clone());
+        // Tensor parallel: each rank holds `h / tp` heads (q, k, v by columns, out by rows).
+        let tp = self.tensor_parallel;
+        if tp > 1 {
+            self.splits(h, "heads", name, span)?;
+        }
+        let (h, d_local) = (h / tp, d / tp);
+        let x = if tp > 1 {
+            self.add(Op::TensorParallelCopy, &[x], name, span)?
+        } else {
+            x
+        };
         let split = vec![b.clone(), s.clone(), Dim::known(h), Dim::known(hd)];
         let heads_of = |l: &mut Self, which: &str| -> Result<NodeIndex, Error> {
-            let y = l.linear(x, d, bias, &format!("{name}.{which}"), span)?;
+            let layer = format!("{name}.{which}");
+            let y = if tp > 1 {
+                l.linear_split(x, d, bias, Split::Column, &layer, span)?
+            } else {
+                l.linear(x, d, bias, &layer, span)?
+            };
             let y = l.reshape(y, split.clone(), name, span)?;
             l.permute(y, vec![0, 2, 1, 3], name, span)
         };
@@ -784,8 +883,12 @@ impl Lowerer<'_> {
             span,
         )?;
         let ctx = self.permute(ctx, vec![0, 2, 1, 3], name, span)?;
-        let ctx = self.reshape(ctx, vec![b, s, Dim::known(d)], name, span)?;
-        self.linear(ctx, d, bias, &format!("{name}.out"), span)
+        let ctx = self.reshape(ctx, vec![b, s, Dim::known(d_local)], name, span)?;
+        let out = format!("{name}.out");
+        if tp > 1 {
+            return self.linear_split(ctx, d, bias, Split::Row, &out, span);
+        }
+        self.linear(ctx, d, bias, &out, span)
     }
 
     // ---- models ----

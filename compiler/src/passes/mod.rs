@@ -91,6 +91,8 @@ pub struct Options {
     pub gpus: Option<u32>,
     /// Build the plan for one micro-shard of data parallelism (`crate::shards`).
     pub shards: Option<crate::shards::Sharding>,
+    /// Build it for one rank of this many splitting Attention and Mlp layers.
+    pub tensor_parallel: Option<u32>,
     /// Run the IR verifier after every pass.
     pub verify: bool,
     /// Stop after this pass (`check` needs only the forward graph's shapes).
@@ -110,6 +112,7 @@ impl Default for Options {
         Options {
             gpus: None,
             shards: None,
+            tensor_parallel: None,
             verify: cfg!(debug_assertions),
             stop_after: None,
         }

@@ -6,7 +6,11 @@
 
 use super::Ctx;
 use crate::diag::Diagnostic;
-use crate::ir::{DType, Dim, Graph, NodeIndex, Op, TensorType};
+use crate::ir::{DType, Dim, Graph, Group, NodeIndex, Op, TensorType};
+
+const SHARDS: Op = Op::AllReduce {
+    group: Group::Shards,
+};
 use crate::shards::{INV_BATCH, SHARD_WEIGHT};
 use crate::Error;
 
@@ -56,7 +60,7 @@ pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
     let mut b = Builder { g, layer };
     let weight = b.scalar_input(SHARD_WEIGHT)?;
     let share = b.op(Op::Mul, &[loss, weight])?;
-    let total = b.op(Op::AllReduce, &[share])?;
+    let total = b.op(SHARDS, &[share])?;
     g.outputs[at].1 = total;
     g.objective = Some(share);
     Ok(())
@@ -86,7 +90,7 @@ fn synchronised_batch_norm(g: &mut Graph, n: NodeIndex) -> Result<(), Error> {
     let axes = vec![0, 2, 3];
     // mean = sum over all shards / (samples * H * W)
     let sum = b.op(Op::ReduceSum { axes: axes.clone() }, &[x])?;
-    let sum = b.op(Op::AllReduce, &[sum])?;
+    let sum = b.op(SHARDS, &[sum])?;
     let mean = b.op(Op::Mul, &[sum, inv_batch])?;
     let mean = b.op(Op::Scale { by: per_sample }, &[mean])?;
     let mean = b.op(
@@ -98,7 +102,7 @@ fn synchronised_batch_norm(g: &mut Graph, n: NodeIndex) -> Result<(), Error> {
     let centred = b.op(Op::Sub, &[x, mean])?;
     let square = b.op(Op::Mul, &[centred, centred])?;
     let var = b.op(Op::ReduceSum { axes }, &[square])?;
-    let var = b.op(Op::AllReduce, &[var])?;
+    let var = b.op(SHARDS, &[var])?;
     let var = b.op(Op::Mul, &[var, inv_batch])?;
     let var = b.op(Op::Scale { by: per_sample }, &[var])?;
     let var = b.op(Op::AddScalar { value: eps }, &[var])?;

@@ -103,16 +103,18 @@ impl Executor {
     /// Allocates every buffer of the plan for batches up to `max_batch` and initialises the
     /// parameters from `seed` (keyed by parameter index, so the same on any machine).
     pub fn new(plan: Plan, max_batch: usize, seed: u64) -> Executor {
-        Executor::for_kernels(plan, max_batch, seed, None)
+        Executor::for_kernels(plan, max_batch, seed, None, 0)
     }
 
     /// Like `new`, but when `owned` is given, only for the kernels it marks (a pipeline
-    /// stage): buffers that none of them reads or writes stay unallocated.
+    /// stage): buffers that none of them reads or writes stay unallocated. A tensor-parallel
+    /// plan's sliced parameters start as slice `tensor_rank` of the whole layer's.
     pub fn for_kernels(
         plan: Plan,
         max_batch: usize,
         seed: u64,
         owned: Option<&[bool]>,
+        tensor_rank: usize,
     ) -> Executor {
         let max_batch = max_batch.max(1);
         let needed = plan.steps_touched(owned);
@@ -168,7 +170,7 @@ impl Executor {
             profile: None,
             needed,
         };
-        e.init_params();
+        e.init_params(tensor_rank);
         e
     }
 
@@ -197,14 +199,29 @@ impl Executor {
         &mut self.buffers[self.slot[step].expect("a stored value")]
     }
 
-    fn init_params(&mut self) {
+    fn init_params(&mut self, tensor_rank: usize) {
         for index in 0..self.params.len() {
-            let id = self.params[index].1;
+            let (name, id) = self.params[index].clone();
             let Op::Param { init, .. } = self.plan.steps[id].op.clone() else {
                 continue;
             };
             let seed = self.seed;
-            init_param(&init, seed, index, self.buf_mut(id).f32_mut());
+            let split = self.plan.tensor_parallel.as_ref().and_then(|tp| {
+                let axis = tp.axis_of(&name)?;
+                Some((axis, tp.degree as usize))
+            });
+            let buf = self.buf_mut(id);
+            match split {
+                Some((axis, parts)) if buf.numel() > 0 => {
+                    let mut shape = buf.shape.clone();
+                    shape[axis] *= parts;
+                    let mut full = vec![0.0; tensor::numel(&shape)];
+                    init_param(&init, seed, index, &mut full);
+                    let part = tensor::slice_part(&full, &shape, axis, parts, tensor_rank);
+                    buf.f32_mut().copy_from_slice(&part);
+                }
+                _ => init_param(&init, seed, index, buf.f32_mut()),
+            }
         }
     }
 

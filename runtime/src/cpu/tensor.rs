@@ -111,3 +111,60 @@ impl Tensor {
         matches!(self.data, Data::F32(_))
     }
 }
+
+/// Part `index` of `parts` equal slices of `full` (shaped `shape`) along `axis`.
+pub fn slice_part(
+    full: &[f32],
+    shape: &[usize],
+    axis: usize,
+    parts: usize,
+    index: usize,
+) -> Vec<f32> {
+    let outer: usize = shape[..axis].iter().product();
+    let inner: usize = shape[axis + 1..].iter().product();
+    let chunk = shape[axis] / parts.max(1) * inner;
+    let row = shape[axis] * inner;
+    let mut out = Vec::with_capacity(outer * chunk);
+    for o in 0..outer {
+        let at = o * row + index * chunk;
+        out.extend_from_slice(&full[at..at + chunk]);
+    }
+    out
+}
+
+/// The inverse of `slice_part`: the whole tensor from its slices (each shaped `part_shape`)
+/// along `axis`.
+pub fn join_parts(parts: &[Vec<f32>], part_shape: &[usize], axis: usize) -> Vec<f32> {
+    let outer: usize = part_shape[..axis].iter().product();
+    let chunk: usize = part_shape[axis..].iter().product();
+    let mut out = Vec::with_capacity(chunk * outer * parts.len());
+    for o in 0..outer {
+        for p in parts {
+            out.extend_from_slice(&p[o * chunk..(o + 1) * chunk]);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_join_back_to_the_whole() {
+        let full: Vec<f32> = (0..24).map(|i| i as f32).collect();
+        for (shape, axis) in [(vec![4, 6], 0), (vec![4, 6], 1), (vec![2, 6, 2], 1)] {
+            let parts: Vec<Vec<f32>> = (0..2)
+                .map(|i| slice_part(&full, &shape, axis, 2, i))
+                .collect();
+            let mut part_shape = shape.clone();
+            part_shape[axis] /= 2;
+            assert_eq!(
+                join_parts(&parts, &part_shape, axis),
+                full,
+                "{shape:?} {axis}"
+            );
+        }
+        assert_eq!(slice_part(&full, &[4, 6], 1, 2, 1)[..3], [3.0, 4.0, 5.0]);
+    }
+}
