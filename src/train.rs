@@ -338,6 +338,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         }),
         gpus: parallel,
         tensor_parallel: simulated.map(|s| s.grid.tp as u32).filter(|&t| t > 1),
+        pipeline_stages: simulated.map(|s| s.grid.pp as u32).filter(|&p| p > 1),
         ..Options::default()
     };
     let compiled = run_pipeline(file, &source, &options, Format::Text, &mut |_, _| {})?;

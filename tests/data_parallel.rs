@@ -4,7 +4,6 @@
 //! compiler predicts, and clear refusals.
 
 use parallax_compiler::shards::{assign, device_bytes, Sharding};
-use parallax_compiler::stages::split;
 use parallax_compiler::{compile, parse_bytes, Options};
 use parallax_runtime::sim::{Grid, SimulatedDevices};
 use std::path::{Path, PathBuf};
@@ -291,29 +290,30 @@ fn predicted_device_memory_is_what_the_devices_allocate() {
         let source = parse_bytes(&std::fs::read(path).unwrap()).unwrap();
         let e = &source.experiment;
         let sharding = Sharding::new(e.devices.micro_shards, e.train.batch_size);
-        let plan_for = |tp: u32| {
+        let plan_for = |tp: u32, pp: u32| {
             let options = Options {
                 shards: Some(sharding),
                 tensor_parallel: (tp > 1).then_some(tp),
+                pipeline_stages: (pp > 1).then_some(pp),
                 ..Options::default()
             };
             compile(&source, &options, &mut |_, _| {})
                 .unwrap()
                 .plan(&source, &options)
         };
-        let plan = plan_for(tp);
-        let whole = device_bytes(&plan_for(1), 1, None);
+        let whole = device_bytes(&plan_for(1, 1), 1, None);
         for (dp, pp) in [(1, 1), (3, 1), (8, 1), (1, 2), (2, 2), (1, 3)] {
+            let plan = plan_for(tp, pp as u32);
             let grid = Grid {
                 dp,
                 tp: tp as usize,
                 pp,
             };
             let sim = SimulatedDevices::new(plan.clone(), grid, 1, u64::MAX).unwrap();
-            let stages = split(&plan, pp).unwrap().kernel_stage;
+            let stages = plan.kernel_stages();
             let held = assign(sharding.shards as usize, dp);
             for m in sim.memory() {
-                let owned: Vec<bool> = stages.iter().map(|&s| s == m.stage).collect();
+                let owned: Vec<bool> = stages.iter().map(|&s| s as usize == m.stage).collect();
                 let owned = (pp > 1).then_some(owned.as_slice());
                 let predicted = device_bytes(&plan, held[m.rank].len(), owned);
                 let at = format!("{model}, dp{dp}.tp{tp}.pp{pp}, device {}", m.device);

@@ -238,3 +238,48 @@ fn sharded_plans_synchronise_and_overlap_gradient_sums() {
         );
     }
 }
+
+/// Pipeline plans: every pass leaves a valid graph (tensor parallelism and micro-shards too);
+/// every kernel is on one stage, every value a stage reads from another arrives by a
+/// transfer, and every stage has work.
+#[test]
+fn pipeline_plans_transfer_every_value_between_stages() {
+    use parallax_compiler::shards::Sharding;
+    for (name, tp, pp) in [("mlp", 1, 3), ("cnn", 1, 2), ("transformer", 2, 2)] {
+        let source = model(name);
+        let options = Options {
+            verify: false,
+            shards: Some(Sharding::new(8, source.experiment.train.batch_size)),
+            tensor_parallel: (tp > 1).then_some(tp),
+            pipeline_stages: Some(pp),
+            ..Options::default()
+        };
+        let compiled = compile(&source, &options, &mut |pass, g| {
+            verify(g).unwrap_or_else(|e| panic!("{name}: after `{pass}`: {e}"));
+        })
+        .unwrap();
+        assert!(count(&compiled.graph, OpKind::Transfer) > 0, "{name}");
+        let plan = compiled.plan(&source, &options);
+        for k in &plan.kernels {
+            let stage = plan.steps[k.steps[0]].stage;
+            for &s in &k.steps {
+                let step = &plan.steps[s];
+                assert_eq!(step.stage, stage, "{name}: a kernel spans stages");
+                for &o in &step.operands {
+                    let from = &plan.steps[o];
+                    let crosses = !from.op.is_source() && from.stage != stage;
+                    let sent = matches!(step.op, Op::Transfer { from: f, to } if f == from.stage && to == stage);
+                    assert!(
+                        !crosses || sent,
+                        "{name}: step {s} reads stage {} without a transfer",
+                        from.stage
+                    );
+                }
+            }
+        }
+        let stages = plan.kernel_stages();
+        for s in 0..pp {
+            assert!(stages.contains(&s), "{name}: stage {s} has no kernels");
+        }
+    }
+}

@@ -11,7 +11,6 @@ pub mod passes;
 pub mod plan;
 pub mod schedule;
 pub mod shards;
-pub mod stages;
 
 pub use diag::{Diagnostic, Loc, Span};
 pub use dsl::{parse, parse_bytes, Source};

@@ -59,6 +59,8 @@ pub struct Step {
     pub phase: Phase,
     /// Where its value lives (none for values that stay inside their kernel).
     pub buffer: Option<usize>,
+    /// The pipeline stage that computes (or, for a source, holds) it.
+    pub stage: u32,
 }
 
 /// A named step: an output of the model, or the loss.
@@ -90,6 +92,8 @@ pub struct Plan {
     pub sharding: Option<crate::shards::Sharding>,
     /// Set when the plan is one tensor-parallel rank's part.
     pub tensor_parallel: Option<TensorParallel>,
+    /// Pipeline stages (1: none).
+    pub pipeline_stages: u32,
     pub parameters: u64,
     pub layers: usize,
     pub flops_per_sample: u64,
@@ -133,6 +137,14 @@ impl Plan {
             .collect()
     }
 
+    /// The pipeline stage of each kernel (every step of a kernel is on one stage).
+    pub fn kernel_stages(&self) -> Vec<u32> {
+        self.kernels
+            .iter()
+            .map(|k| self.steps[k.steps[0]].stage)
+            .collect()
+    }
+
     /// The steps whose values the kernels marked in `owned` read or write (every step when
     /// `None`): what a device running only those kernels (a pipeline stage) holds.
     pub fn steps_touched(&self, owned: Option<&[bool]>) -> Vec<bool> {
@@ -144,6 +156,10 @@ impl Plan {
             if owned.get(k).copied().unwrap_or(false) {
                 for &s in &kern.steps {
                     touched[s] = true;
+                    // A transfer's operand lives on the sending stage.
+                    if matches!(self.steps[s].op, Op::Transfer { .. }) {
+                        continue;
+                    }
                     for &o in &self.steps[s].operands {
                         touched[o] = true;
                     }
@@ -302,6 +318,11 @@ impl Plan {
                 layer: node.layer.clone(),
                 phase: node.phase,
                 buffer: schedule.buffer_of.get(&n).copied(),
+                stage: g
+                    .stages
+                    .as_ref()
+                    .and_then(|s| s.get(&n).copied())
+                    .unwrap_or(0),
             });
         }
         let outputs = g.outputs.iter().map(|(k, n)| info(g, k, *n)).collect();
@@ -318,6 +339,7 @@ impl Plan {
             batch_size,
             sharding: options.shards,
             tensor_parallel: tensor_parallel(g, options),
+            pipeline_stages: options.pipeline_stages.unwrap_or(1).max(1),
             parameters: sat(g.parameter_count()),
             layers: g.layers,
             flops_per_sample: sat(g.flops(1, crate::ir::Phase::Forward)),

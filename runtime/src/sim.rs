@@ -1,10 +1,10 @@
 //! Simulated devices: a partitioned plan run by N device workers in one process, each with its
 //! own memory (capped like the GPU it stands for). Devices form a grid of data-parallel ranks
 //! times pipeline stages. A rank holds whole micro-shards of each batch
-//! (`parallax_compiler::shards`); a stage holds a contiguous run of layers
-//! (`parallax_compiler::stages`), their parameters and optimizer state, and runs only their
-//! kernels. The plan's collectives run through the collective library (`crate::collective`);
-//! a value one stage computes and another reads travels point to point. Every device runs in
+//! (`parallax_compiler::shards`); a stage holds a contiguous run of layers (the `pipeline`
+//! pass), their parameters and optimizer state, and runs only their kernels. The plan's
+//! collectives run through the collective library (`crate::collective`), its transfers copy a
+//! value from the stage that computed it to the one that reads it. Every device runs in
 //! lockstep, kernel by kernel, and every cross-shard sum follows one fixed tree, so the
 //! result has the same bits on any grid (tests check it).
 
@@ -51,10 +51,6 @@ pub struct SimulatedDevices {
     /// Data rank, then tensor rank, then stage: device `(r * tp + t) * pp + s`.
     devices: Vec<Device>,
     kernel_stage: Vec<usize>,
-    /// The kernel that computes each stored value (none for sources).
-    producer: Vec<Option<usize>>,
-    /// The stage holding each source (parameter, state, input) that kernels read.
-    source_stage: HashMap<usize, usize>,
     collective: InProcess,
     /// The tensor-parallel ranks' all-reduces.
     tensor: InProcess,
@@ -107,34 +103,17 @@ impl SimulatedDevices {
                 grid.tp
             )));
         }
-        let kernel_stage = if grid.pp == 1 {
-            vec![0; plan.kernels.len()]
-        } else {
-            parallax_compiler::stages::split(&plan, grid.pp)
-                .map_err(|e| ExecError::Device(e.to_string()))?
-                .kernel_stage
-        };
-        let mut producer = vec![None; plan.steps.len()];
-        let mut source_stage: HashMap<usize, usize> = HashMap::new();
-        for (k, kern) in plan.kernels.iter().enumerate() {
-            for &s in &kern.steps {
-                producer[s] = Some(k);
-                for &o in &plan.steps[s].operands {
-                    if !plan.steps[o].op.is_source() {
-                        continue;
-                    }
-                    let stage = *source_stage.entry(o).or_insert(kernel_stage[k]);
-                    let persistent =
-                        matches!(plan.steps[o].op, Op::Param { .. } | Op::State { .. });
-                    if persistent && stage != kernel_stage[k] {
-                        return Err(ExecError::Device(format!(
-                            "`{}` is read by layers on pipeline stages {stage} and {}: a tensor shared across stages (tied weights) cannot be split yet",
-                            plan.steps[o].layer, kernel_stage[k]
-                        )));
-                    }
-                }
-            }
+        if plan.pipeline_stages as usize != grid.pp {
+            return Err(ExecError::Device(format!(
+                "the plan is built for {} pipeline stage(s), the grid has {}",
+                plan.pipeline_stages, grid.pp
+            )));
         }
+        let kernel_stage: Vec<usize> = plan
+            .kernel_stages()
+            .into_iter()
+            .map(|s| s as usize)
+            .collect();
         let max_batch = plan.batch_size as usize;
         let mut devices = Vec::with_capacity(grid.devices());
         for held in assign(sharding.shards as usize, grid.dp) {
@@ -159,8 +138,6 @@ impl SimulatedDevices {
             grid,
             devices,
             kernel_stage,
-            producer,
-            source_stage,
             collective: InProcess::new(grid.dp),
             tensor: InProcess::new(grid.tp),
             p2p_bytes: 0,
@@ -238,10 +215,7 @@ impl SimulatedDevices {
     }
 
     fn stage_of_step(&self, step: usize) -> usize {
-        match self.producer[step] {
-            Some(k) => self.kernel_stage[k],
-            None => self.source_stage.get(&step).copied().unwrap_or(0),
-        }
+        self.plan.steps[step].stage as usize
     }
 
     /// Runs kernel `k` on every shard of its stage, or the collective it is.
@@ -264,8 +238,12 @@ impl SimulatedDevices {
             let runs = if update { 1 } else { held };
             let d = self.device(r, t, stage);
             for (j, ctx) in ctxs[d].iter().enumerate().take(runs) {
-                self.receive(k, d, j)?;
                 if group.is_some() {
+                    continue;
+                }
+                if let Op::Transfer { from, .. } = self.plan.steps[last].op {
+                    let source = d - stage + from as usize;
+                    self.transfer(source, d, j, last)?;
                     continue;
                 }
                 let dev = &mut self.devices[d];
@@ -333,36 +311,20 @@ impl SimulatedDevices {
         Ok(())
     }
 
-    /// Copies into shard `j` of device `d` the values kernel `k` reads that another stage
-    /// computed: the pipeline's sends and receives.
-    fn receive(&mut self, k: usize, d: usize, j: usize) -> Result<(), ExecError> {
-        if self.grid.pp == 1 {
-            return Ok(());
-        }
-        let stage = self.kernel_stage[k];
-        let kern = &self.plan.kernels[k];
-        let mut wanted: Vec<(usize, usize)> = Vec::new();
-        for &s in &kern.steps {
-            for &o in &self.plan.steps[s].operands {
-                if kern.steps.contains(&o) || self.producer[o].is_none() {
-                    continue;
-                }
-                let from = self.stage_of_step(o);
-                if from != stage && !wanted.contains(&(o, from)) {
-                    wanted.push((o, from));
-                }
-            }
-        }
-        for (o, from) in wanted {
-            let src = &self.devices[d - stage + from].shards[j];
-            let Some(t) = src.value(o) else { continue };
-            let (shape, data) = (t.shape.clone(), t.f32().to_vec());
-            self.p2p_bytes += 4 * data.len() as u64;
-            let dst = &mut self.devices[d].shards[j];
-            if let Some(t) = dst.value_mut(o) {
-                t.reshape_in_place(&shape);
-                t.f32_mut().copy_from_slice(&data);
-            }
+    /// Transfer step `step` for shard `j`: its operand's value on device `from` becomes its
+    /// value on device `to` (a send and its receive).
+    fn transfer(&mut self, from: usize, to: usize, j: usize, step: usize) -> Result<(), ExecError> {
+        let operand = self.plan.steps[step].operands[0];
+        let Some(v) = self.devices[from].shards[j].value(operand) else {
+            return Err(ExecError::Device(format!(
+                "transfer: device {from} does not hold the value it sends"
+            )));
+        };
+        let (shape, data) = (v.shape.clone(), v.f32().to_vec());
+        self.p2p_bytes += 4 * data.len() as u64;
+        if let Some(t) = self.devices[to].shards[j].value_mut(step) {
+            t.reshape_in_place(&shape);
+            t.f32_mut().copy_from_slice(&data);
         }
         Ok(())
     }

@@ -9,7 +9,7 @@ use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
 use petgraph::Direction;
 use std::cmp::Reverse;
-use std::collections::BinaryHeap;
+use std::collections::{BinaryHeap, HashMap};
 
 /// Which part of a training step a node belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -58,6 +58,8 @@ pub struct Graph {
     /// Parameters that are one tensor-parallel rank's slice of a layer's, and the axis the
     /// slices are cut along.
     pub param_splits: Vec<(NodeIndex, usize)>,
+    /// The pipeline stage of each node (after the `pipeline` pass; none: one stage).
+    pub stages: Option<HashMap<NodeIndex, u32>>,
     /// The phase new nodes are added in.
     pub phase: Phase,
     /// Kernels in execution order (after the fuse pass).
@@ -88,6 +90,7 @@ impl Graph {
             updates: Vec::new(),
             objective: None,
             param_splits: Vec::new(),
+            stages: None,
             phase: Phase::Forward,
             kernels: Vec::new(),
             schedule: None,
@@ -225,19 +228,24 @@ impl Graph {
     /// FLOPs of one execution of the nodes of `phase` at batch size `batch`, by the op
     /// table's cost rules.
     pub fn flops(&self, batch: u64, phase: Phase) -> u128 {
+        self.g
+            .node_indices()
+            .filter(|&n| self.g[n].phase == phase)
+            .map(|n| self.node_flops(n, batch) as u128)
+            .sum()
+    }
+
+    /// FLOPs of one execution of node `n` at batch size `batch`.
+    pub fn node_flops(&self, n: NodeIndex, batch: u64) -> u64 {
         let value = self.sym_value(batch);
-        let mut total = 0u128;
-        for n in self.g.node_indices().filter(|&n| self.g[n].phase == phase) {
-            let node = &self.g[n];
-            let ins: Vec<Vec<u64>> = self
-                .operands(n)
-                .iter()
-                .map(|&o| self.g[o].ty.concrete(&value))
-                .collect();
-            let out = node.ty.concrete(&value);
-            total += (node.op.def().flops)(&node.op, &ins, &out) as u128;
-        }
-        total
+        let node = &self.g[n];
+        let ins: Vec<Vec<u64>> = self
+            .operands(n)
+            .iter()
+            .map(|&o| self.g[o].ty.concrete(&value))
+            .collect();
+        let out = node.ty.concrete(&value);
+        (node.op.def().flops)(&node.op, &ins, &out)
     }
 
     /// Every node that must survive dead-code removal: outputs, gradients, updates.
@@ -249,6 +257,19 @@ impl Graph {
     }
 
     /// Redirects every reference to `old` (edges, outputs, gradients, updates) to `new`.
+    /// Makes `new` operand `slot` of `user`.
+    pub fn replace_operand(&mut self, user: NodeIndex, slot: usize, new: NodeIndex) {
+        let edge = self
+            .g
+            .edges_directed(user, Direction::Incoming)
+            .find(|e| usize::from(*e.weight()) == slot)
+            .map(|e| e.id());
+        if let Some(e) = edge {
+            self.g.remove_edge(e);
+        }
+        self.g.add_edge(new, user, slot as u16);
+    }
+
     pub fn replace_uses(&mut self, old: NodeIndex, new: NodeIndex) {
         let uses: Vec<(NodeIndex, u16)> = self
             .g

@@ -237,6 +237,12 @@ pub enum Op {
     /// The identity on a value every tensor-parallel rank holds, entering a column-parallel
     /// layer: its gradient is the sum over the ranks of theirs.
     TensorParallelCopy,
+    /// A value one pipeline stage computed, sent to a later (or, in backward, earlier) stage
+    /// that reads it: the send and the receive of one point-to-point transfer.
+    Transfer {
+        from: u32,
+        to: u32,
+    },
 }
 
 /// Which devices a collective spans.
@@ -300,6 +306,7 @@ pub enum OpKind {
     CrossEntropyGrad,
     AllReduce,
     TensorParallelCopy,
+    Transfer,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -371,7 +378,7 @@ use OpKind as K;
 
 /// The table, in `OpKind` order (a test checks it).
 #[rustfmt::skip]
-pub static OPS: [OpDef; 50] = [
+pub static OPS: [OpDef; 51] = [
     row(K::Input, "input", 0, Source, declared, free, vjp::source),
     row(K::Param, "param", 0, Source, declared, free, vjp::source),
     row(K::State, "state", 0, Source, declared, free, vjp::source),
@@ -422,6 +429,7 @@ pub static OPS: [OpDef; 50] = [
     row(K::CrossEntropyGrad, "cross_entropy_grad", 3, Reduction, xent_grad_shape, per_in::<0, 5>, vjp::none),
     row(K::AllReduce, "all_reduce", 1, Collective, float_same, per_out::<1>, vjp::all_reduce),
     row(K::TensorParallelCopy, "tensor_parallel_copy", 1, Layout, float_same, free, vjp::tensor_parallel_copy),
+    row(K::Transfer, "transfer", 1, Collective, any_same, free, vjp::none),
 ];
 
 impl Op {
@@ -477,6 +485,7 @@ impl Op {
             Op::CrossEntropyGrad { .. } => K::CrossEntropyGrad,
             Op::AllReduce { .. } => K::AllReduce,
             Op::TensorParallelCopy => K::TensorParallelCopy,
+            Op::Transfer { .. } => K::Transfer,
         }
     }
 
@@ -594,6 +603,7 @@ impl Op {
                 Group::Shards => "group=shards".to_string(),
                 Group::Tensor => "group=tensor".to_string(),
             },
+            Op::Transfer { from, to } => format!("from={from}, to={to}"),
             Op::TensorParallelCopy
             | Op::Gather
             | Op::Add

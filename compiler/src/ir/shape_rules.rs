@@ -21,6 +21,11 @@ pub fn declared(op: &Op, _: &[&TensorType], _: &[String]) -> Rule {
     }
 }
 
+/// The operand's type, whatever its dtype (data movement).
+pub fn any_same(_: &Op, x: &[&TensorType], _: &[String]) -> Rule {
+    Ok(x[0].clone())
+}
+
 pub fn float_same(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     if !x[0].dtype.is_float() {
         return Err(format!(

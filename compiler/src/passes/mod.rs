@@ -7,6 +7,7 @@ pub mod fuse;
 pub mod grad_sync;
 pub mod lower;
 pub mod optimizer;
+pub mod pipeline;
 pub mod schedule;
 pub mod shapes;
 pub mod shard;
@@ -70,6 +71,12 @@ pub static PIPELINE: &[Pass] = &[
         run: simplify::run,
     },
     Pass {
+        name: "pipeline",
+        about:
+            "pipeline plans: each op on its layer's stage, a transfer on every edge between stages",
+        run: pipeline::run,
+    },
+    Pass {
         name: "fuse",
         about: "group elementwise chains, reductions and GEMM epilogues into kernels",
         run: fuse::run,
@@ -93,6 +100,8 @@ pub struct Options {
     pub shards: Option<crate::shards::Sharding>,
     /// Build it for one rank of this many splitting Attention and Mlp layers.
     pub tensor_parallel: Option<u32>,
+    /// Cut it into this many pipeline stages.
+    pub pipeline_stages: Option<u32>,
     /// Run the IR verifier after every pass.
     pub verify: bool,
     /// Stop after this pass (`check` needs only the forward graph's shapes).
@@ -113,6 +122,7 @@ impl Default for Options {
             gpus: None,
             shards: None,
             tensor_parallel: None,
+            pipeline_stages: None,
             verify: cfg!(debug_assertions),
             stop_after: None,
         }
