@@ -164,7 +164,7 @@ mod tests {
             |v: &[u64]| -> Vec<(String, u64)> { v.iter().map(|&f| (String::new(), f)).collect() };
         assert_eq!(cut(&g(&[1, 1, 1, 1]), 2), vec![0, 0, 1, 1]);
         assert_eq!(cut(&g(&[10, 1, 1, 1]), 2), vec![0, 1, 1, 1]);
-        assert_eq!(cut(&g(&[1, 1, 1, 100]), 3), vec![0, 1, 2, 2]);
+        assert_eq!(cut(&g(&[1, 1, 1, 100]), 3), vec![0, 0, 1, 2]);
         assert_eq!(cut(&g(&[0, 0, 0]), 3), vec![0, 1, 2]);
     }
 }
