@@ -169,8 +169,15 @@ pub(crate) fn compile_cmd(
         return partition_fit(&partitioned, format, explain);
     }
     if explain && format == Format::Text {
-        if let Ok(p) = &partitioned {
-            print!("{}", partition::explain::explain(p));
+        match &partitioned {
+            Ok(p) => print!("{}", partition::explain::explain(p)),
+            Err(partition::Error::NoFit { candidates, .. }) => {
+                eprint!(
+                    "{}",
+                    partition::explain::candidate_table(candidates, capacity)
+                )
+            }
+            Err(_) => {}
         }
     }
     let smallest = match &partitioned {
