@@ -187,3 +187,39 @@ fn every_model_plans_for_small_gpu_counts() {
         }
     }
 }
+
+#[test]
+fn nodes_bound_tensor_parallelism_to_a_node() {
+    let (o, v) = json(&[
+        "compile",
+        "models/gpt-large.ron",
+        "--gpus",
+        "16",
+        "--nodes",
+        "4",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p = &v["partition"];
+    assert_eq!(p["gpus_per_node"], 4);
+    for c in p["candidates"].as_array().unwrap() {
+        assert!(c["strategy"]["tp"].as_u64().unwrap() <= 4, "{c}");
+    }
+}
+
+#[test]
+fn nothing_fits_anywhere_is_said_plainly() {
+    let o = parallax(&[
+        "compile",
+        "models/gpt-large.ron",
+        "--gpus",
+        "8",
+        "--gpu-memory",
+        "256MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("fits on no strategy for 8 x h100"), "{err}");
+    assert!(err.contains("no GPU count up to 65536 fits"), "{err}");
+}
