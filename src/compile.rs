@@ -89,16 +89,14 @@ pub(crate) fn compile_cmd(
         Some(Ok(s)) => Some(s),
         None => None,
     };
-    let partitioned = partition::plan(
-        &model,
-        &partition::Target {
-            gpus: plan.gpus_requested,
-            profile,
-            capacity,
-            nodes,
-            strategy: forced,
-        },
-    );
+    let target = partition::Target {
+        gpus: plan.gpus_requested,
+        profile,
+        capacity,
+        nodes,
+        strategy: forced,
+    };
+    let partitioned = partition::plan(&model, &target);
     pass_times.push(("partition", t.elapsed()));
     match &partitioned {
         Ok(p) => plan.strategy = p.strategy,
@@ -180,11 +178,21 @@ pub(crate) fn compile_cmd(
             Err(_) => {}
         }
     }
-    let smallest = match &partitioned {
-        Err(partition::Error::NoFit { smallest, .. }) => *smallest,
-        _ => None,
+    // Only computed when one device does not fit: what to do instead.
+    let hint = || {
+        match &partitioned {
+        Err(partition::Error::NoFit { smallest, .. }) => smallest_hint(*smallest),
+        Ok(p) => format!(
+            "the planner fits it on one GPU with gradient accumulation ({} micro-batches of {}, peak {}), which single-device plans do not do yet; {}",
+            p.micro_batches,
+            p.micro_batch_size,
+            bytes(p.per_device_peak_bytes),
+            smallest_hint(partition::smallest_fitting(&model, &target))
+        ),
+        Err(_) => smallest_hint(partition::smallest_fitting(&model, &target)),
+    }
     };
-    memory_fit(&plan, profile, capacity, format, smallest)
+    memory_fit(&plan, profile, capacity, format, hint)
 }
 
 /// The partition's verdict for more than one GPU: the choice (and with `--explain` the
@@ -269,7 +277,7 @@ fn memory_fit(
     profile: &parallax_compiler::devices::Profile,
     capacity: u64,
     format: Format,
-    smallest: Option<u32>,
+    hint: impl FnOnce() -> String,
 ) -> Result<(), Exit> {
     let m = &p.memory;
     let fits = m.peak_bytes <= capacity;
@@ -313,7 +321,7 @@ fn memory_fit(
     ] {
         eprintln!("  {what:<24} {:>12}", bytes(b));
     }
-    eprintln!("  = hint: {}", smallest_hint(smallest));
+    eprintln!("  = hint: {}", hint());
     Err(Exit(1))
 }
 

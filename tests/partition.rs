@@ -223,3 +223,14 @@ fn nothing_fits_anywhere_is_said_plainly() {
     assert!(err.contains("fits on no strategy for 8 x h100"), "{err}");
     assert!(err.contains("no GPU count up to 65536 fits"), "{err}");
 }
+
+#[test]
+fn one_gpu_that_fits_only_with_accumulation_says_so() {
+    let o = parallax(&["compile", "models/transformer.ron", "--gpu-memory", "20MiB"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("gradient accumulation") && err.contains("--gpus 2"),
+        "{err}"
+    );
+}
