@@ -17,6 +17,9 @@ pub const GPUS_PER_NODE: u32 = 8;
 /// The gradient bucket all-reduced while backward runs (PyTorch DDP's default 25 MiB); two are
 /// allocated, one filling while the other is reduced.
 pub const BUCKET_BYTES: f64 = (25u64 << 20) as f64;
+/// What launching one kernel costs the stream: a group's time per micro-batch is at least its
+/// kernel count times this (launches overlap with kernels big enough to hide them).
+pub const KERNEL_LAUNCH_S: f64 = 4e-6;
 /// Backward's share of a layer's forward + backward compute (two GEMMs per forward GEMM).
 pub const BACKWARD_SHARE: f64 = 2.0 / 3.0;
 
@@ -77,13 +80,17 @@ impl Cluster {
     }
 }
 
-/// Ring all-reduce of `bytes` over `n` peers: `2(n-1)/n * bytes / bw + 2(n-1) * latency`.
+/// All-reduce of `bytes` over `n` peers, as NCCL picks per message: the ring,
+/// `2(n-1)/n * bytes / bw + 2(n-1) * latency`, for large messages; a (double binary) tree,
+/// `2 * bytes / bw + 2 log2(n) * latency`, when latency dominates.
 pub fn all_reduce_s(bytes: f64, n: u32, link: Link) -> f64 {
     if n <= 1 {
         return 0.0;
     }
     let n = n as f64;
-    2.0 * (n - 1.0) / n * bytes / link.bandwidth + 2.0 * (n - 1.0) * link.latency
+    let ring = 2.0 * (n - 1.0) / n * bytes / link.bandwidth + 2.0 * (n - 1.0) * link.latency;
+    let tree = 2.0 * bytes / link.bandwidth + 2.0 * n.log2().ceil() * link.latency;
+    ring.min(tree)
 }
 
 /// Ring reduce-scatter or all-gather: half an all-reduce.
@@ -106,6 +113,8 @@ pub struct Stage {
     pub groups: Range<usize>,
     /// Per device: compute seconds per sample (forward + backward).
     pub compute_s: f64,
+    /// Per group: seconds per sample, and the kernel-launch floor per micro-batch.
+    pub group_times: Vec<(f64, f64)>,
     pub param_bytes: f64,
     pub saved_bytes: f64,
     /// The largest value and its gradient, per sample.
@@ -118,6 +127,17 @@ pub struct Stage {
     /// Tensor-parallel all-reduces per forward pass, and their total bytes per sample.
     pub tp_allreduces: u32,
     pub tp_allreduce_bytes: f64,
+}
+
+impl Stage {
+    /// Seconds of compute for one micro-batch of `mb` samples: each group's work, or its
+    /// kernel launches when those take longer.
+    pub fn compute(&self, mb: f64) -> f64 {
+        self.group_times
+            .iter()
+            .map(|&(t, floor)| (mb * t).max(floor))
+            .sum()
+    }
 }
 
 /// Per-sample compute seconds of each group at tensor-parallel degree `tp`.
@@ -205,6 +225,7 @@ pub fn stages(m: &ModelCost, c: &Cluster, tp: u32, pp: u32) -> Vec<Stage> {
             let mut s = Stage {
                 groups: r.clone(),
                 compute_s: 0.0,
+                group_times: Vec::with_capacity(r.len()),
                 param_bytes: 0.0,
                 saved_bytes: 0.0,
                 working_bytes: 0.0,
@@ -216,6 +237,8 @@ pub fn stages(m: &ModelCost, c: &Cluster, tp: u32, pp: u32) -> Vec<Stage> {
             for g in r {
                 let k = m.cost(g);
                 s.compute_s += times[g];
+                s.group_times
+                    .push((times[g], k.kernels as f64 * KERNEL_LAUNCH_S));
                 let p = k.param_bytes.at(tp);
                 s.param_bytes += p;
                 s.largest_group_param_bytes = s.largest_group_param_bytes.max(p);
@@ -353,7 +376,7 @@ pub fn estimate(m: &ModelCost, c: &Cluster, stages: &[Stage], o: &Options) -> Es
 
         // Time of one micro-batch on this stage: compute, the Megatron all-reduces (two in
         // forward and two in backward per transformer block), the p2p sends.
-        let compute = mbf * s.compute_s;
+        let compute = s.compute(mbf);
         let tp_ar = if o.tp > 1 {
             let latency = all_reduce_s(0.0, o.tp, tp_link);
             2.0 * (all_reduce_s(mbf * s.tp_allreduce_bytes, o.tp, tp_link) - latency
@@ -396,11 +419,14 @@ pub fn estimate(m: &ModelCost, c: &Cluster, stages: &[Stage], o: &Options) -> Es
                     + gather_s(g, dp, dp_link)
             }
             // Parameters gathered for each micro-batch's forward and backward and gradients
-            // reduce-scattered, prefetched one group ahead of the compute.
+            // reduce-scattered, prefetched one group ahead of the compute; each group waits
+            // for its gather, so every collective's latency is exposed.
             _ => {
                 let per_mb = 3.0 * gather_s(g, dp, dp_link);
+                let collectives = 3.0 * micro * s.group_times.len() as f64;
                 micro * (per_mb - compute).max(0.0)
                     + gather_s(s.largest_group_param_bytes, dp, dp_link)
+                    + collectives * gather_s(0.0, dp, dp_link)
             }
         };
         stage_sent += match o.zero {
@@ -414,7 +440,11 @@ pub fn estimate(m: &ModelCost, c: &Cluster, stages: &[Stage], o: &Options) -> Es
         // memory-bound, on this device's shard.
         let touched = shard(g, o.zero >= 1) * (3.0 + 2.0 * ratio);
         dp_exposed = f64::max(dp_exposed, exposed);
-        optimizer = f64::max(optimizer, touched / c.memory_rate());
+        // The stage's share of the update kernels, by its share of the groups.
+        let share = s.group_times.len() as f64 / m.groups.len().max(1) as f64;
+        let update =
+            (touched / c.memory_rate()).max(share * m.update_kernels as f64 * KERNEL_LAUNCH_S);
+        optimizer = f64::max(optimizer, update);
         sent = sent.max(stage_sent);
     }
     // Every micro-batch passes the slowest stage; the other pp-1 slots are the bubble.

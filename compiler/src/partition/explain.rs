@@ -7,8 +7,10 @@ use std::fmt::Write;
 fn seconds(s: f64) -> String {
     if s >= 1.0 {
         format!("{s:.2} s")
-    } else {
+    } else if s >= 1e-3 {
         format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{:.1} µs", s * 1e6)
     }
 }
 

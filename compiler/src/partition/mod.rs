@@ -401,7 +401,7 @@ fn candidates(m: &ModelCost, t: &Target, r: &Rules) -> Result<Vec<Candidate>, Er
         }
     }
     // Fitting candidates fastest first (times equal to 4 significant digits prefer less
-    // sharding, then less memory), then the rejected by memory.
+    // sharding, then less memory, then 1F1B), then the rejected by memory.
     out.sort_by(|a, b| {
         b.fits
             .cmp(&a.fits)
@@ -412,7 +412,7 @@ fn candidates(m: &ModelCost, t: &Target, r: &Rules) -> Result<Vec<Candidate>, Er
             })
             .then(a.zero.cmp(&b.zero))
             .then(a.memory.total.cmp(&b.memory.total))
-            .then(a.schedule.cmp(&b.schedule))
+            .then(b.schedule.cmp(&a.schedule))
     });
     Ok(out)
 }
@@ -461,7 +461,7 @@ pub fn plan(m: &ModelCost, t: &Target) -> Result<Partition, Error> {
             stage: i as u32,
             layers: layer_list(m, s.groups.clone()),
             memory: *mem,
-            compute_s: s.compute_s * e.micro_batch_size as f64,
+            compute_s: s.compute(e.micro_batch_size as f64),
         })
         .collect();
     Ok(Partition {

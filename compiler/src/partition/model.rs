@@ -62,6 +62,9 @@ pub struct GroupCost {
     /// of each per sample.
     pub tp_allreduces: u32,
     pub tp_allreduce_bytes: f64,
+    /// Kernels launched per micro-batch, forward and backward (after fusion): a floor on the
+    /// group's time when its work is too small to hide the launches.
+    pub kernels: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -98,6 +101,8 @@ pub struct ModelCost {
     /// Matmuls run at this precision's rate: `tf32` for an fp32 plan (cuBLAS with TF32 tensor
     /// cores allowed, as PyTorch's default for convolutions), `bf16` when parameters are bf16.
     pub precision: &'static str,
+    /// Kernels of the optimizer update (the same count however the state is sharded).
+    pub update_kernels: u32,
 }
 
 impl ModelCost {
@@ -268,6 +273,35 @@ pub fn model_cost(g: &Graph, name: &str, batch: u64) -> ModelCost {
         order.push(l);
     }
 
+    // Kernels per group (fused kernels when the fuse pass ran, else one per op), counted
+    // where the group is costed.
+    let mut kernels: HashMap<&str, u32> = HashMap::new();
+    let firsts: Vec<NodeIndex> = if g.kernels.is_empty() {
+        g.g.node_indices()
+            .filter(|&n| !g.g[n].op.is_source())
+            .collect()
+    } else {
+        g.kernels
+            .iter()
+            .filter_map(|k| k.nodes.last().copied())
+            .collect()
+    };
+    let mut update_kernels = 0u32;
+    for n in firsts {
+        let node = &g.g[n];
+        if node.phase == Phase::Update {
+            update_kernels += 1;
+            continue;
+        }
+        if node.layer.is_empty() {
+            continue;
+        }
+        let (group, repeat, _) = split_layer(&node.layer);
+        if repeat.is_none_or(|(_, i)| i == 0) {
+            *kernels.entry(group).or_default() += 1;
+        }
+    }
+
     let mut heads: Option<u64> = None;
     let mut cost_of: HashMap<String, usize> = HashMap::new();
     let mut costs: Vec<GroupCost> = Vec::new();
@@ -379,6 +413,7 @@ pub fn model_cost(g: &Graph, name: &str, batch: u64) -> ModelCost {
         if let Some(n) = last_forward {
             c.output_bytes = bytes(n);
         }
+        c.kernels = kernels.get(key.as_str()).copied().unwrap_or(0);
         cost_of.insert(key, costs.len());
         groups.push(Group {
             name: name.clone(),
@@ -400,6 +435,7 @@ pub fn model_cost(g: &Graph, name: &str, batch: u64) -> ModelCost {
         input_bytes_per_sample: input_sample,
         input_bytes_fixed: input_fixed,
         precision: if bf16 { "bf16" } else { "tf32" },
+        update_kernels,
     }
 }
 
