@@ -84,6 +84,19 @@ pub fn explain(p: &Partition) -> String {
         fitting
     );
     out.push_str(&candidate_table(&p.candidates, p.capacity_bytes));
+    if !p.not_considered.is_empty() {
+        const SHOWN: usize = 6;
+        let mut shown: Vec<String> = p
+            .not_considered
+            .iter()
+            .take(SHOWN)
+            .map(|s| format!("{} ({})", strategy_name(&s.strategy), s.why))
+            .collect();
+        if p.not_considered.len() > SHOWN {
+            shown.push(format!("and {} more", p.not_considered.len() - SHOWN));
+        }
+        let _ = writeln!(out, "not considered: {}", shown.join("; "));
+    }
     let t = &p.time;
     let _ = writeln!(
         out,

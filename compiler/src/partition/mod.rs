@@ -132,6 +132,8 @@ pub struct Partition {
     pub tp_rule: String,
     pub stages: Vec<StageSummary>,
     pub candidates: Vec<Candidate>,
+    /// Degree triples of this GPU count that cannot be used for this model.
+    pub not_considered: Vec<Skipped>,
 }
 
 /// `dp2.tp2.pp2`, degrees of 1 left out (`dp4`, `tp8`); `dp1` for one device.
@@ -321,6 +323,34 @@ fn strategies(m: &ModelCost, t: &Target, r: &Rules) -> Result<Vec<Strategy>, Err
     Ok(v)
 }
 
+/// A degree triple the planner did not cost, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Skipped {
+    pub strategy: Strategy,
+    pub why: String,
+}
+
+/// The degree triples of `t.gpus` that cannot be used for this model.
+fn not_considered(m: &ModelCost, t: &Target, r: &Rules) -> Vec<Skipped> {
+    if t.strategy.is_some() {
+        return Vec::new();
+    }
+    let mut v = Vec::new();
+    for tp in divisors(t.gpus) {
+        for pp in divisors(t.gpus / tp) {
+            let s = Strategy {
+                dp: t.gpus / tp / pp,
+                tp,
+                pp,
+            };
+            if let Some(why) = infeasible(m, r, &s) {
+                v.push(Skipped { strategy: s, why });
+            }
+        }
+    }
+    v
+}
+
 /// Every candidate for `t`: per strategy, ZeRO stage and schedule, the best micro-batch
 /// count (the fastest that fits, else the one needing least memory).
 fn candidates(m: &ModelCost, t: &Target, r: &Rules) -> Result<Vec<Candidate>, Error> {
@@ -481,6 +511,7 @@ pub fn plan(m: &ModelCost, t: &Target) -> Result<Partition, Error> {
         time: chosen.time,
         bytes_communicated_per_step: chosen.bytes_communicated_per_step,
         forced: t.strategy.is_some(),
+        not_considered: not_considered(m, t, &r),
         tp_rule: r.tp_rule,
         stages,
         candidates,

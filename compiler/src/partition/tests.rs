@@ -99,6 +99,13 @@ fn gpt_large_on_eight_h100_needs_model_parallelism() {
         .find(|c| strategy_name(&c.strategy) == "dp8")
         .unwrap();
     assert!(!dp8.fits && dp8.rejected.as_deref().unwrap().contains("GiB"));
+    assert!(p.not_considered.is_empty(), "tp 1-8 all divide 40 heads");
+    // On 3 GPUs, tp3 cannot split 40 heads: said, not silently dropped.
+    let p = plan(model("gpt-large.ron"), &target(24, "h100")).unwrap();
+    assert!(p
+        .not_considered
+        .iter()
+        .any(|s| s.strategy.tp == 3 && s.why.contains("does not divide the 40")));
 }
 
 #[test]
