@@ -340,7 +340,11 @@ pub fn model_cost(g: &Graph, name: &str, batch: u64) -> ModelCost {
         let units = Units::of(&paths);
         let has_units = !units.inner.is_empty();
         // Vocab-parallel logits and cross-entropy: the last Linear and the loss split by vocab.
-        let vocab_parallel = name == "loss" || Some(name) == last_linear.as_ref();
+        let has_weight = nodes
+            .iter()
+            .any(|&n| g.g[n].op.kind() == OpKind::Param && g.g[n].ty.shape.len() == 2);
+        let vocab_parallel =
+            name == "loss" || (Some(name) == last_linear.as_ref() && has_weight && !has_units);
         let mut c = GroupCost::default();
         let mut last_forward: Option<NodeIndex> = None;
         for &n in nodes {
