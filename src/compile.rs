@@ -181,15 +181,15 @@ pub(crate) fn compile_cmd(
     // Only computed when one device does not fit: what to do instead.
     let hint = || {
         match &partitioned {
-        Err(partition::Error::NoFit { smallest, .. }) => smallest_hint(*smallest),
+        Err(partition::Error::NoFit { smallest, .. }) => smallest_hint(smallest.as_ref()),
         Ok(p) => format!(
             "the planner fits it on one GPU with gradient accumulation ({} micro-batches of {}, peak {}), which single-device plans do not do yet; {}",
             p.micro_batches,
             p.micro_batch_size,
             bytes(p.per_device_peak_bytes),
-            smallest_hint(partition::smallest_fitting(&model, &target))
+            smallest_hint(partition::smallest_fitting(&model, &target).as_ref())
         ),
-        Err(_) => smallest_hint(partition::smallest_fitting(&model, &target)),
+        Err(_) => smallest_hint(partition::smallest_fitting(&model, &target).as_ref()),
     }
     };
     memory_fit(&plan, profile, capacity, format, hint)
@@ -244,7 +244,7 @@ fn partition_fit(
                 "{}",
                 partition::explain::memory_lines(&least.memory, "    ")
             );
-            eprintln!("  = hint: {}", smallest_hint(*smallest));
+            eprintln!("  = hint: {}", smallest_hint(smallest.as_ref()));
         }
         partition::Error::ForcedNoFit { candidate, .. } => {
             eprint!(
@@ -260,9 +260,20 @@ fn partition_fit(
     Err(Exit(1))
 }
 
-fn smallest_hint(smallest: Option<u32>) -> String {
+fn smallest_hint(smallest: Option<&partition::Smallest>) -> String {
     match smallest {
-        Some(n) => format!("the smallest GPU count that fits is {n} (--gpus {n})"),
+        Some(s) => {
+            let c = &s.candidate;
+            format!(
+                "the smallest GPU count that fits is {n} (--gpus {n}: {}, zero {}, schedule {}, {} per GPU, est. step {:.3} s)",
+                c.strategy_name(),
+                c.zero,
+                c.schedule.name(),
+                bytes(c.memory.total),
+                c.step_time_s,
+                n = s.gpus
+            )
+        }
         None => format!(
             "no GPU count up to {} fits; a smaller batch_size or model lowers the memory",
             partition::SEARCH_BOUND
@@ -389,7 +400,7 @@ fn print_plan(
                             smallest,
                             candidates,
                             ..
-                        } => (*smallest, candidates.as_slice()),
+                        } => (smallest.as_ref(), candidates.as_slice()),
                         partition::Error::ForcedNoFit { candidates, .. } => {
                             (None, candidates.as_slice())
                         }
@@ -397,7 +408,8 @@ fn print_plan(
                     };
                     serde_json::json!({
                         "error": e.to_string(),
-                        "smallest_fitting_gpus": smallest,
+                        "smallest_fitting_gpus": smallest.map(|s| s.gpus),
+                        "smallest_fitting": smallest,
                         "candidates": candidates,
                     })
                 }

@@ -42,7 +42,7 @@ pub enum Error {
         /// The candidate needing the least memory.
         least: Box<Candidate>,
         /// The smallest GPU count (searched up to [`SEARCH_BOUND`]) on which something fits.
-        smallest: Option<u32>,
+        smallest: Option<Smallest>,
         candidates: Vec<Candidate>,
     },
     #[error("strategy {} does not fit: it needs {} per device", .candidate.strategy_name(), crate::plan::bytes(.candidate.memory.total))]
@@ -63,6 +63,13 @@ pub struct Target {
     pub nodes: Option<u32>,
     /// `--strategy`: only these degrees.
     pub strategy: Option<Strategy>,
+}
+
+/// The smallest GPU count that fits, and the candidate chosen there.
+#[derive(Debug, Clone, Serialize)]
+pub struct Smallest {
+    pub gpus: u32,
+    pub candidate: Box<Candidate>,
 }
 
 /// One row of the candidate table: a strategy with its best options.
@@ -529,8 +536,8 @@ pub fn search_counts() -> impl Iterator<Item = u32> {
 
 /// The smallest GPU count above `t.gpus` (of the counts [`search_counts`] tries, 8 per node)
 /// on which some strategy fits.
-pub fn smallest_fitting(m: &ModelCost, t: &Target) -> Option<u32> {
-    search_counts().filter(|&n| n > t.gpus).find(|&n| {
+pub fn smallest_fitting(m: &ModelCost, t: &Target) -> Option<Smallest> {
+    search_counts().filter(|&n| n > t.gpus).find_map(|n| {
         let target = Target {
             gpus: n,
             nodes: None,
@@ -538,7 +545,11 @@ pub fn smallest_fitting(m: &ModelCost, t: &Target) -> Option<u32> {
             ..*t
         };
         let r = rules(m, &target);
-        candidates(m, &target, &r).is_ok_and(|c| c.first().is_some_and(|c| c.fits))
+        let best = candidates(m, &target, &r).ok()?.into_iter().next()?;
+        best.fits.then(|| Smallest {
+            gpus: n,
+            candidate: Box::new(best),
+        })
     })
 }
 

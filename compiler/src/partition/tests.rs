@@ -113,10 +113,11 @@ fn gpt_large_on_one_h100_fits_nowhere_and_names_the_smallest_count() {
     let m = model("gpt-large.ron");
     match plan(m, &target(1, "h100")) {
         Err(Error::NoFit {
-            smallest: Some(n),
+            smallest: Some(Smallest { gpus: n, candidate }),
             least,
             ..
         }) => {
+            assert!(candidate.fits);
             assert!(n > 1);
             assert!(least.memory.total > profile("h100").unwrap().memory);
             assert!(plan(m, &target(n, "h100")).is_ok());
