@@ -4,7 +4,7 @@
 use crate::{load, run_pipeline, Emit, Exit, Format};
 use parallax_compiler::ir::print::{to_dot, to_text};
 use parallax_compiler::plan::{bytes, si, thousands};
-use parallax_compiler::Options;
+use parallax_compiler::{partition, Options};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -14,6 +14,10 @@ pub(crate) struct Target {
     pub gpus: Option<u32>,
     pub device: Option<String>,
     pub gpu_memory: Option<u64>,
+    pub nodes: Option<u32>,
+    /// `--strategy`, as written.
+    pub strategy: Option<String>,
+    pub explain: bool,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -34,6 +38,9 @@ pub(crate) fn compile_cmd(
         gpus,
         device,
         gpu_memory,
+        nodes,
+        strategy,
+        explain,
     } = target;
     let (source, parse_time) = load(file, format)?;
     let options = Options {
@@ -61,9 +68,49 @@ pub(crate) fn compile_cmd(
     };
     let compiled = run_pipeline(file, &source, &options, format, &mut dump)?;
     let t = Instant::now();
-    let plan = compiled.plan(&source, &options);
+    let mut plan = compiled.plan(&source, &options);
     let mut pass_times = compiled.timings.clone();
     pass_times.push(("plan", t.elapsed()));
+    let capacity = gpu_memory.unwrap_or(profile.memory);
+    let t = Instant::now();
+    let model = partition::model_cost(
+        &compiled.graph,
+        &source.experiment.name,
+        source.experiment.train.batch_size,
+    );
+    let forced = match strategy
+        .as_deref()
+        .map(|s| partition::parse_strategy(s, plan.gpus_requested))
+    {
+        Some(Err(e)) => {
+            eprintln!("error: {e}");
+            return Err(Exit(1));
+        }
+        Some(Ok(s)) => Some(s),
+        None => None,
+    };
+    let target = partition::Target {
+        gpus: plan.gpus_requested,
+        profile,
+        capacity,
+        nodes,
+        strategy: forced,
+    };
+    let partitioned = partition::plan(&model, &target);
+    pass_times.push(("partition", t.elapsed()));
+    match &partitioned {
+        Ok(p) => plan.strategy = p.strategy,
+        Err(
+            e @ (partition::Error::NoGpus
+            | partition::Error::BadStrategy { .. }
+            | partition::Error::StrategyProduct { .. }
+            | partition::Error::Infeasible { .. }),
+        ) => {
+            eprintln!("error: {e}");
+            return Err(Exit(1));
+        }
+        Err(_) => {}
+    }
     if timings {
         let mut err = std::io::stderr().lock();
         let _ = writeln!(err, "timings:");
@@ -108,7 +155,6 @@ pub(crate) fn compile_cmd(
         }
         _ => {}
     }
-    let capacity = gpu_memory.unwrap_or(profile.memory);
     let fits = plan.memory.peak_bytes <= capacity;
     let device = serde_json::json!({
         "kind": profile.kind,
@@ -116,8 +162,123 @@ pub(crate) fn compile_cmd(
         "memory_bytes": capacity,
         "fits_one_device": fits,
     });
-    print_plan(&plan, &pass_times, format, device);
-    memory_fit(&plan, profile, capacity, format)
+    print_plan(&plan, &pass_times, format, device, &partitioned);
+    if plan.gpus_requested > 1 {
+        return partition_fit(&partitioned, format, explain);
+    }
+    if explain && format == Format::Text {
+        match &partitioned {
+            Ok(p) => print!("{}", partition::explain::explain(p)),
+            Err(partition::Error::NoFit { candidates, .. }) => {
+                eprint!(
+                    "{}",
+                    partition::explain::candidate_table(candidates, capacity)
+                )
+            }
+            Err(_) => {}
+        }
+    }
+    // Only computed when one device does not fit: what to do instead.
+    let hint = || {
+        match &partitioned {
+        Err(partition::Error::NoFit { smallest, .. }) => smallest_hint(smallest.as_ref()),
+        Ok(p) => format!(
+            "the planner fits it on one GPU with gradient accumulation ({} micro-batches of {}, peak {}), which single-device plans do not do yet; {}",
+            p.micro_batches,
+            p.micro_batch_size,
+            bytes(p.per_device_peak_bytes),
+            smallest_hint(partition::smallest_fitting(&model, &target).as_ref())
+        ),
+        Err(_) => smallest_hint(partition::smallest_fitting(&model, &target).as_ref()),
+    }
+    };
+    memory_fit(&plan, profile, capacity, format, hint)
+}
+
+/// The partition's verdict for more than one GPU: the choice (and with `--explain` the
+/// candidates), or, when nothing fits, the memory table and the smallest GPU count that fits.
+fn partition_fit(
+    partitioned: &Result<partition::Partition, partition::Error>,
+    format: Format,
+    explain: bool,
+) -> Result<(), Exit> {
+    let e = match partitioned {
+        Ok(p) => {
+            if format == Format::Text {
+                if explain {
+                    print!("{}", partition::explain::explain(p));
+                } else {
+                    println!(
+                        "  (--explain lists the {} candidates and each pipeline stage)",
+                        p.candidates.len()
+                    );
+                }
+            }
+            return Ok(());
+        }
+        Err(e) => e,
+    };
+    eprintln!("error: {e}");
+    match e {
+        partition::Error::NoFit {
+            least,
+            smallest,
+            candidates,
+            ..
+        } => {
+            if explain {
+                eprint!(
+                    "{}",
+                    partition::explain::candidate_table(candidates, least.memory.total.max(1))
+                );
+            }
+            eprintln!(
+                "  the candidate needing the least memory, {} (zero {}, schedule {}, {} micro-batches of {}):",
+                least.strategy_name(),
+                least.zero,
+                least.schedule.name(),
+                least.micro_batches,
+                least.micro_batch_size
+            );
+            eprint!(
+                "{}",
+                partition::explain::memory_lines(&least.memory, "    ")
+            );
+            eprintln!("  = hint: {}", smallest_hint(smallest.as_ref()));
+        }
+        partition::Error::ForcedNoFit { candidate, .. } => {
+            eprint!(
+                "{}",
+                partition::explain::memory_lines(&candidate.memory, "    ")
+            );
+            eprintln!(
+                "  = hint: without --strategy the planner picks among every strategy for this GPU count"
+            );
+        }
+        _ => {}
+    }
+    Err(Exit(1))
+}
+
+fn smallest_hint(smallest: Option<&partition::Smallest>) -> String {
+    match smallest {
+        Some(s) => {
+            let c = &s.candidate;
+            format!(
+                "the smallest GPU count that fits is {n} (--gpus {n}: {}, zero {}, schedule {}, {} per GPU, est. step {:.3} s)",
+                c.strategy_name(),
+                c.zero,
+                c.schedule.name(),
+                bytes(c.memory.total),
+                c.step_time_s,
+                n = s.gpus
+            )
+        }
+        None => format!(
+            "no GPU count up to {} fits; a smaller batch_size or model lowers the memory",
+            partition::SEARCH_BOUND
+        ),
+    }
 }
 
 /// Whether the plan's peak memory fits one device; a plan for one GPU that does not fit is
@@ -127,6 +288,7 @@ fn memory_fit(
     profile: &parallax_compiler::devices::Profile,
     capacity: u64,
     format: Format,
+    hint: impl FnOnce() -> String,
 ) -> Result<(), Exit> {
     let m = &p.memory;
     let fits = m.peak_bytes <= capacity;
@@ -146,13 +308,7 @@ fn memory_fit(
             }
         );
     }
-    if fits || p.gpus_requested > 1 {
-        if !fits && format == Format::Text {
-            println!(
-                "  note:       partitioning over the {} requested GPUs is not built yet, so this plan cannot run as it is",
-                p.gpus_requested
-            );
-        }
+    if fits {
         return Ok(());
     }
     let activations = m
@@ -176,10 +332,7 @@ fn memory_fit(
     ] {
         eprintln!("  {what:<24} {:>12}", bytes(b));
     }
-    eprintln!(
-        "  = hint: parameters and optimizer state alone need at least {} GPUs of this kind once sharded; multi-GPU partitioning is not built yet; a smaller batch_size lowers the activations",
-        (m.parameter_bytes + m.optimizer_state_bytes).div_ceil(capacity.max(1))
-    );
+    eprintln!("  = hint: {}", hint());
     Err(Exit(1))
 }
 
@@ -229,13 +382,41 @@ fn print_plan(
     timings: &[(&str, Duration)],
     format: Format,
     device: serde_json::Value,
+    partitioned: &Result<partition::Partition, partition::Error>,
 ) {
     match format {
         Format::Json => {
-            // A one-GPU plan that does not fit is an error (exit 1, the table on stderr).
-            let ok = device["fits_one_device"].as_bool().unwrap_or(true) || p.gpus_requested > 1;
+            // A plan that fits nowhere is an error (exit 1, the table on stderr).
+            let ok = if p.gpus_requested > 1 {
+                partitioned.is_ok()
+            } else {
+                device["fits_one_device"].as_bool().unwrap_or(true)
+            };
+            let partition = match partitioned {
+                Ok(part) => serde_json::to_value(part).expect("a partition serialises"),
+                Err(e) => {
+                    let (smallest, candidates) = match e {
+                        partition::Error::NoFit {
+                            smallest,
+                            candidates,
+                            ..
+                        } => (smallest.as_ref(), candidates.as_slice()),
+                        partition::Error::ForcedNoFit { candidates, .. } => {
+                            (None, candidates.as_slice())
+                        }
+                        _ => (None, &[][..]),
+                    };
+                    serde_json::json!({
+                        "error": e.to_string(),
+                        "smallest_fitting_gpus": smallest.map(|s| s.gpus),
+                        "smallest_fitting": smallest,
+                        "candidates": candidates,
+                    })
+                }
+            };
             let v = serde_json::json!({
                 "ok": ok,
+                "partition": partition,
                 "device": device,
                 "name": p.name,
                 "gpus_requested": p.gpus_requested,
@@ -255,18 +436,26 @@ fn print_plan(
         }
         Format::Text => {
             println!("{}: compiled", p.name);
-            if p.gpus_requested > 1 {
-                println!(
-                    "  gpus:       {} requested; this plan runs on 1 (multi-GPU partitioning is not built yet)",
-                    p.gpus_requested
-                );
-            } else {
-                println!("  gpus:       1 ({})", p.device_kind);
+            println!("  gpus:       {} ({})", p.gpus_requested, p.device_kind);
+            match partitioned {
+                Ok(part) => println!(
+                    "  strategy:   {} (dp={} tp={} pp={}, zero {}, schedule {}, {} micro-batches of {}){}: per-GPU peak {} of {}, est. step {:.3} s, {} sent per GPU per step",
+                    partition::strategy_name(&part.strategy),
+                    part.strategy.dp,
+                    part.strategy.tp,
+                    part.strategy.pp,
+                    part.zero,
+                    part.schedule.name(),
+                    part.micro_batches,
+                    part.micro_batch_size,
+                    if part.forced { " (forced)" } else { "" },
+                    bytes(part.per_device_peak_bytes),
+                    bytes(part.capacity_bytes),
+                    part.step_time_s,
+                    bytes(part.bytes_communicated_per_step),
+                ),
+                Err(_) => println!("  strategy:   none fits (see below)"),
             }
-            println!(
-                "  strategy:   dp={} tp={} pp={}",
-                p.strategy.dp, p.strategy.tp, p.strategy.pp
-            );
             println!(
                 "  parameters: {} ({})",
                 thousands(p.parameters),
@@ -285,7 +474,8 @@ fn print_plan(
             );
             let m = &p.memory;
             println!(
-                "  memory:     at batch {}: peak {} = parameters {} + optimizer state {} + inputs {} + activations {} ({} without buffer reuse)",
+                "  memory:     {}at batch {}: peak {} = parameters {} + optimizer state {} + inputs {} + activations {} ({} without buffer reuse)",
+                if p.gpus_requested > 1 { "unpartitioned, on one device, " } else { "" },
                 p.batch_size,
                 bytes(m.peak_bytes),
                 bytes(m.parameter_bytes),

@@ -129,9 +129,20 @@ enum Command {
     /// Compile an experiment into a plan.
     Compile {
         file: PathBuf,
-        /// GPUs to plan for (recorded; plans are single-device until the partition pass).
+        /// GPUs to plan for: the partition planner picks data, tensor and pipeline
+        /// parallelism for them (the file's `devices.gpus` when absent).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
         gpus: Option<u32>,
+        /// Nodes the GPUs are spread over (default: 8 GPUs per node).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
+        nodes: Option<u32>,
+        /// Force a strategy: `dp4`, `tp8`, `dp2.tp2.pp2` (degrees not named are 1; their
+        /// product must be the GPU count).
+        #[arg(long, value_name = "S")]
+        strategy: Option<String>,
+        /// Print the partition candidates, the choice and each pipeline stage.
+        #[arg(long)]
+        explain: bool,
         /// The device kind to plan for (overrides the file's `devices.kind`): h100, h200,
         /// a100-80gb, a100-40gb, l4, cpu.
         #[arg(long, value_name = "KIND")]
@@ -189,6 +200,9 @@ fn main() -> ExitCode {
         Command::Compile {
             file,
             gpus,
+            nodes,
+            strategy,
+            explain,
             device,
             gpu_memory,
             emit,
@@ -202,6 +216,9 @@ fn main() -> ExitCode {
                 gpus,
                 device,
                 gpu_memory,
+                nodes,
+                strategy,
+                explain,
             },
             &emit,
             out.as_deref(),

@@ -7,6 +7,7 @@ pub mod devices;
 pub mod diag;
 pub mod dsl;
 pub mod ir;
+pub mod partition;
 pub mod passes;
 pub mod plan;
 pub mod schedule;

@@ -1,0 +1,143 @@
+//! The `--explain` text: the candidate table, the choice and each pipeline stage.
+
+use super::{strategy_name, Candidate, Partition};
+use crate::plan::bytes;
+use std::fmt::Write;
+
+fn seconds(s: f64) -> String {
+    if s >= 1.0 {
+        format!("{s:.2} s")
+    } else if s >= 1e-3 {
+        format!("{:.1} ms", s * 1e3)
+    } else {
+        format!("{:.1} µs", s * 1e6)
+    }
+}
+
+/// The candidate table, one row per strategy and options.
+pub fn candidate_table(candidates: &[Candidate], capacity: u64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "  {:<14} {:>4} {:>5} {:>6} {:>11} {:>11} {:>11}  verdict",
+        "strategy", "zero", "sched", "micro", "memory/GPU", "step time", "comm/step"
+    );
+    for c in candidates {
+        let verdict = match &c.rejected {
+            None => format!(
+                "fits ({:.0}%)",
+                100.0 * c.memory.total as f64 / capacity.max(1) as f64
+            ),
+            Some(why) => format!("rejected: {why}"),
+        };
+        let _ = writeln!(
+            out,
+            "  {:<14} {:>4} {:>5} {:>6} {:>11} {:>11} {:>11}  {verdict}",
+            c.strategy_name(),
+            c.zero,
+            c.schedule.name(),
+            format!("{}x{}", c.micro_batches, c.micro_batch_size),
+            bytes(c.memory.total),
+            seconds(c.step_time_s),
+            bytes(c.bytes_communicated_per_step),
+        );
+    }
+    out
+}
+
+/// An itemised device memory, one line per item.
+pub fn memory_lines(m: &super::DeviceMemory, indent: &str) -> String {
+    let mut out = String::new();
+    for (what, b) in [
+        ("parameters", m.parameters),
+        ("gradients", m.gradients),
+        ("optimizer state", m.optimizer_state),
+        ("activations at the peak", m.activations),
+        ("communication buffers", m.communication_buffers),
+        ("inputs", m.inputs),
+        ("total at the peak", m.total),
+    ] {
+        let _ = writeln!(out, "{indent}{what:<24} {:>12}", bytes(b));
+    }
+    out
+}
+
+/// The whole explanation: assumptions, candidates, choice, stages.
+pub fn explain(p: &Partition) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "partition: {} GPUs of {} ({} each, {} per node); matmuls at {} x {:.0}% of peak; {}",
+        p.gpus,
+        p.device,
+        bytes(p.capacity_bytes),
+        p.gpus_per_node,
+        p.precision,
+        super::cost::MATMUL_EFFICIENCY * 100.0,
+        p.tp_rule
+    );
+    let fitting = p.candidates.iter().filter(|c| c.fits).count();
+    let _ = writeln!(
+        out,
+        "candidates ({}, {} fit; micro is micro-batches x samples per replica):",
+        p.candidates.len(),
+        fitting
+    );
+    out.push_str(&candidate_table(&p.candidates, p.capacity_bytes));
+    if !p.not_considered.is_empty() {
+        const SHOWN: usize = 6;
+        let mut shown: Vec<String> = p
+            .not_considered
+            .iter()
+            .take(SHOWN)
+            .map(|s| format!("{} ({})", strategy_name(&s.strategy), s.why))
+            .collect();
+        if p.not_considered.len() > SHOWN {
+            shown.push(format!("and {} more", p.not_considered.len() - SHOWN));
+        }
+        let _ = writeln!(out, "not considered: {}", shown.join("; "));
+    }
+    let t = &p.time;
+    let _ = writeln!(
+        out,
+        "chosen: {} (zero {}, schedule {}, {} micro-batches of {}){}: {} per GPU, step {} = compute {} + bubble {} + tensor-parallel {} + p2p {} + data-parallel exposed {} + optimizer {}; {} sent per GPU per step",
+        strategy_name(&p.strategy),
+        p.zero,
+        p.schedule.name(),
+        p.micro_batches,
+        p.micro_batch_size,
+        if p.forced { " (forced)" } else { "" },
+        bytes(p.per_device_peak_bytes),
+        seconds(p.step_time_s),
+        seconds(t.compute_s),
+        seconds(t.bubble_s),
+        seconds(t.tensor_parallel_s),
+        seconds(t.pipeline_p2p_s),
+        seconds(t.data_parallel_exposed_s),
+        seconds(t.optimizer_s),
+        bytes(p.bytes_communicated_per_step),
+    );
+    let _ = writeln!(
+        out,
+        "per device ({} tensor-parallel x {} data-parallel GPUs per stage hold the same):",
+        p.strategy.tp, p.strategy.dp
+    );
+    for s in &p.stages {
+        let m = &s.memory;
+        let _ = writeln!(
+            out,
+            "  stage {}: {}\n    {} = parameters {} + gradients {} + optimizer state {} + activations {} + communication buffers {} + inputs {}; compute {} per micro-batch",
+            s.stage,
+            s.layers,
+            bytes(m.total),
+            bytes(m.parameters),
+            bytes(m.gradients),
+            bytes(m.optimizer_state),
+            bytes(m.activations),
+            bytes(m.communication_buffers),
+            bytes(m.inputs),
+            seconds(s.compute_s),
+        );
+    }
+    out
+}

@@ -1,0 +1,236 @@
+//! `parallax compile --gpus N`: the partition planner as users run it.
+
+use std::process::{Command, Output};
+
+fn parallax(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_parallax"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("the binary runs")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json(args: &[&str]) -> (Output, serde_json::Value) {
+    let o = parallax(args);
+    let v = serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| panic!("{e}: {}", stdout(&o)));
+    (o, v)
+}
+
+#[test]
+fn mlp_on_four_gpus_is_data_parallel_with_integer_degrees() {
+    let (o, v) = json(&[
+        "compile",
+        "models/mlp.ron",
+        "--gpus",
+        "4",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(v["ok"], true);
+    let s = &v["partition"]["strategy"];
+    assert_eq!(
+        (s["dp"].as_u64(), s["tp"].as_u64(), s["pp"].as_u64()),
+        (Some(4), Some(1), Some(1))
+    );
+    assert_eq!(v["strategy"], *s, "the plan's strategy is the choice");
+    assert!(v["partition"]["per_device_peak_bytes"].as_u64().unwrap() > 0);
+    assert!(v["partition"]["step_time_s"].as_f64().unwrap() > 0.0);
+    assert!(!v["partition"]["candidates"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn gpt_large_on_eight_h100_explains_a_model_parallel_choice() {
+    let o = parallax(&[
+        "compile",
+        "models/gpt-large.ron",
+        "--gpus",
+        "8",
+        "--device",
+        "h100",
+        "--explain",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for needle in [
+        "candidates (",
+        "rejected: needs",
+        "chosen: ",
+        "stage 0: ",
+        "fits (",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    let (_, v) = json(&[
+        "compile",
+        "models/gpt-large.ron",
+        "--gpus",
+        "8",
+        "--device",
+        "h100",
+        "--format",
+        "json",
+    ]);
+    let s = &v["partition"]["strategy"];
+    assert!(
+        s["tp"].as_u64().unwrap() * s["pp"].as_u64().unwrap() > 1,
+        "{s}"
+    );
+    assert!(
+        v["partition"]["per_device_peak_bytes"].as_u64().unwrap()
+            <= v["partition"]["capacity_bytes"].as_u64().unwrap()
+    );
+}
+
+#[test]
+fn gpt_large_on_one_h100_exits_1_with_the_table_and_the_smallest_count() {
+    let o = parallax(&[
+        "compile",
+        "models/gpt-large.ron",
+        "--gpus",
+        "1",
+        "--device",
+        "h100",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    for needle in [
+        "parameters",
+        "optimizer state",
+        "activations at the peak",
+        "total at the peak",
+        "the smallest GPU count that fits is",
+    ] {
+        assert!(err.contains(needle), "{needle}: {err}");
+    }
+}
+
+#[test]
+fn forced_strategies() {
+    let o = parallax(&[
+        "compile",
+        "models/gpt-large.ron",
+        "--gpus",
+        "8",
+        "--strategy",
+        "tp4.pp2",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).contains("tp4.pp2"), "{}", stdout(&o));
+    // Does not fit: its numbers, exit 1.
+    let o = parallax(&[
+        "compile",
+        "models/gpt-large.ron",
+        "--gpus",
+        "8",
+        "--strategy",
+        "dp8",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("strategy dp8 does not fit")
+            && stderr(&o).contains("total at the peak"),
+        "{}",
+        stderr(&o)
+    );
+    // Wrong product, bad text: a clear error, exit 1.
+    let o = parallax(&[
+        "compile",
+        "models/mlp.ron",
+        "--gpus",
+        "8",
+        "--strategy",
+        "dp4",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("uses 4 GPUs, not the 8"),
+        "{}",
+        stderr(&o)
+    );
+    let o = parallax(&[
+        "compile",
+        "models/mlp.ron",
+        "--gpus",
+        "4",
+        "--strategy",
+        "dq4",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("not a strategy"), "{}", stderr(&o));
+}
+
+#[test]
+fn every_model_plans_for_small_gpu_counts() {
+    for model in ["mlp", "cnn", "transformer"] {
+        for n in ["1", "2", "3", "4", "8"] {
+            let (o, v) = json(&[
+                "compile",
+                &format!("models/{model}.ron"),
+                "--gpus",
+                n,
+                "--format",
+                "json",
+            ]);
+            assert!(o.status.success(), "{model} on {n}: {}", stderr(&o));
+            let s = &v["partition"]["strategy"];
+            let product =
+                s["dp"].as_u64().unwrap() * s["tp"].as_u64().unwrap() * s["pp"].as_u64().unwrap();
+            assert_eq!(product.to_string(), n, "{model}");
+        }
+    }
+}
+
+#[test]
+fn nodes_bound_tensor_parallelism_to_a_node() {
+    let (o, v) = json(&[
+        "compile",
+        "models/gpt-large.ron",
+        "--gpus",
+        "16",
+        "--nodes",
+        "4",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let p = &v["partition"];
+    assert_eq!(p["gpus_per_node"], 4);
+    for c in p["candidates"].as_array().unwrap() {
+        assert!(c["strategy"]["tp"].as_u64().unwrap() <= 4, "{c}");
+    }
+}
+
+#[test]
+fn nothing_fits_anywhere_is_said_plainly() {
+    let o = parallax(&[
+        "compile",
+        "models/gpt-large.ron",
+        "--gpus",
+        "8",
+        "--gpu-memory",
+        "256MiB",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(err.contains("fits on no strategy for 8 x h100"), "{err}");
+    assert!(err.contains("no GPU count up to 65536 fits"), "{err}");
+}
+
+#[test]
+fn one_gpu_that_fits_only_with_accumulation_says_so() {
+    let o = parallax(&["compile", "models/transformer.ron", "--gpu-memory", "20MiB"]);
+    assert_eq!(o.status.code(), Some(1));
+    let err = stderr(&o);
+    assert!(
+        err.contains("gradient accumulation") && err.contains("--gpus 2"),
+        "{err}"
+    );
+}
