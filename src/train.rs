@@ -3,6 +3,8 @@
 use crate::{load, report, run_pipeline, Backend, Exit, Format, PrecisionArg};
 use indicatif::{ProgressBar, ProgressStyle};
 use parallax_compiler::dsl::overrides::{self, Override};
+use parallax_compiler::partition;
+use parallax_compiler::plan::Strategy;
 use parallax_compiler::shards::Sharding;
 use parallax_compiler::Options;
 use parallax_runtime::sim::Grid;
@@ -124,6 +126,65 @@ fn recorded_grid(dir: &Path) -> Option<Grid> {
     })
 }
 
+/// The cost model's choice for `n` devices (`parallax compile --gpus n --explain` shows it).
+/// Training prefers the fastest candidate without tensor parallelism, whose bits do not
+/// depend on the device count, and takes tensor parallelism only when nothing else fits;
+/// data-parallel ranks never outnumber the micro-shards.
+fn choose(
+    file: &Path,
+    source: &parallax_compiler::Source,
+    n: u32,
+    shards: u32,
+    profile: &'static parallax_compiler::devices::Profile,
+    capacity: u64,
+) -> Result<Strategy, Exit> {
+    let options = Options {
+        gpus: Some(n),
+        ..Options::default()
+    };
+    let compiled = run_pipeline(file, source, &options, Format::Text, &mut |_, _| {})?;
+    let e = &source.experiment;
+    let model = partition::model_cost(&compiled.graph, &e.name, e.train.batch_size);
+    let target = partition::Target {
+        gpus: n,
+        profile,
+        capacity,
+        nodes: None,
+        strategy: None,
+    };
+    let planned = match partition::plan(&model, &target) {
+        Ok(p) => p,
+        Err(err) => {
+            eprintln!("{}: error: --gpus {n}: {err}", file.display());
+            eprintln!("  = hint: `parallax compile FILE --gpus {n} --explain` shows every candidate and its memory");
+            return Err(Exit(1));
+        }
+    };
+    let runnable = |c: &&partition::Candidate| c.fits && c.strategy.dp <= shards;
+    let fastest = |tp_free: bool| {
+        planned
+            .candidates
+            .iter()
+            .filter(runnable)
+            .filter(|c| !tp_free || c.strategy.tp == 1)
+            .min_by(|a, b| a.step_time_s.total_cmp(&b.step_time_s))
+            .map(|c| c.strategy)
+    };
+    let chosen = fastest(true)
+        .or_else(|| fastest(false))
+        .unwrap_or(Strategy {
+            dp: n,
+            tp: 1,
+            pp: 1,
+        });
+    eprintln!(
+        "{}: --gpus {n}: the cost model chooses {} (`--strategy` forces another)",
+        e.name,
+        partition::strategy_name(&chosen)
+    );
+    Ok(chosen)
+}
+
 /// The simulated devices for `--gpus n` split as `strategy` (all data parallel when absent):
 /// each with the memory of the file's device kind (or `--gpu-memory`). More data-parallel
 /// ranks than micro-shards would leave some without work forever.
@@ -139,36 +200,35 @@ fn simulated_devices(
         eprintln!("  = hint: {hint}");
         Exit(1)
     };
-    let (dp, tp, pp) = match strategy {
-        None => (n, 1, 1),
-        Some(s) => parse_strategy(s).map_err(|m| {
-            fail(
-                format!("--strategy {s}: {m}"),
-                "write degrees like `dp4`, `dp2.pp2` or `pp2.dp2`",
-            )
-        })?,
-    };
-    if dp * tp * pp != n {
-        return Err(fail(
-            format!(
-                "--strategy dp{dp}.tp{tp}.pp{pp} uses {} devices, not --gpus {n}",
-                dp * tp * pp
-            ),
-            "the degrees multiply to the GPU count",
-        ));
-    }
     let d = &source.experiment.devices;
     let shards = Sharding::new(d.micro_shards, source.experiment.train.batch_size).shards;
+    let profile = parallax_compiler::devices::profile(&d.kind);
+    let capacity = match gpu_memory {
+        Some(b) => b,
+        None => profile.map_or(u64::MAX, |p| p.memory),
+    };
+    let Strategy { dp, tp, pp } = match strategy {
+        Some(s) => partition::parse_strategy(s, n).map_err(|e| {
+            fail(
+                format!("--strategy: {e}"),
+                "write degrees like `dp4`, `dp2.pp2` or `pp2.dp2`; they multiply to --gpus",
+            )
+        })?,
+        None => match profile {
+            Some(profile) => choose(file, source, n, shards, profile, capacity)?,
+            None => Strategy {
+                dp: n,
+                tp: 1,
+                pp: 1,
+            },
+        },
+    };
     if dp > shards {
         return Err(fail(
             format!("--gpus {n}: each batch is cut into {shards} micro-shards, so {dp} data-parallel ranks cannot all get work"),
             &format!("raise it with `--set devices.micro_shards={dp}` (every GPU count up to it then gives the same bits; the batch size bounds it)"),
         ));
     }
-    let capacity = match gpu_memory {
-        Some(b) => b,
-        None => parallax_compiler::devices::profile(&d.kind).map_or(u64::MAX, |p| p.memory),
-    };
     Ok(Simulated {
         grid: Grid {
             dp: dp as usize,
@@ -177,32 +237,6 @@ fn simulated_devices(
         },
         capacity,
     })
-}
-
-/// `dp2.tp2.pp2`, in any order; degrees left out are 1.
-fn parse_strategy(s: &str) -> Result<(u32, u32, u32), String> {
-    let (mut dp, mut tp, mut pp) = (None, None, None);
-    for part in s.split('.') {
-        let split = part
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(part.len());
-        let (kind, degree) = part.split_at(split);
-        let degree: u32 = degree
-            .parse()
-            .ok()
-            .filter(|&d| d > 0)
-            .ok_or_else(|| format!("`{part}` needs a positive degree"))?;
-        let slot = match kind {
-            "dp" => &mut dp,
-            "tp" => &mut tp,
-            "pp" => &mut pp,
-            _ => return Err(format!("`{kind}` is not dp, tp or pp")),
-        };
-        if slot.replace(degree).is_some() {
-            return Err(format!("`{kind}` is given twice"));
-        }
-    }
-    Ok((dp.unwrap_or(1), tp.unwrap_or(1), pp.unwrap_or(1)))
 }
 
 pub fn run(args: Args) -> Result<(), Exit> {

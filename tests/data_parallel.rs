@@ -115,7 +115,8 @@ fn uneven_batches_keep_the_same_bits() {
 /// More micro-shards allow more devices, with the same bits among themselves.
 #[test]
 fn more_devices_need_more_micro_shards() {
-    let o = parallax(&["train", "models/mlp.ron", "--gpus", "16", "--steps", "1"]);
+    let args = ["--gpus", "16", "--strategy", "dp16", "--steps", "1"];
+    let o = parallax(&[&["train", "models/mlp.ron"][..], &args].concat());
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
@@ -131,7 +132,7 @@ fn more_devices_need_more_micro_shards() {
     let (b, _) = train(
         "models/mlp.ron",
         &temp("m16-16"),
-        &[&set[..], &["16"]].concat(),
+        &[&set[..], &["16", "--strategy", "dp16"]].concat(),
     );
     assert!(a == b);
 }
@@ -139,7 +140,7 @@ fn more_devices_need_more_micro_shards() {
 #[test]
 fn strategies_that_cannot_run_are_refused() {
     for (n, strategy, expect) in [
-        ("4", "dp2.pp3", "uses 6 devices, not --gpus 4"),
+        ("4", "dp2.pp3", "uses 6 GPUs, not the 4 asked for"),
         ("2", "tp2", "this model has none"),
         ("2", "dq2", "`dq` is not dp, tp or pp"),
         ("16", "pp16", "16 pipeline stages need at least 16 layers"),
@@ -252,6 +253,23 @@ fn tensor_parallel_transformer_matches_one_device() {
     }
 }
 
+/// Without `--strategy` the cost model chooses, preferring splits whose bits do not depend on
+/// the device count: the same bits as one device.
+#[test]
+fn the_cost_model_chooses_a_split_with_the_same_bits() {
+    let file = "models/transformer.ron";
+    let (one, _) = train(file, &temp("auto-1"), &["--gpus", "1", "--steps", "2"]);
+    let run = temp("auto-4");
+    let args = ["train", file, "--gpus", "4", "--steps", "2", "--run-dir"];
+    let o = parallax(&[&args[..], &[run.to_str().unwrap()]].concat());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("the cost model chooses dp2.pp2"), "{err}");
+    let four = std::fs::read(run.join("final.safetensors")).unwrap();
+    assert!(four == one);
+    let _ = std::fs::remove_dir_all(run);
+}
+
 #[test]
 fn a_device_too_small_is_refused_before_training() {
     let run = temp("small");
@@ -260,6 +278,8 @@ fn a_device_too_small_is_refused_before_training() {
         "models/cnn.ron",
         "--gpus",
         "2",
+        "--strategy",
+        "dp2",
         "--gpu-memory",
         "64KiB",
         "--run-dir",
