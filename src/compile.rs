@@ -162,7 +162,11 @@ pub(crate) fn compile_cmd(
         "memory_bytes": capacity,
         "fits_one_device": fits,
     });
-    print_plan(&plan, &pass_times, format, device, &partitioned);
+    let simulated = match &partitioned {
+        Ok(p) if p.gpus > 1 => simulated_bytes(&source, p.strategy),
+        _ => None,
+    };
+    print_plan(&plan, &pass_times, format, device, &partitioned, simulated);
     if plan.gpus_requested > 1 {
         return partition_fit(&partitioned, format, explain);
     }
@@ -193,6 +197,50 @@ pub(crate) fn compile_cmd(
     }
     };
     memory_fit(&plan, profile, capacity, format, hint)
+}
+
+/// What each simulated device allocates (exact, in grid order: data rank, tensor rank,
+/// stage) when `train --backend cpu` runs `strategy`; `None` where the simulation cannot run
+/// it (more data-parallel ranks than micro-shards, nothing to split for tensor parallelism).
+fn simulated_bytes(
+    source: &parallax_compiler::Source,
+    strategy: parallax_compiler::plan::Strategy,
+) -> Option<Vec<u64>> {
+    use parallax_compiler::shards::{assign, device_bytes, Sharding};
+    let e = &source.experiment;
+    let sharding = Sharding::new(e.devices.micro_shards, e.train.batch_size);
+    if strategy.dp > sharding.shards {
+        return None;
+    }
+    let options = Options {
+        gpus: Some(strategy.dp * strategy.tp * strategy.pp),
+        shards: Some(sharding),
+        tensor_parallel: (strategy.tp > 1).then_some(strategy.tp),
+        pipeline_stages: (strategy.pp > 1).then_some(strategy.pp),
+        ..Options::default()
+    };
+    let plan = parallax_compiler::compile(source, &options, &mut |_, _| {})
+        .ok()?
+        .plan(source, &options);
+    if plan
+        .tensor_parallel
+        .as_ref()
+        .is_some_and(|t| t.splits.is_empty())
+    {
+        return None;
+    }
+    let stages = plan.kernel_stages();
+    let mut out = Vec::new();
+    for held in assign(sharding.shards as usize, strategy.dp as usize) {
+        for _ in 0..strategy.tp {
+            for stage in 0..strategy.pp {
+                let owned: Vec<bool> = stages.iter().map(|&s| s == stage).collect();
+                let owned = (strategy.pp > 1).then_some(owned.as_slice());
+                out.push(device_bytes(&plan, held.len(), owned));
+            }
+        }
+    }
+    Some(out)
 }
 
 /// The partition's verdict for more than one GPU: the choice (and with `--explain` the
@@ -383,6 +431,7 @@ fn print_plan(
     format: Format,
     device: serde_json::Value,
     partitioned: &Result<partition::Partition, partition::Error>,
+    simulated: Option<Vec<u64>>,
 ) {
     match format {
         Format::Json => {
@@ -417,6 +466,7 @@ fn print_plan(
             let v = serde_json::json!({
                 "ok": ok,
                 "partition": partition,
+                "simulated_device_bytes": simulated,
                 "device": device,
                 "name": p.name,
                 "gpus_requested": p.gpus_requested,
@@ -455,6 +505,18 @@ fn print_plan(
                     bytes(part.bytes_communicated_per_step),
                 ),
                 Err(_) => println!("  strategy:   none fits (see below)"),
+            }
+            if let Some(sim) = &simulated {
+                let (lo, hi) = (
+                    sim.iter().min().copied().unwrap_or(0),
+                    sim.iter().max().copied().unwrap_or(0),
+                );
+                println!(
+                    "  simulated:  `train --backend cpu` allocates {} to {} on each of its {} devices (exact; it holds every micro-shard's activations at once)",
+                    bytes(lo),
+                    bytes(hi),
+                    sim.len()
+                );
             }
             println!(
                 "  parameters: {} ({})",

@@ -253,6 +253,46 @@ fn tensor_parallel_transformer_matches_one_device() {
     }
 }
 
+/// `compile --gpus N --format json` states what each simulated device will allocate; the run
+/// records what they did allocate (`run.json`): the same numbers.
+#[test]
+fn compile_predicts_the_memory_training_allocates() {
+    for (file, n, strategy) in [
+        ("models/cnn.ron", "4", "dp2.pp2"),
+        ("models/transformer.ron", "8", "dp2.tp2.pp2"),
+        ("models/mlp.ron", "3", "dp3"),
+    ] {
+        let o = parallax(&[
+            "compile",
+            file,
+            "--gpus",
+            n,
+            "--strategy",
+            strategy,
+            "--format",
+            "json",
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let compiled: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let predicted = compiled["simulated_device_bytes"].clone();
+        assert!(predicted
+            .as_array()
+            .is_some_and(|a| a.len() == n.parse::<usize>().unwrap()));
+        let args = ["--gpus", n, "--strategy", strategy, "--steps", "1"];
+        let run = temp(&format!("mem-{strategy}"));
+        let mut full = vec!["train", file, "--run-dir", run.to_str().unwrap()];
+        full.extend_from_slice(&args);
+        assert!(parallax(&full).status.success());
+        let record: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+        assert_eq!(
+            record["device_memory_bytes"], predicted,
+            "{file} as {strategy}"
+        );
+        let _ = std::fs::remove_dir_all(run);
+    }
+}
+
 /// Without `--strategy` the cost model chooses, preferring splits whose bits do not depend on
 /// the device count: the same bits as one device.
 #[test]

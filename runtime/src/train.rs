@@ -471,13 +471,13 @@ pub fn train(
     let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
     let exp_text = parallax_compiler::dsl::to_ron(&exp);
     let id = run_id(&exp_text, &session.data_hash);
+    let mut device_memory = None;
     let mut exec: Box<dyn Backend> = match (cfg.cuda, cfg.simulated) {
-        (_, Some(sim)) => Box::new(crate::sim::SimulatedDevices::new(
-            plan,
-            sim.grid,
-            seed,
-            sim.capacity,
-        )?),
+        (_, Some(sim)) => {
+            let devices = crate::sim::SimulatedDevices::new(plan, sim.grid, seed, sim.capacity)?;
+            device_memory = Some(devices.memory().iter().map(|m| m.bytes).collect::<Vec<_>>());
+            Box::new(devices)
+        }
         (None, None) => Box::new(Executor::new(plan, batch_size, seed)),
         (Some(precision), None) => Box::new(crate::cuda::CudaExecutor::new(
             plan, batch_size, seed, 0, precision,
@@ -524,6 +524,7 @@ pub fn train(
             (Some(p), None) => format!("cuda:0 ({p:?})"),
         },
         "plan": plan_record,
+        "device_memory_bytes": device_memory,
         "overrides": cfg.overrides,
         "checkpoint_every": cfg.checkpoint_every,
         "resumes": [],
