@@ -29,6 +29,7 @@ fn backend(source: &Source, grid: Option<Grid>) -> (Box<dyn Backend>, usize) {
     let options = Options {
         shards: grid.map(|_| Sharding::new(e.devices.micro_shards, e.train.batch_size)),
         tensor_parallel: grid.map(|g| g.tp as u32).filter(|&t| t > 1),
+        pipeline_stages: grid.map(|g| g.pp as u32).filter(|&p| p > 1),
         ..Options::default()
     };
     let plan = compile(source, &options, &mut |_, _| {})
