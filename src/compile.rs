@@ -163,7 +163,7 @@ pub(crate) fn compile_cmd(
         "fits_one_device": fits,
     });
     let simulated = match &partitioned {
-        Ok(p) if p.gpus > 1 => simulated_bytes(&source, p.strategy),
+        Ok(p) if p.gpus > 1 => simulated_bytes(&source, p.strategy, p.zero),
         _ => None,
     };
     print_plan(&plan, &pass_times, format, device, &partitioned, simulated);
@@ -205,6 +205,7 @@ pub(crate) fn compile_cmd(
 fn simulated_bytes(
     source: &parallax_compiler::Source,
     strategy: parallax_compiler::plan::Strategy,
+    zero: u8,
 ) -> Option<Vec<u64>> {
     use parallax_compiler::shards::{assign, device_bytes, Sharding};
     let e = &source.experiment;
@@ -217,6 +218,8 @@ fn simulated_bytes(
         shards: Some(sharding),
         tensor_parallel: (strategy.tp > 1).then_some(strategy.tp),
         pipeline_stages: (strategy.pp > 1).then_some(strategy.pp),
+        // The simulation shards the optimizer state (ZeRO-1) for any ZeRO stage.
+        optimizer_shards: (zero >= 1 && strategy.dp > 1).then_some(strategy.dp),
         ..Options::default()
     };
     let plan = parallax_compiler::compile(source, &options, &mut |_, _| {})
@@ -229,14 +232,13 @@ fn simulated_bytes(
     {
         return None;
     }
-    let stages = plan.kernel_stages();
     let mut out = Vec::new();
-    for held in assign(sharding.shards as usize, strategy.dp as usize) {
+    let held = assign(sharding.shards as usize, strategy.dp as usize);
+    for (rank, held) in held.into_iter().enumerate() {
         for _ in 0..strategy.tp {
             for stage in 0..strategy.pp {
-                let owned: Vec<bool> = stages.iter().map(|&s| s == stage).collect();
-                let owned = (strategy.pp > 1).then_some(owned.as_slice());
-                out.push(device_bytes(&plan, held.len(), owned));
+                let owned = plan.kernel_mask(stage, rank as u32);
+                out.push(device_bytes(&plan, held.len(), owned.as_deref()));
             }
         }
     }

@@ -104,6 +104,11 @@ pub struct Args {
     /// stages; degrees left out are 1; the product is `--gpus`). Default: all data parallel.
     #[arg(long, value_name = "STRATEGY", requires = "gpus")]
     pub strategy: Option<String>,
+    /// ZeRO stage with --gpus: 1 or more shards the optimizer state over the data-parallel
+    /// ranks (the simulated devices shard it for 2 and 3 as for 1). Default: the cost
+    /// model's choice, or 0 with --strategy.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3), requires = "gpus")]
+    pub zero: Option<u8>,
     /// Where to run: `cuda` needs an NVIDIA GPU; `auto` uses one when present.
     #[arg(long, value_enum, default_value = "auto")]
     pub backend: Backend,
@@ -137,7 +142,7 @@ fn choose(
     shards: u32,
     profile: &'static parallax_compiler::devices::Profile,
     capacity: u64,
-) -> Result<Strategy, Exit> {
+) -> Result<(Strategy, u8), Exit> {
     let options = Options {
         gpus: Some(n),
         ..Options::default()
@@ -168,21 +173,22 @@ fn choose(
             .filter(runnable)
             .filter(|c| !tp_free || c.strategy.tp == 1)
             .min_by(|a, b| a.step_time_s.total_cmp(&b.step_time_s))
-            .map(|c| c.strategy)
+            .map(|c| (c.strategy, c.zero))
     };
-    let chosen = fastest(true)
-        .or_else(|| fastest(false))
-        .unwrap_or(Strategy {
+    let (chosen, zero) = fastest(true).or_else(|| fastest(false)).unwrap_or((
+        Strategy {
             dp: n,
             tp: 1,
             pp: 1,
-        });
+        },
+        0,
+    ));
     eprintln!(
-        "{}: --gpus {n}: the cost model chooses {} (`--strategy` forces another)",
+        "{}: --gpus {n}: the cost model chooses {} with ZeRO {zero} (`--strategy` forces another)",
         e.name,
         partition::strategy_name(&chosen)
     );
-    Ok(chosen)
+    Ok((chosen, zero))
 }
 
 /// The simulated devices for `--gpus n` split as `strategy` (all data parallel when absent):
@@ -193,6 +199,7 @@ fn simulated_devices(
     source: &parallax_compiler::Source,
     n: u32,
     strategy: Option<&str>,
+    zero: Option<u8>,
     gpu_memory: Option<u64>,
 ) -> Result<Simulated, Exit> {
     let fail = |message: String, hint: &str| {
@@ -207,22 +214,28 @@ fn simulated_devices(
         Some(b) => b,
         None => profile.map_or(u64::MAX, |p| p.memory),
     };
-    let Strategy { dp, tp, pp } = match strategy {
-        Some(s) => partition::parse_strategy(s, n).map_err(|e| {
-            fail(
-                format!("--strategy: {e}"),
-                "write degrees like `dp4`, `dp2.pp2` or `pp2.dp2`; they multiply to --gpus",
-            )
-        })?,
+    let (Strategy { dp, tp, pp }, chosen_zero) = match strategy {
+        Some(s) => partition::parse_strategy(s, n)
+            .map(|s| (s, 0))
+            .map_err(|e| {
+                fail(
+                    format!("--strategy: {e}"),
+                    "write degrees like `dp4`, `dp2.pp2` or `pp2.dp2`; they multiply to --gpus",
+                )
+            })?,
         None => match profile {
             Some(profile) => choose(file, source, n, shards, profile, capacity)?,
-            None => Strategy {
-                dp: n,
-                tp: 1,
-                pp: 1,
-            },
+            None => (
+                Strategy {
+                    dp: n,
+                    tp: 1,
+                    pp: 1,
+                },
+                0,
+            ),
         },
     };
+    let zero = zero.unwrap_or(chosen_zero) >= 1 && dp > 1;
     if dp > shards {
         return Err(fail(
             format!("--gpus {n}: each batch is cut into {shards} micro-shards, so {dp} data-parallel ranks cannot all get work"),
@@ -235,6 +248,7 @@ fn simulated_devices(
             tp: tp as usize,
             pp: pp as usize,
         },
+        zero,
         capacity,
     })
 }
@@ -254,6 +268,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         gpus,
         gpu_memory,
         strategy,
+        zero,
         backend,
         precision,
     } = args;
@@ -342,6 +357,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
             &source,
             n,
             strategy.as_deref(),
+            zero,
             gpu_memory,
         )?),
         _ => None,
@@ -373,6 +389,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         gpus: parallel,
         tensor_parallel: simulated.map(|s| s.grid.tp as u32).filter(|&t| t > 1),
         pipeline_stages: simulated.map(|s| s.grid.pp as u32).filter(|&p| p > 1),
+        optimizer_shards: simulated.filter(|s| s.zero).map(|s| s.grid.dp as u32),
         ..Options::default()
     };
     let compiled = run_pipeline(file, &source, &options, Format::Text, &mut |_, _| {})?;

@@ -293,6 +293,47 @@ fn compile_predicts_the_memory_training_allocates() {
     }
 }
 
+/// ZeRO-1: each parameter's optimizer state and update on one data-parallel rank, the new
+/// value broadcast: the same bits, and less memory per device for the transformer.
+#[test]
+fn sharded_optimizer_state_keeps_the_bits() {
+    let file = "models/transformer.ron";
+    let (one, _) = train(file, &temp("z-1"), &["--gpus", "1", "--steps", "2"]);
+    let mut bytes = Vec::new();
+    for (strategy, zero) in [("dp4", "0"), ("dp4", "1"), ("dp2.pp2", "1")] {
+        let run = temp(&format!("z-{strategy}-{zero}"));
+        let args = [
+            "--gpus",
+            "4",
+            "--strategy",
+            strategy,
+            "--zero",
+            zero,
+            "--steps",
+            "2",
+        ];
+        let mut full = vec!["train", file, "--run-dir", run.to_str().unwrap()];
+        full.extend_from_slice(&args);
+        let o = parallax(&full);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            std::fs::read(run.join("final.safetensors")).unwrap() == one,
+            "{strategy} zero {zero}"
+        );
+        let record: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+        let most = record["device_memory_bytes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|v| v.as_u64())
+            .max();
+        bytes.push(most.unwrap());
+        let _ = std::fs::remove_dir_all(run);
+    }
+    assert!(bytes[1] < bytes[0], "ZeRO-1 saves nothing: {bytes:?}");
+}
+
 /// Without `--strategy` the cost model chooses, preferring splits whose bits do not depend on
 /// the device count: the same bits as one device.
 #[test]
@@ -340,43 +381,48 @@ fn a_device_too_small_is_refused_before_training() {
 #[test]
 fn predicted_device_memory_is_what_the_devices_allocate() {
     let cases = [
-        ("mlp", 1),
-        ("cnn", 1),
-        ("transformer", 1),
-        ("transformer", 2),
+        ("mlp", 1, false),
+        ("cnn", 1, false),
+        ("cnn", 1, true),
+        ("transformer", 1, false),
+        ("transformer", 2, false),
+        ("transformer", 1, true),
     ];
-    for (model, tp) in cases {
+    for (model, tp, zero) in cases {
         let path = format!("{}/models/{model}.ron", env!("CARGO_MANIFEST_DIR"));
         let source = parse_bytes(&std::fs::read(path).unwrap()).unwrap();
         let e = &source.experiment;
         let sharding = Sharding::new(e.devices.micro_shards, e.train.batch_size);
-        let plan_for = |tp: u32, pp: u32| {
+        let plan_for = |tp: u32, pp: u32, dp: u32| {
             let options = Options {
                 shards: Some(sharding),
                 tensor_parallel: (tp > 1).then_some(tp),
                 pipeline_stages: (pp > 1).then_some(pp),
+                optimizer_shards: (zero && dp > 1).then_some(dp),
                 ..Options::default()
             };
             compile(&source, &options, &mut |_, _| {})
                 .unwrap()
                 .plan(&source, &options)
         };
-        let whole = device_bytes(&plan_for(1, 1), 1, None);
+        let whole = device_bytes(&plan_for(1, 1, 1), 1, None);
         for (dp, pp) in [(1, 1), (3, 1), (8, 1), (1, 2), (2, 2), (1, 3)] {
-            let plan = plan_for(tp, pp as u32);
+            let plan = plan_for(tp, pp as u32, dp as u32);
             let grid = Grid {
                 dp,
                 tp: tp as usize,
                 pp,
             };
             let sim = SimulatedDevices::new(plan.clone(), grid, 1, u64::MAX).unwrap();
-            let stages = plan.kernel_stages();
             let held = assign(sharding.shards as usize, dp);
             for m in sim.memory() {
-                let owned: Vec<bool> = stages.iter().map(|&s| s as usize == m.stage).collect();
-                let owned = (pp > 1).then_some(owned.as_slice());
+                let owned = plan.kernel_mask(m.stage as u32, m.rank as u32);
+                let owned = owned.as_deref();
                 let predicted = device_bytes(&plan, held[m.rank].len(), owned);
-                let at = format!("{model}, dp{dp}.tp{tp}.pp{pp}, device {}", m.device);
+                let at = format!(
+                    "{model}, dp{dp}.tp{tp}.pp{pp}, zero {zero}, device {}",
+                    m.device
+                );
                 assert_eq!(m.bytes, predicted, "{at}");
                 if (pp > 1 || tp > 1) && held[m.rank].len() == 1 {
                     assert!(m.bytes < whole, "{at} holds the whole model");

@@ -239,19 +239,24 @@ fn sharded_plans_synchronise_and_overlap_gradient_sums() {
     }
 }
 
-/// Pipeline plans: every pass leaves a valid graph (tensor parallelism and micro-shards too);
-/// every kernel is on one stage, every value a stage reads from another arrives by a
-/// transfer, and every stage has work.
+/// Pipeline plans: every pass leaves a valid graph (tensor parallelism, micro-shards and ZeRO-1
+/// too); every kernel is on one stage and one owner, every value a stage reads from another
+/// arrives by a transfer, and every stage has work.
 #[test]
 fn pipeline_plans_transfer_every_value_between_stages() {
     use parallax_compiler::shards::Sharding;
-    for (name, tp, pp) in [("mlp", 1, 3), ("cnn", 1, 2), ("transformer", 2, 2)] {
+    for (name, tp, pp, zero) in [
+        ("mlp", 1, 3, None),
+        ("cnn", 1, 2, Some(2)),
+        ("transformer", 2, 2, Some(2)),
+    ] {
         let source = model(name);
         let options = Options {
             verify: false,
             shards: Some(Sharding::new(8, source.experiment.train.batch_size)),
             tensor_parallel: (tp > 1).then_some(tp),
             pipeline_stages: Some(pp),
+            optimizer_shards: zero,
             ..Options::default()
         };
         let compiled = compile(&source, &options, &mut |pass, g| {
@@ -262,9 +267,11 @@ fn pipeline_plans_transfer_every_value_between_stages() {
         let plan = compiled.plan(&source, &options);
         for k in &plan.kernels {
             let stage = plan.steps[k.steps[0]].stage;
+            let owner = plan.steps[k.steps[0]].owner;
             for &s in &k.steps {
                 let step = &plan.steps[s];
                 assert_eq!(step.stage, stage, "{name}: a kernel spans stages");
+                assert_eq!(step.owner, owner, "{name}: a kernel spans ZeRO owners");
                 for &o in &step.operands {
                     let from = &plan.steps[o];
                     let crosses = !from.op.is_source() && from.stage != stage;

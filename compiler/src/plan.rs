@@ -61,6 +61,8 @@ pub struct Step {
     pub buffer: Option<usize>,
     /// The pipeline stage that computes (or, for a source, holds) it.
     pub stage: u32,
+    /// The one data-parallel rank that computes (or holds) it under ZeRO-1; none: every rank.
+    pub owner: Option<u32>,
 }
 
 /// A named step: an output of the model, or the loss.
@@ -94,6 +96,8 @@ pub struct Plan {
     pub tensor_parallel: Option<TensorParallel>,
     /// Pipeline stages (1: none).
     pub pipeline_stages: u32,
+    /// Data-parallel ranks the optimizer state is sharded over (1: none).
+    pub optimizer_shards: u32,
     pub parameters: u64,
     pub layers: usize,
     pub flops_per_sample: u64,
@@ -143,6 +147,24 @@ impl Plan {
             .iter()
             .map(|k| self.steps[k.steps[0]].stage)
             .collect()
+    }
+
+    /// The kernels the device of data-parallel `rank` on pipeline `stage` runs; `None` when
+    /// every device runs every kernel (no pipeline, no sharded optimizer).
+    pub fn kernel_mask(&self, stage: u32, rank: u32) -> Option<Vec<bool>> {
+        if self.pipeline_stages <= 1 && self.optimizer_shards <= 1 {
+            return None;
+        }
+        Some(
+            self.kernels
+                .iter()
+                .map(|k| {
+                    let last = &self.steps[*k.steps.last().expect("a kernel has steps")];
+                    let here = self.pipeline_stages <= 1 || last.stage == stage;
+                    here && last.owner.is_none_or(|o| o == rank)
+                })
+                .collect(),
+        )
     }
 
     /// The steps whose values the kernels marked in `owned` read or write (every step when
@@ -323,6 +345,7 @@ impl Plan {
                     .as_ref()
                     .and_then(|s| s.get(&n).copied())
                     .unwrap_or(0),
+                owner: g.owners.get(&n).copied(),
             });
         }
         let outputs = g.outputs.iter().map(|(k, n)| info(g, k, *n)).collect();
@@ -340,6 +363,7 @@ impl Plan {
             sharding: options.shards,
             tensor_parallel: tensor_parallel(g, options),
             pipeline_stages: options.pipeline_stages.unwrap_or(1).max(1),
+            optimizer_shards: options.optimizer_shards.unwrap_or(1).max(1),
             parameters: sat(g.parameter_count()),
             layers: g.layers,
             flops_per_sample: sat(g.flops(1, crate::ir::Phase::Forward)),

@@ -109,6 +109,12 @@ impl SimulatedDevices {
                 plan.pipeline_stages, grid.pp
             )));
         }
+        if plan.optimizer_shards > 1 && plan.optimizer_shards as usize != grid.dp {
+            return Err(ExecError::Device(format!(
+                "the plan shards the optimizer state over {} rank(s), the grid has {}",
+                plan.optimizer_shards, grid.dp
+            )));
+        }
         let kernel_stage: Vec<usize> = plan
             .kernel_stages()
             .into_iter()
@@ -116,11 +122,14 @@ impl SimulatedDevices {
             .collect();
         let max_batch = plan.batch_size as usize;
         let mut devices = Vec::with_capacity(grid.devices());
-        for held in assign(sharding.shards as usize, grid.dp) {
+        for (rank, held) in assign(sharding.shards as usize, grid.dp)
+            .into_iter()
+            .enumerate()
+        {
             for t in 0..grid.tp {
                 for stage in 0..grid.pp {
-                    let owned: Vec<bool> = kernel_stage.iter().map(|&s| s == stage).collect();
-                    let owned = (grid.pp > 1).then_some(owned.as_slice());
+                    let owned = plan.kernel_mask(stage as u32, rank as u32);
+                    let owned = owned.as_deref();
                     // Even a rank without shards holds the parameters and runs the update.
                     let mut shards: Vec<Executor> = (0..held.len().max(1))
                         .map(|_| Executor::for_kernels(plan.clone(), max_batch, seed, owned, t))
@@ -230,10 +239,15 @@ impl SimulatedDevices {
             Op::AllReduce { group } => Some(*group),
             _ => None,
         };
+        // Under ZeRO-1 a parameter's update runs only on the rank holding its state.
+        let only = self.plan.steps[last].owner.map(|o| o as usize);
         // The update runs once per device, where the parameters live.
         let update = phase == Phase::Update;
         let Grid { dp, tp, .. } = self.grid;
         for (r, t) in (0..dp).flat_map(|r| (0..tp).map(move |t| (r, t))) {
+            if only.is_some_and(|o| o != r) {
+                continue;
+            }
             let held = self.owners[r].len();
             let runs = if update { 1 } else { held };
             let d = self.device(r, t, stage);
@@ -243,6 +257,11 @@ impl SimulatedDevices {
                 }
                 if let Op::Transfer { from, .. } = self.plan.steps[last].op {
                     let source = d - stage + from as usize;
+                    self.transfer(source, d, j, last)?;
+                    continue;
+                }
+                if let Op::Broadcast { root } = self.plan.steps[last].op {
+                    let source = self.device(root as usize, t, stage);
                     self.transfer(source, d, j, last)?;
                     continue;
                 }
@@ -386,8 +405,10 @@ impl SimulatedDevices {
                 1
             };
             let mut parts = Vec::with_capacity(ranks);
+            // Under ZeRO-1 a state lives only on its owner rank.
+            let rank = self.plan.steps[*step].owner.unwrap_or(0) as usize;
             for t in 0..ranks {
-                let e = &self.devices[self.device(0, t, stage)].shards[0];
+                let e = &self.devices[self.device(rank, t, stage)].shards[0];
                 let all = if states {
                     e.state_values()?
                 } else {
@@ -457,7 +478,9 @@ impl SimulatedDevices {
             .find(|(n, _)| n == name)
             .map(|p| p.1);
         let stage = step.map_or(0, |s| self.stage_of_step(s));
+        let owner = step.and_then(|s| self.plan.steps[s].owner);
         (0..self.grid.dp)
+            .filter(|&r| owner.is_none_or(|o| o as usize == r))
             .flat_map(|r| (0..self.grid.tp).map(move |t| (r, t)))
             .map(|(r, t)| self.device(r, t, stage))
             .collect()

@@ -46,6 +46,8 @@ pub struct TrainConfig {
 #[derive(Debug, Clone, Copy)]
 pub struct Simulated {
     pub grid: crate::sim::Grid,
+    /// The optimizer state is sharded over the data-parallel ranks (ZeRO-1).
+    pub zero: bool,
     /// Each device's memory, in bytes.
     pub capacity: u64,
 }
@@ -463,6 +465,7 @@ pub fn train(
     let plan_record = serde_json::json!({
         "strategy": plan.strategy,
         "micro_shards": plan.sharding.map(|s| s.shards),
+        "optimizer_shards": plan.optimizer_shards,
         "kernels": plan.kernels.len(),
         "ops": plan.ops,
         "peak_memory_bytes": plan.memory.peak_bytes,

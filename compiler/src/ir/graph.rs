@@ -60,6 +60,9 @@ pub struct Graph {
     pub param_splits: Vec<(NodeIndex, usize)>,
     /// The pipeline stage of each node (after the `pipeline` pass; none: one stage).
     pub stages: Option<HashMap<NodeIndex, u32>>,
+    /// The data-parallel rank that alone computes (or holds) a node (after the `zero` pass;
+    /// absent: every rank).
+    pub owners: HashMap<NodeIndex, u32>,
     /// The phase new nodes are added in.
     pub phase: Phase,
     /// Kernels in execution order (after the fuse pass).
@@ -91,6 +94,7 @@ impl Graph {
             objective: None,
             param_splits: Vec::new(),
             stages: None,
+            owners: HashMap::new(),
             phase: Phase::Forward,
             kernels: Vec::new(),
             schedule: None,

@@ -243,6 +243,11 @@ pub enum Op {
         from: u32,
         to: u32,
     },
+    /// The value data-parallel rank `root` computed, on every rank: a parameter updated by
+    /// the rank that holds its optimizer state (ZeRO-1).
+    Broadcast {
+        root: u32,
+    },
 }
 
 /// Which devices a collective spans.
@@ -307,6 +312,7 @@ pub enum OpKind {
     AllReduce,
     TensorParallelCopy,
     Transfer,
+    Broadcast,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -378,7 +384,7 @@ use OpKind as K;
 
 /// The table, in `OpKind` order (a test checks it).
 #[rustfmt::skip]
-pub static OPS: [OpDef; 51] = [
+pub static OPS: [OpDef; 52] = [
     row(K::Input, "input", 0, Source, declared, free, vjp::source),
     row(K::Param, "param", 0, Source, declared, free, vjp::source),
     row(K::State, "state", 0, Source, declared, free, vjp::source),
@@ -430,6 +436,7 @@ pub static OPS: [OpDef; 51] = [
     row(K::AllReduce, "all_reduce", 1, Collective, float_same, per_out::<1>, vjp::all_reduce),
     row(K::TensorParallelCopy, "tensor_parallel_copy", 1, Layout, float_same, free, vjp::tensor_parallel_copy),
     row(K::Transfer, "transfer", 1, Collective, any_same, free, vjp::none),
+    row(K::Broadcast, "broadcast", 1, Collective, any_same, free, vjp::none),
 ];
 
 impl Op {
@@ -486,6 +493,7 @@ impl Op {
             Op::AllReduce { .. } => K::AllReduce,
             Op::TensorParallelCopy => K::TensorParallelCopy,
             Op::Transfer { .. } => K::Transfer,
+            Op::Broadcast { .. } => K::Broadcast,
         }
     }
 
@@ -604,6 +612,7 @@ impl Op {
                 Group::Tensor => "group=tensor".to_string(),
             },
             Op::Transfer { from, to } => format!("from={from}, to={to}"),
+            Op::Broadcast { root } => format!("root={root}"),
             Op::TensorParallelCopy
             | Op::Gather
             | Op::Add

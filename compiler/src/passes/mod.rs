@@ -12,6 +12,7 @@ pub mod schedule;
 pub mod shapes;
 pub mod shard;
 pub mod simplify;
+pub mod zero;
 
 use crate::dsl::Source;
 use crate::ir::verify::verify;
@@ -66,6 +67,11 @@ pub static PIPELINE: &[Pass] = &[
         run: optimizer::run,
     },
     Pass {
+        name: "zero",
+        about: "ZeRO-1 plans: each parameter's update on one data-parallel rank, then broadcast",
+        run: zero::run,
+    },
+    Pass {
         name: "simplify",
         about: "dead code and common subexpressions",
         run: simplify::run,
@@ -102,6 +108,8 @@ pub struct Options {
     pub tensor_parallel: Option<u32>,
     /// Cut it into this many pipeline stages.
     pub pipeline_stages: Option<u32>,
+    /// Shard the optimizer state over this many data-parallel ranks (ZeRO-1).
+    pub optimizer_shards: Option<u32>,
     /// Run the IR verifier after every pass.
     pub verify: bool,
     /// Stop after this pass (`check` needs only the forward graph's shapes).
@@ -123,6 +131,7 @@ impl Default for Options {
             shards: None,
             tensor_parallel: None,
             pipeline_stages: None,
+            optimizer_shards: None,
             verify: cfg!(debug_assertions),
             stop_after: None,
         }

@@ -116,9 +116,10 @@ pub fn execute(op: &Op, ins: &[&Tensor], out: &mut Tensor, ctx: &Ctx) -> Result<
         ),
         Op::Reshape { .. } => layout::copy(ins[0], out),
         // Alone, an executor is a one-shard world: the sum over shards is its own value.
-        Op::AllReduce { .. } | Op::TensorParallelCopy | Op::Transfer { .. } => {
-            layout::copy(ins[0], out)
-        }
+        Op::AllReduce { .. }
+        | Op::TensorParallelCopy
+        | Op::Transfer { .. }
+        | Op::Broadcast { .. } => layout::copy(ins[0], out),
         Op::Permute { perm } => layout::permute(ins[0], perm, out),
         Op::Concat { axis } => layout::concat(ins[0], ins[1], *axis, out),
         Op::Slice { axis, start, .. } => layout::slice(ins[0], *axis, *start as usize, out),
