@@ -1,0 +1,160 @@
+//! The training interface (`Backend`) over simulated devices: a step's batch split into
+//! micro-shards, inputs set where they are read, and parameters, optimizer state and outputs
+//! gathered whole from the devices that hold them.
+
+use super::SimulatedDevices;
+use crate::backend::{Backend, ParamValues};
+use crate::cpu::kernels::Ctx;
+use crate::cpu::tensor::Tensor;
+use crate::cpu::{ExecError, Mode};
+use crate::data::Values;
+use parallax_compiler::shards::{assign, INV_BATCH, SHARD_WEIGHT};
+use std::ops::Range;
+
+fn slice(v: &Values, per: usize, r: &Range<usize>) -> Values {
+    match v {
+        Values::F32(x) => Values::F32(x[r.start * per..r.end * per].to_vec()),
+        Values::I32(x) => Values::I32(x[r.start * per..r.end * per].to_vec()),
+    }
+}
+
+impl Backend for SimulatedDevices {
+    fn backend_name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn set_input(&mut self, name: &str, batch: usize, v: &Values) -> Result<(), ExecError> {
+        if self.is_batched(name) {
+            self.batched.insert(name.to_string(), (batch, v.clone()));
+            return Ok(());
+        }
+        for dev in &mut self.devices {
+            for e in &mut dev.shards {
+                if e.has_input(name) {
+                    Backend::set_input(e, name, batch, v)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn has_input(&self, name: &str) -> bool {
+        self.devices.iter().any(|d| d.shards[0].has_input(name))
+    }
+
+    fn run(
+        &mut self,
+        batch: usize,
+        mode: Mode,
+        step: u64,
+        first_sample: u64,
+    ) -> Result<(), ExecError> {
+        self.last = self.sharding.split(batch);
+        self.owners = assign(self.last.len(), self.grid.dp);
+        let mut ctxs: Vec<Vec<Ctx>> = Vec::with_capacity(self.devices.len());
+        let per_rank = self.grid.pp * self.grid.tp;
+        for (d, dev) in self.devices.iter_mut().enumerate() {
+            let own = self.owners[d / per_rank].clone();
+            let mut mine = Vec::new();
+            if own.is_empty() {
+                // No shards this step: it still runs the update on its own copy.
+                mine.push(dev.shards[0].begin_step(1, mode, step, first_sample)?);
+                ctxs.push(mine);
+                continue;
+            }
+            for (j, r) in self.last[own].iter().enumerate() {
+                let e = &mut dev.shards[j];
+                let n = r.len();
+                for (name, (total, v)) in &self.batched {
+                    if *total != batch {
+                        return Err(ExecError::Device(format!(
+                            "input `{name}` holds {total} samples but the step runs {batch}"
+                        )));
+                    }
+                    if !e.has_input(name) {
+                        continue;
+                    }
+                    let len = match v {
+                        Values::F32(x) => x.len(),
+                        Values::I32(x) => x.len(),
+                    };
+                    Backend::set_input(e, name, n, &slice(v, len / batch.max(1), r))?;
+                }
+                let scalars = [
+                    (SHARD_WEIGHT, n as f32 / batch as f32),
+                    (INV_BATCH, 1.0 / batch as f32),
+                ];
+                for (name, value) in scalars {
+                    if e.has_input(name) {
+                        Backend::set_input(e, name, 1, &Values::F32(vec![value]))?;
+                    }
+                }
+                mine.push(e.begin_step(n, mode, step, first_sample + r.start as u64)?);
+            }
+            ctxs.push(mine);
+        }
+        for k in 0..self.plan.kernels.len() {
+            if mode.runs(&self.plan, k) {
+                self.kernel(k, &ctxs)?;
+            }
+        }
+        for dev in &mut self.devices {
+            dev.shards[0].finish_step(mode);
+        }
+        Ok(())
+    }
+
+    fn loss(&self, _batch: usize) -> Result<f32, ExecError> {
+        let Some(step) = self.plan.output_steps.iter().find(|o| o.name == "loss") else {
+            return Ok(f32::NAN);
+        };
+        let t = self
+            .shard(0, self.stage_of_step(step.step), 0)
+            .value(step.step);
+        Ok(t.map_or(f32::NAN, |t| t.f32()[0]))
+    }
+
+    fn output_values(&self, name: &str, _batch: usize) -> Result<Option<Tensor>, ExecError> {
+        let Some(out) = self.plan.output_steps.iter().find(|o| o.name == name) else {
+            return Ok(None);
+        };
+        let stage = self.stage_of_step(out.step);
+        // The shards' outputs, concatenated along the batch axis in shard order.
+        let mut shape: Option<Vec<usize>> = None;
+        let mut data = Vec::new();
+        for i in 0..self.last.len() {
+            let Some(t) = self.shard(0, stage, i).value(out.step) else {
+                return Ok(None);
+            };
+            match shape.as_mut() {
+                Some(s) if !s.is_empty() => s[0] += t.shape[0],
+                Some(_) => {}
+                None => shape = Some(t.shape.clone()),
+            }
+            data.extend_from_slice(t.f32());
+        }
+        Ok(shape.map(|s| Tensor::from_f32(s, data)))
+    }
+
+    fn param_values(&self) -> Result<ParamValues, ExecError> {
+        self.persistent(false)
+    }
+
+    fn set_param(&mut self, name: &str, shape: &[usize], values: &[f32]) -> Result<(), ExecError> {
+        self.set_persistent(name, shape, values, false)
+    }
+
+    fn state_values(&self) -> Result<ParamValues, ExecError> {
+        self.persistent(true)
+    }
+
+    fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError> {
+        let shape = self
+            .persistent(true)?
+            .into_iter()
+            .find(|s| s.0 == name)
+            .map(|s| s.1)
+            .unwrap_or_else(|| vec![values.len()]);
+        self.set_persistent(name, &shape, values, true)
+    }
+}
