@@ -362,21 +362,18 @@ pub fn run(args: Args) -> Result<(), Exit> {
         )?),
         _ => None,
     };
-    // Data and pipeline degrees never change the bits; the tensor-parallel degree does.
+    // Data and pipeline degrees never change the bits; the tensor-parallel degree changes
+    // the rounding of the row-parallel sums (checkpoints are whole tensors, so the state is
+    // re-sliced for any degree).
     let recorded = resume.as_deref().and_then(recorded_grid);
     if let (Some(old), Some(new)) = (recorded, simulated) {
         if old.tp != new.grid.tp {
             eprintln!(
-                "{}: error: this run trained with tensor parallelism of degree {}; continuing with {} would change its bits",
+                "{}: note: this run trained with tensor parallelism of degree {}; continuing with {} changes the rounding, so the continuation matches an uninterrupted run within about 1e-5, not bit for bit",
                 file.display(),
                 old.tp,
                 new.grid.tp
             );
-            eprintln!(
-                "  = hint: keep `tp{}` in --strategy (data and pipeline degrees may change)",
-                old.tp
-            );
-            return Err(Exit(1));
         }
     }
     let options = Options {
