@@ -104,9 +104,9 @@ pub struct Args {
     /// stages; degrees left out are 1; the product is `--gpus`). Default: all data parallel.
     #[arg(long, value_name = "STRATEGY", requires = "gpus")]
     pub strategy: Option<String>,
-    /// ZeRO stage with --gpus: 1 or more shards the optimizer state over the data-parallel
-    /// ranks (the simulated devices shard it for 2 and 3 as for 1). Default: the cost
-    /// model's choice, or 0 with --strategy.
+    /// ZeRO stage with --gpus: 1 shards the optimizer state over the data-parallel ranks, 2
+    /// the reduced gradients too (3 runs as 2 on simulated devices). Default: the cost model's
+    /// choice, or 0 with --strategy.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3), requires = "gpus")]
     pub zero: Option<u8>,
     /// Where to run: `cuda` needs an NVIDIA GPU; `auto` uses one when present.
@@ -235,7 +235,12 @@ fn simulated_devices(
             ),
         },
     };
-    let zero = zero.unwrap_or(chosen_zero) >= 1 && dp > 1;
+    // Simulated devices shard the optimizer state (1) and the gradients (2); stage 3 runs as 2.
+    let zero = if dp > 1 {
+        zero.unwrap_or(chosen_zero).min(2)
+    } else {
+        0
+    };
     if dp > shards {
         return Err(fail(
             format!("--gpus {n}: each batch is cut into {shards} micro-shards, so {dp} data-parallel ranks cannot all get work"),
@@ -386,7 +391,8 @@ pub fn run(args: Args) -> Result<(), Exit> {
         gpus: parallel,
         tensor_parallel: simulated.map(|s| s.grid.tp as u32).filter(|&t| t > 1),
         pipeline_stages: simulated.map(|s| s.grid.pp as u32).filter(|&p| p > 1),
-        optimizer_shards: simulated.filter(|s| s.zero).map(|s| s.grid.dp as u32),
+        optimizer_shards: simulated.filter(|s| s.zero >= 1).map(|s| s.grid.dp as u32),
+        zero_stage: simulated.map_or(1, |s| s.zero.max(1)),
         ..Options::default()
     };
     let compiled = run_pipeline(file, &source, &options, Format::Text, &mut |_, _| {})?;

@@ -294,13 +294,14 @@ fn compile_predicts_the_memory_training_allocates() {
 }
 
 /// ZeRO-1: each parameter's optimizer state and update on one data-parallel rank, the new
-/// value broadcast: the same bits, and less memory per device for the transformer.
+/// value broadcast; ZeRO-2: its reduced gradient there too. The same bits (clipping
+/// included), and less memory per device for the transformer.
 #[test]
 fn sharded_optimizer_state_keeps_the_bits() {
     let file = "models/transformer.ron";
     let (one, _) = train(file, &temp("z-1"), &["--gpus", "1", "--steps", "2"]);
     let mut bytes = Vec::new();
-    for (strategy, zero) in [("dp4", "0"), ("dp4", "1"), ("dp2.pp2", "1")] {
+    for (strategy, zero) in [("dp4", "0"), ("dp4", "1"), ("dp2.pp2", "1"), ("dp4", "2")] {
         let run = temp(&format!("z-{strategy}-{zero}"));
         let args = [
             "--gpus",
@@ -381,12 +382,13 @@ fn a_device_too_small_is_refused_before_training() {
 #[test]
 fn predicted_device_memory_is_what_the_devices_allocate() {
     let cases = [
-        ("mlp", 1, false),
-        ("cnn", 1, false),
-        ("cnn", 1, true),
-        ("transformer", 1, false),
-        ("transformer", 2, false),
-        ("transformer", 1, true),
+        ("mlp", 1, 0),
+        ("cnn", 1, 0),
+        ("cnn", 1, 1),
+        ("transformer", 1, 0),
+        ("transformer", 2, 0),
+        ("transformer", 1, 1),
+        ("transformer", 1, 2),
     ];
     for (model, tp, zero) in cases {
         let path = format!("{}/models/{model}.ron", env!("CARGO_MANIFEST_DIR"));
@@ -398,7 +400,8 @@ fn predicted_device_memory_is_what_the_devices_allocate() {
                 shards: Some(sharding),
                 tensor_parallel: (tp > 1).then_some(tp),
                 pipeline_stages: (pp > 1).then_some(pp),
-                optimizer_shards: (zero && dp > 1).then_some(dp),
+                optimizer_shards: (zero > 0 && dp > 1).then_some(dp),
+                zero_stage: zero.max(1),
                 ..Options::default()
             };
             compile(&source, &options, &mut |_, _| {})

@@ -290,3 +290,32 @@ fn pipeline_plans_transfer_every_value_between_stages() {
         }
     }
 }
+
+/// ZeRO-2: every gradient's all-reduce becomes a reduce to its parameter's rank, and what the
+/// shared clipping reads from each rank arrives as a scalar (its squared norm), not a tensor.
+#[test]
+fn zero_two_reduces_gradients_and_broadcasts_only_scalars_and_updates() {
+    use parallax_compiler::shards::Sharding;
+    let source = model("transformer");
+    let options = Options {
+        verify: true,
+        shards: Some(Sharding::new(8, source.experiment.train.batch_size)),
+        optimizer_shards: Some(4),
+        zero_stage: 2,
+        ..Options::default()
+    };
+    let g = compile(&source, &options, &mut |_, _| {}).unwrap().graph;
+    assert_eq!(count(&g, OpKind::Reduce), g.grads.len());
+    let updated: Vec<_> = g.updates.iter().map(|u| u.1).collect();
+    for n in g.g.node_indices() {
+        if let Op::Broadcast { .. } = g.g[n].op {
+            let scalar = g.g[n].ty.shape.iter().all(|d| d.factor == 1);
+            assert!(
+                updated.contains(&n) || scalar,
+                "a tensor broadcast that is not an update"
+            );
+        }
+    }
+    let owned = |r: u32| g.owners.values().filter(|&&o| o == r).count();
+    assert!((0..4).all(|r| owned(r) > 0), "a rank owns nothing");
+}

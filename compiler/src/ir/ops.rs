@@ -248,6 +248,13 @@ pub enum Op {
     Broadcast {
         root: u32,
     },
+    /// The sum over every micro-shard, like `AllReduce` over shards (the same tree, the same
+    /// bits), delivered only to data-parallel rank `root`: a gradient under ZeRO-2, where
+    /// each rank keeps the reduced gradients of the parameters it updates (together, a
+    /// reduce-scatter).
+    Reduce {
+        root: u32,
+    },
 }
 
 /// Which devices a collective spans.
@@ -313,6 +320,7 @@ pub enum OpKind {
     TensorParallelCopy,
     Transfer,
     Broadcast,
+    Reduce,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -384,7 +392,7 @@ use OpKind as K;
 
 /// The table, in `OpKind` order (a test checks it).
 #[rustfmt::skip]
-pub static OPS: [OpDef; 52] = [
+pub static OPS: [OpDef; 53] = [
     row(K::Input, "input", 0, Source, declared, free, vjp::source),
     row(K::Param, "param", 0, Source, declared, free, vjp::source),
     row(K::State, "state", 0, Source, declared, free, vjp::source),
@@ -437,6 +445,7 @@ pub static OPS: [OpDef; 52] = [
     row(K::TensorParallelCopy, "tensor_parallel_copy", 1, Layout, float_same, free, vjp::tensor_parallel_copy),
     row(K::Transfer, "transfer", 1, Collective, any_same, free, vjp::none),
     row(K::Broadcast, "broadcast", 1, Collective, any_same, free, vjp::none),
+    row(K::Reduce, "reduce", 1, Collective, float_same, per_out::<1>, vjp::none),
 ];
 
 impl Op {
@@ -494,6 +503,7 @@ impl Op {
             Op::TensorParallelCopy => K::TensorParallelCopy,
             Op::Transfer { .. } => K::Transfer,
             Op::Broadcast { .. } => K::Broadcast,
+            Op::Reduce { .. } => K::Reduce,
         }
     }
 
@@ -612,7 +622,7 @@ impl Op {
                 Group::Tensor => "group=tensor".to_string(),
             },
             Op::Transfer { from, to } => format!("from={from}, to={to}"),
-            Op::Broadcast { root } => format!("root={root}"),
+            Op::Broadcast { root } | Op::Reduce { root } => format!("root={root}"),
             Op::TensorParallelCopy
             | Op::Gather
             | Op::Add

@@ -108,8 +108,10 @@ pub struct Options {
     pub tensor_parallel: Option<u32>,
     /// Cut it into this many pipeline stages.
     pub pipeline_stages: Option<u32>,
-    /// Shard the optimizer state over this many data-parallel ranks (ZeRO-1).
+    /// Shard the optimizer state over this many data-parallel ranks (ZeRO-1), and with
+    /// `zero_stage` 2 the reduced gradients too.
     pub optimizer_shards: Option<u32>,
+    pub zero_stage: u8,
     /// Run the IR verifier after every pass.
     pub verify: bool,
     /// Stop after this pass (`check` needs only the forward graph's shapes).
@@ -132,6 +134,7 @@ impl Default for Options {
             tensor_parallel: None,
             pipeline_stages: None,
             optimizer_shards: None,
+            zero_stage: 1,
             verify: cfg!(debug_assertions),
             stop_after: None,
         }

@@ -237,9 +237,11 @@ impl SimulatedDevices {
             .last()
             .expect("a kernel has steps");
         let (op, phase) = (&self.plan.steps[last].op, self.plan.steps[last].phase);
-        let group = match op {
-            Op::AllReduce { group } => Some(*group),
-            _ => None,
+        // A reduce is an all-reduce over the shards delivered to one rank.
+        let (group, to) = match op {
+            Op::AllReduce { group } => (Some(*group), None),
+            Op::Reduce { root } => (Some(Group::Shards), Some(*root as usize)),
+            _ => (None, None),
         };
         // Under ZeRO-1 a parameter's update runs only on the rank holding its state.
         let only = self.plan.steps[last].owner.map(|o| o as usize);
@@ -284,7 +286,7 @@ impl SimulatedDevices {
         match group {
             Some(Group::Shards) => {
                 for t in 0..self.grid.tp {
-                    self.all_reduce(t, stage, last, operand)?;
+                    self.all_reduce(t, stage, last, operand, to)?;
                 }
             }
             Some(Group::Tensor) => self.tensor_all_reduce(stage, last, operand)?,
@@ -351,13 +353,14 @@ impl SimulatedDevices {
     }
 
     /// The sum over every shard of `operand` into `out`, on every shard of `stage` of tensor
-    /// rank `t`.
+    /// rank `t` (of data rank `to` only, when given: a reduce).
     fn all_reduce(
         &mut self,
         t: usize,
         stage: usize,
         out: usize,
         operand: usize,
+        to: Option<usize>,
     ) -> Result<(), ExecError> {
         let leaves = self.last.len();
         let value = |i: usize| -> Vec<f32> {
@@ -381,6 +384,9 @@ impl SimulatedDevices {
             .map_err(|e| ExecError::Device(e.to_string()))?;
         let shape = shape.unwrap_or_else(|| vec![total.len()]);
         for r in 0..self.grid.dp {
+            if to.is_some_and(|root| root != r) {
+                continue;
+            }
             let held = self.owners[r].len().max(1);
             let d = self.device(r, t, stage);
             for e in self.devices[d].shards.iter_mut().take(held) {

@@ -119,7 +119,8 @@ pub fn execute(op: &Op, ins: &[&Tensor], out: &mut Tensor, ctx: &Ctx) -> Result<
         Op::AllReduce { .. }
         | Op::TensorParallelCopy
         | Op::Transfer { .. }
-        | Op::Broadcast { .. } => layout::copy(ins[0], out),
+        | Op::Broadcast { .. }
+        | Op::Reduce { .. } => layout::copy(ins[0], out),
         Op::Permute { perm } => layout::permute(ins[0], perm, out),
         Op::Concat { axis } => layout::concat(ins[0], ins[1], *axis, out),
         Op::Slice { axis, start, .. } => layout::slice(ins[0], *axis, *start as usize, out),
