@@ -105,8 +105,8 @@ pub struct Args {
     #[arg(long, value_name = "STRATEGY", requires = "gpus")]
     pub strategy: Option<String>,
     /// ZeRO stage with --gpus: 1 shards the optimizer state over the data-parallel ranks, 2
-    /// the reduced gradients too (3 runs as 2 on simulated devices). Default: the cost model's
-    /// choice, or 0 with --strategy.
+    /// the reduced gradients too, 3 the parameters too. Default: the cost model's choice, or 0
+    /// with --strategy.
     #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3), requires = "gpus")]
     pub zero: Option<u8>,
     /// Where to run: `cuda` needs an NVIDIA GPU; `auto` uses one when present.
@@ -235,9 +235,9 @@ fn simulated_devices(
             ),
         },
     };
-    // Simulated devices shard the optimizer state (1) and the gradients (2); stage 3 runs as 2.
+    // Simulated devices shard the optimizer state (1), the gradients (2), the parameters (3).
     let zero = if dp > 1 {
-        zero.unwrap_or(chosen_zero).min(2)
+        zero.unwrap_or(chosen_zero)
     } else {
         0
     };

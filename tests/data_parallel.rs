@@ -294,14 +294,22 @@ fn compile_predicts_the_memory_training_allocates() {
 }
 
 /// ZeRO-1: each parameter's optimizer state and update on one data-parallel rank, the new
-/// value broadcast; ZeRO-2: its reduced gradient there too. The same bits (clipping
-/// included), and less memory per device for the transformer.
+/// value broadcast; ZeRO-2: its reduced gradient there too; ZeRO-3: the parameter too,
+/// broadcast before use. The same bits (clipping included), and less memory per device.
 #[test]
 fn sharded_optimizer_state_keeps_the_bits() {
     let file = "models/transformer.ron";
     let (one, _) = train(file, &temp("z-1"), &["--gpus", "1", "--steps", "2"]);
     let mut bytes = Vec::new();
-    for (strategy, zero) in [("dp4", "0"), ("dp4", "1"), ("dp2.pp2", "1"), ("dp4", "2")] {
+    let cases = [
+        ("dp4", "0"),
+        ("dp4", "1"),
+        ("dp2.pp2", "1"),
+        ("dp4", "2"),
+        ("dp4", "3"),
+        ("dp2.pp2", "3"),
+    ];
+    for (strategy, zero) in cases {
         let run = temp(&format!("z-{strategy}-{zero}"));
         let args = [
             "--gpus",
@@ -389,6 +397,8 @@ fn predicted_device_memory_is_what_the_devices_allocate() {
         ("transformer", 2, 0),
         ("transformer", 1, 1),
         ("transformer", 1, 2),
+        ("mlp", 1, 3),
+        ("transformer", 1, 3),
     ];
     for (model, tp, zero) in cases {
         let path = format!("{}/models/{model}.ron", env!("CARGO_MANIFEST_DIR"));

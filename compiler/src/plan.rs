@@ -178,8 +178,8 @@ impl Plan {
             if owned.get(k).copied().unwrap_or(false) {
                 for &s in &kern.steps {
                     touched[s] = true;
-                    // A transfer's operand lives on the sending stage.
-                    if matches!(self.steps[s].op, Op::Transfer { .. }) {
+                    // A transfer's or broadcast's operand lives on the sender.
+                    if matches!(self.steps[s].op, Op::Transfer { .. } | Op::Broadcast { .. }) {
                         continue;
                     }
                     for &o in &self.steps[s].operands {

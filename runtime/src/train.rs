@@ -46,8 +46,8 @@ pub struct TrainConfig {
 #[derive(Debug, Clone, Copy)]
 pub struct Simulated {
     pub grid: crate::sim::Grid,
-    /// ZeRO stage as simulated: 1 shards the optimizer state over the data-parallel ranks,
-    /// 2 the reduced gradients too (0: none).
+    /// ZeRO stage: 1 shards the optimizer state over the data-parallel ranks, 2 the reduced
+    /// gradients too, 3 the parameters too (0: none).
     pub zero: u8,
     /// Each device's memory, in bytes.
     pub capacity: u64,

@@ -108,8 +108,8 @@ pub struct Options {
     pub tensor_parallel: Option<u32>,
     /// Cut it into this many pipeline stages.
     pub pipeline_stages: Option<u32>,
-    /// Shard the optimizer state over this many data-parallel ranks (ZeRO-1), and with
-    /// `zero_stage` 2 the reduced gradients too.
+    /// Shard the optimizer state over this many data-parallel ranks (ZeRO-1), with
+    /// `zero_stage` 2 the reduced gradients too, with 3 the parameters too.
     pub optimizer_shards: Option<u32>,
     pub zero_stage: u8,
     /// Run the IR verifier after every pass.

@@ -7,8 +7,10 @@
 //! clipping) is computed there and broadcast. Ownership flows forward from the states (and
 //! the reduced gradients): an op of the update whose operands belong to one rank belongs to
 //! it; one that reads several ranks' values runs everywhere, each such value broadcast first.
-//! Every value is computed by the same ops from the same inputs as without sharding, so the
-//! bits do not change.
+//! With stage 3 the parameter itself lives only there, broadcast to the others before the
+//! forward and again before the backward ops that read it (the by-tensor form of FSDP's
+//! all-gather). Every value is computed by the same ops from the same inputs as without
+//! sharding, so the bits do not change.
 
 use super::Ctx;
 use crate::diag::Diagnostic;
@@ -71,6 +73,40 @@ pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
             }
         }
     }
+    // Stage 3: a parameter lives only on its rank, and each phase that reads it (forward,
+    // backward) gets it by broadcast just before, so other ranks hold it only while in use.
+    if ctx.options.zero_stage >= 3 {
+        let saved = g.phase;
+        for p in g.params() {
+            let root = param_owner[&p];
+            owner.insert(p, root);
+            let mut copies: HashMap<Phase, NodeIndex> = HashMap::new();
+            for user in g.users(p) {
+                let phase = g.g[user].phase;
+                if phase == Phase::Update {
+                    continue;
+                }
+                let b = match copies.get(&phase) {
+                    Some(&b) => b,
+                    None => {
+                        g.phase = phase;
+                        let layer = g.g[p].layer.clone();
+                        let b = g
+                            .add(Op::Broadcast { root }, &[p], &layer, None)
+                            .map_err(fail)?;
+                        copies.insert(phase, b);
+                        b
+                    }
+                };
+                for (i, o) in g.operands(user).into_iter().enumerate() {
+                    if o == p {
+                        g.replace_operand(user, i, b);
+                    }
+                }
+            }
+        }
+        g.phase = saved;
+    }
     // Forward through the update: one owner among the operands makes it the op's owner.
     let order = g.topo_order().unwrap_or_default();
     let mut crossing: Vec<(NodeIndex, usize, NodeIndex, u32)> = Vec::new();
@@ -117,11 +153,12 @@ pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
         };
         g.replace_operand(v, i, b);
     }
-    // Every rank holds every parameter: an update computed on one rank is broadcast.
+    // Below stage 3 every rank holds every parameter: an update computed on one rank is
+    // broadcast.
     for i in 0..g.updates.len() {
         let (p, u) = g.updates[i];
         let Some(&root) = owner.get(&u) else { continue };
-        if !matches!(g.g[p].op, Op::Param { .. }) {
+        if !matches!(g.g[p].op, Op::Param { .. }) || ctx.options.zero_stage >= 3 {
             continue;
         }
         let layer = g.g[p].layer.clone();

@@ -338,7 +338,13 @@ impl SimulatedDevices {
     /// value on device `to` (a send and its receive).
     fn transfer(&mut self, from: usize, to: usize, j: usize, step: usize) -> Result<(), ExecError> {
         let operand = self.plan.steps[step].operands[0];
-        let Some(v) = self.devices[from].shards[j].value(operand) else {
+        // Parameters and optimizer state live with a device's first shard.
+        let holder = if self.plan.steps[operand].op.is_source() {
+            0
+        } else {
+            j
+        };
+        let Some(v) = self.devices[from].shards[holder].value(operand) else {
             return Err(ExecError::Device(format!(
                 "transfer: device {from} does not hold the value it sends"
             )));
