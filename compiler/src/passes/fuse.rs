@@ -111,6 +111,11 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
     let roots: HashSet<NodeIndex> = g.roots().into_iter().collect();
     let mut groups: Vec<Group> = Vec::new();
     let mut group_of: HashMap<NodeIndex, usize> = HashMap::new();
+    // Ops fuse only where they run: on one pipeline stage, for one ZeRO owner (or all ranks).
+    let place = |n: NodeIndex| {
+        let stage = g.stages.as_ref().and_then(|s| s.get(&n).copied());
+        (stage, g.owners.get(&n).copied())
+    };
     for &n in &order {
         let node = &g.g[n];
         if node.op.is_source() {
@@ -135,6 +140,7 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
                         && !grp.closed
                         && g.g[grp.nodes[0]].phase == node.phase
                         && g.g[grp.nodes[0]].ty.shape == node.ty.shape
+                        && place(grp.nodes[0]) == place(n)
                 })
                 .collect();
             merge.sort_unstable();
@@ -194,7 +200,10 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
                                 });
                             let is_act =
                                 matches!(node.op, Op::Relu | Op::Gelu | Op::Tanh | Op::Sigmoid);
-                            if o == last && g.g[o].ty.shape == node.ty.shape && (is_bias || is_act)
+                            if o == last
+                                && g.g[o].ty.shape == node.ty.shape
+                                && (is_bias || is_act)
+                                && place(o) == place(n)
                             {
                                 groups[gi].kind = KernelKind::Gemm {
                                     bias: bias || is_bias,
@@ -214,6 +223,7 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
                 if grp.kind == KernelKind::Elementwise
                     && !grp.closed
                     && g.g[grp.nodes[0]].phase == node.phase
+                    && place(grp.nodes[0]) == place(n)
                     && reduction_tail(&node.op, &g.g[o].ty)
                     && only_used_by(o, n)
                 {
