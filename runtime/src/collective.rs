@@ -47,6 +47,15 @@ pub trait Collective {
         leaves: usize,
         partials: Vec<Vec<Partial>>,
     ) -> Result<Vec<f32>, CollectiveError>;
+    /// The same total as `all_reduce`, delivered to one device only (ZeRO-2's reduce).
+    fn reduce(
+        &mut self,
+        leaves: usize,
+        partials: Vec<Vec<Partial>>,
+    ) -> Result<Vec<f32>, CollectiveError>;
+    /// Point to point: what device `from` sends arrives at device `to` (a pipeline
+    /// transfer, or one leg of a broadcast from its root).
+    fn send(&mut self, from: usize, to: usize, values: Vec<f32>) -> Vec<f32>;
     fn traffic(&self) -> Traffic;
 }
 
@@ -110,6 +119,17 @@ impl Collective for InProcess {
         leaves: usize,
         partials: Vec<Vec<Partial>>,
     ) -> Result<Vec<f32>, CollectiveError> {
+        let total = self.reduce(leaves, partials)?;
+        // The total goes back to every other device.
+        self.traffic.bytes += 4 * total.len() as u64 * (self.devices.max(1) as u64 - 1);
+        Ok(total)
+    }
+
+    fn reduce(
+        &mut self,
+        leaves: usize,
+        partials: Vec<Vec<Partial>>,
+    ) -> Result<Vec<f32>, CollectiveError> {
         let mut held: Vec<(Range<usize>, Vec<f32>)> = Vec::new();
         let mut len = None;
         for (device, ps) in partials.into_iter().enumerate() {
@@ -134,8 +154,15 @@ impl Collective for InProcess {
         }
         let total = combine(0, leaves, &mut held)?;
         self.traffic.calls += 1;
-        self.traffic.bytes += 4 * total.len() as u64 * (self.devices.max(1) as u64 - 1);
         Ok(total)
+    }
+
+    fn send(&mut self, from: usize, to: usize, values: Vec<f32>) -> Vec<f32> {
+        if from != to {
+            self.traffic.calls += 1;
+            self.traffic.bytes += 4 * values.len() as u64;
+        }
+        values
     }
 
     fn traffic(&self) -> Traffic {

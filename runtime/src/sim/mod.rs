@@ -56,8 +56,8 @@ pub struct SimulatedDevices {
     collective: InProcess,
     /// The tensor-parallel ranks' all-reduces.
     tensor: InProcess,
-    /// Bytes sent between stages.
-    p2p_bytes: u64,
+    /// Point-to-point sends: pipeline transfers and broadcasts' legs.
+    p2p: InProcess,
     /// Inputs with a batch axis, as set for the whole batch: split into shards at `run`.
     batched: HashMap<String, (usize, Values)>,
     /// The shards of the last step, and which rank held them.
@@ -151,7 +151,7 @@ impl SimulatedDevices {
             kernel_stage,
             collective: InProcess::new(grid.dp),
             tensor: InProcess::new(grid.tp),
-            p2p_bytes: 0,
+            p2p: InProcess::new(grid.devices()),
             batched: HashMap::new(),
             last: Vec::new(),
             owners: Vec::new(),
@@ -189,13 +189,13 @@ impl SimulatedDevices {
             .collect()
     }
 
-    /// Traffic of the data-parallel and the tensor-parallel collectives, and bytes sent
-    /// between pipeline stages.
-    pub fn traffic(&self) -> (Traffic, Traffic, u64) {
+    /// Traffic of the data-parallel and the tensor-parallel collectives, and of the
+    /// point-to-point sends (pipeline transfers, broadcasts).
+    pub fn traffic(&self) -> (Traffic, Traffic, Traffic) {
         (
             self.collective.traffic(),
             self.tensor.traffic(),
-            self.p2p_bytes,
+            self.p2p.traffic(),
         )
     }
 
@@ -350,7 +350,7 @@ impl SimulatedDevices {
             )));
         };
         let (shape, data) = (v.shape.clone(), v.f32().to_vec());
-        self.p2p_bytes += 4 * data.len() as u64;
+        let data = self.p2p.send(from, to, data);
         if let Some(t) = self.devices[to].shards[j].value_mut(step) {
             t.reshape_in_place(&shape);
             t.f32_mut().copy_from_slice(&data);
@@ -384,10 +384,11 @@ impl SimulatedDevices {
             .iter()
             .map(|own| partials(leaves, own.clone(), &value))
             .collect();
-        let total = self
-            .collective
-            .all_reduce(leaves, sent)
-            .map_err(|e| ExecError::Device(e.to_string()))?;
+        let total = match to {
+            Some(_) => self.collective.reduce(leaves, sent),
+            None => self.collective.all_reduce(leaves, sent),
+        }
+        .map_err(|e| ExecError::Device(e.to_string()))?;
         let shape = shape.unwrap_or_else(|| vec![total.len()]);
         for r in 0..self.grid.dp {
             if to.is_some_and(|root| root != r) {
