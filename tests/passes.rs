@@ -200,7 +200,9 @@ fn sharded_plans_synchronise_and_overlap_gradient_sums() {
     use parallax_compiler::ir::Phase;
     use parallax_compiler::shards::Sharding;
     for name in ["mlp", "cnn", "transformer"] {
-        let source = model(name);
+        let mut source = model(name);
+        // Every gradient in a bucket of its own.
+        source.experiment.devices.gradient_bucket_mb = 0.0;
         let options = Options {
             verify: false,
             shards: Some(Sharding::new(8, source.experiment.train.batch_size)),
@@ -318,4 +320,52 @@ fn zero_two_reduces_gradients_and_broadcasts_only_scalars_and_updates() {
     }
     let owned = |r: u32| g.owners.values().filter(|&&o| o == r).count();
     assert!((0..4).all(|r| owned(r) > 0), "a rank owns nothing");
+}
+
+/// Gradient buckets: with DDP's 25 MiB the small transformer's gradients go in one
+/// all-reduce; with 0.05 MiB in several, in the order they become ready, the first before the
+/// backward pass ends.
+#[test]
+fn gradients_are_all_reduced_in_buckets() {
+    use parallax_compiler::ir::{Group, Phase};
+    use parallax_compiler::shards::Sharding;
+    let count_sums = |bucket_mb: f64| {
+        let mut source = model("transformer");
+        source.experiment.devices.gradient_bucket_mb = bucket_mb;
+        let options = Options {
+            shards: Some(Sharding::new(8, source.experiment.train.batch_size)),
+            ..Options::default()
+        };
+        let compiled = compile(&source, &options, &mut |_, _| {}).unwrap();
+        let plan = compiled.plan(&source, &options);
+        let sums: Vec<usize> = plan
+            .kernels
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| {
+                let s = &plan.steps[*k.steps.last().unwrap()];
+                s.phase == Phase::Backward
+                    && s.op
+                        == Op::AllReduce {
+                            group: Group::Shards,
+                        }
+            })
+            .map(|(i, _)| i)
+            .collect();
+        let last_backward = plan
+            .kernels
+            .iter()
+            .rposition(|k| plan.steps[*k.steps.last().unwrap()].phase == Phase::Backward)
+            .unwrap();
+        (sums, last_backward, compiled.graph.grads.len())
+    };
+    let (one, _, grads) = count_sums(25.0);
+    assert_eq!(one.len(), 1, "25 MiB holds the whole model's gradients");
+    let (several, last_backward, _) = count_sums(0.05);
+    assert!(
+        several.len() > 1 && several.len() < grads,
+        "{} buckets",
+        several.len()
+    );
+    assert!(several[0] < last_backward);
 }

@@ -582,10 +582,18 @@ pub struct Devices {
     /// gives the same bits (each GPU takes whole pieces; their gradients sum in a fixed order).
     #[serde(default = "micro_shards_default")]
     pub micro_shards: u32,
+    /// Data parallelism all-reduces gradients in buckets of about this many MiB.
+    #[serde(default = "gradient_bucket_default")]
+    pub gradient_bucket_mb: f64,
 }
 
 fn micro_shards_default() -> u32 {
     8
+}
+
+/// PyTorch DDP's `bucket_cap_mb`.
+fn gradient_bucket_default() -> f64 {
+    25.0
 }
 
 impl Default for Devices {
@@ -595,6 +603,7 @@ impl Default for Devices {
             kind: kind_default(),
             nodes: 1,
             micro_shards: micro_shards_default(),
+            gradient_bucket_mb: gradient_bucket_default(),
         }
     }
 }

@@ -92,6 +92,16 @@ pub fn validate(src: &Source) -> Vec<Diagnostic> {
             None,
         );
     }
+    if !(d.gradient_bucket_mb >= 0.0 && d.gradient_bucket_mb.is_finite()) {
+        c.fail(
+            path!["devices", "gradient_bucket_mb"],
+            format!(
+                "`gradient_bucket_mb` must be a size in MiB, got {}",
+                d.gradient_bucket_mb
+            ),
+            Some("0 all-reduces each gradient on its own".into()),
+        );
+    }
     if d.micro_shards == 0 || d.micro_shards > 65536 {
         c.fail(
             path!["devices", "micro_shards"],
