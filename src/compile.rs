@@ -207,7 +207,7 @@ fn simulated_bytes(
     strategy: parallax_compiler::plan::Strategy,
     zero: u8,
 ) -> Option<Vec<u64>> {
-    use parallax_compiler::shards::{assign, device_bytes, Sharding};
+    use parallax_compiler::shards::{grid_bytes, Sharding};
     let e = &source.experiment;
     let sharding = Sharding::new(e.devices.micro_shards, e.train.batch_size);
     if strategy.dp > sharding.shards {
@@ -232,17 +232,7 @@ fn simulated_bytes(
     {
         return None;
     }
-    let mut out = Vec::new();
-    let held = assign(sharding.shards as usize, strategy.dp as usize);
-    for (rank, held) in held.into_iter().enumerate() {
-        for _ in 0..strategy.tp {
-            for stage in 0..strategy.pp {
-                let owned = plan.kernel_mask(stage, rank as u32);
-                out.push(device_bytes(&plan, held.len(), owned.as_deref()));
-            }
-        }
-    }
-    Some(out)
+    Some(grid_bytes(&plan, strategy.dp, strategy.tp))
 }
 
 /// The partition's verdict for more than one GPU: the choice (and with `--explain` the

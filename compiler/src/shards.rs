@@ -92,15 +92,6 @@ pub fn owned_subtrees(leaves: usize, own: Range<usize>) -> Vec<Range<usize>> {
     out
 }
 
-/// The partial sums one reduction over `leaves` shards on `devices` devices gathers: one per
-/// subtree a device sums on its own.
-pub fn subtree_count(leaves: usize, devices: usize) -> usize {
-    assign(leaves, devices)
-        .into_iter()
-        .map(|r| owned_subtrees(leaves, r).len())
-        .sum()
-}
-
 /// The memory a device holding `held` shards of a per-shard `plan` needs when it runs the
 /// kernels marked in `owned` (a pipeline stage; all when `None`): one copy of the parameters
 /// and optimizer state those kernels read, and for each shard the other values they touch
@@ -125,6 +116,22 @@ pub fn device_bytes(plan: &crate::Plan, held: usize, owned: Option<&[bool]>) -> 
     }
     // Every element is 4 bytes (f32 values, i32 indices).
     4 * (once + per_shard * held.max(1) as u64)
+}
+
+/// `device_bytes` for every device of a grid of `dp` data-parallel ranks, `tp` tensor ranks
+/// and the plan's pipeline stages, in the simulated devices' order (rank, tensor rank, stage).
+pub fn grid_bytes(plan: &crate::Plan, dp: u32, tp: u32) -> Vec<u64> {
+    let shards = plan.sharding.map_or(1, |s| s.shards) as usize;
+    let mut out = Vec::new();
+    for (rank, held) in assign(shards, dp as usize).into_iter().enumerate() {
+        for _ in 0..tp {
+            for stage in 0..plan.pipeline_stages {
+                let owned = plan.kernel_mask(stage, rank as u32);
+                out.push(device_bytes(plan, held.len(), owned.as_deref()));
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -175,6 +182,5 @@ mod tests {
                 }
             }
         }
-        assert_eq!(subtree_count(8, 1), 1);
     }
 }

@@ -228,7 +228,8 @@ pub fn feed(e: &mut dyn Backend, name: &str, batch: usize, v: &Values) -> Result
     e.set_input(name, batch, v)
 }
 
-fn slice(v: &Values, per: usize, from: usize, to: usize) -> Values {
+/// Samples `from..to` of a batch whose samples hold `per` values each.
+pub(crate) fn slice(v: &Values, per: usize, from: usize, to: usize) -> Values {
     match v {
         Values::F32(x) => Values::F32(x[from * per..to * per].to_vec()),
         Values::I32(x) => Values::I32(x[from * per..to * per].to_vec()),

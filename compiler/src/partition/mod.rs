@@ -314,20 +314,24 @@ fn strategies(m: &ModelCost, t: &Target, r: &Rules) -> Result<Vec<Strategy>, Err
         }
         return Ok(vec![s]);
     }
-    let mut v = Vec::new();
-    for tp in divisors(t.gpus) {
-        for pp in divisors(t.gpus / tp) {
-            let s = Strategy {
-                dp: t.gpus / tp / pp,
+    Ok(triples(t.gpus)
+        .into_iter()
+        .filter(|s| infeasible(m, r, s).is_none())
+        .collect())
+}
+
+/// Every degree triple `dp x tp x pp = gpus`.
+fn triples(gpus: u32) -> Vec<Strategy> {
+    divisors(gpus)
+        .into_iter()
+        .flat_map(|tp| {
+            divisors(gpus / tp).into_iter().map(move |pp| Strategy {
+                dp: gpus / tp / pp,
                 tp,
                 pp,
-            };
-            if infeasible(m, r, &s).is_none() {
-                v.push(s);
-            }
-        }
-    }
-    Ok(v)
+            })
+        })
+        .collect()
 }
 
 /// A degree triple the planner did not cost, and why.
@@ -342,20 +346,10 @@ fn not_considered(m: &ModelCost, t: &Target, r: &Rules) -> Vec<Skipped> {
     if t.strategy.is_some() {
         return Vec::new();
     }
-    let mut v = Vec::new();
-    for tp in divisors(t.gpus) {
-        for pp in divisors(t.gpus / tp) {
-            let s = Strategy {
-                dp: t.gpus / tp / pp,
-                tp,
-                pp,
-            };
-            if let Some(why) = infeasible(m, r, &s) {
-                v.push(Skipped { strategy: s, why });
-            }
-        }
-    }
-    v
+    triples(t.gpus)
+        .into_iter()
+        .filter_map(|s| infeasible(m, r, &s).map(|why| Skipped { strategy: s, why }))
+        .collect()
 }
 
 /// Every candidate for `t`: per strategy, ZeRO stage and schedule, the best micro-batch

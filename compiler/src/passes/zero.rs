@@ -119,7 +119,6 @@ pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
             .iter()
             .filter_map(|o| owner.get(o).copied())
             .collect();
-        ranks_read.dedup();
         ranks_read.sort_unstable();
         ranks_read.dedup();
         match ranks_read.as_slice() {

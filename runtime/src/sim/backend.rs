@@ -8,15 +8,8 @@ use crate::cpu::kernels::Ctx;
 use crate::cpu::tensor::Tensor;
 use crate::cpu::{ExecError, Mode};
 use crate::data::Values;
+use crate::train::slice;
 use parallax_compiler::shards::{assign, INV_BATCH, SHARD_WEIGHT};
-use std::ops::Range;
-
-fn slice(v: &Values, per: usize, r: &Range<usize>) -> Values {
-    match v {
-        Values::F32(x) => Values::F32(x[r.start * per..r.end * per].to_vec()),
-        Values::I32(x) => Values::I32(x[r.start * per..r.end * per].to_vec()),
-    }
-}
 
 impl Backend for SimulatedDevices {
     fn backend_name(&self) -> &'static str {
@@ -78,7 +71,7 @@ impl Backend for SimulatedDevices {
                         Values::F32(x) => x.len(),
                         Values::I32(x) => x.len(),
                     };
-                    Backend::set_input(e, name, n, &slice(v, len / batch.max(1), r))?;
+                    Backend::set_input(e, name, n, &slice(v, len / batch.max(1), r.start, r.end))?;
                 }
                 let scalars = [
                     (SHARD_WEIGHT, n as f32 / batch as f32),

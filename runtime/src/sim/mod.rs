@@ -9,7 +9,7 @@
 //! result has the same bits on any grid (tests check it).
 
 use crate::backend::{Backend, ParamValues};
-use crate::collective::{partials, Collective, InProcess, Traffic};
+use crate::collective::{partials, Collective, InProcess};
 
 mod backend;
 use crate::cpu::kernels::Ctx;
@@ -187,24 +187,6 @@ impl SimulatedDevices {
                 bytes: d.shards.iter().map(Executor::allocated_bytes).sum(),
             })
             .collect()
-    }
-
-    /// Traffic of the data-parallel and the tensor-parallel collectives, and of the
-    /// point-to-point sends (pipeline transfers, broadcasts).
-    pub fn traffic(&self) -> (Traffic, Traffic, Traffic) {
-        (
-            self.collective.traffic(),
-            self.tensor.traffic(),
-            self.p2p.traffic(),
-        )
-    }
-
-    pub fn sharding(&self) -> Sharding {
-        self.sharding
-    }
-
-    pub fn grid(&self) -> Grid {
-        self.grid
     }
 
     fn device(&self, rank: usize, tensor_rank: usize, stage: usize) -> usize {
