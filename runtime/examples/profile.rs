@@ -1,4 +1,6 @@
 //! Times each kernel of a training step: `cargo run --release --example profile -- FILE [STEPS]`.
+//! With `KERNELS=N` in the environment, also lists the N slowest kernels one by one (their
+//! ops and output shapes), timed with `Executor::run_observed`.
 
 use parallax_compiler::{compile, parse_bytes, Options};
 use parallax_runtime::cpu::Mode;
@@ -37,6 +39,12 @@ fn main() {
         s.exec.run(b.size, Mode::Train, step, 0).unwrap();
     }
     let total = t.elapsed().as_secs_f64();
+    if let Some(top) = std::env::var("KERNELS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+    {
+        per_kernel(&mut s, e, steps, top);
+    }
     let prof = s.exec.profile();
     let kernels: f64 = prof.iter().map(|p| p.1).sum();
     println!(
@@ -50,6 +58,47 @@ fn main() {
             secs * 1e3 / (steps - 2) as f64,
             100.0 * secs / kernels,
             n
+        );
+    }
+}
+
+/// Times every kernel separately over `steps` steps and prints the `top` slowest.
+fn per_kernel(
+    s: &mut Session,
+    e: &parallax_compiler::dsl::ast::Experiment,
+    steps: u64,
+    top: usize,
+) {
+    let n = s.exec.plan().kernels.len();
+    let mut secs = vec![0f64; n];
+    for step in 0..steps {
+        let b = s.next_batch().unwrap();
+        set_scalars(&mut s.exec, &e.optimizer, step, steps).unwrap();
+        let mut last = std::time::Instant::now();
+        s.exec
+            .run_observed(b.size, Mode::Train, step, 0, &mut |k, _| {
+                secs[k] += last.elapsed().as_secs_f64();
+                last = std::time::Instant::now();
+            })
+            .unwrap();
+    }
+    let plan = s.exec.plan();
+    let mut order: Vec<usize> = (0..n).collect();
+    order.sort_by(|&a, &b| secs[b].total_cmp(&secs[a]));
+    for &k in order.iter().take(top) {
+        let kern = &plan.kernels[k];
+        let ops: Vec<&str> = kern
+            .steps
+            .iter()
+            .map(|&i| plan.steps[i].op.name())
+            .collect();
+        let last = &plan.steps[*kern.steps.last().unwrap()];
+        let shape: Vec<String> = last.ty.shape.iter().map(|d| d.to_string()).collect();
+        println!(
+            "kernel {k:>4} {:>8.3} ms  [{}] {}",
+            secs[k] * 1e3 / steps as f64,
+            shape.join(", "),
+            ops.join("+")
         );
     }
 }

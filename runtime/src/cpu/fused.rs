@@ -3,9 +3,8 @@
 //! by the same f32 operations as the one-op kernels, so fused and unfused plans give the same
 //! bits.
 
-use super::kernels::elementwise::{
-    gelu, gelu_grad, relu_grad, sigmoid, sigmoid_grad, tanh_grad, DropoutMask,
-};
+use super::kernels::elementwise::DropoutMask;
+use super::kernels::simd::{binary, unary, Elementwise, Operand};
 use super::kernels::{Ctx, KernelError};
 use parallax_compiler::ir::Op;
 use rayon::prelude::*;
@@ -26,11 +25,27 @@ pub enum Source {
     Memory(*const f32, usize),
 }
 
-/// One op of a fused kernel. The op is borrowed from the executor's plan, which outlives
-/// every call that reads it.
+/// What one op of a fused kernel computes.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    Map(Elementwise),
+    Dropout { p: f64, stream: u64 },
+}
+
+impl Kind {
+    /// `None` for an op that is not elementwise.
+    pub fn of(op: &Op) -> Option<Kind> {
+        match *op {
+            Op::Dropout { p, stream } => Some(Kind::Dropout { p, stream }),
+            _ => Elementwise::of(op).map(Kind::Map),
+        }
+    }
+}
+
+/// One op of a fused kernel.
 #[derive(Debug, Clone)]
 pub struct FusedOp {
-    pub op: *const Op,
+    pub kind: Kind,
     pub operands: [Source; 2],
     /// Where to store the result, if anything outside the kernel reads it.
     pub store: Option<*mut f32>,
@@ -43,8 +58,7 @@ unsafe impl<T> Send for Ptr<T> {}
 unsafe impl<T> Sync for Ptr<T> {}
 
 /// The operand's values for elements `start..start + len`: a register, a slice of memory,
-/// or (for a repeated operand) a copy into `tmp` made by a wrapping index, without a division
-/// per element.
+/// or (for a repeated operand) a copy into `tmp` made run by run.
 #[inline]
 fn view<'r>(
     src: Source,
@@ -60,29 +74,18 @@ fn view<'r>(
             unsafe { std::slice::from_raw_parts(p.add(start), len) }
         }
         Source::Memory(p, n) => {
-            let mut i = start % n;
-            for t in tmp[..len].iter_mut() {
-                // SAFETY: `i < n`, the buffer's length.
-                *t = unsafe { *p.add(i) };
-                i += 1;
-                if i == n {
-                    i = 0;
-                }
+            // SAFETY: the buffer holds `n` elements.
+            let src = unsafe { std::slice::from_raw_parts(p, n) };
+            // Whole runs of the repeated operand, copied a run at a time.
+            let (mut at, mut i) = (0, start % n);
+            while at < len {
+                let run = (n - i).min(len - at);
+                tmp[at..at + run].copy_from_slice(&src[i..i + run]);
+                at += run;
+                i = 0;
             }
             &tmp[..len]
         }
-    }
-}
-
-fn map1(out: &mut [f32], a: &[f32], f: impl Fn(f32) -> f32) {
-    for (o, &x) in out.iter_mut().zip(a) {
-        *o = f(x);
-    }
-}
-
-fn map2(out: &mut [f32], a: &[f32], b: &[f32], f: impl Fn(f32, f32) -> f32) {
-    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-        *o = f(x, y);
     }
 }
 
@@ -101,42 +104,15 @@ pub fn run(ops: &[FusedOp], n: usize, per_sample: usize, ctx: &Ctx) -> Result<()
             let (ta, tb) = rest[(nops - r - 1) * CHUNK..].split_at_mut(CHUNK);
             let out = &mut out[..len];
             let a = view(f.operands[0], done, ta, start, len);
-            // SAFETY: as below, the op lives in the executor's plan.
-            let parallax_compiler::ir::ops::Arity::Exactly(arity) = unsafe { &*f.op }.def().arity;
-            let b: &[f32] = if arity == 2 {
+            let b: &[f32] = if matches!(f.kind, Kind::Map(Elementwise::Binary(_))) {
                 view(f.operands[1], done, tb, start, len)
             } else {
                 &[]
             };
-            // SAFETY: the op lives in the plan the executor holds for this call.
-            let op = unsafe { &*f.op };
-            match op {
-                Op::Add => map2(out, a, b, |x, y| x + y),
-                Op::Sub => map2(out, a, b, |x, y| x - y),
-                Op::Mul => map2(out, a, b, |x, y| x * y),
-                Op::Div => map2(out, a, b, |x, y| x / y),
-                Op::Scale { by } => {
-                    let by = *by as f32;
-                    map1(out, a, |x| x * by)
-                }
-                Op::AddScalar { value } => {
-                    let v = *value as f32;
-                    map1(out, a, |x| x + v)
-                }
-                Op::ClampMax { value } => {
-                    let v = *value as f32;
-                    map1(out, a, |x| x.min(v))
-                }
-                Op::Sqrt => map1(out, a, f32::sqrt),
-                Op::Relu => map1(out, a, |x| x.max(0.0)),
-                Op::Gelu => map1(out, a, gelu),
-                Op::Tanh => map1(out, a, f32::tanh),
-                Op::Sigmoid => map1(out, a, sigmoid),
-                Op::ReluGrad => map2(out, a, b, relu_grad),
-                Op::GeluGrad => map2(out, a, b, |x, dy| dy * gelu_grad(x)),
-                Op::TanhGrad => map2(out, a, b, tanh_grad),
-                Op::SigmoidGrad => map2(out, a, b, sigmoid_grad),
-                Op::Dropout { p, stream } => match DropoutMask::new(*p, *stream, ctx, per_sample) {
+            match f.kind {
+                Kind::Map(Elementwise::Unary(u)) => unary(u, out, a),
+                Kind::Map(Elementwise::Binary(op)) => binary(op, out, a, Operand::Each(b), false),
+                Kind::Dropout { p, stream } => match DropoutMask::new(p, stream, ctx, per_sample) {
                     None => out.copy_from_slice(a),
                     Some(mask) => {
                         for (k, (o, &x)) in out.iter_mut().zip(a).enumerate() {
@@ -144,7 +120,6 @@ pub fn run(ops: &[FusedOp], n: usize, per_sample: usize, ctx: &Ctx) -> Result<()
                         }
                     }
                 },
-                other => unreachable!("`{}` is not elementwise", other.name()),
             }
             if let Some(dst) = f.store {
                 // SAFETY: each chunk writes its own range of a buffer of at least `n` elements.

@@ -376,12 +376,27 @@ impl Executor {
             });
         }
         let ctx = self.begin(batch, mode, step, first_sample);
+        // The step runs on a worker of rayon's pool, so that each parallel kernel splits
+        // among the workers directly instead of waking the pool from this thread and
+        // sleeping until it is done.
+        let this = SendPtr(self as *mut Executor);
+        rayon::scope(move |_| {
+            let this = this;
+            // SAFETY: `self` is borrowed mutably for the whole scope, which ends before
+            // `run` returns; only this closure touches it.
+            unsafe { &mut *this.0 }.run_kernels(mode, &ctx)
+        })?;
+        self.finish(mode);
+        Ok(())
+    }
+
+    fn run_kernels(&mut self, mode: Mode, ctx: &Ctx) -> Result<(), ExecError> {
         for k in 0..self.plan.kernels.len() {
             if !self.wanted(k, mode) {
                 continue;
             }
             let t = self.profile.is_some().then(std::time::Instant::now);
-            self.run_kernel(k, &ctx)?;
+            self.run_kernel(k, ctx)?;
             if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
                 let kern = &self.plan.kernels[k];
                 let name = match kern.kind {
@@ -399,7 +414,6 @@ impl Executor {
                 e.1 += 1;
             }
         }
-        self.finish(mode);
         Ok(())
     }
 
@@ -586,8 +600,17 @@ impl Executor {
                 (None, Some((x, p))) if x == s => Some(p),
                 _ => None,
             };
+            let Some(kind) = fused::Kind::of(&st.op) else {
+                return Err(self.kernel_err(
+                    s,
+                    KernelError::Bad {
+                        op: st.op.name(),
+                        message: "is not elementwise".into(),
+                    },
+                ));
+            };
             ops.push(fused::FusedOp {
-                op: &st.op,
+                kind,
                 operands,
                 store,
             });
@@ -681,3 +704,8 @@ fn resolve(plan: &Plan, shape: &[parallax_compiler::ir::Dim], batch: usize) -> V
         })
         .collect()
 }
+
+/// The executor, handed to the pool's worker that runs a step.
+struct SendPtr(*mut Executor);
+// SAFETY: see `Executor::run`: the pointee is exclusively borrowed while the worker uses it.
+unsafe impl Send for SendPtr {}

@@ -2,6 +2,7 @@
 //! and dropout. Large tensors are split across threads by contiguous chunks; every element
 //! is computed the same way whatever the split, so results do not depend on thread count.
 
+use super::simd::{self, Binary, Operand, Unary};
 use super::{Ctx, KernelError};
 use crate::cpu::tensor::Tensor;
 use crate::rng;
@@ -22,12 +23,8 @@ fn f32s<'a>(t: &'a Tensor, op: &'static str) -> Result<&'a [f32], KernelError> {
     }
 }
 
-/// `out[i] = f(x[i])`.
-pub fn unary(
-    x: &Tensor,
-    out: &mut Tensor,
-    f: impl Fn(f32) -> f32 + Sync,
-) -> Result<(), KernelError> {
+/// `out[i] = op(x[i])`.
+pub fn unary(x: &Tensor, out: &mut Tensor, op: Unary) -> Result<(), KernelError> {
     let x = f32s(x, "unary")?;
     let o = out.f32_mut();
     if o.len() != x.len() {
@@ -39,20 +36,15 @@ pub fn unary(
     if o.len() >= PARALLEL_MIN {
         o.par_chunks_mut(CHUNK)
             .zip(x.par_chunks(CHUNK))
-            .for_each(|(o, x)| o.iter_mut().zip(x).for_each(|(o, &x)| *o = f(x)));
+            .for_each(|(o, x)| simd::unary(op, o, x));
     } else {
-        o.iter_mut().zip(x).for_each(|(o, &x)| *o = f(x));
+        simd::unary(op, o, x);
     }
     Ok(())
 }
 
-/// `out[i] = f(a[i], b[i])` for operands of one shape (activation gradients).
-pub fn same_shape(
-    a: &Tensor,
-    b: &Tensor,
-    out: &mut Tensor,
-    f: impl Fn(f32, f32) -> f32 + Sync,
-) -> Result<(), KernelError> {
+/// `out[i] = op(a[i], b[i])` for operands of one shape (activation gradients).
+pub fn same_shape(a: &Tensor, b: &Tensor, out: &mut Tensor, op: Binary) -> Result<(), KernelError> {
     if a.shape != b.shape || a.shape != out.shape {
         return Err(KernelError::Bad {
             op: "elementwise",
@@ -62,9 +54,7 @@ pub fn same_shape(
     let (a, b) = (f32s(a, "elementwise")?, f32s(b, "elementwise")?);
     let o = out.f32_mut();
     let body = |(o, (a, b)): (&mut [f32], (&[f32], &[f32]))| {
-        for i in 0..o.len() {
-            o[i] = f(a[i], b[i]);
-        }
+        simd::binary(op, o, a, Operand::Each(b), false)
     };
     if o.len() >= PARALLEL_MIN {
         o.par_chunks_mut(CHUNK)
@@ -93,28 +83,34 @@ fn broadcast_strides(shape: &[usize], out: &[usize]) -> Vec<usize> {
     strides
 }
 
-/// `out = f(a, b)` with numpy broadcasting.
-pub fn binary(
-    a: &Tensor,
-    b: &Tensor,
-    out: &mut Tensor,
-    f: impl Fn(f32, f32) -> f32 + Sync + Copy,
-) -> Result<(), KernelError> {
+/// `out[i] = op(a[i], y)` (or `op(y, a[i])` when `swap`) for one value `y`.
+fn with_scalar(op: Binary, o: &mut [f32], a: &[f32], y: f32, swap: bool) {
+    if o.len() >= PARALLEL_MIN {
+        o.par_chunks_mut(CHUNK)
+            .zip(a.par_chunks(CHUNK))
+            .for_each(|(o, a)| simd::binary(op, o, a, Operand::All(y), swap));
+    } else {
+        simd::binary(op, o, a, Operand::All(y), swap);
+    }
+}
+
+/// `out = op(a, b)` with numpy broadcasting.
+pub fn binary(a: &Tensor, b: &Tensor, out: &mut Tensor, op: Binary) -> Result<(), KernelError> {
     let (av, bv) = (f32s(a, "binary")?, f32s(b, "binary")?);
     let shape = out.shape.clone();
     let n = out.numel();
     let o = out.f32_mut();
     // Fast paths: one shape; a scalar; an operand repeating along the leading axes (a bias).
     if a.shape == shape && b.shape == shape {
-        return same_shape(a, b, out, f);
+        return same_shape(a, b, out, op);
     }
     if a.shape == shape && b.numel() == 1 {
-        let y = bv[0];
-        return unary(a, out, move |x| f(x, y));
+        with_scalar(op, o, av, bv[0], false);
+        return Ok(());
     }
     if b.shape == shape && a.numel() == 1 {
-        let x = av[0];
-        return unary(b, out, move |y| f(x, y));
+        with_scalar(op, o, bv, av[0], true);
+        return Ok(());
     }
     let suffix = |small: &[usize]| {
         small.len() <= shape.len() && shape[shape.len() - small.len()..] == *small
@@ -123,9 +119,7 @@ pub fn binary(
         let m = bv.len();
         let body = |(o, a): (&mut [f32], &[f32])| {
             for (o, a) in o.chunks_mut(m).zip(a.chunks(m)) {
-                for i in 0..m {
-                    o[i] = f(a[i], bv[i]);
-                }
+                simd::binary(op, o, a, Operand::Each(bv), false);
             }
         };
         // Chunks are whole rows, so each element is computed the same way.
@@ -143,17 +137,17 @@ pub fn binary(
     // bias [C, 1, 1] onto [N, C, H, W]), the other shaped like the output.
     if a.shape == shape {
         if let Some(run) = repeat_run(&b.shape, &shape) {
-            runs(av, bv, run, o, f);
+            runs(av, bv, run, o, op, false);
             return Ok(());
         }
     }
     if b.shape == shape {
         if let Some(run) = repeat_run(&a.shape, &shape) {
-            runs(bv, av, run, o, move |y, x| f(x, y));
+            runs(bv, av, run, o, op, true);
             return Ok(());
         }
     }
-    general(av, &a.shape, bv, &b.shape, &shape, o, f);
+    general(av, &a.shape, bv, &b.shape, &shape, o, |x, y| op.apply(x, y));
     Ok(())
 }
 
@@ -176,16 +170,14 @@ fn repeat_run(small: &[usize], out: &[usize]) -> Option<usize> {
     (run > 0).then_some(run)
 }
 
-/// `out[i] = f(a[i], b[(i / run) % b.len()])`: `b`'s values each repeated over `run`
-/// consecutive elements. Split across threads by whole runs.
-fn runs(a: &[f32], b: &[f32], run: usize, o: &mut [f32], f: impl Fn(f32, f32) -> f32 + Sync) {
+/// `out[i] = op(a[i], b[(i / run) % b.len()])` (operands swapped when `swap`): `b`'s values
+/// each repeated over `run` consecutive elements. Split across threads by whole runs.
+fn runs(a: &[f32], b: &[f32], run: usize, o: &mut [f32], op: Binary, swap: bool) {
     let m = b.len();
     let body = |first: usize, o: &mut [f32], a: &[f32]| {
         for (r, (o, a)) in o.chunks_mut(run).zip(a.chunks(run)).enumerate() {
             let y = b[(first + r) % m];
-            for (o, &x) in o.iter_mut().zip(a) {
-                *o = f(x, y);
-            }
+            simd::binary(op, o, a, Operand::All(y), swap);
         }
     };
     if o.len() >= PARALLEL_MIN {
@@ -230,72 +222,7 @@ fn general(
     }
 }
 
-pub fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-x).exp())
-}
-
-const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
-
-/// erf to within 4e-7: its Taylor series near 0 (where the other form cancels), else
-/// Abramowitz and Stegun 7.1.26 (one `exp` and a polynomial). Several times faster than a
-/// correctly rounded erf.
-#[inline]
-pub fn erf(x: f32) -> f32 {
-    erf_given(x, (-x * x).exp())
-}
-
-/// `erf(x)` given `exp(-x^2)`, which the GELU gradient needs anyway.
-#[inline]
-fn erf_given(x: f32, exp_neg_x2: f32) -> f32 {
-    let a = x.abs();
-    if a < 0.5 {
-        let x2 = x * x;
-        let series = 1.0
-            + x2 * (-1.0 / 3.0
-                + x2 * (0.1 + x2 * (-1.0 / 42.0 + x2 * (1.0 / 216.0 - x2 / 1320.0))));
-        return std::f32::consts::FRAC_2_SQRT_PI * x * series;
-    }
-    let t = 1.0 / (1.0 + 0.327_591_1 * a);
-    let poly = t
-        * (0.254_829_6
-            + t * (-0.284_496_74 + t * (1.421_413_8 + t * (-1.453_152_1 + t * 1.061_405_4))));
-    (1.0 - poly * exp_neg_x2).copysign(x)
-}
-
-/// The exact GELU, `x * Phi(x)`, as PyTorch's default.
-pub fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf(x * FRAC_1_SQRT_2))
-}
-
-/// `d gelu / dx = Phi(x) + x * phi(x)`; `Phi` and `phi` share one `exp(-x^2 / 2)`.
-pub fn gelu_grad(x: f32) -> f32 {
-    let a = x * FRAC_1_SQRT_2;
-    let e = (-a * a).exp();
-    let cdf = 0.5 * (1.0 + erf_given(a, e));
-    cdf + x * e * 0.398_942_3
-}
-
-/// `dy` where `x > 0`.
-#[inline]
-pub fn relu_grad(x: f32, dy: f32) -> f32 {
-    if x > 0.0 {
-        dy
-    } else {
-        0.0
-    }
-}
-
-/// `dy * (1 - y^2)` from the output `y = tanh(x)`.
-#[inline]
-pub fn tanh_grad(y: f32, dy: f32) -> f32 {
-    dy * (1.0 - y * y)
-}
-
-/// `dy * y * (1 - y)` from the output `y = sigmoid(x)`.
-#[inline]
-pub fn sigmoid_grad(y: f32, dy: f32) -> f32 {
-    dy * y * (1.0 - y)
-}
+pub use super::math::{erf, gelu, gelu_grad, relu_grad, sigmoid, sigmoid_grad, tanh, tanh_grad};
 
 /// A dropout mask: keeps each element with probability `1 - p`, scaled by `1 / (1 - p)`. The
 /// decision for an element is a function of (seed, step, stream, the sample's index in the
@@ -355,7 +282,7 @@ pub fn dropout(
 ) -> Result<(), KernelError> {
     let per_sample = x.shape.iter().skip(1).product::<usize>();
     let Some(mask) = DropoutMask::new(p, stream, ctx, per_sample) else {
-        return unary(x, out, |v| v);
+        return unary(x, out, Unary::Scale(1.0));
     };
     let xv = f32s(x, "dropout")?;
     let body = |(start, o): (usize, &mut [f32])| {
@@ -440,8 +367,8 @@ mod tests {
             };
             let (a, b) = (gen(sa), gen(sb));
             let mut out = Tensor::from_f32(so.to_vec(), vec![0.0; so.iter().product()]);
-            binary(&a, &b, &mut out, |x, y| x * y - y).unwrap();
-            let want = reference_broadcast(&a, &b, so, |x, y| x * y - y);
+            binary(&a, &b, &mut out, Binary::Div).unwrap();
+            let want = reference_broadcast(&a, &b, so, |x, y| x / y);
             for (g, w) in out.f32().iter().zip(&want) {
                 assert!(
                     (*g as f64 - w).abs() <= 1e-6 * (1.0 + w.abs()),
@@ -493,10 +420,18 @@ mod tests {
             let (a, b) = (gen(big), gen(small));
             assert!(repeat_run(small, big).is_some(), "{small:?} {big:?}");
             let n: usize = big.iter().product();
-            let f = |x: f32, y: f32| x * y - y / (x + 3.0);
+            let op = Binary::Div;
             for (l, r) in [(&a, &b), (&b, &a)] {
                 let mut want = vec![0f32; n];
-                general(l.f32(), &l.shape, r.f32(), &r.shape, big, &mut want, f);
+                general(
+                    l.f32(),
+                    &l.shape,
+                    r.f32(),
+                    &r.shape,
+                    big,
+                    &mut want,
+                    |x, y| x / y,
+                );
                 for threads in [1, 2, 3] {
                     let got = rayon::ThreadPoolBuilder::new()
                         .num_threads(threads)
@@ -504,7 +439,7 @@ mod tests {
                         .unwrap()
                         .install(|| {
                             let mut out = t(big, vec![0.0; n]);
-                            binary(l, r, &mut out, f).unwrap();
+                            binary(l, r, &mut out, op).unwrap();
                             out
                         });
                     let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
@@ -516,35 +451,6 @@ mod tests {
                     );
                 }
             }
-        }
-    }
-
-    #[test]
-    fn erf_is_within_its_bound() {
-        for i in -6000..6000 {
-            let x = i as f64 / 1000.0;
-            let e = (erf(x as f32) as f64 - libm::erf(x)).abs();
-            assert!(e < 4e-7, "{x}: {e}");
-        }
-    }
-
-    #[test]
-    fn gelu_and_its_gradient() {
-        // Reference values of x * Phi(x).
-        for (x, want) in [
-            (0.0f32, 0.0f64),
-            (1.0, 0.841_344_746),
-            (-1.0, -0.158_655_254),
-            (3.0, 2.995_950_3),
-        ] {
-            assert!((gelu(x) as f64 - want).abs() < 1e-6, "{x}");
-        }
-        for i in -40..40 {
-            let x = i as f64 / 10.0;
-            let h = 1e-3;
-            let g = |x: f64| 0.5 * x * (1.0 + libm::erf(x / 2f64.sqrt()));
-            let fd = (g(x + h) - g(x - h)) / (2.0 * h);
-            assert!((gelu_grad(x as f32) as f64 - fd).abs() < 1e-5, "{x}");
         }
     }
 
@@ -617,9 +523,9 @@ mod tests {
                 .unwrap()
                 .install(|| {
                     let mut out = t(&[400, 300], vec![0.0; 120_000]);
-                    binary(&a, &b, &mut out, |x, y| x * y + x).unwrap();
+                    binary(&a, &b, &mut out, Binary::Mul).unwrap();
                     let mut g = t(&[400, 300], vec![0.0; 120_000]);
-                    unary(&out, &mut g, gelu).unwrap();
+                    unary(&out, &mut g, Unary::Gelu).unwrap();
                     g
                 })
         };

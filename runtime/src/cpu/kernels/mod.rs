@@ -10,7 +10,9 @@ pub mod conv;
 pub mod elementwise;
 pub mod gemm;
 pub mod layout;
+pub mod math;
 pub mod rows;
+pub mod simd;
 #[cfg(test)]
 pub(crate) mod testutil;
 
@@ -131,31 +133,6 @@ pub fn execute(op: &Op, ins: &[&Tensor], out: &mut Tensor, ctx: &Ctx) -> Result<
         Op::ReduceMean { axes } => layout::reduce(ins[0], axes, true, out),
         Op::SumTo { .. } => layout::sum_to(ins[0], out),
         Op::Expand { axes, mean, .. } => layout::expand(ins[0], axes, *mean, out),
-        Op::Add => ew::binary(ins[0], ins[1], out, |a, b| a + b),
-        Op::Sub => ew::binary(ins[0], ins[1], out, |a, b| a - b),
-        Op::Mul => ew::binary(ins[0], ins[1], out, |a, b| a * b),
-        Op::Div => ew::binary(ins[0], ins[1], out, |a, b| a / b),
-        Op::Scale { by } => {
-            let by = *by as f32;
-            ew::unary(ins[0], out, move |x| x * by)
-        }
-        Op::AddScalar { value } => {
-            let v = *value as f32;
-            ew::unary(ins[0], out, move |x| x + v)
-        }
-        Op::ClampMax { value } => {
-            let v = *value as f32;
-            ew::unary(ins[0], out, move |x| x.min(v))
-        }
-        Op::Sqrt => ew::unary(ins[0], out, f32::sqrt),
-        Op::Relu => ew::unary(ins[0], out, |x| x.max(0.0)),
-        Op::Gelu => ew::unary(ins[0], out, ew::gelu),
-        Op::Tanh => ew::unary(ins[0], out, f32::tanh),
-        Op::Sigmoid => ew::unary(ins[0], out, ew::sigmoid),
-        Op::ReluGrad => ew::same_shape(ins[0], ins[1], out, ew::relu_grad),
-        Op::GeluGrad => ew::same_shape(ins[0], ins[1], out, |x, dy| dy * ew::gelu_grad(x)),
-        Op::TanhGrad => ew::same_shape(ins[0], ins[1], out, ew::tanh_grad),
-        Op::SigmoidGrad => ew::same_shape(ins[0], ins[1], out, ew::sigmoid_grad),
         Op::Dropout { p, stream } => ew::dropout(ins[0], *p, *stream, ctx, out),
         Op::Softmax { causal } => rows::softmax(ins[0], *causal, out),
         Op::SoftmaxGrad => rows::softmax_grad(ins[0], ins[1], out),
@@ -171,5 +148,11 @@ pub fn execute(op: &Op, ins: &[&Tensor], out: &mut Tensor, ctx: &Ctx) -> Result<
         Op::CrossEntropyGrad { smoothing } => {
             rows::cross_entropy_grad(ins[0], ins[1], ins[2], *smoothing as f32, out)
         }
+        // The plain elementwise maps, as vector loops.
+        _ => match simd::Elementwise::of(op) {
+            Some(simd::Elementwise::Unary(u)) => ew::unary(ins[0], out, u),
+            Some(simd::Elementwise::Binary(b)) => ew::binary(ins[0], ins[1], out, b),
+            None => Err(KernelError::Unsupported(op.name())),
+        },
     }
 }

@@ -1,0 +1,218 @@
+//! Transcendental functions for the kernels, written without branches or library calls so
+//! that a loop over them compiles to vector instructions (see `simd`). Each is a plain
+//! sequence of f32 adds, multiplies, divides and selects, which IEEE 754 rounds the same way
+//! at any vector width, so the scalar and vector forms give the same bits.
+
+use std::f32::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI};
+
+/// Adding then subtracting this rounds an f32 of magnitude below 2^22 to the nearest integer.
+const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23
+
+/// `e^x` to within 2 ulp (Cephes' `expf`: `x = k ln 2 + r`, a degree-6 polynomial for `e^r`,
+/// `2^k` built in the exponent bits). Overflows to infinity above 88.72, is 0 below -103.97
+/// (subnormal results on the way), and keeps NaN.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const HI: f32 = 88.722_84;
+    const LO: f32 = -103.972_08;
+    let xc = x.clamp(LO, HI);
+    let shifted = xc * std::f32::consts::LOG2_E + ROUND;
+    let k = shifted - ROUND;
+    // The integer k from the mantissa bits (a float-to-int conversion would not vectorise).
+    let ki = shifted.to_bits() as i32 - ROUND.to_bits() as i32;
+    // ln 2 in two parts so that `k * LN2_HI` is exact.
+    let r = (xc - k * 0.693_359_4) - k * -2.121_944_4e-4;
+    let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
+        + 0.166_666_65)
+        * r
+        + 0.5;
+    let y = p * (r * r) + r + 1.0;
+    // `2^k` as two factors, each a normal number for every `k` in [-150, 128].
+    let k1 = ki >> 1;
+    let two = |e: i32| f32::from_bits(((e + 127) as u32) << 23);
+    let v = (y * two(k1)) * two(ki - k1);
+    if x > HI {
+        f32::INFINITY
+    } else if x < LO {
+        0.0
+    } else {
+        v
+    }
+}
+
+/// `tanh(x)` (Cephes' `tanhf`): an odd polynomial below 0.625, else `1 - 2 / (e^2|x| + 1)`.
+#[inline(always)]
+pub fn tanh(x: f32) -> f32 {
+    let a = x.abs();
+    let s = x * x;
+    let small = ((((-5.704_988_7e-3 * s + 2.063_909e-2) * s - 5.373_971_6e-2) * s + 0.133_314_42)
+        * s
+        - 0.333_332_8)
+        * s
+        * x
+        + x;
+    let large = (1.0 - 2.0 / (exp(2.0 * a) + 1.0)).copysign(x);
+    if a < 0.625 {
+        small
+    } else {
+        large
+    }
+}
+
+#[inline(always)]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + exp(-x))
+}
+
+/// erf to within 4e-7: its Taylor series near 0 (where the other form cancels), else
+/// Abramowitz and Stegun 7.1.26 (one `exp` and a polynomial).
+#[inline(always)]
+pub fn erf(x: f32) -> f32 {
+    erf_given(x, exp(-x * x))
+}
+
+/// `erf(x)` given `exp(-x^2)`, which the GELU gradient needs anyway. Both forms are computed
+/// and one is selected, so that the function has no branch.
+#[inline(always)]
+fn erf_given(x: f32, exp_neg_x2: f32) -> f32 {
+    let a = x.abs();
+    let x2 = x * x;
+    let series = 1.0
+        + x2 * (-1.0 / 3.0 + x2 * (0.1 + x2 * (-1.0 / 42.0 + x2 * (1.0 / 216.0 - x2 / 1320.0))));
+    let near = FRAC_2_SQRT_PI * x * series;
+    let t = 1.0 / (1.0 + 0.327_591_1 * a);
+    let poly = t
+        * (0.254_829_6
+            + t * (-0.284_496_74 + t * (1.421_413_8 + t * (-1.453_152_1 + t * 1.061_405_4))));
+    let far = (1.0 - poly * exp_neg_x2).copysign(x);
+    if a < 0.5 {
+        near
+    } else {
+        far
+    }
+}
+
+/// The exact GELU, `x * Phi(x)`, as PyTorch's default.
+#[inline(always)]
+pub fn gelu(x: f32) -> f32 {
+    0.5 * x * (1.0 + erf(x * FRAC_1_SQRT_2))
+}
+
+/// `d gelu / dx = Phi(x) + x * phi(x)`; `Phi` and `phi` share one `exp(-x^2 / 2)`.
+#[inline(always)]
+pub fn gelu_grad(x: f32) -> f32 {
+    let a = x * FRAC_1_SQRT_2;
+    let e = exp(-a * a);
+    let cdf = 0.5 * (1.0 + erf_given(a, e));
+    cdf + x * e * 0.398_942_3
+}
+
+/// `dy` where `x > 0`.
+#[inline(always)]
+pub fn relu_grad(x: f32, dy: f32) -> f32 {
+    if x > 0.0 {
+        dy
+    } else {
+        0.0
+    }
+}
+
+/// `dy * (1 - y^2)` from the output `y = tanh(x)`.
+#[inline(always)]
+pub fn tanh_grad(y: f32, dy: f32) -> f32 {
+    dy * (1.0 - y * y)
+}
+
+/// `dy * y * (1 - y)` from the output `y = sigmoid(x)`.
+#[inline(always)]
+pub fn sigmoid_grad(y: f32, dy: f32) -> f32 {
+    dy * y * (1.0 - y)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Distance in units in the last place between `got` and the f64 value `want`.
+    fn ulps(got: f32, want: f64) -> f64 {
+        let w = want as f32;
+        if got == w {
+            return 0.0;
+        }
+        let spacing = (f32::from_bits(w.abs().to_bits() + 1) - w.abs()) as f64;
+        (got as f64 - want).abs() / spacing
+    }
+
+    #[test]
+    fn exp_is_within_two_ulp() {
+        let mut worst = 0f64;
+        for i in -100_000..=100_000 {
+            let x = i as f32 * 8.8e-4;
+            worst = worst.max(ulps(exp(x), (x as f64).exp()));
+        }
+        for x in [-87.0f32, -80.5, 60.25, 88.5, 88.72] {
+            worst = worst.max(ulps(exp(x), (x as f64).exp()));
+        }
+        assert!(worst <= 2.0, "worst error {worst} ulp");
+    }
+
+    #[test]
+    fn exp_at_the_edges() {
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-200.0), 0.0);
+        assert_eq!(exp(89.0), f32::INFINITY);
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        assert!(exp(f32::NAN).is_nan());
+        // Subnormal results stay close to the true value.
+        let x = -95.0f32;
+        let want = (x as f64).exp();
+        assert!((exp(x) as f64 - want).abs() < 1e-44, "{}", exp(x));
+    }
+
+    #[test]
+    fn tanh_and_sigmoid() {
+        let mut worst = 0f64;
+        for i in -20_000..=20_000 {
+            let x = i as f32 * 1e-3;
+            worst = worst.max(ulps(tanh(x), (x as f64).tanh()));
+            let s = sigmoid(x) as f64 - 1.0 / (1.0 + (-(x as f64)).exp());
+            assert!(s.abs() < 2e-7, "sigmoid({x}) off by {s}");
+        }
+        assert!(worst <= 3.0, "tanh: worst error {worst} ulp");
+        assert_eq!(tanh(50.0), 1.0);
+        assert_eq!(tanh(-f32::INFINITY), -1.0);
+        assert!(tanh(f32::NAN).is_nan());
+        assert_eq!(sigmoid(-200.0), 0.0);
+        assert_eq!(sigmoid(200.0), 1.0);
+    }
+
+    #[test]
+    fn erf_is_within_its_bound() {
+        for i in -6000..6000 {
+            let x = i as f64 / 1000.0;
+            let e = (erf(x as f32) as f64 - libm::erf(x)).abs();
+            assert!(e < 4e-7, "{x}: {e}");
+        }
+    }
+
+    #[test]
+    fn gelu_and_its_gradient() {
+        // Reference values of x * Phi(x).
+        for (x, want) in [
+            (0.0f32, 0.0f64),
+            (1.0, 0.841_344_746),
+            (-1.0, -0.158_655_254),
+            (3.0, 2.995_950_3),
+        ] {
+            assert!((gelu(x) as f64 - want).abs() < 1e-6, "{x}");
+        }
+        for i in -40..40 {
+            let x = i as f64 / 10.0;
+            let h = 1e-3;
+            let g = |x: f64| 0.5 * x * (1.0 + libm::erf(x / 2f64.sqrt()));
+            let fd = (g(x + h) - g(x - h)) / (2.0 * h);
+            assert!((gelu_grad(x as f32) as f64 - fd).abs() < 1e-5, "{x}");
+        }
+    }
+}
