@@ -369,3 +369,30 @@ fn gradients_are_all_reduced_in_buckets() {
     );
     assert!(several[0] < last_backward);
 }
+
+/// Every update (SGD with momentum, Adam) is written over its parameter or state: no update
+/// has a buffer of its own, so the step ends without copying; a plan without fusion (one op
+/// per kernel) does the same.
+#[test]
+fn updates_are_written_in_place() {
+    for name in ["mlp", "transformer"] {
+        let source = model(name);
+        let options = Options::default();
+        let c = compile(&source, &options, &mut |_, _| {}).unwrap();
+        let fused = c.plan(&source, &options);
+        let mut g = c.graph.clone();
+        g.kernels.clear();
+        g.schedule = None;
+        let plain = parallax_compiler::plan::Plan::single_device(&g, &source, &options);
+        for plan in [fused, plain] {
+            assert!(!plan.updates.is_empty());
+            for &(old, new) in &plan.updates {
+                assert_eq!(
+                    plan.steps[old].buffer, plan.steps[new].buffer,
+                    "{name}: the update of `{}` has a buffer of its own",
+                    plan.steps[old].layer
+                );
+            }
+        }
+    }
+}

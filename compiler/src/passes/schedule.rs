@@ -1,10 +1,13 @@
 //! Scheduling: kernels run in the fuse pass's order; every stored value gets a buffer, and a
 //! buffer is reused once every reader of its value has run. Parameters, optimizer state and
-//! inputs keep buffers of their own. The result states the step's exact peak memory at the
+//! inputs keep buffers of their own. An update is written over its parameter or state (as an
+//! in-place optimizer step) where every other reader of the old value has run before it, so
+//! the step ends without copying. The result states the step's exact peak memory at the
 //! training batch size.
 
 use super::fuse::stored;
 use super::Ctx;
+use crate::ir::ops::OpClass;
 use crate::ir::{DType, Graph, NodeIndex, OpKind};
 use crate::Error;
 use serde::Serialize;
@@ -113,6 +116,7 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> Schedule {
             frees_after[last.max(k)].push(v);
         }
     }
+    let in_place = in_place_updates(g, &kernel_of);
     // Free buffers by (type, size, id), for best-fit lookups.
     let mut free: BTreeSet<(DType, u64, usize)> = BTreeSet::new();
     let (mut live, mut peak, mut without_reuse) = (0u64, 0u64, 0u64);
@@ -120,6 +124,10 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> Schedule {
         for &v in vals {
             let (dtype, need) = (g.g[v].ty.dtype, elements(g, v, batch));
             without_reuse = without_reuse.saturating_add(bytes(v));
+            if let Some(&old) = in_place.get(&v) {
+                s.buffer_of.insert(v, s.buffer_of[&old]);
+                continue;
+            }
             // The smallest free buffer of the type that fits, else the largest (grown).
             let fits = free
                 .range((dtype, need, 0)..)
@@ -151,6 +159,9 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> Schedule {
         }
         peak = peak.max(live);
         for &v in &frees_after[k] {
+            if in_place.contains_key(&v) {
+                continue;
+            }
             live = live.saturating_sub(bytes(v));
             let b = s.buffer_of[&v];
             free.insert((s.buffers[b].dtype, s.buffers[b].elements, b));
@@ -166,4 +177,43 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> Schedule {
     s.memory.activation_bytes_without_reuse = without_reuse;
     s.memory.peak_bytes = dedicated_bytes.saturating_add(peak);
     s
+}
+
+/// The updates written over their old values: `update -> old`. Allowed where every reader of
+/// the old value runs in an earlier kernel, except in the update's own kernel when that is
+/// elementwise and reads the old value only at or before the op that makes the update
+/// (element by element, each read then comes before its write).
+fn in_place_updates(
+    g: &Graph,
+    kernel_of: &HashMap<NodeIndex, usize>,
+) -> HashMap<NodeIndex, NodeIndex> {
+    let mut out = HashMap::new();
+    for &(old, new) in &g.updates {
+        let (Some(&k), true) = (kernel_of.get(&new), g.g[old].op.is_source()) else {
+            continue;
+        };
+        if g.g[old].ty != g.g[new].ty {
+            continue;
+        }
+        let nodes = &g.kernels[k].nodes;
+        let at = nodes.iter().position(|&n| n == new);
+        let mut read_here = false;
+        let readers_ok =
+            g.g.neighbors_directed(old, petgraph::Direction::Outgoing)
+                .all(|r| match kernel_of.get(&r) {
+                    Some(&kr) if kr == k => {
+                        read_here = true;
+                        nodes.iter().position(|&n| n == r) <= at
+                    }
+                    Some(&kr) => kr < k,
+                    None => false,
+                });
+        let elementwise = nodes
+            .iter()
+            .all(|&n| g.g[n].op.def().class == OpClass::Elementwise);
+        if at.is_some() && readers_ok && (elementwise || !read_here) {
+            out.insert(new, old);
+        }
+    }
+    out
 }

@@ -89,6 +89,15 @@ fn view<'r>(
     }
 }
 
+/// The value of a one-element operand.
+fn scalar(src: Source) -> Option<f32> {
+    match src {
+        // SAFETY: the buffer holds one element.
+        Source::Memory(p, 1) => Some(unsafe { *p }),
+        _ => None,
+    }
+}
+
 /// Evaluates `ops` over `n` elements (`per_sample` elements per sample, for dropout keys).
 pub fn run(ops: &[FusedOp], n: usize, per_sample: usize, ctx: &Ctx) -> Result<(), KernelError> {
     let chunks = n.div_ceil(CHUNK);
@@ -103,23 +112,37 @@ pub fn run(ops: &[FusedOp], n: usize, per_sample: usize, ctx: &Ctx) -> Result<()
             let (out, rest) = rest.split_at_mut(CHUNK);
             let (ta, tb) = rest[(nops - r - 1) * CHUNK..].split_at_mut(CHUNK);
             let out = &mut out[..len];
-            let a = view(f.operands[0], done, ta, start, len);
-            let b: &[f32] = if matches!(f.kind, Kind::Map(Elementwise::Binary(_))) {
-                view(f.operands[1], done, tb, start, len)
-            } else {
-                &[]
-            };
             match f.kind {
-                Kind::Map(Elementwise::Unary(u)) => unary(u, out, a),
-                Kind::Map(Elementwise::Binary(op)) => binary(op, out, a, Operand::Each(b), false),
-                Kind::Dropout { p, stream } => match DropoutMask::new(p, stream, ctx, per_sample) {
-                    None => out.copy_from_slice(a),
-                    Some(mask) => {
-                        for (k, (o, &x)) in out.iter_mut().zip(a).enumerate() {
-                            *o = mask.apply(start + k, x);
-                        }
+                Kind::Map(Elementwise::Unary(u)) => {
+                    unary(u, out, view(f.operands[0], done, ta, start, len))
+                }
+                // A one-value operand (a learning rate, a scalar) is passed as such.
+                Kind::Map(Elementwise::Binary(op)) => match f.operands.map(scalar) {
+                    [_, Some(y)] => {
+                        let a = view(f.operands[0], done, ta, start, len);
+                        binary(op, out, a, Operand::All(y), false)
+                    }
+                    [Some(x), None] => {
+                        let b = view(f.operands[1], done, tb, start, len);
+                        binary(op, out, b, Operand::All(x), true)
+                    }
+                    [None, None] => {
+                        let a = view(f.operands[0], done, ta, start, len);
+                        let b = view(f.operands[1], done, tb, start, len);
+                        binary(op, out, a, Operand::Each(b), false)
                     }
                 },
+                Kind::Dropout { p, stream } => {
+                    let a = view(f.operands[0], done, ta, start, len);
+                    match DropoutMask::new(p, stream, ctx, per_sample) {
+                        None => out.copy_from_slice(a),
+                        Some(mask) => {
+                            for (k, (o, &x)) in out.iter_mut().zip(a).enumerate() {
+                                *o = mask.apply(start + k, x);
+                            }
+                        }
+                    }
+                }
             }
             if let Some(dst) = f.store {
                 // SAFETY: each chunk writes its own range of a buffer of at least `n` elements.

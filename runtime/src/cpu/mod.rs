@@ -434,7 +434,8 @@ impl Executor {
         }
     }
 
-    /// Copies the new parameters and state over the old at the end of a training step.
+    /// Copies the new parameters and state over the old at the end of a training step (those
+    /// not already written in place).
     fn finish(&mut self, mode: Mode) {
         if mode == Mode::Train {
             for i in 0..self.plan.updates.len() {
@@ -444,6 +445,10 @@ impl Executor {
                     continue;
                 }
                 let (bp, bu) = (self.slot[p].expect("stored"), self.slot[u].expect("stored"));
+                // Written in place (see the schedule pass).
+                if bp == bu {
+                    continue;
+                }
                 let src = std::mem::take(&mut self.buffers[bu]);
                 self.buffers[bp].f32_mut().copy_from_slice(src.f32());
                 self.buffers[bu] = src;
@@ -518,6 +523,11 @@ impl Executor {
         let kind = plan.kernels[k].kind;
         let steps = &plan.kernels[k].steps;
         match kind {
+            // An update written over its operand (see the schedule pass) runs as a fused
+            // kernel, which reads each element before writing it.
+            KernelKind::Single if self.writes_over_operand(steps[0]) => {
+                self.run_fused(steps, None, ctx, None)
+            }
             KernelKind::Single => self.run_single(steps[0], ctx, false),
             KernelKind::Elementwise => self.run_fused(steps, None, ctx, None),
             KernelKind::Gemm { .. } => {
@@ -548,6 +558,16 @@ impl Executor {
                 r.map_err(|e| self.kernel_err(red, e))
             }
         }
+    }
+
+    /// Whether step `step` is stored in the buffer of one of its operands.
+    fn writes_over_operand(&self, step: usize) -> bool {
+        let out = self.slot[step];
+        out.is_some()
+            && self.plan.steps[step]
+                .operands
+                .iter()
+                .any(|&o| self.slot[o] == out)
     }
 
     /// Evaluates elementwise `steps` chunk by chunk. `given` are values already in memory

@@ -705,6 +705,10 @@ impl CudaExecutor {
     pub fn finish(&mut self, mode: Mode) -> Result<(), CudaError> {
         if mode == Mode::Train {
             for &(p, u) in self.plan.updates.iter() {
+                // Written in place (see the schedule pass).
+                if self.plan.steps[p].buffer == self.plan.steps[u].buffer {
+                    continue;
+                }
                 let n = numel(&self.shape(p, self.batch));
                 let values = [
                     ArgValue::U64(self.ptr(p)?),
