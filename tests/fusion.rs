@@ -2,6 +2,7 @@
 //! same bits as one op per kernel, and that buffer reuse never lets two live values share a
 //! buffer.
 
+use parallax_compiler::ir::Op;
 use parallax_compiler::passes::fuse::KernelKind;
 use parallax_compiler::plan::Plan;
 use parallax_compiler::{compile, parse_bytes, Options, Source};
@@ -188,9 +189,18 @@ fn buffers_are_reused_but_never_shared_by_live_values() {
             .chain(p.grads.iter().map(|g| g.1))
             .chain(p.updates.iter().map(|u| u.1))
             .collect();
-        let mut intervals: HashMap<usize, Vec<(usize, usize, usize)>> = HashMap::new();
+        // A reshape sharing its operand's buffer is a view: its interval joins the operand's.
+        let owner = |mut id: usize| {
+            while matches!(p.steps[id].op, Op::Reshape { .. })
+                && p.steps[id].buffer == p.steps[p.steps[id].operands[0]].buffer
+            {
+                id = p.steps[id].operands[0];
+            }
+            id
+        };
+        let mut spans: HashMap<usize, (usize, usize)> = HashMap::new();
         for s in &p.steps {
-            let (Some(b), Some(&k)) = (s.buffer, kernel_of.get(&s.id)) else {
+            let (Some(_), Some(&k)) = (s.buffer, kernel_of.get(&s.id)) else {
                 continue;
             };
             let last = if roots.contains(&s.id) {
@@ -204,7 +214,14 @@ fn buffers_are_reused_but_never_shared_by_live_values() {
                     .max()
                     .unwrap_or(k)
             };
-            intervals.entry(b).or_default().push((k, last, s.id));
+            let span = spans.entry(owner(s.id)).or_insert((k, last));
+            span.0 = span.0.min(k);
+            span.1 = span.1.max(last);
+        }
+        let mut intervals: HashMap<usize, Vec<(usize, usize, usize)>> = HashMap::new();
+        for (&id, &(first, last)) in &spans {
+            let b = p.steps[id].buffer.expect("stored");
+            intervals.entry(b).or_default().push((first, last, id));
         }
         for (b, mut iv) in intervals {
             iv.sort();

@@ -396,3 +396,27 @@ fn updates_are_written_in_place() {
         }
     }
 }
+
+/// A reshape of an intermediate is a view: the transformer's (heads split and joined, batch
+/// folded for the weight gradients) share their operands' buffers.
+#[test]
+fn reshapes_share_their_operands_buffers() {
+    let source = model("transformer");
+    let options = Options::default();
+    let plan = compile(&source, &options, &mut |_, _| {})
+        .unwrap()
+        .plan(&source, &options);
+    let (mut views, mut reshapes) = (0, 0);
+    for s in &plan.steps {
+        if let Op::Reshape { .. } = s.op {
+            reshapes += 1;
+            if s.buffer.is_some() && s.buffer == plan.steps[s.operands[0]].buffer {
+                views += 1;
+            }
+        }
+    }
+    assert!(
+        reshapes > 0 && views == reshapes,
+        "{views} of {reshapes} reshapes are views"
+    );
+}

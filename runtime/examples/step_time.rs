@@ -3,7 +3,7 @@
 //!
 //! Builds the executor as `profile.rs` does, runs `WARMUP` untimed steps, then times `STEPS`
 //! steps (setting the batch's inputs and the schedule's scalars, then `Executor::run` in
-//! training mode; the loader's next batch is fetched outside the timed part) and prints
+//! training mode) and prints
 //! `NAME median MS ms/step (min MS, max MS; STEPS steps after WARMUP warm-up)`.
 
 use parallax_compiler::{compile, parse_bytes, Options};
@@ -30,8 +30,10 @@ fn main() {
     let mut s = Session::new(&source, plan, batch, 0, std::path::Path::new(".")).expect("data");
     let total = warmup + steps;
     let mut times = Vec::with_capacity(steps as usize);
+    // One batch fed at every step, as PyTorch's side (benches/pytorch_compare.py) reuses one:
+    // the loader's threads are idle while the steps are timed.
+    let b = s.loader.next().expect("the loader runs forever");
     for step in 0..total {
-        let b = s.loader.next().expect("the loader runs forever");
         let t = Instant::now();
         feed(&mut s.exec, &s.input, b.size, &b.inputs).unwrap();
         feed(&mut s.exec, &s.target, b.size, &b.targets).unwrap();

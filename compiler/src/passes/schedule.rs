@@ -2,7 +2,8 @@
 //! buffer is reused once every reader of its value has run. Parameters, optimizer state and
 //! inputs keep buffers of their own. An update is written over its parameter or state (as an
 //! in-place optimizer step) where every other reader of the old value has run before it, so
-//! the step ends without copying. The result states the step's exact peak memory at the
+//! the step ends without copying. A reshape of a stored intermediate is a view: it shares its
+//! operand's buffer, which lives until the last reader of either. The result states the step's exact peak memory at the
 //! training batch size.
 
 use super::fuse::stored;
@@ -102,6 +103,9 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> Schedule {
     let roots: std::collections::HashSet<NodeIndex> = g.roots().into_iter().collect();
     let mut frees_after: Vec<Vec<NodeIndex>> = vec![Vec::new(); end + 1];
     let values = stored(g);
+    let views = reshape_views(g, &values);
+    // A value and its views share one buffer, freed after the last reader of any of them.
+    let mut last_use: HashMap<NodeIndex, usize> = HashMap::new();
     for (k, vals) in values.iter().enumerate() {
         for &v in vals {
             let last = if roots.contains(&v) {
@@ -113,8 +117,16 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> Schedule {
                     .max()
                     .unwrap_or(k)
             };
-            frees_after[last.max(k)].push(v);
+            let owner = views.get(&v).copied().unwrap_or(v);
+            let e = last_use.entry(owner).or_insert(0);
+            *e = (*e).max(last.max(k));
         }
+    }
+    for (&v, &last) in &last_use {
+        frees_after[last].push(v);
+    }
+    for f in &mut frees_after {
+        f.sort();
     }
     let in_place = in_place_updates(g, &kernel_of);
     // Free buffers by (type, size, id), for best-fit lookups.
@@ -124,7 +136,7 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> Schedule {
         for &v in vals {
             let (dtype, need) = (g.g[v].ty.dtype, elements(g, v, batch));
             without_reuse = without_reuse.saturating_add(bytes(v));
-            if let Some(&old) = in_place.get(&v) {
+            if let Some(&old) = in_place.get(&v).or_else(|| views.get(&v)) {
                 s.buffer_of.insert(v, s.buffer_of[&old]);
                 continue;
             }
@@ -216,4 +228,42 @@ fn in_place_updates(
         }
     }
     out
+}
+
+/// Reshapes that share their operand's buffer: `reshape -> the value owning the buffer`.
+/// Only reshapes of stored intermediates (not of sources, whose buffers updates overwrite),
+/// and only where no op reads two values of one buffer (they would need two shapes at once).
+fn reshape_views(g: &Graph, values: &[Vec<NodeIndex>]) -> HashMap<NodeIndex, NodeIndex> {
+    let stored: std::collections::HashSet<NodeIndex> = values.iter().flatten().copied().collect();
+    let mut owner: HashMap<NodeIndex, NodeIndex> = HashMap::new();
+    for kernel in &g.kernels {
+        let &[v] = kernel.nodes.as_slice() else {
+            continue;
+        };
+        if !matches!(g.g[v].op, crate::ir::Op::Reshape { .. }) || !stored.contains(&v) {
+            continue;
+        }
+        let Some(x) =
+            g.g.neighbors_directed(v, petgraph::Direction::Incoming)
+                .next()
+        else {
+            continue;
+        };
+        if !stored.contains(&x) || g.g[x].op.is_source() || g.g[x].ty.dtype != g.g[v].ty.dtype {
+            continue;
+        }
+        let root = owner.get(&x).copied().unwrap_or(x);
+        // Another value of the group read by the same op as `v`.
+        let group = |n: NodeIndex| n == root || owner.get(&n) == Some(&root);
+        let clash =
+            g.g.neighbors_directed(v, petgraph::Direction::Outgoing)
+                .any(|c| {
+                    g.g.neighbors_directed(c, petgraph::Direction::Incoming)
+                        .any(|o| o != v && group(o))
+                });
+        if !clash {
+            owner.insert(v, root);
+        }
+    }
+    owner
 }

@@ -500,6 +500,14 @@ impl Executor {
 
     /// Runs one op from its operands' buffers into `out` (its own buffer, or the scratch).
     fn run_single(&mut self, step: usize, ctx: &Ctx, into_scratch: bool) -> Result<(), ExecError> {
+        self.shape_operands(step);
+        // A reshape sharing its operand's buffer (see the schedule pass) is only a new shape.
+        if !into_scratch && self.writes_over_operand(step) {
+            if let Op::Reshape { .. } = self.plan.steps[step].op {
+                self.shape_buffer(step);
+                return Ok(());
+            }
+        }
         let mut out = if into_scratch {
             std::mem::take(&mut self.scratch)
         } else {
@@ -525,7 +533,10 @@ impl Executor {
         match kind {
             // An update written over its operand (see the schedule pass) runs as a fused
             // kernel, which reads each element before writing it.
-            KernelKind::Single if self.writes_over_operand(steps[0]) => {
+            KernelKind::Single
+                if self.writes_over_operand(steps[0])
+                    && fused::Kind::of(&plan.steps[steps[0]].op).is_some() =>
+            {
                 self.run_fused(steps, None, ctx, None)
             }
             KernelKind::Single => self.run_single(steps[0], ctx, false),
@@ -560,6 +571,14 @@ impl Executor {
         }
     }
 
+    /// Gives the operands' buffers their values' shapes: a buffer shared by a value and its
+    /// reshapes holds the shape of the one last written.
+    fn shape_operands(&mut self, step: usize) {
+        for i in 0..self.plan.steps[step].operands.len() {
+            self.shape_buffer(self.plan.steps[step].operands[i]);
+        }
+    }
+
     /// Whether step `step` is stored in the buffer of one of its operands.
     fn writes_over_operand(&self, step: usize) -> bool {
         let out = self.slot[step];
@@ -587,9 +606,11 @@ impl Executor {
         } else {
             (n / shape[0].max(1)).max(1)
         };
-        // Shape every stored output for this batch before taking pointers into it.
+        // Shape every stored output for this batch, and every operand read from memory,
+        // before taking pointers into them.
         for &s in steps {
             self.shape_buffer(s);
+            self.shape_operands(s);
         }
         let mut ops = std::mem::take(&mut self.fused_ops);
         ops.clear();
