@@ -134,7 +134,7 @@ impl Executor {
         // Sources keep their shapes: parameters and state for good, inputs until set.
         for s in &plan.steps {
             if let (true, Some(b), true) = (s.op.is_source(), s.buffer, needed[s.id]) {
-                buffers[b].reshape_in_place(&resolve(&plan, &s.ty.shape, max_batch));
+                buffers[b].reshape_in_place(&resolve::<Vec<usize>>(&plan, &s.ty.shape, max_batch));
             }
         }
         let scratch_len = plan.scratch_elements(max_batch as u64) as usize;
@@ -319,9 +319,13 @@ impl Executor {
                 max: self.max_batch,
             });
         }
-        self.ensure_shapes(batch);
-        self.shape_buffer(id);
-        Ok(self.buf_mut(id))
+        // Only this input's shape: scalar inputs (the learning rate) are set with batch 1,
+        // which must not make the next step recompute every shape.
+        let shape: kernels::Small<usize> =
+            resolve(&self.plan, &self.plan.steps[id].ty.shape, batch);
+        let t = self.buf_mut(id);
+        t.reshape_in_place(&shape);
+        Ok(t)
     }
 
     /// Sets an f32 input for a batch of `batch` samples.
@@ -731,7 +735,11 @@ pub fn init_param(init: &Init, seed: u64, index: usize, v: &mut [f32]) {
 }
 
 /// A type's shape with the batch set to `batch` and other symbols at their nominal sizes.
-fn resolve(plan: &Plan, shape: &[parallax_compiler::ir::Dim], batch: usize) -> Vec<usize> {
+fn resolve<C: FromIterator<usize>>(
+    plan: &Plan,
+    shape: &[parallax_compiler::ir::Dim],
+    batch: usize,
+) -> C {
     shape
         .iter()
         .map(|d| {

@@ -6,7 +6,7 @@
 //! folded into K) whose chunks are sized from the shapes alone and added in sample order.
 
 use super::gemm::{check_f32, gemm_into, parallelism, View, PARALLEL_WORK};
-use super::KernelError;
+use super::{scratch, KernelError};
 use crate::cpu::tensor::Tensor;
 use rayon::prelude::*;
 use std::hint::select_unpredictable;
@@ -197,12 +197,13 @@ where
     if parallel {
         out.par_chunks_mut(len)
             .enumerate()
-            .for_each_init(Vec::new, |scratch, (i, o)| f(scratch, i, o));
+            .for_each(|(i, o)| scratch::with_vec(|s| f(s, i, o)));
     } else {
-        let mut scratch = Vec::new();
-        for (i, o) in out.chunks_mut(len).enumerate() {
-            f(&mut scratch, i, o);
-        }
+        scratch::with_vec(|s| {
+            for (i, o) in out.chunks_mut(len).enumerate() {
+                f(s, i, o);
+            }
+        });
     }
 }
 
@@ -327,7 +328,7 @@ pub fn conv2d_grad_weight(
 
 /// The weight gradient with an im2col buffer of at most about `col_limit` elements.
 fn grad_weight(xv: &[f32], dyv: &[f32], g: &Geom, col_limit: usize, dw: &mut [f32]) {
-    let (og, cgkk, op, ip) = (g.og(), g.cgkk(), g.out_plane(), g.in_plane());
+    let (cgkk, op) = (g.cgkk(), g.out_plane());
     let rows = g.groups * cgkk;
     if g.n == 0 || dw.is_empty() {
         dw.fill(0.0);
@@ -337,8 +338,26 @@ fn grad_weight(xv: &[f32], dyv: &[f32], g: &Geom, col_limit: usize, dw: &mut [f3
     // of both ordered (sample, output position). Chunks of samples (sized from the shapes)
     // accumulate in sample order.
     let chunk = (col_limit / (rows * op).max(1)).clamp(1, g.n);
-    let mut col = vec![0f32; rows * chunk * op];
-    let mut dyb = vec![0f32; g.o * chunk * op];
+    let ncol = rows * chunk * op;
+    scratch::with(ncol + g.o * chunk * op, |buf: &mut [f32]| {
+        let (col, dyb) = buf.split_at_mut(ncol);
+        grad_weight_chunks(xv, dyv, g, chunk, col, dyb, dw)
+    });
+}
+
+/// `grad_weight` over chunks of `chunk` samples, with buffers for their columns and output
+/// gradients.
+fn grad_weight_chunks(
+    xv: &[f32],
+    dyv: &[f32],
+    g: &Geom,
+    chunk: usize,
+    col: &mut [f32],
+    dyb: &mut [f32],
+    dw: &mut [f32],
+) {
+    let (og, cgkk, op, ip) = (g.og(), g.cgkk(), g.out_plane(), g.in_plane());
+    let rows = g.groups * cgkk;
     for n0 in (0..g.n).step_by(chunk) {
         let nb = chunk.min(g.n - n0);
         let kc = nb * op;
@@ -450,13 +469,11 @@ where
 }
 
 /// The input columns `(start, end)` each output column's window covers inside the input.
-fn col_windows(wo: usize, k: usize, s: usize, p: usize, w: usize) -> Vec<(usize, usize)> {
-    (0..wo)
-        .map(|ow| {
-            let (_, cols) = window(0, ow, k, s, p, 1, w);
-            (cols.start, cols.end)
-        })
-        .collect()
+fn col_windows(cols: &mut [(usize, usize)], k: usize, s: usize, p: usize, w: usize) {
+    for (ow, c) in cols.iter_mut().enumerate() {
+        let (_, range) = window(0, ow, k, s, p, 1, w);
+        *c = (range.start, range.end);
+    }
 }
 
 /// Whether the windows are 2x2 tiles from the top-left corner (`kernel == stride == 2`, no
@@ -646,17 +663,20 @@ pub fn pool2d(
         s: stride,
         p: padding,
     };
-    let cols = col_windows(wo, kernel, stride, padding, w);
-    per_plane(x.f32(), h * w, out.f32_mut(), ho * wo, |planes, ys| {
-        for (plane, y) in planes.chunks_exact(h * w).zip(ys.chunks_exact_mut(ho * wo)) {
-            for (oh, yrow) in y.chunks_exact_mut(wo).enumerate() {
-                if max {
-                    max_row(plane, oh, &cols, &g, yrow);
-                } else {
-                    avg_row(plane, oh, &cols, &g, yrow);
+    scratch::with(wo, |cols: &mut [(usize, usize)]| {
+        col_windows(cols, kernel, stride, padding, w);
+        let cols = &*cols;
+        per_plane(x.f32(), h * w, out.f32_mut(), ho * wo, |planes, ys| {
+            for (plane, y) in planes.chunks_exact(h * w).zip(ys.chunks_exact_mut(ho * wo)) {
+                for (oh, yrow) in y.chunks_exact_mut(wo).enumerate() {
+                    if max {
+                        max_row(plane, oh, cols, &g, yrow);
+                    } else {
+                        avg_row(plane, oh, cols, &g, yrow);
+                    }
                 }
             }
-        }
+        });
     });
     Ok(())
 }
@@ -684,8 +704,7 @@ pub fn pool2d_grad(
         &[x.shape[0], x.shape[1], ho, wo],
     )?;
     check_shape(OP, "the input gradient", out, &x.shape)?;
-    let (ip, op) = (h * w, ho * wo);
-    if planes == 0 || ip == 0 {
+    if planes == 0 || h * w == 0 {
         return Ok(());
     }
     let g = PoolGeom {
@@ -695,45 +714,69 @@ pub fn pool2d_grad(
         s: stride,
         p: padding,
     };
-    let cols = col_windows(wo, kernel, stride, padding, w);
-    let area = kernel as f32 * kernel as f32;
+    scratch::with(wo, |cols: &mut [(usize, usize)]| {
+        col_windows(cols, kernel, stride, padding, w);
+        pool_grad_planes(x, dy, max, &g, cols, out);
+    });
+    Ok(())
+}
+
+/// `pool2d_grad`'s planes, given the input columns of each output column's window.
+fn pool_grad_planes(
+    x: &Tensor,
+    dy: &Tensor,
+    max: bool,
+    g: &PoolGeom,
+    cols: &[(usize, usize)],
+    out: &mut Tensor,
+) {
+    let (w, wo) = (g.w, cols.len());
+    let (ip, op) = (x.shape[2] * x.shape[3], dy.shape[2] * dy.shape[3]);
+    let area = g.k as f32 * g.k as f32;
     let (xv, dyv) = (x.f32(), dy.f32());
     // `first` is the index of the first plane of `dx`.
-    let run = |first: usize, dx: &mut [f32]| {
-        let mut shares = vec![0f32; wo];
-        let mut at = vec![0usize; wo];
-        let mut code = vec![0u8; wo];
-        for (i, dx) in dx.chunks_exact_mut(ip).enumerate() {
-            let plane = &xv[(first + i) * ip..(first + i + 1) * ip];
-            let gp = &dyv[(first + i) * op..(first + i + 1) * op];
-            if max && tiles2(kernel, stride, padding) {
-                max_grad_tiles2(plane, gp, w, &mut code, dx);
-                continue;
-            }
-            dx.fill(0.0);
-            for (oh, grow) in gp.chunks_exact(wo).enumerate() {
-                if max {
-                    argmax_row(plane, oh, &cols, &g, &mut at);
-                    for (&a, &d) in at.iter().zip(grow) {
-                        if a != usize::MAX {
-                            dx[a] += d;
+    let grad_planes =
+        |first: usize, dx: &mut [f32], shares: &mut [f32], at: &mut [usize], code: &mut [u8]| {
+            for (i, dx) in dx.chunks_exact_mut(ip).enumerate() {
+                let plane = &xv[(first + i) * ip..(first + i + 1) * ip];
+                let gp = &dyv[(first + i) * op..(first + i + 1) * op];
+                if max && tiles2(g.k, g.s, g.p) {
+                    max_grad_tiles2(plane, gp, w, code, dx);
+                    continue;
+                }
+                dx.fill(0.0);
+                for (oh, grow) in gp.chunks_exact(wo).enumerate() {
+                    if max {
+                        argmax_row(plane, oh, cols, g, at);
+                        for (&a, &d) in at.iter().zip(grow) {
+                            if a != usize::MAX {
+                                dx[a] += d;
+                            }
                         }
-                    }
-                } else {
-                    for (share, &d) in shares.iter_mut().zip(grow) {
-                        *share = d / area;
-                    }
-                    for r in g.rows(oh) {
-                        let xrow = &mut dx[r * w..(r + 1) * w];
-                        for (&share, &(c0, c1)) in shares.iter().zip(&cols) {
-                            for v in &mut xrow[c0..c1] {
-                                *v += share;
+                    } else {
+                        for (share, &d) in shares.iter_mut().zip(grow) {
+                            *share = d / area;
+                        }
+                        for r in g.rows(oh) {
+                            let xrow = &mut dx[r * w..(r + 1) * w];
+                            for (&share, &(c0, c1)) in shares.iter().zip(cols) {
+                                for v in &mut xrow[c0..c1] {
+                                    *v += share;
+                                }
                             }
                         }
                     }
                 }
             }
-        }
+        };
+    let run = |first: usize, dx: &mut [f32]| {
+        scratch::with(wo, |shares: &mut [f32]| {
+            scratch::with(wo, |at: &mut [usize]| {
+                scratch::with(wo, |code: &mut [u8]| {
+                    grad_planes(first, dx, shares, at, code)
+                })
+            })
+        })
     };
     let dx = out.f32_mut();
     if dx.len() + dyv.len() > PARALLEL_WORK {
@@ -744,7 +787,6 @@ pub fn pool2d_grad(
     } else {
         run(0, dx);
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! is computed the same way whatever the split, so results do not depend on thread count.
 
 use super::simd::{self, Binary, Operand, Unary};
-use super::{Ctx, KernelError};
+use super::{Ctx, KernelError, Small};
 use crate::cpu::tensor::Tensor;
 use crate::rng;
 use rayon::prelude::*;
@@ -97,7 +97,8 @@ fn with_scalar(op: Binary, o: &mut [f32], a: &[f32], y: f32, swap: bool) {
 /// `out = op(a, b)` with numpy broadcasting.
 pub fn binary(a: &Tensor, b: &Tensor, out: &mut Tensor, op: Binary) -> Result<(), KernelError> {
     let (av, bv) = (f32s(a, "binary")?, f32s(b, "binary")?);
-    let shape = out.shape.clone();
+    let owned: Small<usize> = out.shape.iter().copied().collect();
+    let shape = &owned[..];
     let n = out.numel();
     let o = out.f32_mut();
     // Fast paths: one shape; a scalar; an operand repeating along the leading axes (a bias).
@@ -136,18 +137,18 @@ pub fn binary(a: &Tensor, b: &Tensor, out: &mut Tensor, op: Binary) -> Result<()
     // One operand repeating each of its values over a contiguous run of the output (a conv
     // bias [C, 1, 1] onto [N, C, H, W]), the other shaped like the output.
     if a.shape == shape {
-        if let Some(run) = repeat_run(&b.shape, &shape) {
+        if let Some(run) = repeat_run(&b.shape, shape) {
             runs(av, bv, run, o, op, false);
             return Ok(());
         }
     }
     if b.shape == shape {
-        if let Some(run) = repeat_run(&a.shape, &shape) {
+        if let Some(run) = repeat_run(&a.shape, shape) {
             runs(bv, av, run, o, op, true);
             return Ok(());
         }
     }
-    general(av, &a.shape, bv, &b.shape, &shape, o, |x, y| op.apply(x, y));
+    general(av, &a.shape, bv, &b.shape, shape, o, |x, y| op.apply(x, y));
     Ok(())
 }
 

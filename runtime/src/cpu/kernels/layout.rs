@@ -6,9 +6,10 @@
 //! when the tensor is large, and never inside one sum, so results are bit-identical whatever
 //! the thread count.
 
-use super::KernelError;
+use super::{KernelError, Small};
 use crate::cpu::tensor::{numel, Data, Tensor};
 use rayon::prelude::*;
+use smallvec::smallvec;
 
 /// Below this much work (elements touched) a kernel runs on the calling thread.
 pub(crate) const PAR_MIN: usize = 1 << 15;
@@ -45,6 +46,24 @@ pub(crate) fn for_rows<T: Send>(
             .with_min_len((JOB_MIN / per_row).max(1))
             .enumerate()
             .for_each(|(i, r)| f(i, r));
+    }
+}
+
+/// `out[i] = f(i)`, computed on rayon threads when `work` is large.
+pub(crate) fn fill_range<R: Send>(
+    out: &mut [R],
+    work: usize,
+    f: impl Fn(usize) -> R + Sync + Send,
+) {
+    let n = out.len();
+    if work < PAR_MIN || n <= 1 {
+        out.iter_mut().enumerate().for_each(|(i, o)| *o = f(i));
+    } else {
+        let per = (work / n).max(1);
+        out.par_iter_mut()
+            .with_min_len((JOB_MIN / per).max(1))
+            .enumerate()
+            .for_each(|(i, o)| *o = f(i));
     }
 }
 
@@ -150,8 +169,8 @@ fn pair<'a>(op: &'static str, x: &'a Tensor, out: &'a mut Tensor) -> Result<Pair
     }
 }
 
-fn strides(shape: &[usize]) -> Vec<usize> {
-    let mut s = vec![1; shape.len()];
+fn strides(shape: &[usize]) -> Small<usize> {
+    let mut s: Small<usize> = smallvec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         s[i] = s[i + 1] * shape[i + 1];
     }
@@ -169,7 +188,7 @@ fn strided<T: Copy + Send + Sync>(
     map: impl Fn(T) -> T + Sync + Send,
 ) {
     // (size, stride), outermost first, merged from the innermost axis outwards.
-    let mut dims: Vec<(usize, usize)> = Vec::with_capacity(shape.len());
+    let mut dims: Small<(usize, usize)> = Small::new();
     for (&n, &s) in shape.iter().zip(xstrides).rev() {
         if n == 1 {
             continue;
@@ -227,7 +246,7 @@ pub fn copy(x: &Tensor, out: &mut Tensor) -> Result<(), KernelError> {
 pub fn permute(x: &Tensor, perm: &[usize], out: &mut Tensor) -> Result<(), KernelError> {
     const OP: &str = "permute";
     let rank = x.shape.len();
-    let mut seen = vec![false; rank];
+    let mut seen: Small<bool> = smallvec![false; rank];
     if perm.len() != rank
         || perm
             .iter()
@@ -238,8 +257,8 @@ pub fn permute(x: &Tensor, perm: &[usize], out: &mut Tensor) -> Result<(), Kerne
             format!("{perm:?} is not a permutation of the axes of {:?}", x.shape),
         ));
     }
-    let want: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
-    if out.shape != want {
+    let want: Small<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+    if out.shape[..] != want[..] {
         return Err(bad(
             OP,
             format!(
@@ -249,7 +268,7 @@ pub fn permute(x: &Tensor, perm: &[usize], out: &mut Tensor) -> Result<(), Kerne
         ));
     }
     let xs = strides(&x.shape);
-    let st: Vec<usize> = perm.iter().map(|&p| xs[p]).collect();
+    let st: Small<usize> = perm.iter().map(|&p| xs[p]).collect();
     match pair(OP, x, out)? {
         Pair::F(a, o) => strided(a, &want, &st, o, |v| v),
         Pair::I(a, o) => strided(a, &want, &st, o, |v| v),
@@ -503,7 +522,7 @@ fn sum_axes(x: &[f32], shape: &[usize], red: &[bool], div: f64, out: &mut [f32])
     }
     // (size, stride, reduced), innermost first while building: size-1 axes dropped, runs of
     // adjacent axes of one kind merged.
-    let mut groups: Vec<(usize, usize, bool)> = Vec::with_capacity(shape.len());
+    let mut groups: Small<(usize, usize, bool)> = Small::new();
     let mut stride = 1;
     for (&n, &r) in shape.iter().zip(red).rev() {
         if n != 1 {
@@ -523,8 +542,8 @@ fn sum_axes(x: &[f32], shape: &[usize], red: &[bool], div: f64, out: &mut [f32])
         _ => 1,
     };
     groups.reverse();
-    let kept: Vec<(usize, usize)> = groups.iter().filter(|g| !g.2).map(|g| (g.0, g.1)).collect();
-    let mut reduced: Vec<(usize, usize)> =
+    let kept: Small<(usize, usize)> = groups.iter().filter(|g| !g.2).map(|g| (g.0, g.1)).collect();
+    let mut reduced: Small<(usize, usize)> =
         groups.iter().filter(|g| g.2).map(|g| (g.0, g.1)).collect();
     let (last_n, last_s) = reduced.pop().unwrap_or((1, 0));
     let outer_n: usize = reduced.iter().map(|g| g.0).product();
@@ -633,9 +652,9 @@ pub fn reduce(x: &Tensor, axes: &[usize], mean: bool, out: &mut Tensor) -> Resul
             format!("axes {axes:?} must be ascending axes of {:?}", x.shape),
         ));
     }
-    let red: Vec<bool> = (0..rank).map(|i| axes.contains(&i)).collect();
-    let kept: Vec<usize> = (0..rank).filter(|&i| !red[i]).map(|i| x.shape[i]).collect();
-    if out.shape != kept {
+    let red: Small<bool> = (0..rank).map(|i| axes.contains(&i)).collect();
+    let kept: Small<usize> = (0..rank).filter(|&i| !red[i]).map(|i| x.shape[i]).collect();
+    if out.shape[..] != kept[..] {
         return Err(bad(
             op,
             format!(
@@ -666,7 +685,7 @@ pub fn sum_to(x: &Tensor, out: &mut Tensor) -> Result<(), KernelError> {
         return Err(fail());
     }
     let lead = xr - or;
-    let mut red = vec![true; xr];
+    let mut red: Small<bool> = smallvec![true; xr];
     for (j, &d) in out.shape.iter().enumerate() {
         let n = x.shape[lead + j];
         if d == n {
@@ -685,12 +704,12 @@ pub fn sum_to(x: &Tensor, out: &mut Tensor) -> Result<(), KernelError> {
 pub fn expand(x: &Tensor, axes: &[usize], mean: bool, out: &mut Tensor) -> Result<(), KernelError> {
     const OP: &str = "expand";
     let rank = out.shape.len();
-    let inserted: Vec<bool> = (0..rank).map(|i| axes.contains(&i)).collect();
-    let kept: Vec<usize> = (0..rank)
+    let inserted: Small<bool> = (0..rank).map(|i| axes.contains(&i)).collect();
+    let kept: Small<usize> = (0..rank)
         .filter(|&i| !inserted[i])
         .map(|i| out.shape[i])
         .collect();
-    if axes.iter().any(|&a| a >= rank) || kept != x.shape {
+    if axes.iter().any(|&a| a >= rank) || kept[..] != x.shape[..] {
         return Err(bad(
             OP,
             format!(
@@ -701,7 +720,7 @@ pub fn expand(x: &Tensor, axes: &[usize], mean: bool, out: &mut Tensor) -> Resul
     }
     let xstr = strides(&x.shape);
     let mut k = 0;
-    let st: Vec<usize> = (0..rank)
+    let st: Small<usize> = (0..rank)
         .map(|i| {
             if inserted[i] {
                 0
@@ -715,7 +734,7 @@ pub fn expand(x: &Tensor, axes: &[usize], mean: bool, out: &mut Tensor) -> Resul
         .filter(|&i| inserted[i])
         .map(|i| out.shape[i])
         .product();
-    let shape = out.shape.clone();
+    let shape: Small<usize> = out.shape.iter().copied().collect();
     let xs = f32s(OP, x, "the operand")?;
     let o = f32s_mut(OP, out)?;
     if mean {

@@ -12,11 +12,16 @@ pub mod gemm;
 pub mod layout;
 pub mod math;
 pub mod rows;
+pub mod scratch;
 pub mod simd;
 #[cfg(test)]
 pub(crate) mod testutil;
 
 use super::tensor::Tensor;
+
+/// Shape metadata of a kernel (axes, strides), on the stack for ranks up to 8: a
+/// steady-state step allocates nothing for it.
+pub type Small<T> = smallvec::SmallVec<[T; 8]>;
 use parallax_compiler::ir::Op;
 
 /// What a kernel needs besides its operands.

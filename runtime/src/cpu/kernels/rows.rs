@@ -5,8 +5,8 @@
 //! and rows run on rayon threads only when the tensor is large, so results are bit-identical
 //! whatever the thread count.
 
-use super::layout::{bad, f32s, f32s_mut, for_rows, i32s, map_range};
-use super::KernelError;
+use super::layout::{bad, f32s, f32s_mut, fill_range, for_rows, i32s, map_range};
+use super::{scratch, KernelError};
 use crate::cpu::tensor::Tensor;
 
 /// `x`'s values and its last axis's length (its rows), with `out` checked to be shaped like
@@ -353,21 +353,24 @@ pub fn cross_entropy(
         ));
     }
     let s = smoothing as f64;
-    let losses = map_range(ls.len(), xs.len(), |p| {
-        if ls[p] == IGNORE {
-            return 0.0;
-        }
-        let xr = &xs[p * c..][..c];
-        let (m, sum) = max_sum_exp(xr);
-        let lse = m as f64 + sum.ln();
-        let nll = lse - xr[ls[p] as usize] as f64;
-        if s == 0.0 {
-            nll
-        } else {
-            (1.0 - s) * nll + s * (lse - mean(xr))
-        }
+    // Per-sample losses in a kept buffer, summed in sample order.
+    let total = scratch::with(ls.len(), |losses: &mut [f64]| {
+        fill_range(losses, xs.len(), |p| {
+            if ls[p] == IGNORE {
+                return 0.0;
+            }
+            let xr = &xs[p * c..][..c];
+            let (m, sum) = max_sum_exp(xr);
+            let lse = m as f64 + sum.ln();
+            let nll = lse - xr[ls[p] as usize] as f64;
+            if s == 0.0 {
+                nll
+            } else {
+                (1.0 - s) * nll + s * (lse - mean(xr))
+            }
+        });
+        losses.iter().sum::<f64>()
     });
-    let total: f64 = losses.iter().sum();
     f32s_mut(OP, out)?[0] = (total / counted(ls).max(1) as f64) as f32;
     Ok(())
 }
