@@ -2,8 +2,10 @@
 # Parallax's CPU executor against PyTorch (eager, fp32, 2 threads) on the models of
 # benches/models/: the median milliseconds of one training step (forward, loss, backward, SGD
 # with momentum) after warm-up, and their ratio (Parallax / PyTorch; above 1 is slower).
+# Each round runs every model on both, one after the other; the table gives the median over
+# the rounds, so a busy spell of a shared machine moves both sides or neither.
 #
-#   benches/compare.sh [WARMUP] [STEPS]      (defaults 10 and 30)
+#   benches/compare.sh [WARMUP] [STEPS] [ROUNDS]      (defaults 10, 30 and 3)
 #
 # Without PyTorch it says so and prints Parallax's numbers alone.
 set -euo pipefail
@@ -11,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 WARMUP=${1:-10}
 STEPS=${2:-30}
+ROUNDS=${3:-3}
 THREADS=2
 MODELS=(mlp cnn transformer)
 export RAYON_NUM_THREADS=$THREADS
@@ -29,20 +32,29 @@ fi
 
 # Model by model, Parallax then PyTorch, so that both see the machine in the same state.
 declare -A PX PT
+for round in $(seq "$ROUNDS"); do
+    for m in "${MODELS[@]}"; do
+        line=$("$BIN" "benches/models/$m.ron" "$WARMUP" "$STEPS")
+        echo "round $round parallax: $line" >&2
+        PX[$m]+=" $(awk '{ for (i = 1; i < NF; i++) if ($i == "median") print $(i + 1) }' <<<"$line")"
+        if [ "$have_torch" = 1 ]; then
+            out=$("$PYTHON" benches/pytorch_compare.py --warmup "$WARMUP" --steps "$STEPS" \
+                --threads "$THREADS" "$m")
+            PT[$m]+=" ${out#* }"
+            echo "round $round pytorch:  $m median ${out#* } ms/step" >&2
+        fi
+    done
+done
+
+# The median of the rounds' medians.
+median() { tr ' ' '\n' <<<"$1" | sed '/^$/d' | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 for m in "${MODELS[@]}"; do
-    line=$("$BIN" "benches/models/$m.ron" "$WARMUP" "$STEPS")
-    echo "parallax: $line" >&2
-    PX[$m]=$(awk '{ for (i = 1; i < NF; i++) if ($i == "median") print $(i + 1) }' <<<"$line")
-    if [ "$have_torch" = 1 ]; then
-        out=$("$PYTHON" benches/pytorch_compare.py --warmup "$WARMUP" --steps "$STEPS" \
-            --threads "$THREADS" "$m")
-        PT[$m]=${out#* }
-        echo "pytorch:  $m median ${PT[$m]} ms/step" >&2
-    fi
+    PX[$m]=$(median "${PX[$m]}")
+    if [ "$have_torch" = 1 ]; then PT[$m]=$(median "${PT[$m]}"); fi
 done
 
 echo
-echo "training step, median of $STEPS after $WARMUP warm-up, $THREADS threads, fp32"
+echo "training step, median of $STEPS after $WARMUP warm-up, median of $ROUNDS rounds, $THREADS threads, fp32"
 if [ "$have_torch" = 1 ]; then
     printf '%-12s %16s %15s %8s\n' model "Parallax ms/step" "PyTorch ms/step" ratio
     for m in "${MODELS[@]}"; do
