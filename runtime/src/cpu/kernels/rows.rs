@@ -6,7 +6,8 @@
 //! whatever the thread count.
 
 use super::layout::{bad, f32s, f32s_mut, fill_range, for_rows, i32s, map_range};
-use super::{scratch, KernelError};
+use super::simd::sum8;
+use super::{math, scratch, KernelError};
 use crate::cpu::tensor::Tensor;
 
 /// `x`'s values and its last axis's length (its rows), with `out` checked to be shaped like
@@ -53,24 +54,20 @@ fn pair_of<'a>(
 }
 
 fn mean(v: &[f32]) -> f64 {
-    v.iter().map(|&a| a as f64).sum::<f64>() / v.len() as f64
+    sum8(v.len(), |i| v[i] as f64) / v.len() as f64
 }
 
 /// Mean and `1 / sqrt(var + eps)` (biased variance, two passes).
 fn moments(v: &[f32], eps: f32) -> (f64, f64) {
     let m = mean(v);
-    let var = v
-        .iter()
-        .map(|&a| (a as f64 - m) * (a as f64 - m))
-        .sum::<f64>()
-        / v.len() as f64;
+    let var = sum8(v.len(), |i| (v[i] as f64 - m) * (v[i] as f64 - m)) / v.len() as f64;
     (m, 1.0 / (var + eps as f64).sqrt())
 }
 
 /// The row's max and `sum(exp(x - max))` (exponentials in f32, summed in f64).
 fn max_sum_exp(v: &[f32]) -> (f32, f64) {
     let m = v.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    (m, v.iter().map(|&a| (a - m).exp() as f64).sum())
+    (m, sum8(v.len(), |i| math::exp(v[i] - m) as f64))
 }
 
 /// Softmax over the last axis; `causal` zeroes key positions after the query's (the last two
@@ -90,11 +87,11 @@ pub fn softmax(x: &Tensor, causal: bool, out: &mut Tensor) -> Result<(), KernelE
         let xr = &xs[i * c..][..c];
         let n = if causal { i % c + 1 } else { c };
         let m = xr[..n].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let mut sum = 0f64;
+        // The exponentials in one (vectorised) pass, then their sum in order.
         for (o, &v) in row[..n].iter_mut().zip(&xr[..n]) {
-            *o = (v - m).exp();
-            sum += *o as f64;
+            *o = math::exp(v - m);
         }
+        let sum = sum8(n, |j| row[j] as f64);
         for o in &mut row[..n] {
             *o = (*o as f64 / sum) as f32;
         }
@@ -110,7 +107,7 @@ pub fn softmax_grad(y: &Tensor, dy: &Tensor, out: &mut Tensor) -> Result<(), Ker
     let o = f32s_mut(OP, out)?;
     for_rows(o, c, 2 * ys.len(), |i, row| {
         let (yr, gr) = (&ys[i * c..][..c], &gs[i * c..][..c]);
-        let s: f64 = yr.iter().zip(gr).map(|(&y, &g)| y as f64 * g as f64).sum();
+        let s = sum8(c, |j| yr[j] as f64 * gr[j] as f64);
         for ((o, &y), &g) in row.iter_mut().zip(yr).zip(gr) {
             *o = (y as f64 * (g as f64 - s)) as f32;
         }
@@ -147,12 +144,7 @@ pub fn layer_norm_grad(
         let (xr, gr) = (&xs[i * c..][..c], &gs[i * c..][..c]);
         let (m, rstd) = moments(xr, eps);
         let mdy = mean(gr);
-        let mdyx = xr
-            .iter()
-            .zip(gr)
-            .map(|(&x, &g)| g as f64 * (x as f64 - m) * rstd)
-            .sum::<f64>()
-            / c as f64;
+        let mdyx = sum8(c, |j| gr[j] as f64 * (xr[j] as f64 - m) * rstd) / c as f64;
         for ((o, &x), &g) in row.iter_mut().zip(xr).zip(gr) {
             let xhat = (x as f64 - m) * rstd;
             *o = (rstd * (g as f64 - mdy - xhat * mdyx)) as f32;
@@ -163,7 +155,7 @@ pub fn layer_norm_grad(
 
 /// `1 / sqrt(mean(x^2) + eps)`.
 fn rms_scale(v: &[f32], eps: f32) -> f64 {
-    let ms = v.iter().map(|&a| a as f64 * a as f64).sum::<f64>() / v.len() as f64;
+    let ms = sum8(v.len(), |i| v[i] as f64 * v[i] as f64) / v.len() as f64;
     1.0 / (ms + eps as f64).sqrt()
 }
 
@@ -414,7 +406,7 @@ pub fn cross_entropy_grad(
         let (m, sum) = max_sum_exp(xr);
         let l = ls[p] as usize;
         for (k, (o, &v)) in row.iter_mut().zip(xr).enumerate() {
-            let prob = (v - m).exp() as f64 / sum;
+            let prob = math::exp(v - m) as f64 / sum;
             let target = if k == l { 1.0 - s + off } else { off };
             *o = (g * (prob - target)) as f32;
         }

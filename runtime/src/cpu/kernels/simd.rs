@@ -257,9 +257,38 @@ pub fn binary(op: Binary, out: &mut [f32], a: &[f32], b: Operand, swap: bool) {
     }
 }
 
+/// The f64 sum of `f(i)` for `i` in `0..n` in a fixed order that vectorises: eight running
+/// sums, over the indices equal to 0..8 mod 8, then added pairwise. The order depends only on
+/// `n`, never on threads or the vector level.
+#[inline(always)]
+pub fn sum8(n: usize, f: impl Fn(usize) -> f64) -> f64 {
+    let mut acc = [0f64; 8];
+    let whole = n / 8 * 8;
+    let mut i = 0;
+    while i < whole {
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a += f(i + l);
+        }
+        i += 8;
+    }
+    for (l, a) in acc.iter_mut().enumerate().take(n - whole) {
+        *a += f(whole + l);
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn eight_lane_sums_are_exact_where_f64_is() {
+        for n in [0, 1, 7, 8, 9, 63, 64, 1000] {
+            let v: Vec<f32> = (0..n).map(|i| (i % 13) as f32 - 6.0).collect();
+            let want: f64 = v.iter().map(|&x| x as f64).sum();
+            assert_eq!(sum8(n, |i| v[i] as f64), want, "{n}");
+        }
+    }
 
     /// The vector loops give the scalar function's bits, at every length (tails included).
     #[test]
