@@ -1,0 +1,373 @@
+//! Running a step: kernel by kernel on a worker of rayon's pool, each kernel one op, a fused
+//! elementwise chain (chunk by chunk, in registers), a matmul and its epilogue, or a chain
+//! ending in a reduction.
+
+use super::kernels::{execute, Ctx, KernelError};
+use super::{fused, tensor, ExecError, Executor, Mode, EMPTY};
+use parallax_compiler::ir::Op;
+use parallax_compiler::passes::fuse::KernelKind;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+impl Executor {
+    /// Runs one step on a batch of `batch` samples whose first sample has index `first_sample`
+    /// in the global batch. Training also replaces parameters and optimizer state.
+    pub fn run(
+        &mut self,
+        batch: usize,
+        mode: Mode,
+        step: u64,
+        first_sample: u64,
+    ) -> Result<(), ExecError> {
+        if batch > self.max_batch {
+            return Err(ExecError::BatchTooLarge {
+                batch,
+                max: self.max_batch,
+            });
+        }
+        let ctx = self.begin(batch, mode, step, first_sample);
+        // The step runs on a worker of rayon's pool, so that each parallel kernel splits
+        // among the workers directly instead of waking the pool from this thread and
+        // sleeping until it is done; the other workers spin between kernels (see `Spin`).
+        let this = SendPtr(self as *mut Executor);
+        let spin = Spin::default();
+        rayon::scope(|scope| {
+            let this = this;
+            // SAFETY: `self` is borrowed mutably for the whole scope, which ends before
+            // `run` returns; only this closure touches it.
+            let r = unsafe { &mut *this.0 }.run_kernels(mode, &ctx, &|| spin.top_up(scope));
+            spin.done.store(true, Ordering::Release);
+            r
+        })?;
+        self.finish(mode);
+        Ok(())
+    }
+
+    fn run_kernels(
+        &mut self,
+        mode: Mode,
+        ctx: &Ctx,
+        before_kernel: &dyn Fn(),
+    ) -> Result<(), ExecError> {
+        for k in 0..self.plan.kernels.len() {
+            if !self.wanted(k, mode) {
+                continue;
+            }
+            before_kernel();
+            let t = self.profile.is_some().then(std::time::Instant::now);
+            self.run_kernel(k, ctx)?;
+            if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
+                let kern = &self.plan.kernels[k];
+                let name = match kern.kind {
+                    KernelKind::Single => self.plan.steps[kern.steps[0]].op.name(),
+                    KernelKind::Elementwise => "fused elementwise",
+                    KernelKind::ElementwiseReduce => "fused elementwise+reduce",
+                    KernelKind::Gemm {
+                        bias: false,
+                        activation: None,
+                    } => "matmul",
+                    KernelKind::Gemm { .. } => "matmul+epilogue",
+                };
+                let e = p.entry(name).or_insert((0.0, 0));
+                e.0 += t.elapsed().as_secs_f64();
+                e.1 += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sets up a step (shapes, constants) and returns the kernels' context.
+    pub(super) fn begin(&mut self, batch: usize, mode: Mode, step: u64, first_sample: u64) -> Ctx {
+        self.ensure_shapes(batch);
+        // Constants are sources too: fill them for this batch.
+        for k in 0..self.fills.len() {
+            let (step, value) = self.fills[k];
+            self.shape_buffer(step);
+            self.buf_mut(step).f32_mut().fill(value);
+        }
+        Ctx {
+            seed: self.seed,
+            step,
+            training: mode != Mode::Eval,
+            first_sample,
+        }
+    }
+
+    /// Copies the new parameters and state over the old at the end of a training step (those
+    /// not already written in place).
+    pub(super) fn finish(&mut self, mode: Mode) {
+        if mode == Mode::Train {
+            for i in 0..self.plan.updates.len() {
+                let (p, u) = self.plan.updates[i];
+                // Another pipeline stage's parameter: not held here.
+                if !self.needed[u] {
+                    continue;
+                }
+                let (bp, bu) = (self.slot[p].expect("stored"), self.slot[u].expect("stored"));
+                // Written in place (see the schedule pass).
+                if bp == bu {
+                    continue;
+                }
+                let src = std::mem::take(&mut self.buffers[bu]);
+                self.buffers[bp].f32_mut().copy_from_slice(src.f32());
+                self.buffers[bu] = src;
+            }
+        }
+    }
+
+    /// Runs a step kernel by kernel, calling `after(k, self)` after each kernel that runs
+    /// (lockstep comparisons with another backend).
+    pub fn run_observed(
+        &mut self,
+        batch: usize,
+        mode: Mode,
+        step: u64,
+        first_sample: u64,
+        after: &mut dyn FnMut(usize, &mut Executor),
+    ) -> Result<(), ExecError> {
+        if batch > self.max_batch {
+            return Err(ExecError::BatchTooLarge {
+                batch,
+                max: self.max_batch,
+            });
+        }
+        let ctx = self.begin(batch, mode, step, first_sample);
+        for k in 0..self.plan.kernels.len() {
+            if self.wanted(k, mode) {
+                self.run_kernel(k, &ctx)?;
+                after(k, self);
+            }
+        }
+        self.finish(mode);
+        Ok(())
+    }
+
+    /// Whether kernel `k` runs in `mode`.
+    pub fn wanted(&self, k: usize, mode: Mode) -> bool {
+        mode.runs(&self.plan, k)
+    }
+
+    fn kernel_err(&self, step: usize, source: KernelError) -> ExecError {
+        let s = &self.plan.steps[step];
+        ExecError::Kernel {
+            step,
+            op: s.op.name(),
+            layer: s.layer.clone(),
+            source,
+        }
+    }
+
+    /// Runs one op from its operands' buffers into `out` (its own buffer, or the scratch).
+    fn run_single(&mut self, step: usize, ctx: &Ctx, into_scratch: bool) -> Result<(), ExecError> {
+        self.shape_operands(step);
+        // A reshape sharing its operand's buffer (see the schedule pass) is only a new shape.
+        if !into_scratch && self.writes_over_operand(step) {
+            if let Op::Reshape { .. } = self.plan.steps[step].op {
+                self.shape_buffer(step);
+                return Ok(());
+            }
+        }
+        let mut out = if into_scratch {
+            std::mem::take(&mut self.scratch)
+        } else {
+            std::mem::take(self.buf_mut(step))
+        };
+        out.reshape_in_place(&self.shapes[step]);
+        let s = &self.plan.steps[step];
+        let get = |k: usize| s.operands.get(k).map_or(&EMPTY, |&o| self.buf(o));
+        let ins = [get(0), get(1), get(2)];
+        let r = execute(&s.op, &ins[..s.operands.len()], &mut out, ctx);
+        if into_scratch {
+            self.scratch = out;
+        } else {
+            *self.buf_mut(step) = out;
+        }
+        r.map_err(|e| self.kernel_err(step, e))
+    }
+
+    pub(super) fn run_kernel(&mut self, k: usize, ctx: &Ctx) -> Result<(), ExecError> {
+        let plan = self.plan.clone();
+        let kind = plan.kernels[k].kind;
+        let steps = &plan.kernels[k].steps;
+        match kind {
+            // An update written over its operand (see the schedule pass) runs as a fused
+            // kernel, which reads each element before writing it.
+            KernelKind::Single
+                if self.writes_over_operand(steps[0])
+                    && fused::Kind::of(&plan.steps[steps[0]].op).is_some() =>
+            {
+                self.run_fused(steps, None, ctx, None)
+            }
+            KernelKind::Single => self.run_single(steps[0], ctx, false),
+            KernelKind::Elementwise => self.run_fused(steps, None, ctx, None),
+            KernelKind::Gemm { .. } => {
+                let mm = steps[0];
+                let staged = self.slot[mm].is_none();
+                self.run_single(mm, ctx, staged)?;
+                if steps.len() > 1 {
+                    let source = if staged {
+                        (self.scratch.f32().as_ptr(), self.scratch.numel())
+                    } else {
+                        let t = self.buf(mm);
+                        (t.f32().as_ptr(), t.numel())
+                    };
+                    self.run_fused(&steps[1..], Some((mm, source)), ctx, None)?;
+                }
+                Ok(())
+            }
+            KernelKind::ElementwiseReduce => {
+                let (&red, chain) = steps.split_last().expect("a reduction and its chain");
+                let last = *chain.last().expect("a chain before the reduction");
+                self.scratch.reshape_in_place(&self.shapes[last]);
+                let stage = self.scratch.f32_mut().as_mut_ptr();
+                self.run_fused(chain, None, ctx, Some((last, stage)))?;
+                let mut out = std::mem::take(self.buf_mut(red));
+                out.reshape_in_place(&self.shapes[red]);
+                let r = execute(&self.plan.steps[red].op, &[&self.scratch], &mut out, ctx);
+                *self.buf_mut(red) = out;
+                r.map_err(|e| self.kernel_err(red, e))
+            }
+        }
+    }
+
+    /// Gives the operands' buffers their values' shapes: a buffer shared by a value and its
+    /// reshapes holds the shape of the one last written.
+    fn shape_operands(&mut self, step: usize) {
+        for i in 0..self.plan.steps[step].operands.len() {
+            self.shape_buffer(self.plan.steps[step].operands[i]);
+        }
+    }
+
+    /// Whether step `step` is stored in the buffer of one of its operands.
+    fn writes_over_operand(&self, step: usize) -> bool {
+        let out = self.slot[step];
+        out.is_some()
+            && self.plan.steps[step]
+                .operands
+                .iter()
+                .any(|&o| self.slot[o] == out)
+    }
+
+    /// Evaluates elementwise `steps` chunk by chunk. `given` are values already in memory
+    /// (a matmul's result); `stage` also writes one value to a scratch buffer.
+    fn run_fused(
+        &mut self,
+        steps: &[usize],
+        given: Option<(usize, (*const f32, usize))>,
+        ctx: &Ctx,
+        stage: Option<(usize, *mut f32)>,
+    ) -> Result<(), ExecError> {
+        let last = *steps.last().expect("a kernel has steps");
+        let shape = &self.shapes[last];
+        let n = tensor::numel(shape);
+        let per_sample = if shape.is_empty() {
+            1
+        } else {
+            (n / shape[0].max(1)).max(1)
+        };
+        // Shape every stored output for this batch, and every operand read from memory,
+        // before taking pointers into them.
+        for &s in steps {
+            self.shape_buffer(s);
+            self.shape_operands(s);
+        }
+        let mut ops = std::mem::take(&mut self.fused_ops);
+        ops.clear();
+        for &s in steps {
+            let st = &self.plan.steps[s];
+            let mut operands = [fused::Source::Register(0); 2];
+            for (j, &o) in st.operands.iter().enumerate().take(2) {
+                operands[j] = if let Some(r) = steps.iter().position(|&x| x == o) {
+                    fused::Source::Register(r)
+                } else if let Some((_, (p, len))) = given.filter(|(g, _)| *g == o) {
+                    fused::Source::Memory(p, len)
+                } else {
+                    let t = self.buf(o);
+                    if !t.is_f32() {
+                        return Err(self.kernel_err(
+                            s,
+                            KernelError::Bad {
+                                op: st.op.name(),
+                                message: "expects f32 operands".into(),
+                            },
+                        ));
+                    }
+                    fused::Source::Memory(t.f32().as_ptr(), t.numel().max(1))
+                };
+            }
+            let store = match (self.slot[s], stage) {
+                (Some(b), _) => Some(self.buffers[b].f32_mut().as_mut_ptr()),
+                (None, Some((x, p))) if x == s => Some(p),
+                _ => None,
+            };
+            let Some(kind) = fused::Kind::of(&st.op) else {
+                return Err(self.kernel_err(
+                    s,
+                    KernelError::Bad {
+                        op: st.op.name(),
+                        message: "is not elementwise".into(),
+                    },
+                ));
+            };
+            ops.push(fused::FusedOp {
+                kind,
+                operands,
+                store,
+            });
+        }
+        // A staged value that is also stored is copied to the scratch after the pass.
+        let copy_stage = stage.filter(|(x, _)| self.slot[*x].is_some());
+        let r = fused::run(&ops, n, per_sample, ctx);
+        self.fused_ops = ops;
+        r.map_err(|e| self.kernel_err(last, e))?;
+        if let Some((x, p)) = copy_stage {
+            let src = self.buf(x).f32();
+            // SAFETY: the scratch was shaped to this value's size; it is not the source buffer.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) };
+        }
+        Ok(())
+    }
+}
+
+/// The executor, handed to the pool's worker that runs a step.
+struct SendPtr(*mut Executor);
+// SAFETY: see `Executor::run`: the pointee is exclusively borrowed while the worker uses it.
+unsafe impl Send for SendPtr {}
+
+/// Keeps the pool's other workers busy-waiting through a step, running any work they find,
+/// instead of falling asleep between kernels: a sleeping worker wakes too late to take its
+/// half of a product that lasts a millisecond (on 2 cores the MLP bench step took 6.1 ms
+/// without spinners, 5.4 with, the mean of 5 interleaved runs each). OpenMP's threads,
+/// PyTorch's, spin the same way. A spinner gives up after `IDLE` without work, so one picked
+/// up by a worker that is itself waiting inside a kernel only delays that kernel; the step
+/// tops them up before each kernel.
+#[derive(Default)]
+struct Spin {
+    done: AtomicBool,
+    active: AtomicUsize,
+}
+
+const IDLE: std::time::Duration = std::time::Duration::from_micros(500);
+
+impl Spin {
+    fn top_up<'s>(&'s self, scope: &rayon::Scope<'s>) {
+        let others = rayon::current_num_threads().saturating_sub(1);
+        while self.active.load(Ordering::Acquire) < others {
+            self.active.fetch_add(1, Ordering::AcqRel);
+            scope.spawn(move |_| self.spin());
+        }
+    }
+
+    fn spin(&self) {
+        let mut since = std::time::Instant::now();
+        while !self.done.load(Ordering::Acquire) {
+            if rayon::yield_now() == Some(rayon::Yield::Executed) {
+                since = std::time::Instant::now();
+            } else if since.elapsed() > IDLE {
+                break;
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        self.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}
