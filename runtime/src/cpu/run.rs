@@ -18,13 +18,7 @@ impl Executor {
         step: u64,
         first_sample: u64,
     ) -> Result<(), ExecError> {
-        if batch > self.max_batch {
-            return Err(ExecError::BatchTooLarge {
-                batch,
-                max: self.max_batch,
-            });
-        }
-        let ctx = self.begin(batch, mode, step, first_sample);
+        let ctx = self.begin(batch, mode, step, first_sample)?;
         // The step runs on a worker of rayon's pool, so that each parallel kernel splits
         // among the workers directly instead of waking the pool from this thread and
         // sleeping until it is done; the other workers spin between kernels (see `Spin`).
@@ -76,7 +70,19 @@ impl Executor {
     }
 
     /// Sets up a step (shapes, constants) and returns the kernels' context.
-    pub(super) fn begin(&mut self, batch: usize, mode: Mode, step: u64, first_sample: u64) -> Ctx {
+    pub(super) fn begin(
+        &mut self,
+        batch: usize,
+        mode: Mode,
+        step: u64,
+        first_sample: u64,
+    ) -> Result<Ctx, ExecError> {
+        if batch > self.max_batch {
+            return Err(ExecError::BatchTooLarge {
+                batch,
+                max: self.max_batch,
+            });
+        }
         self.ensure_shapes(batch);
         // Constants are sources too: fill them for this batch.
         for k in 0..self.fills.len() {
@@ -84,12 +90,12 @@ impl Executor {
             self.shape_buffer(step);
             self.buf_mut(step).f32_mut().fill(value);
         }
-        Ctx {
+        Ok(Ctx {
             seed: self.seed,
             step,
             training: mode != Mode::Eval,
             first_sample,
-        }
+        })
     }
 
     /// Copies the new parameters and state over the old at the end of a training step (those
@@ -124,13 +130,7 @@ impl Executor {
         first_sample: u64,
         after: &mut dyn FnMut(usize, &mut Executor),
     ) -> Result<(), ExecError> {
-        if batch > self.max_batch {
-            return Err(ExecError::BatchTooLarge {
-                batch,
-                max: self.max_batch,
-            });
-        }
-        let ctx = self.begin(batch, mode, step, first_sample);
+        let ctx = self.begin(batch, mode, step, first_sample)?;
         for k in 0..self.plan.kernels.len() {
             if self.wanted(k, mode) {
                 self.run_kernel(k, &ctx)?;

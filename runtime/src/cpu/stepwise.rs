@@ -16,13 +16,7 @@ impl Executor {
         step: u64,
         first_sample: u64,
     ) -> Result<Ctx, ExecError> {
-        if batch > self.max_batch {
-            return Err(ExecError::BatchTooLarge {
-                batch,
-                max: self.max_batch,
-            });
-        }
-        Ok(self.begin(batch, mode, step, first_sample))
+        self.begin(batch, mode, step, first_sample)
     }
 
     /// Runs kernel `k` of the step `begin_step` started.
