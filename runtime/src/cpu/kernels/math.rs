@@ -64,32 +64,23 @@ pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
 
-/// erf to within 4e-7: its Taylor series near 0 (where the other form cancels), else
-/// Abramowitz and Stegun 7.1.26 (one `exp` and a polynomial).
+/// erf to within 4e-7: `x P(x^2) / Q(x^2)` on |x| <= 3.92 (a degree-5/5 rational fit of
+/// erf(x)/x, weighted for absolute error, made for this function; beyond 3.92 erf is 1 in
+/// f32). No `exp` and one division, so it is cheaper than a form in `exp(-x^2)`.
 #[inline(always)]
 pub fn erf(x: f32) -> f32 {
-    erf_given(x, exp(-x * x))
-}
-
-/// `erf(x)` given `exp(-x^2)`, which the GELU gradient needs anyway. Both forms are computed
-/// and one is selected, so that the function has no branch.
-#[inline(always)]
-fn erf_given(x: f32, exp_neg_x2: f32) -> f32 {
-    let a = x.abs();
-    let x2 = x * x;
-    let series = 1.0
-        + x2 * (-1.0 / 3.0 + x2 * (0.1 + x2 * (-1.0 / 42.0 + x2 * (1.0 / 216.0 - x2 / 1320.0))));
-    let near = FRAC_2_SQRT_PI * x * series;
-    let t = 1.0 / (1.0 + 0.327_591_1 * a);
-    let poly = t
-        * (0.254_829_6
-            + t * (-0.284_496_74 + t * (1.421_413_8 + t * (-1.453_152_1 + t * 1.061_405_4))));
-    let far = (1.0 - poly * exp_neg_x2).copysign(x);
-    if a < 0.5 {
-        near
-    } else {
-        far
-    }
+    let x = x.clamp(-3.92, 3.92);
+    let u = x * x;
+    let p = ((((2.069_511e-6 * u + 2.862_224_6e-4) * u + 3.762_944e-3) * u + 5.273_993_7e-2) * u
+        + 0.190_157_07)
+        * u
+        + FRAC_2_SQRT_PI;
+    let q = ((((3.836_489e-5 * u + 1.164_614_9e-3) * u + 1.496_074_5e-2) * u + 0.114_028_77) * u
+        + 0.501_854_54)
+        * u
+        + 1.0;
+    // The fit overshoots 1 by an ulp near the clamp.
+    (x * (p / q)).clamp(-1.0, 1.0)
 }
 
 /// The exact GELU, `x * Phi(x)`, as PyTorch's default.
@@ -98,13 +89,12 @@ pub fn gelu(x: f32) -> f32 {
     0.5 * x * (1.0 + erf(x * FRAC_1_SQRT_2))
 }
 
-/// `d gelu / dx = Phi(x) + x * phi(x)`; `Phi` and `phi` share one `exp(-x^2 / 2)`.
+/// `d gelu / dx = Phi(x) + x * phi(x)`.
 #[inline(always)]
 pub fn gelu_grad(x: f32) -> f32 {
     let a = x * FRAC_1_SQRT_2;
-    let e = exp(-a * a);
-    let cdf = 0.5 * (1.0 + erf_given(a, e));
-    cdf + x * e * 0.398_942_3
+    let cdf = 0.5 * (1.0 + erf(a));
+    cdf + x * exp(-a * a) * 0.398_942_3
 }
 
 /// `dy` where `x > 0`.
@@ -189,11 +179,19 @@ mod tests {
 
     #[test]
     fn erf_is_within_its_bound() {
-        for i in -6000..6000 {
-            let x = i as f64 / 1000.0;
+        for i in -60_000..60_000 {
+            let x = i as f64 / 10_000.0;
             let e = (erf(x as f32) as f64 - libm::erf(x)).abs();
             assert!(e < 4e-7, "{x}: {e}");
         }
+        // Odd, and relatively exact near 0 where erf(x) ~ 2x / sqrt(pi).
+        assert_eq!(erf(-0.7), -erf(0.7));
+        let x = 1e-6f32;
+        assert!(
+            ((erf(x) as f64) / (x as f64 * std::f64::consts::FRAC_2_SQRT_PI) - 1.0).abs() < 1e-6
+        );
+        assert_eq!(erf(10.0), 1.0);
+        assert!(erf(f32::NAN).is_nan());
     }
 
     #[test]
