@@ -1,6 +1,9 @@
 //! Checkpoints and `--resume`: a run killed with SIGKILL at random points and resumed ends
 //! with the same bytes as a run never interrupted; damaged or foreign checkpoints are refused.
 
+mod common;
+use common::temp;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -13,12 +16,6 @@ fn bin() -> Command {
 
 fn run(args: &[&str]) -> Output {
     bin().args(args).output().expect("the binary runs")
-}
-
-fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("parallax-ckpt-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
 }
 
 const STEPS: &str = "1200";

@@ -1,28 +1,9 @@
 //! The command line as users (and the README) run it.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+use common::{parallax, stderr, stdout, temp};
 
-fn parallax(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_parallax"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("parallax-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
+use std::path::Path;
 
 #[test]
 fn check_prints_a_summary_for_every_model() {
@@ -55,7 +36,7 @@ fn check_json_has_the_contract_fields() {
 
 #[test]
 fn check_json_reports_errors_as_json_too() {
-    let dir = temp_dir("json-err");
+    let dir = temp("json-err");
     std::fs::create_dir_all(&dir).unwrap();
     let f = dir.join("bad.ron");
     let text = std::fs::read_to_string("models/mlp.ron")
@@ -73,7 +54,7 @@ fn check_json_reports_errors_as_json_too() {
 
 #[test]
 fn compile_emits_ir_dot_and_plan() {
-    let dir = temp_dir("emit");
+    let dir = temp("emit");
     let o = parallax(&[
         "compile",
         "models/cnn.ron",

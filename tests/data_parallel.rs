@@ -3,25 +3,13 @@
 //! included), close to the unsplit run, the memory each device allocates equal to what the
 //! compiler predicts, and clear refusals.
 
+mod common;
+use common::{parallax, temp};
+
 use parallax_compiler::shards::{assign, device_bytes, Sharding};
 use parallax_compiler::{compile, parse_bytes, Options};
 use parallax_runtime::sim::{Grid, SimulatedDevices};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-
-fn parallax(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_parallax"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the binary runs")
-}
-
-fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("parallax-dp-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
+use std::path::Path;
 
 /// Trains and returns the final weights' bytes and each step's loss.
 fn train(file: &str, run: &Path, extra: &[&str]) -> (Vec<u8>, Vec<f64>) {

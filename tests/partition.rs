@@ -1,21 +1,9 @@
 //! `parallax compile --gpus N`: the partition planner as users run it.
 
-use std::process::{Command, Output};
+mod common;
+use common::{parallax, stderr, stdout};
 
-fn parallax(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_parallax"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the binary runs")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use std::process::Output;
 
 fn json(args: &[&str]) -> (Output, serde_json::Value) {
     let o = parallax(args);

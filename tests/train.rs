@@ -1,22 +1,10 @@
 //! `parallax train` end to end: accuracy on the embedded digits, the run directory, bitwise
 //! reproducibility, `--init`, and a transformer learning a sequence task.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
+use common::{parallax, temp};
 
-fn parallax(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_parallax"))
-        .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the binary runs")
-}
-
-fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("parallax-train-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    d
-}
+use std::path::Path;
 
 fn train(file: &str, run: &Path, extra: &[&str]) -> serde_json::Value {
     let mut args = vec!["train", file, "--run-dir", run.to_str().unwrap()];

@@ -18,7 +18,7 @@ impl Executor {
         step: u64,
         first_sample: u64,
     ) -> Result<(), ExecError> {
-        let ctx = self.begin(batch, mode, step, first_sample)?;
+        let ctx = self.begin_step(batch, mode, step, first_sample)?;
         // The step runs on a worker of rayon's pool, so that each parallel kernel splits
         // among the workers directly instead of waking the pool from this thread and
         // sleeping until it is done; the other workers spin between kernels (see `Spin`).
@@ -32,7 +32,7 @@ impl Executor {
             spin.done.store(true, Ordering::Release);
             r
         })?;
-        self.finish(mode);
+        self.finish_step(mode);
         Ok(())
     }
 
@@ -48,7 +48,7 @@ impl Executor {
             }
             before_kernel();
             let t = self.profile.is_some().then(std::time::Instant::now);
-            self.run_kernel(k, ctx)?;
+            self.run_kernel_at(k, ctx)?;
             if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
                 let kern = &self.plan.kernels[k];
                 let name = match kern.kind {
@@ -69,8 +69,10 @@ impl Executor {
         Ok(())
     }
 
-    /// Sets up a step (shapes, constants) and returns the kernels' context.
-    pub(super) fn begin(
+    /// Sets up a step (shapes, constants) and returns the kernels' context. `run` does this
+    /// itself; a coordinator that drives a step kernel by kernel (`run_kernel_at`, then
+    /// `finish_step`: simulated devices interleave shards and collectives this way) calls it.
+    pub fn begin_step(
         &mut self,
         batch: usize,
         mode: Mode,
@@ -100,7 +102,7 @@ impl Executor {
 
     /// Copies the new parameters and state over the old at the end of a training step (those
     /// not already written in place).
-    pub(super) fn finish(&mut self, mode: Mode) {
+    pub fn finish_step(&mut self, mode: Mode) {
         if mode == Mode::Train {
             for i in 0..self.plan.updates.len() {
                 let (p, u) = self.plan.updates[i];
@@ -130,14 +132,14 @@ impl Executor {
         first_sample: u64,
         after: &mut dyn FnMut(usize, &mut Executor),
     ) -> Result<(), ExecError> {
-        let ctx = self.begin(batch, mode, step, first_sample)?;
+        let ctx = self.begin_step(batch, mode, step, first_sample)?;
         for k in 0..self.plan.kernels.len() {
             if self.wanted(k, mode) {
-                self.run_kernel(k, &ctx)?;
+                self.run_kernel_at(k, &ctx)?;
                 after(k, self);
             }
         }
-        self.finish(mode);
+        self.finish_step(mode);
         Ok(())
     }
 
@@ -184,7 +186,8 @@ impl Executor {
         r.map_err(|e| self.kernel_err(step, e))
     }
 
-    pub(super) fn run_kernel(&mut self, k: usize, ctx: &Ctx) -> Result<(), ExecError> {
+    /// Runs kernel `k` of the step `begin_step` started.
+    pub fn run_kernel_at(&mut self, k: usize, ctx: &Ctx) -> Result<(), ExecError> {
         let plan = self.plan.clone();
         let kind = plan.kernels[k].kind;
         let steps = &plan.kernels[k].steps;

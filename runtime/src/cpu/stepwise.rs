@@ -1,34 +1,11 @@
-//! Driving an executor from outside, as simulated devices do: a step kernel by kernel (so
-//! shards and collectives can interleave), parameters and optimizer state passed between
-//! executors that share one copy, and what the executor allocated.
+//! Executors that share one copy of the parameters and optimizer state (the shards of a
+//! simulated device, which drive a step kernel by kernel with `begin_step`, `run_kernel_at`
+//! and `finish_step`) pass it between them; and what an executor allocated.
 
-use super::kernels::Ctx;
 use super::tensor::Tensor;
-use super::{ExecError, Executor, Mode};
+use super::Executor;
 
 impl Executor {
-    /// Starts a step that a coordinator drives kernel by kernel (`run_kernel_at`, then
-    /// `finish_step`): simulated devices interleave shards and collectives this way.
-    pub fn begin_step(
-        &mut self,
-        batch: usize,
-        mode: Mode,
-        step: u64,
-        first_sample: u64,
-    ) -> Result<Ctx, ExecError> {
-        self.begin(batch, mode, step, first_sample)
-    }
-
-    /// Runs kernel `k` of the step `begin_step` started.
-    pub fn run_kernel_at(&mut self, k: usize, ctx: &Ctx) -> Result<(), ExecError> {
-        self.run_kernel(k, ctx)
-    }
-
-    /// Ends a step `begin_step` started (training replaces parameters and state).
-    pub fn finish_step(&mut self, mode: Mode) {
-        self.finish(mode)
-    }
-
     /// Moves the parameters and optimizer state out (in plan order), leaving empty buffers:
     /// executors that share one copy (the shards of a simulated device) pass it around.
     pub fn take_persistent(&mut self) -> Vec<Tensor> {
