@@ -3,8 +3,8 @@
 //! inputs keep buffers of their own. An update is written over its parameter or state (as an
 //! in-place optimizer step) where every other reader of the old value has run before it, so
 //! the step ends without copying. A reshape of a stored intermediate is a view: it shares its
-//! operand's buffer, which lives until the last reader of either. The result states the step's exact peak memory at the
-//! training batch size.
+//! operand's buffer, which lives until the last reader of either. The result states the
+//! step's exact peak memory at the training batch size.
 
 use super::fuse::stored;
 use super::Ctx;

@@ -223,8 +223,6 @@ fn general(
     }
 }
 
-pub use super::math::{erf, gelu, gelu_grad, relu_grad, sigmoid, sigmoid_grad, tanh, tanh_grad};
-
 /// A dropout mask: keeps each element with probability `1 - p`, scaled by `1 / (1 - p)`. The
 /// decision for an element is a function of (seed, step, stream, the sample's index in the
 /// global batch, the element's index in its sample), so a backward dropout with the same
