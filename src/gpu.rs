@@ -308,7 +308,7 @@ fn lockstep(
     batch: usize,
     step: u64,
 ) -> Result<usize, CudaError> {
-    gpu.begin(batch)?;
+    gpu.begin(batch, Mode::Train)?;
     let mut failures = 0usize;
     let mut error: Option<CudaError> = None;
     let plan = cpu.plan().clone();

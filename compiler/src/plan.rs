@@ -141,6 +141,16 @@ impl Plan {
             .collect()
     }
 
+    /// The steps holding the `training` flag: 1 in a step that trains or computes gradients,
+    /// 0 in an evaluation (set by the executor before each step).
+    pub fn training_flags(&self) -> Vec<usize> {
+        self.steps
+            .iter()
+            .filter(|s| s.op == Op::Training)
+            .map(|s| s.id)
+            .collect()
+    }
+
     /// The pipeline stage of each kernel (every step of a kernel is on one stage).
     pub fn kernel_stages(&self) -> Vec<u32> {
         self.kernels

@@ -29,7 +29,8 @@ pub trait Backend {
     /// Every parameter's name, shape and values (a copy), in plan order.
     fn param_values(&self) -> Result<ParamValues, ExecError>;
     fn set_param(&mut self, name: &str, shape: &[usize], values: &[f32]) -> Result<(), ExecError>;
-    /// Every optimizer state's name, shape and values (a copy), in plan order.
+    /// Every state's (the optimizer's, BatchNorm's running statistics) name, shape and values
+    /// (a copy), in plan order.
     fn state_values(&self) -> Result<ParamValues, ExecError>;
     fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError>;
 }

@@ -1,7 +1,10 @@
 //! Parameters as safetensors files, named after the model's layers (PyTorch's layouts), so
-//! weights move between Parallax and PyTorch unchanged.
+//! weights move between Parallax and PyTorch unchanged. BatchNorm's running statistics go
+//! with them (`{layer}.running_mean`, `{layer}.running_var`), as in a PyTorch `state_dict`.
 
-use crate::backend::Backend;
+use crate::backend::{Backend, ParamValues};
+use crate::cpu::ExecError;
+use parallax_compiler::passes::batch_norm::is_running_statistic;
 use safetensors::tensor::{Dtype, TensorView};
 use std::path::Path;
 
@@ -29,8 +32,7 @@ pub enum WeightsError {
 
 /// The executor's parameters as safetensors bytes (deterministic: same values, same bytes).
 pub fn to_bytes(e: &dyn Backend) -> Result<Vec<u8>, String> {
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = e
-        .param_values()
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = model_values(e)
         .map_err(|err| err.to_string())?
         .into_iter()
         .map(|(name, shape, v)| {
@@ -49,6 +51,22 @@ pub fn to_bytes(e: &dyn Backend) -> Result<Vec<u8>, String> {
     safetensors::serialize(views, None).map_err(|e| e.to_string())
 }
 
+/// The parameters, then the running statistics (states, not trained), in plan order.
+fn model_values(e: &dyn Backend) -> Result<ParamValues, ExecError> {
+    Ok(tagged_values(e)?.into_iter().map(|(v, _)| v).collect())
+}
+
+/// [`model_values`], each with whether it is a parameter.
+fn tagged_values(e: &dyn Backend) -> Result<Vec<(Value, bool)>, ExecError> {
+    let params = e.param_values()?.into_iter().map(|v| (v, true));
+    let stats = e.state_values()?.into_iter();
+    let stats = stats.filter(|(name, _, _)| is_running_statistic(name));
+    Ok(params.chain(stats.map(|v| (v, false))).collect())
+}
+
+/// A tensor's name, shape and values.
+type Value = (String, Vec<usize>, Vec<f32>);
+
 /// Writes the parameters whole or not at all.
 pub fn save(e: &dyn Backend, path: &Path) -> Result<(), WeightsError> {
     let p = path.display().to_string();
@@ -60,8 +78,10 @@ pub fn save(e: &dyn Backend, path: &Path) -> Result<(), WeightsError> {
         .map_err(|source| WeightsError::Write { path: p, source })
 }
 
-/// Loads every parameter from `path`; each must be present, f32 and of the right shape, and
-/// the file may hold nothing else. Nothing is changed unless everything fits.
+/// Loads every parameter and running statistic from `path`; each must be present, f32 and of
+/// the right shape, and the file may hold nothing else (but PyTorch's `num_batches_tracked`
+/// beside a running statistic, which Parallax does not use). Nothing is changed unless
+/// everything fits.
 pub fn load(e: &mut dyn Backend, path: &Path) -> Result<(), WeightsError> {
     let p = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|source| WeightsError::Read {
@@ -78,11 +98,11 @@ pub fn load(e: &mut dyn Backend, path: &Path) -> Result<(), WeightsError> {
         message,
     };
     let mut loaded = Vec::new();
-    let params = e.param_values().map_err(|err| WeightsError::Format {
+    let params = tagged_values(e).map_err(|err| WeightsError::Format {
         path: p.clone(),
         message: err.to_string(),
     })?;
-    for (name, shape, _) in &params {
+    for ((name, shape, _), trained) in &params {
         let name = name.as_str();
         let view = st
             .tensor(name)
@@ -105,19 +125,23 @@ pub fn load(e: &mut dyn Backend, path: &Path) -> Result<(), WeightsError> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        loaded.push((name.to_string(), shape.clone(), v));
+        loaded.push((name.to_string(), shape.clone(), v, *trained));
     }
-    let known: Vec<String> = loaded.iter().map(|(n, _, _)| n.clone()).collect();
-    if let Some(extra) = st
-        .names()
-        .into_iter()
-        .find(|n| !known.iter().any(|k| k == *n))
-    {
+    let known = |n: &str| loaded.iter().any(|(k, ..)| k == n);
+    let counter = |n: &str| {
+        n.strip_suffix(".num_batches_tracked")
+            .is_some_and(|layer| known(&format!("{layer}.running_mean")))
+    };
+    if let Some(extra) = st.names().into_iter().find(|n| !known(n) && !counter(n)) {
         return Err(bad(extra, "is not a parameter of this model".into()));
     }
-    for (name, shape, v) in loaded {
-        e.set_param(&name, &shape, &v)
-            .map_err(|err| bad(&name, err.to_string()))?;
+    for (name, shape, v, trained) in loaded {
+        let set = if trained {
+            e.set_param(&name, &shape, &v)
+        } else {
+            e.set_state(&name, &v)
+        };
+        set.map_err(|err| bad(&name, err.to_string()))?;
     }
     Ok(())
 }

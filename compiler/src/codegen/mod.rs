@@ -410,8 +410,6 @@ fn single(
         | Op::LayerNormGrad { .. }
         | Op::RmsNorm { .. }
         | Op::RmsNormGrad { .. }
-        | Op::BatchNorm { .. }
-        | Op::BatchNormGrad { .. }
         | Op::CrossEntropy { .. }
         | Op::CrossEntropyGrad { .. } => rows::generate(g, name, op, ins, out),
         Op::Reshape { .. }

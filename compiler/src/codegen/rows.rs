@@ -17,8 +17,6 @@ use crate::ir::{DType, Op};
 const WARP_ROW_MAX: u64 = 1024;
 /// Threads per block of the row kernels.
 const ROW_BLOCK: u32 = 256;
-/// Threads of a batch-norm channel block.
-const WIDE_BLOCK: u32 = 1024;
 /// At most this many blocks for cross-entropy (the gradient's blocks each count the labels; the
 /// loss keeps two sums per block).
 const XENT_GRID_MAX: u64 = 1024;
@@ -172,21 +170,17 @@ fn each_segment(k: &mut Kernel, ctx: &Ctx, count: u64, body: impl FnOnce(&mut Ke
 enum Layout {
     /// Rows of `c` contiguous values.
     Rows { rows: u64, c: u64 },
-    /// Channel (axis 1) of `[n, c, inner]`: `n` runs of `inner` values, `c * inner` apart.
-    Channels { n: u64, c: u64, inner: u64 },
 }
 
 impl Layout {
     fn segments(self) -> u64 {
         match self {
             Layout::Rows { rows, .. } => rows,
-            Layout::Channels { c, .. } => c,
         }
     }
     fn len(self) -> u64 {
         match self {
             Layout::Rows { c, .. } => c,
-            Layout::Channels { n, inner, .. } => n * inner,
         }
     }
 }
@@ -214,35 +208,6 @@ fn each_elem(
                 let i = k.op64("add", base, j);
                 body(k, i, j)
             });
-        }
-        Layout::Channels { n, c, inner } => {
-            if n * inner * c == 0 {
-                return;
-            }
-            // Value e is (b, j) = (e / inner, e % inner) at (b c + seg) inner + j; a step
-            // of `step` values moves (step / inner, step % inner) with at most one carry.
-            let e = k.rd();
-            k.set64(e, start);
-            let b = k.op64("div", start, inner);
-            let j = k.op64("rem", start, inner);
-            let t = k.op64("mul.lo", b, c * inner);
-            let s = k.op64("mul.lo", seg, inner);
-            let t = k.op64("add", t, s);
-            let idx = k.op64("add", t, j);
-            let (top, done) = (k.label(), k.label());
-            k.place(&top);
-            let p = k.cmp64("ge", e, n * inner);
-            k.bra_if(p, &done);
-            body(k, idx, e);
-            let (sb, sj) = (step / inner, step % inner);
-            k.ins(format!("add.u64 {e}, {e}, {step}"));
-            k.ins(format!("add.u64 {j}, {j}, {sj}"));
-            k.ins(format!("add.u64 {idx}, {idx}, {}", sb * c * inner + sj));
-            let q = k.cmp64("ge", j, inner);
-            k.ins(format!("@{q} sub.u64 {j}, {j}, {inner}"));
-            k.ins(format!("@{q} add.u64 {idx}, {idx}, {}", (c - 1) * inner));
-            k.bra(&top);
-            k.place(&done);
         }
     }
 }
@@ -335,8 +300,7 @@ fn check(op: &Op, ins: &[Operand], out: &Operand) -> Result<(), CodegenError> {
     let x = &ins[0];
     let r = x.shape.len();
     let xent = matches!(op, Op::CrossEntropy { .. } | Op::CrossEntropyGrad { .. });
-    let bn = matches!(op, Op::BatchNorm { .. } | Op::BatchNormGrad { .. });
-    if r < 1 + bn as usize {
+    if r < 1 {
         return Err(bad(op, format!("operand of shape {:?}", x.shape)));
     }
     if ins.iter().chain([out]).any(|o| o.dtype != DType::F32) && !xent {
@@ -385,13 +349,10 @@ pub(super) fn generate(
         Op::LayerNorm { eps }
         | Op::LayerNormGrad { eps }
         | Op::RmsNorm { eps }
-        | Op::RmsNormGrad { eps }
-        | Op::BatchNorm { eps }
-        | Op::BatchNormGrad { eps } => {
+        | Op::RmsNormGrad { eps } => {
             check(op, ins, out)?;
             let rms = matches!(op, Op::RmsNorm { .. } | Op::RmsNormGrad { .. });
-            let bn = matches!(op, Op::BatchNorm { .. } | Op::BatchNormGrad { .. });
-            norm(g, name, ins, out, *eps as f32 as f64, rms, bn)
+            norm(g, name, ins, out, *eps as f32 as f64, rms)
         }
         Op::CrossEntropy { smoothing } => {
             check(op, ins, out)?;
@@ -471,36 +432,17 @@ fn softmax_grad(g: &mut Gen, name: &str, ins: &[Operand], out: &Operand) -> Laun
     g.launch(k, grid, ctx.block)
 }
 
-/// Layer norm (`bn`: batch norm per channel) or RMS norm, or its gradient given `ins[1]`, as
+/// Layer norm or RMS norm, or its gradient given `ins[1]`, as
 /// the CPU: mean and biased variance in two passes, `rstd = 1 / sqrt(var + eps)`, then
 /// `(x - m) rstd` or `rstd (dy - mean(dy) - xhat mean(dy xhat))`; RMS: `r = 1 / sqrt(mean(x^2)
 /// + eps)`, then `x r` or `r dy - x r^3 mean(x dy)`.
-fn norm(
-    g: &mut Gen,
-    name: &str,
-    ins: &[Operand],
-    out: &Operand,
-    eps: f64,
-    rms: bool,
-    bn: bool,
-) -> Launch {
+fn norm(g: &mut Gen, name: &str, ins: &[Operand], out: &Operand, eps: f64, rms: bool) -> Launch {
     let mut k = Kernel::new(name);
     let xp = k.param_ptr(ins[0].arg);
     let gp = ins.get(1).map(|d| k.param_ptr(d.arg));
     let op = k.param_ptr(out.arg);
     let shape = &ins[0].shape;
-    let (lay, ctx, grid) = if bn {
-        let ctx = setup(&mut k, WIDE_BLOCK, false);
-        let (n, c) = (shape[0], shape[1]);
-        let lay = Layout::Channels {
-            n,
-            c,
-            inner: shape[2..].iter().product(),
-        };
-        (lay, ctx, grid_for(c, 1))
-    } else {
-        row_layout(&mut k, shape)
-    };
+    let (lay, ctx, grid) = row_layout(&mut k, shape);
     let len = dimm(lay.len() as f64);
     // The value (and gradient) at `i` in f64.
     let load = move |k: &mut Kernel, i: Rd| {

@@ -3,7 +3,7 @@
 
 use super::dim::{Sym, BATCH};
 use super::ops::{Op, OpKind};
-use super::types::TensorType;
+use super::types::{DType, TensorType};
 use crate::diag::Span;
 use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
@@ -144,6 +144,36 @@ impl Graph {
             self.inputs.push(n);
         }
         Ok(n)
+    }
+
+    /// The scalar f32 input `name`, added the first time it is asked for (the runtime feeds
+    /// it every step: the learning rate, a shard's share of the batch).
+    pub fn scalar_input(&mut self, name: &str, layer: &str) -> Result<NodeIndex, String> {
+        let found = self
+            .inputs
+            .iter()
+            .copied()
+            .find(|&n| matches!(&self.g[n].op, Op::Input { name: k, .. } if k == name));
+        match found {
+            Some(n) => Ok(n),
+            None => {
+                let ty = TensorType::scalar(DType::F32);
+                let name = name.to_string();
+                self.add(Op::Input { name, ty }, &[], layer, None)
+            }
+        }
+    }
+
+    /// The graph's `training` flag, added the first time it is asked for.
+    pub fn training(&mut self, layer: &str) -> Result<NodeIndex, String> {
+        match self
+            .g
+            .node_indices()
+            .find(|&n| self.g[n].op == Op::Training)
+        {
+            Some(n) => Ok(n),
+            None => self.add(Op::Training, &[], layer, None),
+        }
     }
 
     /// A node's operands, in order.

@@ -53,11 +53,16 @@ pub enum Op {
         ty: TensorType,
         init: Init,
     },
-    /// Optimizer state (momentum, Adam moments), persistent across steps, zero at the start.
+    /// State persistent across steps that no gradient updates: optimizer state (momentum,
+    /// Adam moments) and BatchNorm's running statistics. Every element is `start` at first.
     State {
         name: String,
         ty: TensorType,
+        start: f64,
     },
+    /// The scalar 1 in a step that trains (or computes gradients), 0 in an evaluation: what
+    /// BatchNorm blends its batch and running statistics by.
+    Training,
     /// A tensor filled with one value.
     Fill {
         value: f64,
@@ -193,13 +198,6 @@ pub enum Op {
     RmsNormGrad {
         eps: f64,
     },
-    /// Normalise each channel (axis 1) over the batch and the spatial axes.
-    BatchNorm {
-        eps: f64,
-    },
-    BatchNormGrad {
-        eps: f64,
-    },
     ReduceSum {
         axes: Vec<usize>,
     },
@@ -271,6 +269,7 @@ pub enum OpKind {
     Input,
     Param,
     State,
+    Training,
     Fill,
     MatMul,
     Conv2d,
@@ -308,8 +307,6 @@ pub enum OpKind {
     LayerNormGrad,
     RmsNorm,
     RmsNormGrad,
-    BatchNorm,
-    BatchNormGrad,
     ReduceSum,
     ReduceMean,
     SumTo,
@@ -392,10 +389,11 @@ use OpKind as K;
 
 /// The table, in `OpKind` order (a test checks it).
 #[rustfmt::skip]
-pub static OPS: [OpDef; 53] = [
+pub static OPS: [OpDef; 52] = [
     row(K::Input, "input", 0, Source, declared, free, vjp::source),
     row(K::Param, "param", 0, Source, declared, free, vjp::source),
     row(K::State, "state", 0, Source, declared, free, vjp::source),
+    row(K::Training, "training", 0, Source, declared, free, vjp::source),
     row(K::Fill, "fill", 0, Source, declared, free, vjp::source),
     row(K::MatMul, "matmul", 2, Gemm, matmul_shape, matmul_flops, vjp::matmul),
     row(K::Conv2d, "conv2d", 2, Conv, conv_shape, conv_flops, vjp::conv2d),
@@ -433,8 +431,6 @@ pub static OPS: [OpDef; 53] = [
     row(K::LayerNormGrad, "layer_norm_grad", 2, Reduction, same_pair, per_out::<12>, vjp::none),
     row(K::RmsNorm, "rms_norm", 1, Reduction, last_axis_norm, per_out::<5>, vjp::rms_norm),
     row(K::RmsNormGrad, "rms_norm_grad", 2, Reduction, same_pair, per_out::<8>, vjp::none),
-    row(K::BatchNorm, "batch_norm", 1, Reduction, batchnorm_shape, per_out::<8>, vjp::batch_norm),
-    row(K::BatchNormGrad, "batch_norm_grad", 2, Reduction, same_pair, per_out::<12>, vjp::none),
     row(K::ReduceSum, "reduce_sum", 1, Reduction, reduce_shape, per_in::<0, 1>, vjp::reduce),
     row(K::ReduceMean, "reduce_mean", 1, Reduction, reduce_shape, per_in::<0, 1>, vjp::reduce),
     row(K::SumTo, "sum_to", 1, Reduction, sum_to_shape, per_in::<0, 1>, vjp::none),
@@ -454,6 +450,7 @@ impl Op {
             Op::Input { .. } => K::Input,
             Op::Param { .. } => K::Param,
             Op::State { .. } => K::State,
+            Op::Training => K::Training,
             Op::Fill { .. } => K::Fill,
             Op::MatMul { .. } => K::MatMul,
             Op::Conv2d { .. } => K::Conv2d,
@@ -491,8 +488,6 @@ impl Op {
             Op::LayerNormGrad { .. } => K::LayerNormGrad,
             Op::RmsNorm { .. } => K::RmsNorm,
             Op::RmsNormGrad { .. } => K::RmsNormGrad,
-            Op::BatchNorm { .. } => K::BatchNorm,
-            Op::BatchNormGrad { .. } => K::BatchNormGrad,
             Op::ReduceSum { .. } => K::ReduceSum,
             Op::ReduceMean { .. } => K::ReduceMean,
             Op::SumTo { .. } => K::SumTo,
@@ -544,6 +539,7 @@ impl Op {
         match self {
             Op::Input { name, .. } => format!("\"{name}\""),
             Op::Param { name, init, .. } => format!("\"{name}\", init={}", init.show()),
+            Op::State { name, start, .. } if *start != 0.0 => format!("\"{name}\", start={start}"),
             Op::State { name, .. } => format!("\"{name}\""),
             Op::Fill { value, .. } => format!("value={value}"),
             Op::MatMul { trans_a, trans_b } => {
@@ -605,9 +601,7 @@ impl Op {
             Op::LayerNorm { eps }
             | Op::LayerNormGrad { eps }
             | Op::RmsNorm { eps }
-            | Op::RmsNormGrad { eps }
-            | Op::BatchNorm { eps }
-            | Op::BatchNormGrad { eps } => format!("eps={eps:e}"),
+            | Op::RmsNormGrad { eps } => format!("eps={eps:e}"),
             Op::ReduceSum { axes } | Op::ReduceMean { axes } => format!("axes={axes:?}"),
             Op::SumTo { shape } => dims(shape),
             Op::Expand { axes, shape, mean } => {
@@ -638,7 +632,8 @@ impl Op {
             | Op::GeluGrad
             | Op::TanhGrad
             | Op::SigmoidGrad
-            | Op::SoftmaxGrad => String::new(),
+            | Op::SoftmaxGrad
+            | Op::Training => String::new(),
         }
     }
 }

@@ -343,13 +343,6 @@ pub fn rms_norm(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> 
     Ok(vec![Some(v.add(Op::RmsNormGrad { eps }, &[ins[0], dy])?)])
 }
 
-pub fn batch_norm(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
-    let Op::BatchNorm { eps } = v.op(n) else {
-        unreachable!()
-    };
-    Ok(vec![Some(v.add(Op::BatchNormGrad { eps }, &[ins[0], dy])?)])
-}
-
 pub fn reduce(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let (axes, mean) = match v.op(n) {
         Op::ReduceSum { axes } => (axes, false),

@@ -2,6 +2,7 @@
 //! parameters from their input's shape (as PyTorch's lazy modules do), using the op table's
 //! shape rules as they go, so a mismatch is caught at the layer that causes it.
 
+use super::batch_norm::BatchNorm;
 use super::Ctx;
 use crate::diag::{suggest, Diagnostic, Span};
 use crate::dsl::ast::{Activation, Data, DimExpr, InputSpec, Layer, Loss, Model, NodeDecl, Params};
@@ -32,6 +33,7 @@ pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
         dropout_streams: 0,
         block_stack: Vec::new(),
         tensor_parallel: u64::from(ctx.options.tensor_parallel.unwrap_or(1)).max(1),
+        sharded: ctx.options.shards.is_some(),
     };
     l.experiment()?;
     *g = l.g;
@@ -49,6 +51,9 @@ struct Lowerer<'a> {
     block_stack: Vec<String>,
     /// Tensor-parallel degree: Attention and Mlp layers split their weights this many ways.
     tensor_parallel: u64,
+    /// The plan is built per micro-shard (`crate::shards`): BatchNorm's statistics are sums
+    /// all-reduced over every shard.
+    sharded: bool,
 }
 
 /// How a tensor-parallel Linear splits its weight `[out, in]` (Megatron-LM).
@@ -707,13 +712,27 @@ impl Lowerer<'_> {
                     ));
                 }
                 self.needs_rank(x, 4, "an image [C, H, W]", name, kind, span)?;
-                let c = self.ty(x).shape[1].as_known().ok_or_else(|| {
-                    model_err(
-                        format!("BatchNorm2d `{name}` needs a known channel count"),
+                let known = |i: usize| self.ty(x).shape[i].as_known();
+                let spatial = known(2).zip(known(3)).and_then(|(h, w)| h.checked_mul(w));
+                let (Some(c), Some(spatial)) = (known(1), spatial) else {
+                    return Err(model_err(
+                        format!(
+                            "BatchNorm2d `{name}` needs a known channel count and image size, got {}",
+                            self.show(x)
+                        ),
                         span,
-                    )
-                })?;
-                let mut y = self.add(Op::BatchNorm { eps }, &[x], name, span)?;
+                    ));
+                };
+                let bn = BatchNorm {
+                    eps,
+                    momentum: *momentum,
+                    channels: c,
+                    spatial,
+                    sharded: self.sharded,
+                };
+                let mut y = bn
+                    .lower(&mut self.g, x, name, span)
+                    .map_err(|m| model_err(format!("in layer `{name}`: {m}"), span))?;
                 if *affine {
                     let w = self.param(name, "weight", &[c, 1, 1], Init::Ones, span)?;
                     let b = self.param(name, "bias", &[c, 1, 1], Init::Zeros, span)?;

@@ -43,7 +43,15 @@ impl Builder<'_> {
             _ => unreachable!("updates are for parameters"),
         };
         let layer = self.g.g[param].layer.clone();
-        self.op(Op::State { name, ty }, &[], &layer)
+        self.op(
+            Op::State {
+                name,
+                ty,
+                start: 0.0,
+            },
+            &[],
+            &layer,
+        )
     }
     fn scale(&mut self, x: NodeIndex, by: f64, layer: &str) -> Result<NodeIndex, Error> {
         self.op(Op::Scale { by }, &[x], layer)
@@ -189,6 +197,6 @@ pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
             }
         }
     }
-    b.g.updates = updates;
+    b.g.updates.extend(updates);
     Ok(())
 }

@@ -79,6 +79,8 @@ pub struct Executor {
     shapes_batch: usize,
     /// Steps that fill a constant, refilled each step for its batch size.
     fills: Vec<(usize, f32)>,
+    /// Steps holding the `training` flag, set before each step by its mode.
+    training_flags: Vec<usize>,
     /// The fused ops of the kernel being run (kept to reuse its allocation).
     fused_ops: Vec<fused::FusedOp>,
     /// The plan's buffers: dedicated ones (parameters, state, inputs) and reused ones.
@@ -92,7 +94,7 @@ pub struct Executor {
     inputs: HashMap<String, usize>,
     outputs: HashMap<String, usize>,
     params: Vec<(String, usize)>,
-    /// Optimizer state by name.
+    /// State by name: the optimizer's, BatchNorm's running statistics.
     states: Vec<(String, usize)>,
     /// Seconds and calls per kernel, when profiling.
     profile: Option<HashMap<&'static str, (f64, u64)>>,
@@ -153,8 +155,14 @@ impl Executor {
             .map(|s| resolve(&plan, &s.ty.shape, max_batch))
             .collect();
         let fills = plan.fills().into_iter().filter(|f| needed[f.0]).collect();
+        let training_flags = plan
+            .training_flags()
+            .into_iter()
+            .filter(|&s| needed[s])
+            .collect();
         let mut e = Executor {
             fills,
+            training_flags,
             plan: Arc::new(plan),
             shapes,
             shapes_batch: max_batch,
@@ -224,6 +232,12 @@ impl Executor {
                 _ => init_param(&init, seed, index, buf.f32_mut()),
             }
         }
+        for index in 0..self.states.len() {
+            let id = self.states[index].1;
+            if let Op::State { start, .. } = self.plan.steps[id].op {
+                self.buf_mut(id).f32_mut().fill(start as f32);
+            }
+        }
     }
 
     /// Starts timing every kernel (a little overhead per step).
@@ -262,7 +276,7 @@ impl Executor {
             .collect()
     }
 
-    /// Replaces an optimizer state's values (resuming from a checkpoint).
+    /// Replaces a state's values (resuming from a checkpoint, loading running statistics).
     pub fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError> {
         let id = self
             .states
@@ -271,7 +285,7 @@ impl Executor {
             .map(|s| s.1)
             .ok_or_else(|| ExecError::Param {
                 name: name.into(),
-                message: "the model has no such optimizer state".into(),
+                message: "the model has no such state".into(),
             })?;
         let t = self.buf_mut(id);
         if t.numel() != values.len() {

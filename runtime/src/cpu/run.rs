@@ -92,10 +92,17 @@ impl Executor {
             self.shape_buffer(step);
             self.buf_mut(step).f32_mut().fill(value);
         }
+        let training = mode != Mode::Eval;
+        for k in 0..self.training_flags.len() {
+            let step = self.training_flags[k];
+            self.buf_mut(step)
+                .f32_mut()
+                .fill(f32::from(u8::from(training)));
+        }
         Ok(Ctx {
             seed: self.seed,
             step,
-            training: mode != Mode::Eval,
+            training,
             first_sample,
         })
     }

@@ -327,10 +327,13 @@ impl CudaExecutor {
             crate::cpu::init_param(init, self.seed, index, &mut v);
             self.upload(id, &v)?;
         }
-        // Optimizer state starts at zero.
+        // Optimizer state starts at zero, BatchNorm's running variance at one.
         for &(_, id) in &self.states {
+            let Op::State { start, .. } = self.plan.steps[id].op else {
+                continue;
+            };
             let n = numel(&self.shape(id, 1)) as usize;
-            self.upload(id, &vec![0f32; n])?;
+            self.upload(id, &vec![start as f32; n])?;
         }
         Ok(())
     }
@@ -360,17 +363,17 @@ impl CudaExecutor {
             .collect()
     }
 
-    /// Replaces an optimizer state's values (resuming from a checkpoint).
+    /// Replaces a state's values (resuming from a checkpoint, loading running statistics).
     pub fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), CudaError> {
         let id = self
             .states
             .iter()
             .find(|(n, _)| n == name)
             .map(|s| s.1)
-            .ok_or_else(|| CudaError::Exec(format!("the model has no optimizer state `{name}`")))?;
+            .ok_or_else(|| CudaError::Exec(format!("the model has no state `{name}`")))?;
         if numel(&self.shape(id, 1)) as usize != values.len() {
             return Err(CudaError::Exec(format!(
-                "optimizer state `{name}`: {} values given",
+                "state `{name}`: {} values given",
                 values.len()
             )));
         }
@@ -621,8 +624,9 @@ impl CudaExecutor {
         }
     }
 
-    /// Fills the constants of the plan for `batch` (before the kernels).
-    pub fn begin(&mut self, batch: usize) -> Result<(), CudaError> {
+    /// Fills the constants of the plan for `batch`, and its `training` flag for `mode`
+    /// (before the kernels).
+    pub fn begin(&mut self, batch: usize, mode: Mode) -> Result<(), CudaError> {
         if batch > self.max_batch {
             return Err(CudaError::Exec(format!(
                 "the batch of {batch} is larger than the {} the executor was sized for",
@@ -631,7 +635,13 @@ impl CudaExecutor {
         }
         self.ensure_module(batch)?;
         self.batch = batch;
-        for &(step, value) in &self.fills {
+        let training = f32::from(u8::from(mode != Mode::Eval));
+        let flags = self
+            .plan
+            .training_flags()
+            .into_iter()
+            .map(|s| (s, training));
+        for (step, value) in self.fills.clone().into_iter().chain(flags) {
             let n = numel(&self.shape(step, batch));
             let values = [
                 ArgValue::U64(self.ptr(step)?),
@@ -672,7 +682,7 @@ impl CudaExecutor {
         batch: usize,
         step: u64,
     ) -> Result<Vec<(String, f64)>, CudaError> {
-        self.begin(batch)?;
+        self.begin(batch, Mode::Train)?;
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let mut labels = Vec::new();
         let first = self.ctx.new_event(flags)?;
@@ -735,7 +745,7 @@ impl CudaExecutor {
         step: u64,
         first_sample: u64,
     ) -> Result<(), CudaError> {
-        self.begin(batch)?;
+        self.begin(batch, mode)?;
         for k in 0..self.plan.kernels.len() {
             if mode.runs(&self.plan, k) {
                 self.run_kernel(k, mode, step, first_sample)?;

@@ -30,10 +30,6 @@ fn cases(shape: &[u64]) -> Vec<(Op, Vec<Operand>, Operand)> {
         (Op::RmsNorm { eps }, one.clone(), f(1, shape)),
         (Op::RmsNormGrad { eps }, two.clone(), f(2, shape)),
     ];
-    if shape.len() >= 2 {
-        v.push((Op::BatchNorm { eps }, one.clone(), f(1, shape)));
-        v.push((Op::BatchNormGrad { eps }, two.clone(), f(2, shape)));
-    }
     let r = shape.len();
     if r >= 2 && shape[r - 1] == shape[r - 2] {
         v.push((Op::Softmax { causal: true }, one.clone(), f(1, shape)));
@@ -93,12 +89,9 @@ fn launch_shapes_and_arguments() {
     // Softmax: a warp per row of 8, 48 rows.
     assert_eq!(kernel(&l[0]), ("k0".into(), 6, 256, v(&[0, 1])));
     assert_eq!(kernel(&l[1]), ("k1".into(), 6, 256, v(&[0, 1, 2])));
-    // Batch norm: a block per channel.
-    assert_eq!(kernel(&l[6]), ("k6".into(), 3, 1024, v(&[0, 1])));
-    assert_eq!(kernel(&l[7]), ("k7".into(), 3, 1024, v(&[0, 1, 2])));
     // Cross-entropy: a warp per row.
-    assert_eq!(kernel(&l[9]), ("k9".into(), 6, 256, v(&[0, 1, 2])));
-    assert_eq!(kernel(&l[10]), ("k10".into(), 6, 256, v(&[0, 1, 2, 3])));
+    assert_eq!(kernel(&l[7]), ("k7".into(), 6, 256, v(&[0, 1, 2])));
+    assert_eq!(kernel(&l[8]), ("k8".into(), 6, 256, v(&[0, 1, 2, 3])));
     // Long rows: a block each.
     let (l, _) = module(&cases(&[3, 5, 1500])[..1]);
     assert_eq!(kernel(&l[0]), ("k0".into(), 15, 256, v(&[0, 1])));
@@ -146,6 +139,4 @@ fn other_ops_and_bad_shapes_are_refused() {
     assert!(generate(&mut g, "k", &xent, &bad_labels, &f(2, &[])).is_err());
     let float_labels = [x.clone(), f(1, &[2])];
     assert!(generate(&mut g, "k", &xent, &float_labels, &f(2, &[])).is_err());
-    let bn = Op::BatchNorm { eps: 1e-5 };
-    assert!(generate(&mut g, "k", &bn, &[f(0, &[4])], &f(1, &[4])).is_err());
 }

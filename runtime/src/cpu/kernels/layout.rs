@@ -68,24 +68,6 @@ pub(crate) fn fill_range<R: Send>(
     }
 }
 
-/// `f(0), .., f(n - 1)` in order, computed on rayon threads when `work` is large.
-pub(crate) fn map_range<R: Send>(
-    n: usize,
-    work: usize,
-    f: impl Fn(usize) -> R + Sync + Send,
-) -> Vec<R> {
-    if work < PAR_MIN || n <= 1 {
-        (0..n).map(f).collect()
-    } else {
-        let per = (work / n).max(1);
-        (0..n)
-            .into_par_iter()
-            .with_min_len((JOB_MIN / per).max(1))
-            .map(f)
-            .collect()
-    }
-}
-
 /// The operand as f32, or an error naming `what`.
 pub(crate) fn f32s<'a>(
     op: &'static str,

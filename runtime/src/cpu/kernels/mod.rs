@@ -50,7 +50,7 @@ pub fn execute(op: &Op, ins: &[&Tensor], out: &mut Tensor, ctx: &Ctx) -> Result<
     use elementwise as ew;
     match op {
         // Sources hold values the executor sets (inputs, parameters, state).
-        Op::Input { .. } | Op::Param { .. } | Op::State { .. } => Ok(()),
+        Op::Input { .. } | Op::Param { .. } | Op::State { .. } | Op::Training => Ok(()),
         Op::Fill { value, .. } => {
             out.f32_mut().fill(*value as f32);
             Ok(())
@@ -145,8 +145,6 @@ pub fn execute(op: &Op, ins: &[&Tensor], out: &mut Tensor, ctx: &Ctx) -> Result<
         Op::LayerNormGrad { eps } => rows::layer_norm_grad(ins[0], ins[1], *eps as f32, out),
         Op::RmsNorm { eps } => rows::rms_norm(ins[0], *eps as f32, out),
         Op::RmsNormGrad { eps } => rows::rms_norm_grad(ins[0], ins[1], *eps as f32, out),
-        Op::BatchNorm { eps } => rows::batch_norm(ins[0], *eps as f32, out),
-        Op::BatchNormGrad { eps } => rows::batch_norm_grad(ins[0], ins[1], *eps as f32, out),
         Op::CrossEntropy { smoothing } => {
             rows::cross_entropy(ins[0], ins[1], *smoothing as f32, out)
         }

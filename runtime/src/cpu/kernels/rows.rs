@@ -5,7 +5,7 @@
 //! and rows run on rayon threads only when the tensor is large, so results are bit-identical
 //! whatever the thread count.
 
-use super::layout::{bad, f32s, f32s_mut, fill_range, for_rows, i32s, map_range};
+use super::layout::{bad, f32s, f32s_mut, fill_range, for_rows, i32s};
 use super::simd::sum8;
 use super::{math, scratch, KernelError};
 use crate::cpu::tensor::Tensor;
@@ -196,93 +196,6 @@ pub fn rms_norm_grad(
         let k = r * r * r * mdx;
         for ((o, &x), &g) in row.iter_mut().zip(xr).zip(gr) {
             *o = (r * g as f64 - x as f64 * k) as f32;
-        }
-    });
-    Ok(())
-}
-
-/// `[N, C, ..]` as (N, C, the size of the axes after 1).
-fn channels(op: &'static str, x: &Tensor) -> Result<(usize, usize, usize), KernelError> {
-    if x.shape.len() < 2 {
-        return Err(bad(op, format!("needs [N, C, ..], got {:?}", x.shape)));
-    }
-    Ok((x.shape[0], x.shape[1], x.shape[2..].iter().product()))
-}
-
-/// The `inner`-long blocks of channel `ch` of `[N, C, inner]` values, batch by batch.
-fn channel_blocks(
-    v: &[f32],
-    n: usize,
-    c: usize,
-    inner: usize,
-    ch: usize,
-) -> impl Iterator<Item = &[f32]> {
-    (0..n).map(move |b| &v[(b * c + ch) * inner..][..inner])
-}
-
-/// Each channel (axis 1) normalised over the batch and every axis after 1 (training mode:
-/// batch statistics, biased variance).
-pub fn batch_norm(x: &Tensor, eps: f32, out: &mut Tensor) -> Result<(), KernelError> {
-    const OP: &str = "batch_norm";
-    let (xs, _) = rows_of(OP, x, out)?;
-    let (n, c, inner) = channels(OP, x)?;
-    let count = (n * inner) as f64;
-    let stats: Vec<(f64, f64)> = map_range(c, xs.len(), |ch| {
-        let m = channel_blocks(xs, n, c, inner, ch)
-            .flatten()
-            .map(|&a| a as f64)
-            .sum::<f64>()
-            / count;
-        let var = channel_blocks(xs, n, c, inner, ch)
-            .flatten()
-            .map(|&a| (a as f64 - m) * (a as f64 - m))
-            .sum::<f64>()
-            / count;
-        (m, 1.0 / (var + eps as f64).sqrt())
-    });
-    let o = f32s_mut(OP, out)?;
-    for_rows(o, inner, xs.len(), |i, row| {
-        let (m, rstd) = stats[i % c];
-        for (o, &v) in row.iter_mut().zip(&xs[i * inner..][..inner]) {
-            *o = ((v as f64 - m) * rstd) as f32;
-        }
-    });
-    Ok(())
-}
-
-/// `(x, dy)`: `rstd * (dy - mean(dy) - xhat * mean(dy * xhat))`, the means per channel over
-/// the batch and the axes after 1.
-pub fn batch_norm_grad(
-    x: &Tensor,
-    dy: &Tensor,
-    eps: f32,
-    out: &mut Tensor,
-) -> Result<(), KernelError> {
-    const OP: &str = "batch_norm_grad";
-    let (xs, gs, _) = pair_of(OP, x, dy, out)?;
-    let (n, c, inner) = channels(OP, x)?;
-    let count = (n * inner) as f64;
-    // (mean, rstd, mean(dy), mean(dy * xhat)) per channel.
-    let stats: Vec<[f64; 4]> = map_range(c, 2 * xs.len(), |ch| {
-        let xb = || channel_blocks(xs, n, c, inner, ch).flatten();
-        let m = xb().map(|&a| a as f64).sum::<f64>() / count;
-        let var = xb().map(|&a| (a as f64 - m) * (a as f64 - m)).sum::<f64>() / count;
-        let rstd = 1.0 / (var + eps as f64).sqrt();
-        let gb = channel_blocks(gs, n, c, inner, ch).flatten();
-        let (mut sg, mut sgx) = (0f64, 0f64);
-        for (&a, &g) in xb().zip(gb) {
-            sg += g as f64;
-            sgx += g as f64 * (a as f64 - m) * rstd;
-        }
-        [m, rstd, sg / count, sgx / count]
-    });
-    let o = f32s_mut(OP, out)?;
-    for_rows(o, inner, 2 * xs.len(), |i, row| {
-        let [m, rstd, mdy, mdyx] = stats[i % c];
-        let (xr, gr) = (&xs[i * inner..][..inner], &gs[i * inner..][..inner]);
-        for ((o, &x), &g) in row.iter_mut().zip(xr).zip(gr) {
-            let xhat = (x as f64 - m) * rstd;
-            *o = (rstd * (g as f64 - mdy - xhat * mdyx)) as f32;
         }
     });
     Ok(())
@@ -509,24 +422,6 @@ mod tests {
         out
     }
 
-    fn batch_norm_ref(x: &[f64], shape: &[usize], eps: f64) -> Vec<f64> {
-        let (n, c) = (shape[0], shape[1]);
-        let inner = numel(&shape[2..]);
-        let mut out = vec![0.0; x.len()];
-        for ch in 0..c {
-            let at = |b: usize, k: usize| (b * c + ch) * inner + k;
-            let all: Vec<usize> = (0..n)
-                .flat_map(|b| (0..inner).map(move |k| at(b, k)))
-                .collect();
-            let m = all.iter().map(|&i| x[i]).sum::<f64>() / all.len() as f64;
-            let var = all.iter().map(|&i| (x[i] - m) * (x[i] - m)).sum::<f64>() / all.len() as f64;
-            for &i in &all {
-                out[i] = (x[i] - m) / (var + eps).sqrt();
-            }
-        }
-        out
-    }
-
     /// PyTorch's `cross_entropy(x, labels, label_smoothing=s)`, mean reduction.
     fn xent_ref(x: &[f64], labels: &[i32], c: usize, s: f64) -> f64 {
         let mut total = 0.0;
@@ -602,22 +497,6 @@ mod tests {
         let mut z = zeros(&[1, 4]);
         layer_norm(&c, EPS, &mut z).unwrap();
         assert_eq!(z.f32(), &[0.0; 4]);
-    }
-
-    #[test]
-    fn batch_norm_matches_reference_on_rank4_and_rank2() {
-        for shape in [&[4, 3, 5, 6][..], &[8, 5][..], &[2, 3, 7][..]] {
-            let x = randn(4, shape, 1.5);
-            let mut y = zeros(shape);
-            batch_norm(&x, EPS, &mut y).unwrap();
-            assert_close(
-                y.f32(),
-                &batch_norm_ref(&f64s(&x), shape, EPS as f64),
-                1e-6,
-                "batch_norm",
-            );
-        }
-        assert!(batch_norm(&randn(5, &[4], 1.0), EPS, &mut zeros(&[4])).is_err());
     }
 
     #[test]
@@ -743,22 +622,6 @@ mod tests {
     }
 
     #[test]
-    fn batch_norm_grad_matches_finite_differences() {
-        for shape in [&[3, 2, 2, 3][..], &[6, 4][..]] {
-            let x = randn(15, shape, 1.5);
-            let r = randn(16, shape, 1.0);
-            let mut dx = zeros(shape);
-            batch_norm_grad(&x, &r, EPS, &mut dx).unwrap();
-            check_grad(
-                &dx,
-                &x,
-                |p| weighted(&batch_norm_ref(p, shape, EPS as f64), &r),
-                "batch_norm_grad",
-            );
-        }
-    }
-
-    #[test]
     fn cross_entropy_grad_matches_finite_differences() {
         let (c, shape) = (7, [2, 3]);
         let x = randn(17, &[2, 3, c], 2.0);
@@ -790,8 +653,6 @@ mod tests {
         let dy = randn(21, &[4, 128, 128], 1.0);
         let x = randn(22, &[256, 200], 2.0);
         let dx = randn(23, &[256, 200], 1.0);
-        let img = randn(24, &[16, 8, 20, 20], 2.0);
-        let dimg = randn(25, &[16, 8, 20, 20], 1.0);
         let logits = randn(26, &[512, 100], 3.0);
         let l = labels(3, &[512], 100);
         let d = Tensor::from_f32(vec![], vec![0.75]);
@@ -810,8 +671,6 @@ mod tests {
             go(&x.shape, &|o| layer_norm_grad(&x, &dx, EPS, o));
             go(&x.shape, &|o| rms_norm(&x, EPS, o));
             go(&x.shape, &|o| rms_norm_grad(&x, &dx, EPS, o));
-            go(&img.shape, &|o| batch_norm(&img, EPS, o));
-            go(&img.shape, &|o| batch_norm_grad(&img, &dimg, EPS, o));
             go(&[], &|o| cross_entropy(&logits, &l, 0.1, o));
             go(&logits.shape, &|o| {
                 cross_entropy_grad(&logits, &l, &d, 0.1, o)
