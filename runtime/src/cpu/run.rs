@@ -2,7 +2,7 @@
 //! elementwise chain (chunk by chunk, in registers), a matmul and its epilogue, or a chain
 //! ending in a reduction.
 
-use super::kernels::{execute, Ctx, KernelError};
+use super::kernels::{execute, rows, Ctx, KernelError};
 use super::{fused, tensor, ExecError, Executor, Mode, EMPTY};
 use parallax_compiler::ir::Op;
 use parallax_compiler::passes::fuse::KernelKind;
@@ -224,6 +224,16 @@ impl Executor {
                 }
                 Ok(())
             }
+            KernelKind::ElementwiseReduce if self.scaled_softmax(steps).is_some() => {
+                let (x, by, causal) = self.scaled_softmax(steps).expect("checked");
+                let red = steps[1];
+                self.shape_operands(steps[0]);
+                let mut out = std::mem::take(self.buf_mut(red));
+                out.reshape_in_place(&self.shapes[red]);
+                let r = rows::softmax_scaled(self.buf(x), Some(by), causal, &mut out);
+                *self.buf_mut(red) = out;
+                r.map_err(|e| self.kernel_err(red, e))
+            }
             KernelKind::ElementwiseReduce => {
                 let (&red, chain) = steps.split_last().expect("a reduction and its chain");
                 let last = *chain.last().expect("a chain before the reduction");
@@ -237,6 +247,21 @@ impl Executor {
                 r.map_err(|e| self.kernel_err(red, e))
             }
         }
+    }
+
+    /// `(x, by, causal)` when the kernel is `softmax(scale(x, by))` with `x` stored and the
+    /// scaled values read by nothing else (attention's scores): one pass, no staging.
+    fn scaled_softmax(&self, steps: &[usize]) -> Option<(usize, f32, bool)> {
+        let [scale, red] = *steps else { return None };
+        let (Op::Scale { by }, Op::Softmax { causal }) =
+            (&self.plan.steps[scale].op, &self.plan.steps[red].op)
+        else {
+            return None;
+        };
+        let x = self.plan.steps[scale].operands[0];
+        let stored =
+            self.slot[x].is_some() && self.slot[scale].is_none() && self.slot[x] != self.slot[red];
+        stored.then_some((x, *by as f32, *causal))
     }
 
     /// Gives the operands' buffers their values' shapes: a buffer shared by a value and its

@@ -7,7 +7,7 @@
 //! the thread count.
 
 use super::simd::sum8;
-use super::{KernelError, Small};
+use super::{scratch, KernelError, Small};
 use crate::cpu::tensor::{numel, Data, Tensor};
 use rayon::prelude::*;
 use smallvec::smallvec;
@@ -537,6 +537,13 @@ fn sum_axes(x: &[f32], shape: &[usize], red: &[bool], div: f64, out: &mut [f32])
     let (last_n, last_s) = reduced.pop().unwrap_or((1, 0));
     let outer_n: usize = reduced.iter().map(|g| g.0).product();
     let total = x.len();
+    if kept.is_empty() && inner == out.len() && total >= 2 * PART_WORK {
+        // `x` is `[rows, inner]` summed down to its last axis (a bias gradient): `parts`
+        // bands of whole rows, each streamed through memory into its own f64 row, then the
+        // bands added in order. The bands depend only on the shape.
+        column_sums(x, inner, total / PART_WORK, div, out);
+        return;
+    }
     if inner == 1 && last_s == 1 && last_n >= LANES && out.len() > 1 {
         // Every output sums contiguous runs (a conv bias gradient, [N, C, H, W] to [C]):
         // `LANES` outputs at once, each its own f64 chain in the general order.
@@ -602,6 +609,36 @@ fn sum_axes(x: &[f32], shape: &[usize], red: &[bool], div: f64, out: &mut [f32])
                 *o = (a / div) as f32;
             }
         });
+    });
+}
+
+/// Elements per band of `column_sums` (at most `MAX_PARTS` bands).
+const PART_WORK: usize = 1 << 16;
+const MAX_PARTS: usize = 8;
+
+/// `out[j] = sum over rows r of x[r * inner + j] / div` for `x` of `[rows, inner]`: the rows
+/// cut into at most `parts` bands of consecutive rows, each band's sums in f64 in row order,
+/// the bands' sums added in band order.
+fn column_sums(x: &[f32], inner: usize, parts: usize, div: f64, out: &mut [f32]) {
+    let rows = x.len() / inner;
+    let parts = parts.clamp(1, MAX_PARTS).min(rows);
+    let per = rows.div_ceil(parts);
+    scratch::with(parts * inner, |bands: &mut [f64]| {
+        bands
+            .par_chunks_mut(inner)
+            .enumerate()
+            .for_each(|(p, acc)| {
+                let (start, end) = ((p * per).min(rows), ((p + 1) * per).min(rows));
+                for row in x[start * inner..end * inner].chunks_exact(inner) {
+                    for (a, &v) in acc.iter_mut().zip(row) {
+                        *a += v as f64;
+                    }
+                }
+            });
+        for (j, o) in out.iter_mut().enumerate() {
+            let sum = (0..parts).fold(0.0, |s, p| s + bands[p * inner + j]);
+            *o = (sum / div) as f32;
+        }
     });
 }
 
@@ -1116,6 +1153,41 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// A large `[rows, C]` summed to `[C]`: bands of consecutive rows, each summed in f64 in
+    /// row order, the bands then added in order, on any number of threads.
+    #[test]
+    fn column_sums_add_bands_of_rows_in_order() {
+        let (rows, c) = (700, 300);
+        let mut x = randn(71, &[rows, c]);
+        for (i, v) in x.f32_mut().iter_mut().enumerate() {
+            if i / c % 97 == 5 {
+                *v = 2f32.powi(50) * if i % 2 == 0 { 1.0 } else { -1.0 };
+            }
+        }
+        let parts = (rows * c / PART_WORK).min(MAX_PARTS);
+        assert_eq!(parts, 3);
+        let per = rows.div_ceil(parts);
+        let want: Vec<u32> = (0..c)
+            .map(|j| {
+                let band = |p: usize| {
+                    (p * per..((p + 1) * per).min(rows))
+                        .fold(0f64, |s, r| s + x.f32()[r * c + j] as f64)
+                };
+                ((band(0) + band(1)) + band(2)) as f32
+            })
+            .map(f32::to_bits)
+            .collect();
+        for threads in [1, 2, 3] {
+            let st = in_pool(threads, || {
+                let mut st = zeros(&[c]);
+                sum_to(&x, &mut st).unwrap();
+                st
+            });
+            let bits: Vec<u32> = st.f32().iter().map(|v| v.to_bits()).collect();
+            assert_eq!(bits, want, "{threads} threads");
         }
     }
 

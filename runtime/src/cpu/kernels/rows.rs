@@ -6,7 +6,7 @@
 //! whatever the thread count.
 
 use super::layout::{bad, f32s, f32s_mut, fill_range, for_rows, i32s};
-use super::simd::sum8;
+use super::simd::{sum8, vectorised};
 use super::{math, scratch, KernelError};
 use crate::cpu::tensor::Tensor;
 
@@ -64,15 +64,41 @@ fn moments(v: &[f32], eps: f32) -> (f64, f64) {
     (m, 1.0 / (var + eps as f64).sqrt())
 }
 
+/// The largest value (NaNs skipped, as `f32::max`), in eight lanes so that it vectorises:
+/// the max of a set does not depend on the order it is taken in.
+#[inline(always)]
+fn row_max(v: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = v.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &x) in lanes.iter_mut().zip(c) {
+            *l = l.max(x);
+        }
+    }
+    let m = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    chunks.remainder().iter().fold(m, |a, &b| a.max(b))
+}
+
 /// The row's max and `sum(exp(x - max))` (exponentials in f32, summed in f64).
 fn max_sum_exp(v: &[f32]) -> (f32, f64) {
-    let m = v.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let m = row_max(v);
     (m, sum8(v.len(), |i| math::exp(v[i] - m) as f64))
 }
 
 /// Softmax over the last axis; `causal` zeroes key positions after the query's (the last two
 /// axes are `[.., S, S]`).
 pub fn softmax(x: &Tensor, causal: bool, out: &mut Tensor) -> Result<(), KernelError> {
+    softmax_scaled(x, None, causal, out)
+}
+
+/// [`softmax`] of `x * by` (`x * by` rounded to f32, as a `scale` op before it would give),
+/// without storing the scaled values.
+pub fn softmax_scaled(
+    x: &Tensor,
+    by: Option<f32>,
+    causal: bool,
+    out: &mut Tensor,
+) -> Result<(), KernelError> {
     const OP: &str = "softmax";
     let (xs, c) = rows_of(OP, x, out)?;
     let r = x.shape.len();
@@ -84,20 +110,44 @@ pub fn softmax(x: &Tensor, causal: bool, out: &mut Tensor) -> Result<(), KernelE
     }
     let o = f32s_mut(OP, out)?;
     for_rows(o, c, xs.len(), |i, row| {
-        let xr = &xs[i * c..][..c];
         let n = if causal { i % c + 1 } else { c };
-        let m = xr[..n].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        // The exponentials in one (vectorised) pass, then their sum in order.
-        for (o, &v) in row[..n].iter_mut().zip(&xr[..n]) {
-            *o = math::exp(v - m);
-        }
-        let sum = sum8(n, |j| row[j] as f64);
-        for o in &mut row[..n] {
-            *o = (*o as f64 / sum) as f32;
-        }
-        row[n..].fill(0.0);
+        let (xr, (row, masked)) = (&xs[i * c..][..n], row.split_at_mut(n));
+        softmax_row(xr, row, by);
+        masked.fill(0.0);
     });
     Ok(())
+}
+
+vectorised! {
+    fn softmax_row(xr: &[f32], row: &mut [f32], by: Option<f32>) = softmax_row_at;
+}
+
+/// One row of [`softmax_scaled`]: the exponentials in one pass, then their sum in order; a
+/// scaled row is first scaled into the output row.
+#[inline(always)]
+fn softmax_row_at(xr: &[f32], row: &mut [f32], by: Option<f32>) {
+    match by {
+        Some(by) => {
+            for (o, &v) in row.iter_mut().zip(xr) {
+                *o = v * by;
+            }
+            let m = row_max(row);
+            for o in row.iter_mut() {
+                *o = math::exp(*o - m);
+            }
+        }
+        None => {
+            let m = row_max(xr);
+            for (o, &v) in row.iter_mut().zip(xr) {
+                *o = math::exp(v - m);
+            }
+        }
+    }
+    // Times the sum's reciprocal, as the CUDA kernel (a division per value costs more).
+    let inv = 1.0 / sum8(row.len(), |j| row[j] as f64);
+    for o in row.iter_mut() {
+        *o = (*o as f64 * inv) as f32;
+    }
 }
 
 /// `(y, dy)`: `y * (dy - sum(dy * y))` over the last axis.

@@ -233,6 +233,38 @@ macro_rules! with_features {
 with_features!("avx2,fma", unary_avx2, binary_avx2);
 with_features!("avx512f,avx2,fma", unary_avx512, binary_avx512);
 
+/// `vectorised! { fn name(args) -> R = body; }` defines `name`, which runs the
+/// `#[inline(always)]` function `body` compiled for the detected level, so that a kernel's
+/// loops (a row of a softmax, a norm) vectorise as wide as the CPU allows. Every level gives
+/// the same bits, for the reasons in the module's comment.
+macro_rules! vectorised {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? = $body:path;) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx2,fma")]
+            unsafe fn avx512($($arg: $ty),*) $(-> $ret)? {
+                $body($($arg),*)
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2($($arg: $ty),*) $(-> $ret)? {
+                $body($($arg),*)
+            }
+            use $crate::cpu::kernels::simd::{level, Level};
+            match level() {
+                // SAFETY: the level was detected on this CPU.
+                #[cfg(target_arch = "x86_64")]
+                Level::Avx512 => unsafe { avx512($($arg),*) },
+                #[cfg(target_arch = "x86_64")]
+                Level::Avx2 => unsafe { avx2($($arg),*) },
+                _ => $body($($arg),*),
+            }
+        }
+    };
+}
+pub(crate) use vectorised;
+
 /// `out[i] = op(a[i])` over the shorter of the two.
 pub fn unary(op: Unary, out: &mut [f32], a: &[f32]) {
     match level() {
