@@ -53,11 +53,13 @@ fn pair_of<'a>(
     Ok((xs, f32s(op, dy, "the gradient")?, c))
 }
 
+#[inline(always)]
 fn mean(v: &[f32]) -> f64 {
     sum8(v.len(), |i| v[i] as f64) / v.len() as f64
 }
 
 /// Mean and `1 / sqrt(var + eps)` (biased variance, two passes).
+#[inline(always)]
 fn moments(v: &[f32], eps: f32) -> (f64, f64) {
     let m = mean(v);
     let var = sum8(v.len(), |i| (v[i] as f64 - m) * (v[i] as f64 - m)) / v.len() as f64;
@@ -156,13 +158,21 @@ pub fn softmax_grad(y: &Tensor, dy: &Tensor, out: &mut Tensor) -> Result<(), Ker
     let (ys, gs, c) = pair_of(OP, y, dy, out)?;
     let o = f32s_mut(OP, out)?;
     for_rows(o, c, 2 * ys.len(), |i, row| {
-        let (yr, gr) = (&ys[i * c..][..c], &gs[i * c..][..c]);
-        let s = sum8(c, |j| yr[j] as f64 * gr[j] as f64);
-        for ((o, &y), &g) in row.iter_mut().zip(yr).zip(gr) {
-            *o = (y as f64 * (g as f64 - s)) as f32;
-        }
+        softmax_grad_row(&ys[i * c..][..c], &gs[i * c..][..c], row)
     });
     Ok(())
+}
+
+vectorised! {
+    fn softmax_grad_row(yr: &[f32], gr: &[f32], row: &mut [f32]) = softmax_grad_row_at;
+}
+
+#[inline(always)]
+fn softmax_grad_row_at(yr: &[f32], gr: &[f32], row: &mut [f32]) {
+    let s = sum8(row.len(), |j| yr[j] as f64 * gr[j] as f64);
+    for ((o, &y), &g) in row.iter_mut().zip(yr).zip(gr) {
+        *o = (y as f64 * (g as f64 - s)) as f32;
+    }
 }
 
 /// `(x - mean) / sqrt(var + eps)` over the last axis (biased variance, as PyTorch).
@@ -171,13 +181,21 @@ pub fn layer_norm(x: &Tensor, eps: f32, out: &mut Tensor) -> Result<(), KernelEr
     let (xs, c) = rows_of(OP, x, out)?;
     let o = f32s_mut(OP, out)?;
     for_rows(o, c, xs.len(), |i, row| {
-        let xr = &xs[i * c..][..c];
-        let (m, rstd) = moments(xr, eps);
-        for (o, &v) in row.iter_mut().zip(xr) {
-            *o = ((v as f64 - m) * rstd) as f32;
-        }
+        layer_norm_row(&xs[i * c..][..c], row, eps)
     });
     Ok(())
+}
+
+vectorised! {
+    fn layer_norm_row(xr: &[f32], row: &mut [f32], eps: f32) = layer_norm_row_at;
+}
+
+#[inline(always)]
+fn layer_norm_row_at(xr: &[f32], row: &mut [f32], eps: f32) {
+    let (m, rstd) = moments(xr, eps);
+    for (o, &v) in row.iter_mut().zip(xr) {
+        *o = ((v as f64 - m) * rstd) as f32;
+    }
 }
 
 /// `(x, dy)`: `rstd * (dy - mean(dy) - xhat * mean(dy * xhat))` per row.
@@ -191,19 +209,30 @@ pub fn layer_norm_grad(
     let (xs, gs, c) = pair_of(OP, x, dy, out)?;
     let o = f32s_mut(OP, out)?;
     for_rows(o, c, 2 * xs.len(), |i, row| {
-        let (xr, gr) = (&xs[i * c..][..c], &gs[i * c..][..c]);
-        let (m, rstd) = moments(xr, eps);
-        let mdy = mean(gr);
-        let mdyx = sum8(c, |j| gr[j] as f64 * (xr[j] as f64 - m) * rstd) / c as f64;
-        for ((o, &x), &g) in row.iter_mut().zip(xr).zip(gr) {
-            let xhat = (x as f64 - m) * rstd;
-            *o = (rstd * (g as f64 - mdy - xhat * mdyx)) as f32;
-        }
+        layer_norm_grad_row(&xs[i * c..][..c], &gs[i * c..][..c], row, eps)
     });
     Ok(())
 }
 
+vectorised! {
+    fn layer_norm_grad_row(xr: &[f32], gr: &[f32], row: &mut [f32], eps: f32) =
+        layer_norm_grad_row_at;
+}
+
+#[inline(always)]
+fn layer_norm_grad_row_at(xr: &[f32], gr: &[f32], row: &mut [f32], eps: f32) {
+    let c = row.len();
+    let (m, rstd) = moments(xr, eps);
+    let mdy = mean(gr);
+    let mdyx = sum8(c, |j| gr[j] as f64 * (xr[j] as f64 - m) * rstd) / c as f64;
+    for ((o, &x), &g) in row.iter_mut().zip(xr).zip(gr) {
+        let xhat = (x as f64 - m) * rstd;
+        *o = (rstd * (g as f64 - mdy - xhat * mdyx)) as f32;
+    }
+}
+
 /// `1 / sqrt(mean(x^2) + eps)`.
+#[inline(always)]
 fn rms_scale(v: &[f32], eps: f32) -> f64 {
     let ms = sum8(v.len(), |i| v[i] as f64 * v[i] as f64) / v.len() as f64;
     1.0 / (ms + eps as f64).sqrt()
@@ -392,6 +421,31 @@ mod tests {
             .map(|i| scale * normal(s, i as u64))
             .collect();
         Tensor::from_f32(shape.to_vec(), v)
+    }
+
+    /// The rows compiled for this CPU's vector level give the baseline's bits.
+    #[test]
+    fn row_kernels_match_the_baseline_at_every_length() {
+        for c in [1, 7, 8, 64, 257] {
+            let (x, g) = (randn(80, &[c], 3.0), randn(81, &[c], 1.0));
+            let (x, g) = (x.f32(), g.f32());
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let (mut a, mut b) = (vec![0.0; c], vec![0.0; c]);
+            for by in [None, Some(0.37)] {
+                softmax_row(x, &mut a, by);
+                softmax_row_at(x, &mut b, by);
+                assert_eq!(bits(&a), bits(&b), "softmax {c}");
+            }
+            softmax_grad_row(x, g, &mut a);
+            softmax_grad_row_at(x, g, &mut b);
+            assert_eq!(bits(&a), bits(&b), "softmax_grad {c}");
+            layer_norm_row(x, &mut a, EPS);
+            layer_norm_row_at(x, &mut b, EPS);
+            assert_eq!(bits(&a), bits(&b), "layer_norm {c}");
+            layer_norm_grad_row(x, g, &mut a, EPS);
+            layer_norm_grad_row_at(x, g, &mut b, EPS);
+            assert_eq!(bits(&a), bits(&b), "layer_norm_grad {c}");
+        }
     }
 
     fn labels(n: u64, shape: &[usize], classes: usize) -> Tensor {
