@@ -158,9 +158,11 @@ unsafe fn product(
     let parallel = matches!(par, Parallelism::Rayon(_));
     if parallel && m.saturating_mul(n).saturating_mul(k) > SPLIT_WORK {
         // Split the columns when `lhs` is row-major (each half packs only its half of
-        // `rhs`), else the rows (each half packs only its rows of a column-major `lhs`).
+        // `rhs`). A column-major `lhs` (a weight gradient, `dy^T x`) is packed by each half
+        // too: split the dimension of the larger operand, so that the smaller one is the one
+        // packed twice (`[256, 1024] x [1024, 1024]`: 130 -> 150-170 GFLOP/s, 2 threads).
         // Halves start on a multiple of 16 (whole cache lines of `dst` rows).
-        let split_n = (l_cs == 1 && n >= 32) || m < 32;
+        let split_n = (n >= 32 && (l_cs == 1 || n > m)) || m < 32;
         if split_n && n >= 32 {
             let h = n.div_ceil(32) * 16;
             rayon::join(
