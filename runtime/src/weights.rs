@@ -4,7 +4,7 @@
 
 use crate::backend::{Backend, ParamValues};
 use crate::cpu::ExecError;
-use parallax_compiler::passes::batch_norm::is_running_statistic;
+use parallax_compiler::passes::lower::is_running_statistic;
 use safetensors::tensor::{Dtype, TensorView};
 use std::path::Path;
 

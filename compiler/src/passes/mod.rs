@@ -3,7 +3,6 @@
 //! the verifier after each in tests and debug builds.
 
 pub mod autodiff;
-pub mod batch_norm;
 pub mod fuse;
 pub mod grad_sync;
 pub mod lower;

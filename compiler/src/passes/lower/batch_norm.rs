@@ -1,4 +1,4 @@
-//! `BatchNorm2d` as primitive ops (part of lowering).
+//! `BatchNorm2d` as primitive ops.
 //!
 //! Per channel of `x [B, C, H, W]`:
 //! - the batch's mean and (biased) variance, from sums over the batch and spatial axes. In a
