@@ -11,6 +11,7 @@ pub mod elementwise;
 pub mod gemm;
 pub mod layout;
 pub mod math;
+pub mod reduce;
 pub mod rows;
 pub mod scratch;
 pub mod simd;
@@ -134,10 +135,10 @@ pub fn execute(op: &Op, ins: &[&Tensor], out: &mut Tensor, ctx: &Ctx) -> Result<
         Op::Pad { axis, start, .. } => layout::pad(ins[0], *axis, *start as usize, out),
         Op::Gather => layout::gather(ins[0], ins[1], out),
         Op::ScatterAdd { .. } => layout::scatter_add(ins[0], ins[1], out),
-        Op::ReduceSum { axes } => layout::reduce(ins[0], axes, false, out),
-        Op::ReduceMean { axes } => layout::reduce(ins[0], axes, true, out),
-        Op::SumTo { .. } => layout::sum_to(ins[0], out),
-        Op::Expand { axes, mean, .. } => layout::expand(ins[0], axes, *mean, out),
+        Op::ReduceSum { axes } => reduce::reduce(ins[0], axes, false, out),
+        Op::ReduceMean { axes } => reduce::reduce(ins[0], axes, true, out),
+        Op::SumTo { .. } => reduce::sum_to(ins[0], out),
+        Op::Expand { axes, mean, .. } => reduce::expand(ins[0], axes, *mean, out),
         Op::Dropout { p, stream } => ew::dropout(ins[0], *p, *stream, ctx, out),
         Op::Softmax { causal } => rows::softmax(ins[0], *causal, out),
         Op::SoftmaxGrad => rows::softmax_grad(ins[0], ins[1], out),

@@ -1,7 +1,7 @@
 //! Helpers shared by the kernels' tests.
 
 use crate::cpu::tensor::{numel, Tensor};
-use crate::rng::{stream, uniform, Purpose};
+use crate::rng::{normal, stream, uniform, Purpose};
 
 /// Uniform in [-1, 1), keyed by `(seed, tag)`.
 pub fn uniform_tensor(seed: u64, shape: &[usize], tag: u64) -> Tensor {
@@ -23,4 +23,44 @@ pub fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
         .build()
         .unwrap()
         .install(f)
+}
+
+/// Standard normal values, keyed by `n`.
+pub fn randn(n: u64, shape: &[usize]) -> Tensor {
+    let s = stream(11, Purpose::Synthetic, n);
+    let v = (0..numel(shape)).map(|i| normal(s, i as u64)).collect();
+    Tensor::from_f32(shape.to_vec(), v)
+}
+
+/// The multi-index of flat index `i` in `shape` (row-major).
+pub fn unravel(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut idx = vec![0; shape.len()];
+    for k in (0..shape.len()).rev() {
+        idx[k] = i % shape[k];
+        i /= shape[k];
+    }
+    idx
+}
+
+pub fn ravel(idx: &[usize], shape: &[usize]) -> usize {
+    idx.iter().zip(shape).fold(0, |a, (&i, &n)| a * n + i)
+}
+
+pub fn dot(a: &Tensor, b: &Tensor) -> f64 {
+    a.f32()
+        .iter()
+        .zip(b.f32())
+        .map(|(&x, &y)| x as f64 * y as f64)
+        .sum()
+}
+
+/// `|got - want| <= tol * (1 + |want|)` everywhere.
+pub fn assert_close(got: &[f32], want: &[f64], tol: f64) {
+    assert_eq!(got.len(), want.len());
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g as f64 - w).abs() <= tol * (1.0 + w.abs()),
+            "element {i}: got {g}, want {w}"
+        );
+    }
 }
