@@ -11,6 +11,7 @@ pub mod elementwise;
 pub mod gemm;
 pub mod layout;
 pub mod math;
+pub mod pool;
 pub mod reduce;
 pub mod rows;
 pub mod scratch;
@@ -100,7 +101,7 @@ pub fn execute(op: &Op, ins: &[&Tensor], out: &mut Tensor, ctx: &Ctx) -> Result<
             kernel,
             stride,
             padding,
-        } => conv::pool2d(
+        } => pool::pool2d(
             ins[0],
             *max,
             *kernel as usize,
@@ -113,7 +114,7 @@ pub fn execute(op: &Op, ins: &[&Tensor], out: &mut Tensor, ctx: &Ctx) -> Result<
             kernel,
             stride,
             padding,
-        } => conv::pool2d_grad(
+        } => pool::pool2d_grad(
             ins[0],
             ins[1],
             *max,

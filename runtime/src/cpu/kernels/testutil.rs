@@ -64,3 +64,18 @@ pub fn assert_close(got: &[f32], want: &[f64], tol: f64) {
         );
     }
 }
+
+pub fn f64s(t: &Tensor) -> Vec<f64> {
+    t.f32().iter().map(|&v| v as f64).collect()
+}
+
+/// `|got - want| <= rel * (1 + |want|)` elementwise, naming `what` on a failure.
+pub fn assert_near(got: &[f32], want: &[f64], rel: f64, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        assert!(
+            (g as f64 - w).abs() <= rel * (1.0 + w.abs()),
+            "{what}, element {i}: got {g}, want {w}"
+        );
+    }
+}
