@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Parallax's CPU executor against PyTorch (eager, fp32, 2 threads) on the models of
 # benches/models/: the median milliseconds of one training step (forward, loss, backward, SGD
-# with momentum) after warm-up, and their ratio (Parallax / PyTorch; above 1 is slower).
+# with momentum) after warm-up, and their ratio (Parallax / PyTorch; above 1 is slower); also
+# the least step time of each side over all rounds, and its ratio.
 # Each round runs every model on both, one after the other; the table gives the median over
 # the rounds, so a busy spell of a shared machine moves both sides or neither.
 #
@@ -31,39 +32,51 @@ else
 fi
 
 # Model by model, Parallax then PyTorch, so that both see the machine in the same state.
-declare -A PX PT
+declare -A PX PT PXMIN PTMIN
+field() { awk -v k="$1" '{ for (i = 1; i < NF; i++) if ($i == k) { v = $(i + 1); gsub(/[,(]/, "", v); print v } }'; }
 for round in $(seq "$ROUNDS"); do
     for m in "${MODELS[@]}"; do
         line=$("$BIN" "benches/models/$m.ron" "$WARMUP" "$STEPS")
         echo "round $round parallax: $line" >&2
-        PX[$m]+=" $(awk '{ for (i = 1; i < NF; i++) if ($i == "median") print $(i + 1) }' <<<"$line")"
+        PX[$m]+=" $(field median <<<"$line")"
+        PXMIN[$m]+=" $(field '(min' <<<"$line")"
         if [ "$have_torch" = 1 ]; then
             out=$("$PYTHON" benches/pytorch_compare.py --warmup "$WARMUP" --steps "$STEPS" \
                 --threads "$THREADS" "$m")
-            PT[$m]+=" ${out#* }"
-            echo "round $round pytorch:  $m median ${out#* } ms/step" >&2
+            read -r _ median least <<<"$out"
+            PT[$m]+=" $median"
+            PTMIN[$m]+=" $least"
+            echo "round $round pytorch:  $m median $median ms/step (min $least)" >&2
         fi
     done
 done
 
-# The median of the rounds' medians.
+# The median of the rounds' medians, and the least step of all rounds (the machine at its
+# quietest: a shared machine's busy spells slow both sides, but not always equally).
 median() { tr ' ' '\n' <<<"$1" | sed '/^$/d' | sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+least() { tr ' ' '\n' <<<"$1" | sed '/^$/d' | sort -g | head -1; }
 for m in "${MODELS[@]}"; do
     PX[$m]=$(median "${PX[$m]}")
-    if [ "$have_torch" = 1 ]; then PT[$m]=$(median "${PT[$m]}"); fi
+    PXMIN[$m]=$(least "${PXMIN[$m]}")
+    if [ "$have_torch" = 1 ]; then
+        PT[$m]=$(median "${PT[$m]}")
+        PTMIN[$m]=$(least "${PTMIN[$m]}")
+    fi
 done
 
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2fx", a / b }'; }
 echo
-echo "training step, median of $STEPS after $WARMUP warm-up, median of $ROUNDS rounds, $THREADS threads, fp32"
+echo "training step: median of $STEPS after $WARMUP warm-up (median of $ROUNDS rounds), and the least step of all rounds; $THREADS threads, fp32"
 if [ "$have_torch" = 1 ]; then
-    printf '%-12s %16s %15s %8s\n' model "Parallax ms/step" "PyTorch ms/step" ratio
+    printf '%-12s %12s %12s %7s   %12s %12s %7s\n' model "Parallax med" "PyTorch med" ratio "Parallax min" "PyTorch min" ratio
     for m in "${MODELS[@]}"; do
-        printf '%-12s %16.3f %15.3f %8s\n' "$m" "${PX[$m]}" "${PT[$m]}" \
-            "$(awk -v a="${PX[$m]}" -v b="${PT[$m]}" 'BEGIN { printf "%.2fx", a / b }')"
+        printf '%-12s %12.3f %12.3f %7s   %12.3f %12.3f %7s\n' "$m" "${PX[$m]}" "${PT[$m]}" \
+            "$(ratio "${PX[$m]}" "${PT[$m]}")" "${PXMIN[$m]}" "${PTMIN[$m]}" \
+            "$(ratio "${PXMIN[$m]}" "${PTMIN[$m]}")"
     done
 else
-    printf '%-12s %16s\n' model "Parallax ms/step"
+    printf '%-12s %12s %12s\n' model "Parallax med" "Parallax min"
     for m in "${MODELS[@]}"; do
-        printf '%-12s %16.3f\n' "$m" "${PX[$m]}"
+        printf '%-12s %12.3f %12.3f\n' "$m" "${PX[$m]}" "${PXMIN[$m]}"
     done
 fi

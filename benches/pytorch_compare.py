@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """PyTorch twins of benches/models/*.ron, timed the way runtime/examples/step_time.rs times
 Parallax: one training step (forward, loss, backward, SGD with momentum 0.9) on the CPU, eager
-mode, fp32, 2 threads, the median of 30 steps after 10 warm-up steps.
+mode, fp32, 2 threads, the median (and the least) of 30 steps after 10 warm-up steps.
 
     python3 benches/pytorch_compare.py [--warmup 10] [--steps 30] [--threads 2] [MODEL ...]
 
-Prints one line per model: `NAME MEDIAN_MS` (milliseconds per step). MODEL is one of mlp, cnn,
+Prints one line per model: `NAME MEDIAN_MS MIN_MS` (milliseconds per step). MODEL is one of mlp, cnn,
 transformer (all three by default). Exits 3 when PyTorch is not installed.
 
 The shapes match the Parallax files exactly: Linear weights [out, in] with biases; Conv2d
@@ -131,7 +131,7 @@ def step_time(name, warmup, steps):
         if i >= warmup:
             times.append(elapsed)
         assert math.isfinite(loss.item()), f"{name}: the loss became {loss.item()}"
-    return statistics.median(times)
+    return statistics.median(times), min(times)
 
 
 def main():
@@ -147,7 +147,8 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     for name in args.models or list(MODELS):
-        print(f"{name} {step_time(name, args.warmup, args.steps):.3f}", flush=True)
+        median, least = step_time(name, args.warmup, args.steps)
+        print(f"{name} {median:.3f} {least:.3f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,10 @@ fn main() {
         let loss = s.exec.output("loss").map_or(f32::NAN, |t| t.f32()[0]);
         assert!(loss.is_finite(), "the loss became {loss} at step {step}");
     }
+    if std::env::var_os("STEP_TIMES").is_some() {
+        let all: Vec<String> = times.iter().map(|t| format!("{t:.1}")).collect();
+        eprintln!("ms per step, in order: {}", all.join(" "));
+    }
     times.sort_by(|a, b| a.total_cmp(b));
     let n = times.len();
     let median = if n % 2 == 1 {
