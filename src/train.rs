@@ -142,6 +142,7 @@ fn choose(
     shards: u32,
     profile: &'static parallax_compiler::devices::Profile,
     capacity: u64,
+    forced_zero: Option<u8>,
 ) -> Result<(Strategy, u8), Exit> {
     let options = Options {
         gpus: Some(n),
@@ -183,8 +184,14 @@ fn choose(
         },
         0,
     ));
+    // What `simulated_devices` will run: `--zero` wins, but needs data-parallel ranks.
+    let zero_said = match forced_zero {
+        Some(z) if chosen.dp > 1 => format!("ZeRO {z} as --zero asks"),
+        Some(_) => "ZeRO 0 (one data-parallel rank: --zero has nothing to shard)".to_string(),
+        None => format!("ZeRO {zero}"),
+    };
     eprintln!(
-        "{}: --gpus {n}: the cost model chooses {} with ZeRO {zero} (`--strategy` forces another)",
+        "{}: --gpus {n}: the cost model chooses {} with {zero_said} (`--strategy` forces another)",
         e.name,
         partition::strategy_name(&chosen)
     );
@@ -224,7 +231,7 @@ fn simulated_devices(
                 )
             })?,
         None => match profile {
-            Some(profile) => choose(file, source, n, shards, profile, capacity)?,
+            Some(profile) => choose(file, source, n, shards, profile, capacity, zero)?,
             None => (
                 Strategy {
                     dp: n,

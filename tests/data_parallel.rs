@@ -357,6 +357,31 @@ fn the_cost_model_chooses_a_split_with_the_same_bits() {
     let _ = std::fs::remove_dir_all(run);
 }
 
+/// `--zero` without `--strategy`: the cost model picks the split, and the line saying so names
+/// the ZeRO stage that runs (the one asked for), not the one the cost model would pick.
+#[test]
+fn the_chosen_split_names_the_zero_stage_asked_for() {
+    let run = temp("auto-zero");
+    let args = [
+        "train",
+        "models/mlp.ron",
+        "--gpus",
+        "2",
+        "--zero",
+        "1",
+        "--steps",
+        "1",
+    ];
+    let o = parallax(&[&args[..], &["--run-dir", run.to_str().unwrap()]].concat());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("the cost model chooses dp2 with ZeRO 1 as --zero asks"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(run);
+}
+
 #[test]
 fn a_device_too_small_is_refused_before_training() {
     let run = temp("small");
