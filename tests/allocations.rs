@@ -3,7 +3,7 @@
 //! between steps. The one exception is inside the `gemm` crate, which allocates its packing
 //! buffers on every call (no API takes them from the caller); those are not counted here.
 
-use parallax_compiler::{compile, parse_bytes, Options};
+use parallax_compiler::parse_bytes;
 use parallax_runtime::cpu::kernels::gemm::IN_GEMM_CRATE;
 use parallax_runtime::cpu::Mode;
 use parallax_runtime::train::{set_scalars, Session};
@@ -48,13 +48,8 @@ fn a_steady_state_training_step_allocates_nothing() {
     for name in ["mlp", "cnn", "transformer"] {
         let path = format!("{}/benches/models/{name}.ron", env!("CARGO_MANIFEST_DIR"));
         let source = parse_bytes(&std::fs::read(path).unwrap()).unwrap();
-        let options = Options::default();
-        let plan = compile(&source, &options, &mut |_, _| {})
-            .unwrap()
-            .plan(&source, &options);
         let e = &source.experiment;
-        let batch = e.train.batch_size as usize;
-        let mut s = Session::new(&source, plan, batch, 0, std::path::Path::new(".")).unwrap();
+        let mut s = Session::of_experiment(&source, 0).unwrap();
         let b = s.next_batch().unwrap();
         let mut counted = 0;
         for step in 0..4 {

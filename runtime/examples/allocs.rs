@@ -1,6 +1,6 @@
 //! Counts heap allocations per training step: `cargo run --release --example allocs -- FILE`.
 
-use parallax_compiler::{compile, parse_bytes, Options};
+use parallax_compiler::parse_bytes;
 use parallax_runtime::cpu::Mode;
 use parallax_runtime::train::Session;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -38,13 +38,9 @@ static A: Counting = Counting;
 fn main() {
     let path = std::env::args().nth(1).expect("usage: allocs FILE");
     let source = parse_bytes(&std::fs::read(path).unwrap()).unwrap();
-    let options = Options::default();
-    let plan = compile(&source, &options, &mut |_, _| {})
-        .unwrap()
-        .plan(&source, &options);
     let e = &source.experiment;
+    let mut s = Session::of_experiment(&source, 1).unwrap();
     let batch = e.train.batch_size as usize;
-    let mut s = Session::new(&source, plan, batch, 1, std::path::Path::new(".")).unwrap();
     s.next_batch().unwrap();
     let x = &mut s.exec;
     for step in 0..6 {

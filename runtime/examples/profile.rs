@@ -2,7 +2,7 @@
 //! With `KERNELS=N` in the environment, also lists the N slowest kernels one by one (their
 //! ops and output shapes), timed with `Executor::run_observed`.
 
-use parallax_compiler::{compile, parse_bytes, Options};
+use parallax_compiler::parse_bytes;
 use parallax_runtime::cpu::Mode;
 use parallax_runtime::train::{set_scalars, Session};
 
@@ -15,20 +15,8 @@ fn main() {
         .unwrap_or(20)
         .max(3);
     let source = parse_bytes(&std::fs::read(path).expect("a readable file")).expect("a valid file");
-    let options = Options::default();
-    let plan = compile(&source, &options, &mut |_, _| {})
-        .expect("compiles")
-        .plan(&source, &options);
     let e = &source.experiment;
-    let batch = e.train.batch_size as usize;
-    let mut s = Session::new(
-        &source,
-        plan,
-        batch,
-        e.train.seed,
-        std::path::Path::new("."),
-    )
-    .expect("data");
+    let mut s = Session::of_experiment(&source, e.train.seed).expect("a plan and its data");
     let t = std::time::Instant::now();
     for step in 0..steps {
         if step == 2 {

@@ -6,7 +6,7 @@
 //! training mode) and prints
 //! `NAME median MS ms/step (min MS, max MS; STEPS steps after WARMUP warm-up)`.
 
-use parallax_compiler::{compile, parse_bytes, Options};
+use parallax_compiler::parse_bytes;
 use parallax_runtime::cpu::Mode;
 use parallax_runtime::train::{feed, set_scalars, Session};
 use std::time::Instant;
@@ -21,13 +21,8 @@ fn main() {
         .unwrap_or(30)
         .max(1);
     let source = parse_bytes(&std::fs::read(path).expect("a readable file")).expect("a valid file");
-    let options = Options::default();
-    let plan = compile(&source, &options, &mut |_, _| {})
-        .expect("compiles")
-        .plan(&source, &options);
     let e = &source.experiment;
-    let batch = e.train.batch_size as usize;
-    let mut s = Session::new(&source, plan, batch, 0, std::path::Path::new(".")).expect("data");
+    let mut s = Session::of_experiment(&source, 0).expect("a plan and its data");
     let total = warmup + steps;
     let mut times = Vec::with_capacity(steps as usize);
     // One batch fed at every step, as PyTorch's side (benches/pytorch_compare.py) reuses one:

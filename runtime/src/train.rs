@@ -346,6 +346,18 @@ impl Session {
         })
     }
 
+    /// [`Session::new`] for the experiment's single-device plan (default options) at its own
+    /// batch size, its data found from the working directory: what the examples, benchmarks
+    /// and tests that time or inspect a plain step build.
+    pub fn of_experiment(source: &Source, seed: u64) -> Result<Session, TrainError> {
+        let options = parallax_compiler::Options::default();
+        let plan = parallax_compiler::compile(source, &options, &mut |_, _| {})
+            .map_err(|e| TrainError::Model(e.to_string()))?
+            .plan(source, &options);
+        let batch = source.experiment.train.batch_size as usize;
+        Session::new(source, plan, batch, seed, Path::new("."))
+    }
+
     /// Sets the next training batch as the executor's inputs.
     pub fn next_batch(&mut self) -> Result<BatchInfo, ExecError> {
         let b = self.loader.next().expect("the loader runs forever");

@@ -32,9 +32,10 @@ pub enum WeightsError {
 
 /// The executor's parameters as safetensors bytes (deterministic: same values, same bytes).
 pub fn to_bytes(e: &dyn Backend) -> Result<Vec<u8>, String> {
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = model_values(e)
-        .map_err(|err| err.to_string())?
+    let (params, stats) = model_values(e).map_err(|err| err.to_string())?;
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = params
         .into_iter()
+        .chain(stats)
         .map(|(name, shape, v)| {
             let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
             (name, shape, b)
@@ -51,21 +52,12 @@ pub fn to_bytes(e: &dyn Backend) -> Result<Vec<u8>, String> {
     safetensors::serialize(views, None).map_err(|e| e.to_string())
 }
 
-/// The parameters, then the running statistics (states, not trained), in plan order.
-fn model_values(e: &dyn Backend) -> Result<ParamValues, ExecError> {
-    Ok(tagged_values(e)?.into_iter().map(|(v, _)| v).collect())
-}
-
-/// [`model_values`], each with whether it is a parameter.
-fn tagged_values(e: &dyn Backend) -> Result<Vec<(Value, bool)>, ExecError> {
-    let params = e.param_values()?.into_iter().map(|v| (v, true));
+/// The parameters, and the running statistics (states no gradient trains), in plan order.
+fn model_values(e: &dyn Backend) -> Result<(ParamValues, ParamValues), ExecError> {
     let stats = e.state_values()?.into_iter();
     let stats = stats.filter(|(name, _, _)| is_running_statistic(name));
-    Ok(params.chain(stats.map(|v| (v, false))).collect())
+    Ok((e.param_values()?, stats.collect()))
 }
-
-/// A tensor's name, shape and values.
-type Value = (String, Vec<usize>, Vec<f32>);
 
 /// Writes the parameters whole or not at all.
 pub fn save(e: &dyn Backend, path: &Path) -> Result<(), WeightsError> {
@@ -98,11 +90,12 @@ pub fn load(e: &mut dyn Backend, path: &Path) -> Result<(), WeightsError> {
         message,
     };
     let mut loaded = Vec::new();
-    let params = tagged_values(e).map_err(|err| WeightsError::Format {
+    let (params, stats) = model_values(e).map_err(|err| WeightsError::Format {
         path: p.clone(),
         message: err.to_string(),
     })?;
-    for ((name, shape, _), trained) in &params {
+    let tagged = params.iter().map(|v| (v, true));
+    for ((name, shape, _), trained) in tagged.chain(stats.iter().map(|v| (v, false))) {
         let name = name.as_str();
         let view = st
             .tensor(name)
@@ -125,7 +118,7 @@ pub fn load(e: &mut dyn Backend, path: &Path) -> Result<(), WeightsError> {
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
-        loaded.push((name.to_string(), shape.clone(), v, *trained));
+        loaded.push((name.to_string(), shape.clone(), v, trained));
     }
     let known = |n: &str| loaded.iter().any(|(k, ..)| k == n);
     let counter = |n: &str| {

@@ -16,26 +16,20 @@ pub const ADAM_STEP_SIZE: &str = "adam_step_size";
 /// `sqrt(1 - beta2^t)`
 pub const ADAM_BC2_SQRT: &str = "adam_bc2_sqrt";
 
+fn failed(m: String) -> Error {
+    Error::Model(Diagnostic::new(format!("optimizer: {m}"), None))
+}
+
 struct Builder<'g> {
     g: &'g mut Graph,
 }
 
 impl Builder<'_> {
     fn op(&mut self, op: Op, ins: &[NodeIndex], layer: &str) -> Result<NodeIndex, Error> {
-        self.g
-            .add(op, ins, layer, None)
-            .map_err(|m| Error::Model(Diagnostic::new(format!("optimizer: {m}"), None)))
+        self.g.add(op, ins, layer, None).map_err(failed)
     }
     fn scalar_input(&mut self, name: &str) -> Result<NodeIndex, Error> {
-        let ty = TensorType::scalar(DType::F32);
-        self.op(
-            Op::Input {
-                name: name.into(),
-                ty,
-            },
-            &[],
-            "optimizer",
-        )
+        self.g.scalar_input(name, "optimizer").map_err(failed)
     }
     fn state(&mut self, param: NodeIndex, what: &str) -> Result<NodeIndex, Error> {
         let (name, ty) = match &self.g.g[param].op {

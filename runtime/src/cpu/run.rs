@@ -224,29 +224,42 @@ impl Executor {
                 }
                 Ok(())
             }
-            KernelKind::ElementwiseReduce if self.scaled_softmax(steps).is_some() => {
-                let (x, by, causal) = self.scaled_softmax(steps).expect("checked");
-                let red = steps[1];
-                self.shape_operands(steps[0]);
-                let mut out = std::mem::take(self.buf_mut(red));
-                out.reshape_in_place(&self.shapes[red]);
-                let r = rows::softmax_scaled(self.buf(x), Some(by), causal, &mut out);
-                *self.buf_mut(red) = out;
-                r.map_err(|e| self.kernel_err(red, e))
-            }
-            KernelKind::ElementwiseReduce => {
-                let (&red, chain) = steps.split_last().expect("a reduction and its chain");
-                let last = *chain.last().expect("a chain before the reduction");
-                self.scratch.reshape_in_place(&self.shapes[last]);
-                let stage = self.scratch.f32_mut().as_mut_ptr();
-                self.run_fused(chain, None, ctx, Some((last, stage)))?;
-                let mut out = std::mem::take(self.buf_mut(red));
-                out.reshape_in_place(&self.shapes[red]);
-                let r = execute(&self.plan.steps[red].op, &[&self.scratch], &mut out, ctx);
-                *self.buf_mut(red) = out;
-                r.map_err(|e| self.kernel_err(red, e))
-            }
+            KernelKind::ElementwiseReduce => match self.scaled_softmax(steps) {
+                Some((x, by, causal)) => self.run_scaled_softmax(x, by, causal, steps[1]),
+                None => self.run_chain_then_reduce(steps, ctx),
+            },
         }
+    }
+
+    /// `softmax(x * by)` into step `red`'s buffer in one pass (see `scaled_softmax`).
+    fn run_scaled_softmax(
+        &mut self,
+        x: usize,
+        by: f32,
+        causal: bool,
+        red: usize,
+    ) -> Result<(), ExecError> {
+        // The scale's operand: shaped for this batch before it is read.
+        self.shape_buffer(x);
+        let mut out = std::mem::take(self.buf_mut(red));
+        out.reshape_in_place(&self.shapes[red]);
+        let r = rows::softmax_scaled(self.buf(x), Some(by), causal, &mut out);
+        *self.buf_mut(red) = out;
+        r.map_err(|e| self.kernel_err(red, e))
+    }
+
+    /// An elementwise chain staged in the scratch, then the reduction reading it.
+    fn run_chain_then_reduce(&mut self, steps: &[usize], ctx: &Ctx) -> Result<(), ExecError> {
+        let (&red, chain) = steps.split_last().expect("a reduction and its chain");
+        let last = *chain.last().expect("a chain before the reduction");
+        self.scratch.reshape_in_place(&self.shapes[last]);
+        let stage = self.scratch.f32_mut().as_mut_ptr();
+        self.run_fused(chain, None, ctx, Some((last, stage)))?;
+        let mut out = std::mem::take(self.buf_mut(red));
+        out.reshape_in_place(&self.shapes[red]);
+        let r = execute(&self.plan.steps[red].op, &[&self.scratch], &mut out, ctx);
+        *self.buf_mut(red) = out;
+        r.map_err(|e| self.kernel_err(red, e))
     }
 
     /// `(x, by, causal)` when the kernel is `softmax(scale(x, by))` with `x` stored and the

@@ -74,6 +74,8 @@ pub struct CudaExecutor {
     states: Vec<(String, usize)>,
     /// Steps that hold one constant, `(step, value)`, filled at the start of every step.
     fills: Vec<(usize, f32)>,
+    /// Steps holding the `training` flag, filled by `begin` for its mode.
+    training_flags: Vec<usize>,
     /// The batch of the inputs set last (the batch `run` must be called with).
     batch: usize,
 }
@@ -195,6 +197,7 @@ impl CudaExecutor {
         let outputs: HashMap<String, usize> = names.outputs.into_iter().collect();
         let (params, states) = (names.params, names.states);
         let fills = plan.fills();
+        let training_flags = plan.training_flags();
         let mut e = CudaExecutor {
             plan: Arc::new(plan),
             ctx,
@@ -212,6 +215,7 @@ impl CudaExecutor {
             inputs,
             outputs,
             fills,
+            training_flags,
             params,
             states,
             batch: max_batch,
@@ -636,12 +640,8 @@ impl CudaExecutor {
         self.ensure_module(batch)?;
         self.batch = batch;
         let training = f32::from(u8::from(mode != Mode::Eval));
-        let flags = self
-            .plan
-            .training_flags()
-            .into_iter()
-            .map(|s| (s, training));
-        for (step, value) in self.fills.clone().into_iter().chain(flags) {
+        let flags = self.training_flags.iter().map(|&s| (s, training));
+        for (step, value) in self.fills.iter().copied().chain(flags) {
             let n = numel(&self.shape(step, batch));
             let values = [
                 ArgValue::U64(self.ptr(step)?),

@@ -158,6 +158,18 @@ pub(super) fn strides(shape: &[usize]) -> Small<usize> {
     s
 }
 
+/// Where the `i`-th element (row-major) of `dims` lies: `dims` are `(size, stride)`,
+/// outermost first.
+#[inline]
+pub(super) fn offset_of(i: usize, dims: &[(usize, usize)]) -> usize {
+    let (mut rem, mut off) = (i, 0);
+    for &(n, s) in dims.iter().rev() {
+        off += rem % n * s;
+        rem /= n;
+    }
+    off
+}
+
 /// `out[i] = map(x[offset(i)])`, the offset of output index `i` given by one stride into `x`
 /// per output axis (0 repeats). Size-1 axes are dropped and contiguous axes merged, so the
 /// inner loop runs along the longest run of `out` it can.
@@ -183,11 +195,7 @@ pub(super) fn strided<T: Copy + Send + Sync>(
     let (len, step) = dims.pop().unwrap_or((1, 0));
     let outer = dims;
     for_rows(out, len, out.len(), |r, row| {
-        let (mut rem, mut off) = (r, 0);
-        for &(n, s) in outer.iter().rev() {
-            off += rem % n * s;
-            rem /= n;
-        }
+        let off = offset_of(r, &outer);
         match step {
             0 => row.fill(map(x[off])),
             1 => {

@@ -3,7 +3,7 @@
 //! its terms in f64 in an order fixed by the shape, so results are bit-identical whatever the
 //! thread count.
 
-use super::layout::{bad, f32s, f32s_mut, for_rows, strided, strides};
+use super::layout::{bad, f32s, f32s_mut, for_rows, offset_of, strided, strides};
 use super::simd::sum8;
 use super::{scratch, KernelError, Small};
 use crate::cpu::tensor::Tensor;
@@ -65,22 +65,8 @@ fn sum_axes(x: &[f32], shape: &[usize], red: &[bool], div: f64, out: &mut [f32])
     if inner == 1 && last_s == 1 && last_n >= LANES && out.len() > 1 {
         // Every output sums contiguous runs (a conv bias gradient, [N, C, H, W] to [C]):
         // `LANES` outputs at once, each its own f64 chain in the general order.
-        let base = |r: usize| {
-            let (mut rem, mut base) = (r, 0);
-            for &(n, s) in kept.iter().rev() {
-                base += rem % n * s;
-                rem /= n;
-            }
-            base
-        };
-        let reduced_off = |k: usize| {
-            let (mut rem, mut off) = (k, 0);
-            for &(n, s) in reduced.iter().rev() {
-                off += rem % n * s;
-                rem /= n;
-            }
-            off
-        };
+        let base = |r: usize| offset_of(r, &kept);
+        let reduced_off = |k: usize| offset_of(k, &reduced);
         for_rows(out, LANES, total, |blk, chunk| {
             let first = blk * LANES;
             if let Ok(chunk) = <&mut [f32; LANES]>::try_from(&mut *chunk) {
@@ -100,22 +86,14 @@ fn sum_axes(x: &[f32], shape: &[usize], red: &[bool], div: f64, out: &mut [f32])
     }
     let rows = out.len().div_ceil(inner).max(1);
     for_rows(out, inner, total, |r, orow| {
-        let (mut rem, mut base) = (r, 0);
-        for &(n, s) in kept.iter().rev() {
-            base += rem % n * s;
-            rem /= n;
-        }
+        let base = offset_of(r, &kept);
         for_rows(orow, COLS, total / rows, |ci, chunk| {
             let w = chunk.len();
             let mut acc = [0f64; COLS];
             let acc = &mut acc[..w];
             let start = base + ci * COLS;
             for k in 0..outer_n {
-                let (mut rem, mut off) = (k, start);
-                for &(n, s) in reduced.iter().rev() {
-                    off += rem % n * s;
-                    rem /= n;
-                }
+                let off = start + offset_of(k, &reduced);
                 for j in 0..last_n {
                     let o = off + j * last_s;
                     for (a, &v) in acc.iter_mut().zip(&x[o..o + w]) {

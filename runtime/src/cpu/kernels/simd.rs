@@ -213,26 +213,6 @@ fn binary_loop(op: Binary, out: &mut [f32], a: &[f32], b: Operand, swap: bool) {
     }
 }
 
-/// The loops compiled with extra target features.
-macro_rules! with_features {
-    ($features:literal, $unary:ident, $binary:ident) => {
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = $features)]
-        unsafe fn $unary(op: Unary, out: &mut [f32], a: &[f32]) {
-            unary_loop(op, out, a)
-        }
-
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = $features)]
-        unsafe fn $binary(op: Binary, out: &mut [f32], a: &[f32], b: Operand, swap: bool) {
-            binary_loop(op, out, a, b, swap)
-        }
-    };
-}
-
-with_features!("avx2,fma", unary_avx2, binary_avx2);
-with_features!("avx512f,avx2,fma", unary_avx512, binary_avx512);
-
 /// `vectorised! { fn name(args) -> R = body; }` defines `name`, which runs the
 /// `#[inline(always)]` function `body` compiled for the detected level, so that a kernel's
 /// loops (a row of a softmax, a norm) vectorise as wide as the CPU allows. Every level gives
@@ -265,28 +245,14 @@ macro_rules! vectorised {
 }
 pub(crate) use vectorised;
 
-/// `out[i] = op(a[i])` over the shorter of the two.
-pub fn unary(op: Unary, out: &mut [f32], a: &[f32]) {
-    match level() {
-        // SAFETY: the level was detected on this CPU.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx512 => unsafe { unary_avx512(op, out, a) },
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { unary_avx2(op, out, a) },
-        _ => unary_loop(op, out, a),
-    }
+vectorised! {
+    /// `out[i] = op(a[i])` over the shorter of the two.
+    pub fn unary(op: Unary, out: &mut [f32], a: &[f32]) = unary_loop;
 }
 
-/// `out[i] = op(a[i], b[i])` (or `op(b[i], a[i])` when `swap`) over the shortest operand.
-pub fn binary(op: Binary, out: &mut [f32], a: &[f32], b: Operand, swap: bool) {
-    match level() {
-        // SAFETY: the level was detected on this CPU.
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx512 => unsafe { binary_avx512(op, out, a, b, swap) },
-        #[cfg(target_arch = "x86_64")]
-        Level::Avx2 => unsafe { binary_avx2(op, out, a, b, swap) },
-        _ => binary_loop(op, out, a, b, swap),
-    }
+vectorised! {
+    /// `out[i] = op(a[i], b[i])` (or `op(b[i], a[i])` when `swap`) over the shortest operand.
+    pub fn binary(op: Binary, out: &mut [f32], a: &[f32], b: Operand, swap: bool) = binary_loop;
 }
 
 /// The f64 sum of `f(i)` for `i` in `0..n` in a fixed order that vectorises: eight running
