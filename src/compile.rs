@@ -351,11 +351,7 @@ fn memory_fit(
     if fits {
         return Ok(());
     }
-    let activations = m
-        .peak_bytes
-        .saturating_sub(m.parameter_bytes)
-        .saturating_sub(m.optimizer_state_bytes)
-        .saturating_sub(m.input_bytes);
+    let activations = m.peak_bytes.saturating_sub(m.dedicated_bytes());
     eprintln!(
         "error: `{}` needs {} at its peak, more than the {} of one {}",
         p.name,
@@ -366,6 +362,7 @@ fn memory_fit(
     for (what, b) in [
         ("parameters", m.parameter_bytes),
         ("optimizer state", m.optimizer_state_bytes),
+        ("running statistics", m.statistics_bytes),
         ("inputs", m.input_bytes),
         ("activations at the peak", activations),
         ("total at the peak", m.peak_bytes),
@@ -527,15 +524,21 @@ fn print_plan(
                 si(p.flops_per_sample, "FLOP")
             );
             let m = &p.memory;
+            // Running statistics are named only where the model has some (BatchNorm).
+            let statistics = if m.statistics_bytes > 0 {
+                format!(" + running statistics {}", bytes(m.statistics_bytes))
+            } else {
+                String::new()
+            };
             println!(
-                "  memory:     {}at batch {}: peak {} = parameters {} + optimizer state {} + inputs {} + activations {} ({} without buffer reuse)",
+                "  memory:     {}at batch {}: peak {} = parameters {} + optimizer state {}{statistics} + inputs {} + activations {} ({} without buffer reuse)",
                 if p.gpus_requested > 1 { "unpartitioned, on one device, " } else { "" },
                 p.batch_size,
                 bytes(m.peak_bytes),
                 bytes(m.parameter_bytes),
                 bytes(m.optimizer_state_bytes),
                 bytes(m.input_bytes),
-                bytes(m.peak_bytes.saturating_sub(m.parameter_bytes).saturating_sub(m.optimizer_state_bytes).saturating_sub(m.input_bytes)),
+                bytes(m.peak_bytes.saturating_sub(m.dedicated_bytes())),
                 bytes(m.activation_bytes_without_reuse)
             );
         }

@@ -176,3 +176,27 @@ fn running_statistics_are_saved_and_loaded_with_the_weights() {
     assert!(err.to_string().contains("1.num_batches_tracked"), "{err}");
     std::fs::remove_file(&file).ok();
 }
+
+#[test]
+fn the_memory_report_counts_running_statistics_apart_from_optimizer_state() {
+    // Two channels: a running mean and variance each (16 bytes); plain SGD keeps no state.
+    let plan = executor().plan().clone();
+    let m = &plan.memory;
+    assert_eq!(m.statistics_bytes, 16);
+    assert_eq!(m.optimizer_state_bytes, 0);
+    assert_eq!(
+        m.dedicated_bytes(),
+        m.parameter_bytes + m.statistics_bytes + m.input_bytes
+    );
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_parallax"))
+        .args(["compile", "models/cnn.ron"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // models/cnn.ron: one BatchNorm2d of 32 channels; SGD's momentum mirrors the parameters.
+    assert!(text.contains("+ running statistics 256 B +"), "{text}");
+    let line = text.lines().find(|l| l.contains("memory:")).unwrap();
+    let after = |what: &str| line.split(what).nth(1).unwrap().split(" +").next().unwrap();
+    assert_eq!(after("parameters "), after("optimizer state "), "{line}");
+}

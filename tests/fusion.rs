@@ -170,7 +170,7 @@ fn buffers_are_reused_but_never_shared_by_live_values() {
             m.activation_bytes < m.activation_bytes_without_reuse,
             "{name}: {m:?}"
         );
-        let dedicated = m.parameter_bytes + m.optimizer_state_bytes + m.input_bytes;
+        let dedicated = m.dedicated_bytes();
         assert!(
             m.peak_bytes >= dedicated && m.peak_bytes <= dedicated + m.activation_bytes,
             "{name}: {m:?}"
@@ -236,4 +236,51 @@ fn buffers_are_reused_but_never_shared_by_live_values() {
             }
         }
     }
+}
+
+#[test]
+fn permutes_folded_into_their_operands_kernels_change_no_bits() {
+    // `run` folds attention's permutes into the matmuls and epilogues that compute their
+    // operands; `run_observed` runs every kernel as the plan says. Two layers: the forward
+    // q, k, v and output permutes of each, and one backward permute of each whose buffer is
+    // free from its operand's kernel on.
+    let s = source("transformer");
+    let options = Options::default();
+    let plan = compile(&s, &options, &mut |_, _| {})
+        .unwrap()
+        .plan(&s, &options);
+    let mut a = Session::new(&s, plan.clone(), 8, 1, std::path::Path::new(".")).unwrap();
+    let mut b = Session::new(&s, plan, 8, 1, std::path::Path::new(".")).unwrap();
+    let batch = a.next_batch().unwrap().size;
+    assert_eq!(b.next_batch().unwrap().size, batch);
+    let (mut folded, mut plain) = (a.exec, b.exec);
+    assert_eq!(folded.folded_permutes(), 10);
+    for step in 0..3 {
+        for e in [&mut folded, &mut plain] {
+            set_scalars(e, &s.experiment.optimizer, step, 3).unwrap();
+        }
+        folded.run(batch, Mode::Train, step, 0).unwrap();
+        plain
+            .run_observed(batch, Mode::Train, step, 0, &mut |_, _| {})
+            .unwrap();
+        assert_eq!(
+            folded.output("loss").unwrap().f32(),
+            plain.output("loss").unwrap().f32(),
+            "step {step}"
+        );
+    }
+    for ((n, x), (_, y)) in folded.params().zip(plain.params()) {
+        assert_eq!(x.f32(), y.f32(), "parameter {n}");
+    }
+    // The bench block (benches/models/transformer.ron): its forward permutes and one
+    // backward permute.
+    let bench = format!(
+        "{}/benches/models/transformer.ron",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let bench = parse_bytes(&std::fs::read(bench).unwrap()).unwrap();
+    let plan = compile(&bench, &options, &mut |_, _| {})
+        .unwrap()
+        .plan(&bench, &options);
+    assert_eq!(Executor::new(plan, 2, 1).folded_permutes(), 5);
 }

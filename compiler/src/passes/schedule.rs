@@ -9,7 +9,8 @@
 use super::fuse::stored;
 use super::Ctx;
 use crate::ir::ops::OpClass;
-use crate::ir::{DType, Graph, NodeIndex, OpKind};
+use crate::ir::{DType, Graph, NodeIndex, Op};
+use crate::passes::lower::is_running_statistic;
 use crate::Error;
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
@@ -27,6 +28,8 @@ pub struct Buffer {
 pub struct Memory {
     pub parameter_bytes: u64,
     pub optimizer_state_bytes: u64,
+    /// BatchNorm's running means and variances: state, but not the optimizer's.
+    pub statistics_bytes: u64,
     pub input_bytes: u64,
     /// The reused buffers of intermediate values.
     pub activation_bytes: u64,
@@ -34,6 +37,16 @@ pub struct Memory {
     pub peak_bytes: u64,
     /// What the intermediates would take with no reuse.
     pub activation_bytes_without_reuse: u64,
+}
+
+impl Memory {
+    /// Parameters, optimizer state, running statistics and inputs: held for the whole run.
+    pub fn dedicated_bytes(&self) -> u64 {
+        self.parameter_bytes
+            .saturating_add(self.optimizer_state_bytes)
+            .saturating_add(self.statistics_bytes)
+            .saturating_add(self.input_bytes)
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -74,9 +87,10 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> Schedule {
         }
         let b = bytes(n);
         let m = &mut s.memory;
-        let total = match node.op.kind() {
-            OpKind::Param => &mut m.parameter_bytes,
-            OpKind::State => &mut m.optimizer_state_bytes,
+        let total = match &node.op {
+            Op::Param { .. } => &mut m.parameter_bytes,
+            Op::State { name, .. } if is_running_statistic(name) => &mut m.statistics_bytes,
+            Op::State { .. } => &mut m.optimizer_state_bytes,
             _ => &mut m.input_bytes,
         };
         *total = total.saturating_add(b);
@@ -87,11 +101,7 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> Schedule {
             dedicated: true,
         });
     }
-    let dedicated_bytes = s
-        .memory
-        .parameter_bytes
-        .saturating_add(s.memory.optimizer_state_bytes)
-        .saturating_add(s.memory.input_bytes);
+    let dedicated_bytes = s.memory.dedicated_bytes();
     // When each stored value is made and last read, in kernel order.
     let end = g.kernels.len();
     let kernel_of: HashMap<NodeIndex, usize> = g

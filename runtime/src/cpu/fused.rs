@@ -4,7 +4,9 @@
 //! bits.
 
 use super::kernels::elementwise::DropoutMask;
+use super::kernels::layout::offset_of;
 use super::kernels::simd::{binary, unary, Elementwise, Operand};
+use super::kernels::Small;
 use super::kernels::{Ctx, KernelError};
 use parallax_compiler::ir::Op;
 use rayon::prelude::*;
@@ -42,13 +44,27 @@ impl Kind {
     }
 }
 
+/// Where a fused op's result goes.
+#[derive(Debug, Clone)]
+pub enum Store {
+    /// Element `i` at `ptr + i`.
+    Dense(*mut f32),
+    /// Element `i` at `ptr + offset_of(i / run, outer) + i % run`: a permuted layout that
+    /// keeps runs of `run` elements whole (see `cpu::views`).
+    Runs {
+        ptr: *mut f32,
+        run: usize,
+        outer: Small<(usize, usize)>,
+    },
+}
+
 /// One op of a fused kernel.
 #[derive(Debug, Clone)]
 pub struct FusedOp {
     pub kind: Kind,
     pub operands: [Source; 2],
     /// Where to store the result, if anything outside the kernel reads it.
-    pub store: Option<*mut f32>,
+    pub store: Option<Store>,
 }
 
 struct Ptr<T>(T);
@@ -144,9 +160,31 @@ pub fn run(ops: &[FusedOp], n: usize, per_sample: usize, ctx: &Ctx) -> Result<()
                     }
                 }
             }
-            if let Some(dst) = f.store {
+            match &f.store {
                 // SAFETY: each chunk writes its own range of a buffer of at least `n` elements.
-                unsafe { std::ptr::copy_nonoverlapping(out.as_ptr(), dst.add(start), len) };
+                Some(Store::Dense(dst)) => unsafe {
+                    std::ptr::copy_nonoverlapping(out.as_ptr(), dst.add(start), len)
+                },
+                Some(Store::Runs { ptr, run, outer }) => {
+                    let (mut i, end) = (start, start + len);
+                    while i < end {
+                        let within = i % run;
+                        let take = (run - within).min(end - i);
+                        let at = offset_of(i / run, outer) + within;
+                        // SAFETY: the layout places the `n` elements at distinct offsets
+                        // inside its buffer (the permute's output), so chunks write
+                        // disjoint elements.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                out[i - start..].as_ptr(),
+                                ptr.add(at),
+                                take,
+                            )
+                        };
+                        i += take;
+                    }
+                }
+                None => {}
             }
         }
     };

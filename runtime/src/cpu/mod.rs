@@ -7,6 +7,7 @@ pub mod kernels;
 mod run;
 mod stepwise;
 pub mod tensor;
+mod views;
 
 use crate::rng;
 use kernels::KernelError;
@@ -100,6 +101,8 @@ pub struct Executor {
     profile: Option<HashMap<&'static str, (f64, u64)>>,
     /// The steps whose values this executor holds (all, unless built for some kernels).
     needed: Vec<bool>,
+    /// Permutes written by the kernel of their operand (see `views`).
+    folds: views::Folds,
 }
 
 impl Executor {
@@ -160,7 +163,13 @@ impl Executor {
             .into_iter()
             .filter(|&s| needed[s])
             .collect();
+        // A pipeline stage's kernels are a part of the plan: fold nothing.
+        let folds = match owned {
+            None => views::Folds::of(&plan, &slot, &needed),
+            Some(_) => views::Folds::none(&plan),
+        };
         let mut e = Executor {
+            folds,
             fills,
             training_flags,
             plan: Arc::new(plan),
@@ -181,6 +190,12 @@ impl Executor {
         };
         e.init_params(tensor_rank);
         e
+    }
+
+    /// How many permutes are written by the kernel of their operand (see `views`): their
+    /// own kernels do nothing, except in `run_observed`.
+    pub fn folded_permutes(&self) -> usize {
+        self.folds.skipped.iter().filter(|&&s| s).count()
     }
 
     /// Resolves every step's shape for `batch` (allocates only when the batch size changes).

@@ -2,8 +2,9 @@
 //! elementwise chain (chunk by chunk, in registers), a matmul and its epilogue, or a chain
 //! ending in a reduction.
 
+use super::kernels::gemm::matmul_strided;
 use super::kernels::{execute, rows, Ctx, KernelError};
-use super::{fused, tensor, ExecError, Executor, Mode, EMPTY};
+use super::{fused, tensor, views, ExecError, Executor, Mode, EMPTY};
 use parallax_compiler::ir::Op;
 use parallax_compiler::passes::fuse::KernelKind;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -142,7 +143,8 @@ impl Executor {
         let ctx = self.begin_step(batch, mode, step, first_sample)?;
         for k in 0..self.plan.kernels.len() {
             if self.wanted(k, mode) {
-                self.run_kernel_at(k, &ctx)?;
+                // Every kernel stores what the plan says, to be compared as it says.
+                self.run_kernel(k, &ctx, false)?;
                 after(k, self);
             }
         }
@@ -195,9 +197,25 @@ impl Executor {
 
     /// Runs kernel `k` of the step `begin_step` started.
     pub fn run_kernel_at(&mut self, k: usize, ctx: &Ctx) -> Result<(), ExecError> {
+        self.run_kernel(k, ctx, true)
+    }
+
+    /// Runs kernel `k`; with `fold`, a permute folded into its operand's kernel (see
+    /// `views`) is written there and its own kernel does nothing.
+    fn run_kernel(&mut self, k: usize, ctx: &Ctx, fold: bool) -> Result<(), ExecError> {
         let plan = self.plan.clone();
         let kind = plan.kernels[k].kind;
         let steps = &plan.kernels[k].steps;
+        if fold && self.folds.skipped[k] {
+            self.shape_buffer(steps[0]);
+            return Ok(());
+        }
+        // A matmul alone, writing its permute's tensor.
+        if let (true, [mm]) = (fold, &steps[..]) {
+            if let Some(f) = self.folds.by_producer[*mm] {
+                return self.run_matmul_permuted(*mm, f);
+            }
+        }
         match kind {
             // An update written over its operand (see the schedule pass) runs as a fused
             // kernel, which reads each element before writing it.
@@ -205,10 +223,10 @@ impl Executor {
                 if self.writes_over_operand(steps[0])
                     && fused::Kind::of(&plan.steps[steps[0]].op).is_some() =>
             {
-                self.run_fused(steps, None, ctx, None)
+                self.run_fused(steps, None, ctx, None, None)
             }
             KernelKind::Single => self.run_single(steps[0], ctx, false),
-            KernelKind::Elementwise => self.run_fused(steps, None, ctx, None),
+            KernelKind::Elementwise => self.run_fused(steps, None, ctx, None, None),
             KernelKind::Gemm { .. } => {
                 let mm = steps[0];
                 let staged = self.slot[mm].is_none();
@@ -220,7 +238,9 @@ impl Executor {
                         let t = self.buf(mm);
                         (t.f32().as_ptr(), t.numel())
                     };
-                    self.run_fused(&steps[1..], Some((mm, source)), ctx, None)?;
+                    let last = *steps.last().expect("an epilogue");
+                    let last = self.folds.by_producer[last].filter(|_| fold);
+                    self.run_fused(&steps[1..], Some((mm, source)), ctx, None, last)?;
                 }
                 Ok(())
             }
@@ -254,7 +274,7 @@ impl Executor {
         let last = *chain.last().expect("a chain before the reduction");
         self.scratch.reshape_in_place(&self.shapes[last]);
         let stage = self.scratch.f32_mut().as_mut_ptr();
-        self.run_fused(chain, None, ctx, Some((last, stage)))?;
+        self.run_fused(chain, None, ctx, Some((last, stage)), None)?;
         let mut out = std::mem::take(self.buf_mut(red));
         out.reshape_in_place(&self.shapes[red]);
         let r = execute(&self.plan.steps[red].op, &[&self.scratch], &mut out, ctx);
@@ -295,14 +315,43 @@ impl Executor {
                 .any(|&o| self.slot[o] == out)
     }
 
+    /// Matmul `step` written permuted into the buffer of `fold`'s permute.
+    fn run_matmul_permuted(&mut self, step: usize, fold: views::Fold) -> Result<(), ExecError> {
+        let plan = self.plan.clone();
+        let (Op::MatMul { trans_a, trans_b }, Op::Permute { perm }) =
+            (&plan.steps[step].op, &plan.steps[fold.permute].op)
+        else {
+            unreachable!("folds pair a matmul with a permute");
+        };
+        self.shape_operands(step);
+        self.shape_buffer(fold.permute);
+        let strides = views::permuted_strides(&self.shapes[step], perm, &self.shapes[fold.permute]);
+        let mut out = std::mem::take(self.buf_mut(fold.permute));
+        let ops = &plan.steps[step].operands;
+        let (a, b) = (self.buf(ops[0]), self.buf(ops[1]));
+        let r = matmul_strided(
+            a,
+            b,
+            *trans_a,
+            *trans_b,
+            &self.shapes[step],
+            out.f32_mut(),
+            &strides,
+        );
+        *self.buf_mut(fold.permute) = out;
+        r.map_err(|e| self.kernel_err(step, e))
+    }
+
     /// Evaluates elementwise `steps` chunk by chunk. `given` are values already in memory
-    /// (a matmul's result); `stage` also writes one value to a scratch buffer.
+    /// (a matmul's result); `stage` also writes one value to a scratch buffer; `permuted`
+    /// writes the last value permuted, into its permute's buffer instead of its own.
     fn run_fused(
         &mut self,
         steps: &[usize],
         given: Option<(usize, (*const f32, usize))>,
         ctx: &Ctx,
         stage: Option<(usize, *mut f32)>,
+        permuted: Option<views::Fold>,
     ) -> Result<(), ExecError> {
         let last = *steps.last().expect("a kernel has steps");
         let shape = &self.shapes[last];
@@ -318,6 +367,17 @@ impl Executor {
             self.shape_buffer(s);
             self.shape_operands(s);
         }
+        let permuted = permuted.map(|f| {
+            self.shape_buffer(f.permute);
+            let Op::Permute { perm } = &self.plan.steps[f.permute].op else {
+                unreachable!("folds name a permute");
+            };
+            let value = &self.shapes[f.value];
+            let strides = views::permuted_strides(value, perm, &self.shapes[f.permute]);
+            let (run, outer) = views::runs_of(value, &strides);
+            let ptr = self.buf_mut(f.permute).f32_mut().as_mut_ptr();
+            fused::Store::Runs { ptr, run, outer }
+        });
         let mut ops = std::mem::take(&mut self.fused_ops);
         ops.clear();
         for &s in steps {
@@ -343,8 +403,9 @@ impl Executor {
                 };
             }
             let store = match (self.slot[s], stage) {
-                (Some(b), _) => Some(self.buffers[b].f32_mut().as_mut_ptr()),
-                (None, Some((x, p))) if x == s => Some(p),
+                _ if s == last && permuted.is_some() => permuted.clone(),
+                (Some(b), _) => Some(fused::Store::Dense(self.buffers[b].f32_mut().as_mut_ptr())),
+                (None, Some((x, p))) if x == s => Some(fused::Store::Dense(p)),
                 _ => None,
             };
             let Some(kind) = fused::Kind::of(&st.op) else {

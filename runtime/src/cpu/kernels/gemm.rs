@@ -5,7 +5,8 @@
 //! kernel; threads only decide which tile runs where. Batches run independently. So the same
 //! inputs give the same bits whatever the number of threads.
 
-use super::KernelError;
+use super::layout::offset_of;
+use super::{KernelError, Small};
 use crate::cpu::tensor::{numel, Tensor};
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -325,19 +326,27 @@ pub(super) fn check_f32(op: &'static str, what: &str, t: &Tensor) -> Result<(), 
     Ok(())
 }
 
-/// `op(a) x op(b)` with `op` transposing the last two axes when its flag is set. `a` is
-/// `[.., M, K]` (or `[.., K, M]`), `b` is 2-D and shared by every batch of `a`, or has `a`'s
-/// batch axes. `out` is `[.., M, N]`.
-pub fn matmul(
+/// The sizes of a checked matrix product.
+struct Product {
+    m: usize,
+    n: usize,
+    k: usize,
+    /// Products in the batch (1 for 2-D operands).
+    batch: usize,
+    /// `b` is 2-D, one matrix for every batch of `a`.
+    shared_b: bool,
+}
+
+/// Checks `op(a) x op(b)` into an output of `out_shape` (see [`matmul`]).
+fn product_of(
     a: &Tensor,
     b: &Tensor,
     trans_a: bool,
     trans_b: bool,
-    out: &mut Tensor,
-) -> Result<(), KernelError> {
+    out_shape: &[usize],
+) -> Result<Product, KernelError> {
     check_f32("matmul", "the left operand", a)?;
     check_f32("matmul", "the right operand", b)?;
-    check_f32("matmul", "the output", out)?;
     let (ra, rb) = (a.shape.len(), b.shape.len());
     if ra < 2 || rb < 2 {
         return Err(bad(format!(
@@ -369,14 +378,40 @@ pub fn matmul(
             a.shape, b.shape
         )));
     }
-    if out.shape.len() != ra || out.shape[..ra - 2] != *batch_a || out.shape[ra - 2..] != [m, n] {
+    if out_shape.len() != ra || out_shape[..ra - 2] != *batch_a || out_shape[ra - 2..] != [m, n] {
         return Err(bad(format!(
-            "the output is {:?}, the product is {:?}",
-            out.shape,
+            "the output is {out_shape:?}, the product is {:?}",
             [batch_a, &[m, n]].concat()
         )));
     }
-    let batch: usize = batch_a.iter().product();
+    Ok(Product {
+        m,
+        n,
+        k,
+        batch: batch_a.iter().product(),
+        shared_b,
+    })
+}
+
+/// `op(a) x op(b)` with `op` transposing the last two axes when its flag is set. `a` is
+/// `[.., M, K]` (or `[.., K, M]`), `b` is 2-D and shared by every batch of `a`, or has `a`'s
+/// batch axes. `out` is `[.., M, N]`.
+pub fn matmul(
+    a: &Tensor,
+    b: &Tensor,
+    trans_a: bool,
+    trans_b: bool,
+    out: &mut Tensor,
+) -> Result<(), KernelError> {
+    check_f32("matmul", "the output", out)?;
+    let p = product_of(a, b, trans_a, trans_b, &out.shape)?;
+    let Product {
+        m,
+        n,
+        k,
+        batch,
+        shared_b,
+    } = p;
     let (a_rs, a_cs) = if trans_a { (1, m) } else { (k, 1) };
     let (b_rs, b_cs) = if trans_b { (1, k) } else { (n, 1) };
     let (av, bv) = (a.f32(), b.f32());
@@ -410,6 +445,89 @@ pub fn matmul(
         for (i, o) in dst.chunks_mut(so).enumerate() {
             one(i, o, par);
         }
+    }
+    Ok(())
+}
+
+/// [`matmul`] writing its `[.., M, N]` result into `dst` at element strides `strides`, one
+/// per output axis (the last must be 1, and distinct elements must land on distinct
+/// offsets: a permuted layout). A matmul whose only reader is a permute writes the permuted
+/// tensor this way, with no pass of its own (see `cpu::views`).
+pub fn matmul_strided(
+    a: &Tensor,
+    b: &Tensor,
+    trans_a: bool,
+    trans_b: bool,
+    out_shape: &[usize],
+    dst: &mut [f32],
+    strides: &[usize],
+) -> Result<(), KernelError> {
+    let p = product_of(a, b, trans_a, trans_b, out_shape)?;
+    let Product {
+        m,
+        n,
+        k,
+        batch,
+        shared_b,
+    } = p;
+    let r = out_shape.len();
+    if strides.len() != r || strides[r - 1] != 1 {
+        return Err(bad(format!(
+            "output strides {strides:?} for {out_shape:?}: one per axis, the last 1"
+        )));
+    }
+    let last = out_shape
+        .iter()
+        .zip(strides)
+        .map(|(&size, &st)| size.saturating_sub(1) * st)
+        .sum::<usize>();
+    if m * n * batch == 0 {
+        return Ok(());
+    }
+    if last >= dst.len() {
+        return Err(bad(format!(
+            "{out_shape:?} at strides {strides:?} does not fit {} elements",
+            dst.len()
+        )));
+    }
+    let batch_dims: Small<(usize, usize)> = out_shape[..r - 2]
+        .iter()
+        .zip(strides)
+        .map(|(&size, &st)| (size, st))
+        .collect();
+    let ld = strides[r - 2];
+    let (a_rs, a_cs) = if trans_a { (1, m) } else { (k, 1) };
+    let (b_rs, b_cs) = if trans_b { (1, k) } else { (n, 1) };
+    let (av, bv) = (a.f32(), b.f32());
+    let (sa, sb) = (m * k, if shared_b { 0 } else { k * n });
+    let out = Ptr(dst.as_mut_ptr());
+    let par = parallelism(m, n, k);
+    let one = |i: usize| {
+        let at = offset_of(i, &batch_dims);
+        // SAFETY: every element of the layout lies inside `dst` (checked above); the layout
+        // maps distinct elements to distinct offsets, so products write disjoint elements;
+        // the operands are slices of live tensors sized by `product_of`'s checks.
+        unsafe {
+            product(
+                m,
+                n,
+                k,
+                out.at(at),
+                ld,
+                false,
+                Ptr(av.as_ptr().add(i * sa) as *mut f32),
+                (a_rs, a_cs),
+                Ptr(bv.as_ptr().add(i * sb) as *mut f32),
+                (b_rs, b_cs),
+                par,
+            )
+        }
+    };
+    let work = m.saturating_mul(n).saturating_mul(k);
+    if batch > 1 && work.saturating_mul(batch) > PARALLEL_WORK {
+        (0..batch).into_par_iter().for_each(one);
+    } else {
+        (0..batch).for_each(one);
     }
     Ok(())
 }
@@ -485,6 +603,48 @@ mod tests {
         let mut out = zeros(&stored(batch, m, n, false));
         matmul(&a, &b, ta, tb, &mut out).unwrap();
         assert_close(out.f32(), &reference(&a, &b, ta, tb), 1e-5);
+    }
+
+    #[test]
+    fn strided_output_is_the_permuted_product() {
+        // Attention's `[B, H, S, D] -> [B, S, H, D]`, batched and shared-b operands, both
+        // transpositions, with products large enough to run in parallel and to split.
+        for &(batch, m, k, n, shared_b, ta, tb) in &[
+            ([2usize, 3usize], 5usize, 4usize, 6usize, false, false, true),
+            ([2, 3], 5, 4, 6, false, true, false),
+            ([2, 4], 64, 64, 64, false, false, false),
+            ([3, 2], 96, 80, 128, true, false, true),
+        ] {
+            let a = random(&stored(&batch, m, k, ta), 3);
+            let b = random(
+                &stored(if shared_b { &[] } else { &batch[..] }, k, n, tb),
+                4,
+            );
+            let mut want = zeros(&stored(&batch, m, n, false));
+            matmul(&a, &b, ta, tb, &mut want).unwrap();
+            let mut permuted = zeros(&[batch[0], m, batch[1], n]);
+            crate::cpu::kernels::layout::permute(&want, &[0, 2, 1, 3], &mut permuted).unwrap();
+            // Element (b, h, i, j) of the product at b*M*H*N + i*H*N + h*N + j.
+            let strides = [m * batch[1] * n, n, batch[1] * n, 1];
+            let mut got = vec![f32::NAN; permuted.numel()];
+            let shape = [batch[0], batch[1], m, n];
+            matmul_strided(&a, &b, ta, tb, &shape, &mut got, &strides).unwrap();
+            // The same kernels on the same values: the same bits.
+            assert_eq!(
+                got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                permuted
+                    .f32()
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect::<Vec<_>>()
+            );
+        }
+        let (a, b) = (random(&[2, 3, 4], 5), random(&[4, 5], 6));
+        let mut small = vec![0f32; 29];
+        let err = matmul_strided(&a, &b, false, false, &[2, 3, 5], &mut small, &[15, 5, 1]);
+        assert!(err.unwrap_err().to_string().contains("does not fit"));
+        let err = matmul_strided(&a, &b, false, false, &[2, 3, 5], &mut small, &[1, 2, 6]);
+        assert!(err.unwrap_err().to_string().contains("the last 1"));
     }
 
     #[test]

@@ -161,13 +161,31 @@ pub(super) fn strides(shape: &[usize]) -> Small<usize> {
 /// Where the `i`-th element (row-major) of `dims` lies: `dims` are `(size, stride)`,
 /// outermost first.
 #[inline]
-pub(super) fn offset_of(i: usize, dims: &[(usize, usize)]) -> usize {
+pub(crate) fn offset_of(i: usize, dims: &[(usize, usize)]) -> usize {
     let (mut rem, mut off) = (i, 0);
     for &(n, s) in dims.iter().rev() {
         off += rem % n * s;
         rem /= n;
     }
     off
+}
+
+/// `(size, stride)` per axis of a strided layout, outermost first, with size-1 axes dropped
+/// and each axis merged into the next inner one where the two are contiguous: an element's
+/// offset is `offset_of` its index over these.
+pub(crate) fn merged_dims(shape: &[usize], strides: &[usize]) -> Small<(usize, usize)> {
+    let mut dims: Small<(usize, usize)> = Small::new();
+    for (&n, &s) in shape.iter().zip(strides).rev() {
+        if n == 1 {
+            continue;
+        }
+        match dims.last_mut() {
+            Some(d) if s == d.0 * d.1 => d.0 *= n,
+            _ => dims.push((n, s)),
+        }
+    }
+    dims.reverse();
+    dims
 }
 
 /// `out[i] = map(x[offset(i)])`, the offset of output index `i` given by one stride into `x`
@@ -180,18 +198,7 @@ pub(super) fn strided<T: Copy + Send + Sync>(
     out: &mut [T],
     map: impl Fn(T) -> T + Sync + Send,
 ) {
-    // (size, stride), outermost first, merged from the innermost axis outwards.
-    let mut dims: Small<(usize, usize)> = Small::new();
-    for (&n, &s) in shape.iter().zip(xstrides).rev() {
-        if n == 1 {
-            continue;
-        }
-        match dims.last_mut() {
-            Some(d) if s == d.0 * d.1 => d.0 *= n,
-            _ => dims.push((n, s)),
-        }
-    }
-    dims.reverse();
+    let mut dims = merged_dims(shape, xstrides);
     let (len, step) = dims.pop().unwrap_or((1, 0));
     let outer = dims;
     for_rows(out, len, out.len(), |r, row| {
