@@ -12,6 +12,15 @@ The shapes match the Parallax files exactly: Linear weights [out, in] with biase
 without padding; the exact (erf) GELU; LayerNorm with eps 1e-5 and an affine weight and bias;
 attention as q, k, v and out Linear projections (with bias), scores scaled by 1/sqrt(head_dim),
 softmax, no mask; MSE (mean over every element) against a fixed random target.
+
+    python3 benches/pytorch_compare.py --paired BIN [--warmup 10] [--rounds 40] [--chunk 5] [MODEL ...]
+
+pairs PyTorch with Parallax in one run: `BIN FILE --serve` (runtime/examples/step_time.rs) is
+started for benches/models/MODEL.ron, both warm up, and then each round times `--chunk` steps
+of each side back to back (which goes first alternates), so a busy spell of a shared machine
+falls on both. Prints one line per model: `NAME PX_MEDIAN PT_MEDIAN PX_MIN PT_MIN RATIO`, the
+medians and least of all timed steps of each side, and RATIO the median over rounds of the
+ratio of the two sides' chunk medians (Parallax / PyTorch).
 """
 
 import argparse
@@ -22,6 +31,8 @@ import time
 import warnings
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+
+from ab import Server, pair  # benches/ab.py: the paired-run protocol
 
 try:
     import torch
@@ -114,24 +125,54 @@ MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer}
 PARAMETERS = {"mlp": 669_706, "cnn": 225_034, "transformer": 789_760}
 
 
-def step_time(name, warmup, steps):
+def stepper(name):
+    """A function that runs one training step of model `name` and returns its milliseconds."""
     model, x, y, loss_fn = MODELS[name]()
     params = sum(p.numel() for p in model.parameters())
     assert params == PARAMETERS[name], f"{name}: {params} parameters, Parallax has {PARAMETERS[name]}"
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     model.train()
-    times = []
-    for i in range(warmup + steps):
+
+    def step():
         t = time.perf_counter()
         opt.zero_grad(set_to_none=True)
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         elapsed = (time.perf_counter() - t) * 1e3
-        if i >= warmup:
-            times.append(elapsed)
         assert math.isfinite(loss.item()), f"{name}: the loss became {loss.item()}"
+        return elapsed
+
+    return step
+
+
+def step_time(name, warmup, steps):
+    step = stepper(name)
+    times = [step() for _ in range(warmup + steps)][warmup:]
     return statistics.median(times), min(times)
+
+
+def paired(name, binary, warmup, rounds, chunk):
+    """Alternates chunks of PyTorch's steps with chunks of Parallax's (see the module doc)."""
+    step = stepper(name)
+    parallax = Server(binary, name, {})
+    px_all, pt_all, ratios = pair(
+        parallax.steps, lambda n: [step() for _ in range(n)], warmup, rounds, chunk
+    )
+    parallax.close()
+    # Which side ran first should not matter; if it does, a side's threads linger.
+    print(
+        f"{name}: paired ratio {statistics.median(ratios[0::2]):.3f} with Parallax first, "
+        f"{statistics.median(ratios[1::2]):.3f} with PyTorch first",
+        file=sys.stderr,
+    )
+    return (
+        statistics.median(px_all),
+        statistics.median(pt_all),
+        min(px_all),
+        min(pt_all),
+        statistics.median(ratios),
+    )
 
 
 def main():
@@ -140,6 +181,9 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--paired", metavar="BIN", help="Parallax's step_time example, run alongside")
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--chunk", type=int, default=5)
     args = ap.parse_args()
     for name in args.models:
         if name not in MODELS:
@@ -147,8 +191,12 @@ def main():
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     for name in args.models or list(MODELS):
-        median, least = step_time(name, args.warmup, args.steps)
-        print(f"{name} {median:.3f} {least:.3f}", flush=True)
+        if args.paired:
+            stats = paired(name, args.paired, args.warmup, args.rounds, args.chunk)
+            print(name, " ".join(f"{v:.3f}" for v in stats), flush=True)
+        else:
+            median, least = step_time(name, args.warmup, args.steps)
+            print(f"{name} {median:.3f} {least:.3f}", flush=True)
 
 
 if __name__ == "__main__":
