@@ -2,11 +2,12 @@
 //! buffer is reused once every reader of its value has run. Parameters, optimizer state and
 //! inputs keep buffers of their own. An update is written over its parameter or state (as an
 //! in-place optimizer step) where every other reader of the old value has run before it, so
-//! the step ends without copying. A reshape of a stored intermediate is a view: it shares its
-//! operand's buffer, which lives until the last reader of either. The result states the
-//! step's exact peak memory at the training batch size.
+//! the step ends without copying. An elementwise kernel's result is written over the buffer
+//! of an operand it reads last, element by element. A reshape of a stored intermediate is a
+//! view: it shares its operand's buffer, which lives until the last reader of either. The
+//! result states the step's exact peak memory at the training batch size.
 
-use super::fuse::stored;
+use super::fuse::{stored, streamable};
 use super::Ctx;
 use crate::ir::ops::OpClass;
 use crate::ir::{DType, Graph, NodeIndex, Op};
@@ -139,14 +140,22 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> Schedule {
         f.sort();
     }
     let in_place = in_place_updates(g, &kernel_of);
+    let over_operands = written_over_operands(g, &values, &views, &last_use, &in_place);
     // Free buffers by (type, size, id), for best-fit lookups.
     let mut free: BTreeSet<(DType, u64, usize)> = BTreeSet::new();
+    let handed_on: std::collections::HashSet<NodeIndex> = over_operands.values().copied().collect();
     let (mut live, mut peak, mut without_reuse) = (0u64, 0u64, 0u64);
     for (k, vals) in values.iter().enumerate() {
         for &v in vals {
             let (dtype, need) = (g.g[v].ty.dtype, elements(g, v, batch));
             without_reuse = without_reuse.saturating_add(bytes(v));
             if let Some(&old) = in_place.get(&v).or_else(|| views.get(&v)) {
+                s.buffer_of.insert(v, s.buffer_of[&old]);
+                continue;
+            }
+            // The buffer of an operand this kernel reads last: the value takes its place
+            // (and its bytes), and the operand's free below hands the buffer on.
+            if let Some(&old) = over_operands.get(&v) {
                 s.buffer_of.insert(v, s.buffer_of[&old]);
                 continue;
             }
@@ -181,7 +190,7 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> Schedule {
         }
         peak = peak.max(live);
         for &v in &frees_after[k] {
-            if in_place.contains_key(&v) {
+            if in_place.contains_key(&v) || handed_on.contains(&v) {
                 continue;
             }
             live = live.saturating_sub(bytes(v));
@@ -230,11 +239,71 @@ fn in_place_updates(
                     Some(&kr) => kr < k,
                     None => false,
                 });
-        let elementwise = nodes
-            .iter()
-            .all(|&n| g.g[n].op.def().class == OpClass::Elementwise);
-        if at.is_some() && readers_ok && (elementwise || !read_here) {
+        if at.is_some() && readers_ok && (!read_here || element_by_element(g, nodes)) {
             out.insert(new, old);
+        }
+    }
+    out
+}
+
+/// Whether a kernel's ops are all elementwise, each reading its operands at the element's own
+/// index or repeated whole (a bias), so that it can run element by element, each element's
+/// reads before its write. An elementwise op alone may broadcast otherwise (`[1, C, 1, 1]`
+/// over `[B, C, H, W]`), and is then not run element by element.
+fn element_by_element(g: &Graph, nodes: &[NodeIndex]) -> bool {
+    nodes.iter().all(|&n| {
+        g.g[n].op.def().class == OpClass::Elementwise
+            && g.g
+                .neighbors_directed(n, petgraph::Direction::Incoming)
+                .all(|o| streamable(&g.g[o].ty, &g.g[n].ty))
+    })
+}
+
+/// Elementwise results written over an operand's buffer: `value -> operand`. Allowed where
+/// the kernel is all elementwise, reading each operand element by element, the operand is an intermediate of the same type (no source,
+/// no reshape view, no view of it) whose last readers are in this kernel at or before the op
+/// that makes the value: element by element, each read then comes before the write, on the
+/// CPU as on the GPU. The step reads and writes one buffer instead of two (a cold one).
+fn written_over_operands(
+    g: &Graph,
+    values: &[Vec<NodeIndex>],
+    views: &HashMap<NodeIndex, NodeIndex>,
+    last_use: &HashMap<NodeIndex, usize>,
+    in_place: &HashMap<NodeIndex, NodeIndex>,
+) -> HashMap<NodeIndex, NodeIndex> {
+    let viewed: std::collections::HashSet<NodeIndex> = views.values().copied().collect();
+    let mut out = HashMap::new();
+    let mut taken = std::collections::HashSet::new();
+    for (k, kernel) in g.kernels.iter().enumerate() {
+        let nodes = &kernel.nodes;
+        if !element_by_element(g, nodes) {
+            continue;
+        }
+        for &v in &values[k] {
+            if in_place.contains_key(&v) || views.contains_key(&v) {
+                continue;
+            }
+            let at = nodes.iter().position(|&n| n == v);
+            let operand =
+                g.g.neighbors_directed(v, petgraph::Direction::Incoming)
+                    .find(|&u| {
+                        !g.g[u].op.is_source()
+                            && g.g[u].ty == g.g[v].ty
+                            && !nodes.contains(&u)
+                            && !views.contains_key(&u)
+                            && !viewed.contains(&u)
+                            && !taken.contains(&u)
+                            && last_use.get(&u) == Some(&k)
+                            && g.g
+                                .neighbors_directed(u, petgraph::Direction::Outgoing)
+                                .all(|r| {
+                                    !nodes.contains(&r) || nodes.iter().position(|&n| n == r) <= at
+                                })
+                    });
+            if let Some(u) = operand {
+                taken.insert(u);
+                out.insert(v, u);
+            }
         }
     }
     out
