@@ -160,7 +160,9 @@ def paired(name, binary, warmup, rounds, chunk):
         parallax.steps, lambda n: [step() for _ in range(n)], warmup, rounds, chunk
     )
     parallax.close()
-    # Which side ran first should not matter; if it does, a side's threads linger.
+    # The side that goes first in a round follows its own chunk of the round before, its
+    # data still in cache; the other follows it. Alternating the order shares that out, and
+    # the two halves show how much it weighs.
     print(
         f"{name}: paired ratio {statistics.median(ratios[0::2]):.3f} with Parallax first, "
         f"{statistics.median(ratios[1::2]):.3f} with PyTorch first",

@@ -40,7 +40,7 @@ fn main() {
         total * 1e3,
         total * 1e3 / steps as f64
     );
-    for (op, secs, n) in prof.iter().take(15) {
+    for (op, secs, n) in prof.iter().take(20) {
         println!(
             "{op:<22} {:>8.3} ms/step {:>5.1}%  ({} calls)",
             secs * 1e3 / (steps - 2) as f64,

@@ -53,6 +53,7 @@ impl Executor {
             if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
                 let kern = &self.plan.kernels[k];
                 let name = match kern.kind {
+                    _ if self.folds.skipped[k] => "permute (folded)",
                     KernelKind::Single => self.plan.steps[kern.steps[0]].op.name(),
                     KernelKind::Elementwise => "fused elementwise",
                     KernelKind::ElementwiseReduce => "fused elementwise+reduce",
