@@ -8,7 +8,8 @@ use parallax_compiler::passes::fuse::KernelKind;
 use parallax_compiler::plan::Plan;
 use parallax_compiler::{compile, parse_bytes, Options, Source};
 use parallax_runtime::cpu::{Executor, Mode};
-use parallax_runtime::train::{set_scalars, Session};
+use parallax_runtime::data::Values;
+use parallax_runtime::train::{feed, set_scalars, Session};
 use std::collections::HashMap;
 
 fn source(name: &str) -> Source {
@@ -280,6 +281,25 @@ fn permutes_folded_into_their_operands_kernels_change_no_bits() {
             "step {step}"
         );
     }
+    // A smaller batch (a last partial one): the strides follow the batch's shapes.
+    let next = a.loader.next().unwrap();
+    let first = |v: &Values, size: usize| match v {
+        Values::F32(x) => Values::F32(x[..x.len() / next.size * size].to_vec()),
+        Values::I32(x) => Values::I32(x[..x.len() / next.size * size].to_vec()),
+    };
+    for e in [&mut folded, &mut plain] {
+        feed(e, &a.input, 5, &first(&next.inputs, 5)).unwrap();
+        feed(e, &a.target, 5, &first(&next.targets, 5)).unwrap();
+    }
+    folded.run(5, Mode::Train, 3, 0).unwrap();
+    plain
+        .run_observed(5, Mode::Train, 3, 0, &mut |_, _| {})
+        .unwrap();
+    assert_eq!(
+        folded.output("loss").unwrap().f32(),
+        plain.output("loss").unwrap().f32(),
+        "a batch of 5"
+    );
     for ((n, x), (_, y)) in folded.params().zip(plain.params()) {
         assert_eq!(x.f32(), y.f32(), "parameter {n}");
     }
