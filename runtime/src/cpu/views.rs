@@ -11,7 +11,7 @@
 //! fold needs the permute's buffer free from the operand's kernel on: no other value may live
 //! in it in between.
 
-use super::kernels::layout::merged_dims;
+use super::kernels::layout::{merged_dims, strides};
 use super::kernels::Small;
 use parallax_compiler::ir::{DType, Op};
 use parallax_compiler::passes::fuse::KernelKind;
@@ -135,13 +135,7 @@ pub(super) fn permuted_strides(
     perm: &[usize],
     out_shape: &[usize],
 ) -> Small<usize> {
-    let mut out_strides: Small<usize> = Small::new();
-    let mut acc = 1;
-    for &d in out_shape.iter().rev() {
-        out_strides.push(acc);
-        acc *= d;
-    }
-    out_strides.reverse();
+    let out_strides = strides(out_shape);
     let mut strides: Small<usize> = smallvec::smallvec![0; shape.len()];
     for (d, &axis) in perm.iter().enumerate() {
         strides[axis] = out_strides[d];

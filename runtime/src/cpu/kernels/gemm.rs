@@ -5,7 +5,7 @@
 //! kernel; threads only decide which tile runs where. Batches run independently. So the same
 //! inputs give the same bits whatever the number of threads.
 
-use super::layout::offset_of;
+use super::layout::{offset_of, strides};
 use super::{KernelError, Small};
 use crate::cpu::tensor::{numel, Tensor};
 use gemm::Parallelism;
@@ -405,47 +405,25 @@ pub fn matmul(
 ) -> Result<(), KernelError> {
     check_f32("matmul", "the output", out)?;
     let p = product_of(a, b, trans_a, trans_b, &out.shape)?;
-    let Product {
-        m,
-        n,
-        k,
-        batch,
-        shared_b,
-    } = p;
-    let (a_rs, a_cs) = if trans_a { (1, m) } else { (k, 1) };
-    let (b_rs, b_cs) = if trans_b { (1, k) } else { (n, 1) };
-    let (av, bv) = (a.f32(), b.f32());
-    let dst = out.f32_mut();
-    if dst.is_empty() {
+    if out.f32().is_empty() {
         return Ok(());
     }
-    if shared_b && !trans_a {
+    let shape: Small<usize> = out.shape.iter().copied().collect();
+    let dst = out.f32_mut();
+    if p.shared_b && !trans_a {
         // `a`'s batches stacked are one `[batch * M, K]` matrix.
-        let rows = batch * m;
-        let lhs = View::new(av, k, 1);
-        let rhs = View::new(bv, b_rs, b_cs);
+        let (rows, n, k) = (p.batch * p.m, p.n, p.k);
+        let lhs = View::new(a.f32(), k, 1);
+        let rhs = if trans_b {
+            View::new(b.f32(), 1, k)
+        } else {
+            View::new(b.f32(), n, 1)
+        };
         gemm_into(rows, n, k, dst, n, false, lhs, rhs, parallelism(rows, n, k));
         return Ok(());
     }
-    let (sa, so) = (m * k, m * n);
-    let (sb, lb) = (if shared_b { 0 } else { k * n }, k * n);
-    let one = |i: usize, o: &mut [f32], par: Parallelism| {
-        let lhs = View::new(&av[i * sa..(i + 1) * sa], a_rs, a_cs);
-        let rhs = View::new(&bv[i * sb..i * sb + lb], b_rs, b_cs);
-        gemm_into(m, n, k, o, n, false, lhs, rhs, par);
-    };
-    let work = m.saturating_mul(n).saturating_mul(k);
-    let par = parallelism(m, n, k);
-    if batch > 1 && work.saturating_mul(batch) > PARALLEL_WORK {
-        // One task per product; large products also split inside (rayon nests).
-        dst.par_chunks_mut(so)
-            .enumerate()
-            .for_each(|(i, o)| one(i, o, par));
-    } else {
-        for (i, o) in dst.chunks_mut(so).enumerate() {
-            one(i, o, par);
-        }
-    }
+    // One product per batch, each row-major in its slab of `dst`.
+    batched(&p, a, b, trans_a, trans_b, &shape, dst, &strides(&shape));
     Ok(())
 }
 
@@ -463,13 +441,6 @@ pub fn matmul_strided(
     strides: &[usize],
 ) -> Result<(), KernelError> {
     let p = product_of(a, b, trans_a, trans_b, out_shape)?;
-    let Product {
-        m,
-        n,
-        k,
-        batch,
-        shared_b,
-    } = p;
     let r = out_shape.len();
     if strides.len() != r || strides[r - 1] != 1 {
         return Err(bad(format!(
@@ -481,7 +452,7 @@ pub fn matmul_strided(
         .zip(strides)
         .map(|(&size, &st)| size.saturating_sub(1) * st)
         .sum::<usize>();
-    if m * n * batch == 0 {
+    if p.m * p.n * p.batch == 0 {
         return Ok(());
     }
     if last >= dst.len() {
@@ -490,6 +461,32 @@ pub fn matmul_strided(
             dst.len()
         )));
     }
+    batched(&p, a, b, trans_a, trans_b, out_shape, dst, strides);
+    Ok(())
+}
+
+/// The products of a checked batched matmul into `dst` at element `strides` (one per axis
+/// of `out_shape`, the last 1, the layout inside `dst` and one-to-one): one task per product
+/// when there is enough work; large products also split inside (rayon nests).
+#[allow(clippy::too_many_arguments)]
+fn batched(
+    p: &Product,
+    a: &Tensor,
+    b: &Tensor,
+    trans_a: bool,
+    trans_b: bool,
+    out_shape: &[usize],
+    dst: &mut [f32],
+    strides: &[usize],
+) {
+    let &Product {
+        m,
+        n,
+        k,
+        batch,
+        shared_b,
+    } = p;
+    let r = out_shape.len();
     let batch_dims: Small<(usize, usize)> = out_shape[..r - 2]
         .iter()
         .zip(strides)
@@ -504,9 +501,9 @@ pub fn matmul_strided(
     let par = parallelism(m, n, k);
     let one = |i: usize| {
         let at = offset_of(i, &batch_dims);
-        // SAFETY: every element of the layout lies inside `dst` (checked above); the layout
-        // maps distinct elements to distinct offsets, so products write disjoint elements;
-        // the operands are slices of live tensors sized by `product_of`'s checks.
+        // SAFETY: every element of the layout lies inside `dst` (the callers' checks); the
+        // layout maps distinct elements to distinct offsets, so products write disjoint
+        // elements; the operands are slices of live tensors sized by `product_of`'s checks.
         unsafe {
             product(
                 m,
@@ -529,7 +526,6 @@ pub fn matmul_strided(
     } else {
         (0..batch).for_each(one);
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -687,6 +683,11 @@ mod tests {
         let b = zeros(&[0, 4]);
         let mut out = Tensor::from_f32(vec![3, 4], vec![5.0; 12]);
         matmul(&a, &b, false, false, &mut out).unwrap();
+        assert!(out.f32().iter().all(|&v| v == 0.0));
+        // Batched, one product at a time.
+        let (a, b) = (zeros(&[2, 0, 3]), zeros(&[2, 0, 4]));
+        let mut out = Tensor::from_f32(vec![2, 3, 4], vec![5.0; 24]);
+        matmul(&a, &b, true, false, &mut out).unwrap();
         assert!(out.f32().iter().all(|&v| v == 0.0));
     }
 

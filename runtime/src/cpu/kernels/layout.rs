@@ -150,7 +150,8 @@ fn pair<'a>(op: &'static str, x: &'a Tensor, out: &'a mut Tensor) -> Result<Pair
     }
 }
 
-pub(super) fn strides(shape: &[usize]) -> Small<usize> {
+/// Row-major element strides of `shape`.
+pub(crate) fn strides(shape: &[usize]) -> Small<usize> {
     let mut s: Small<usize> = smallvec![1; shape.len()];
     for i in (0..shape.len().saturating_sub(1)).rev() {
         s[i] = s[i + 1] * shape[i + 1];
