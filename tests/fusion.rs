@@ -315,3 +315,52 @@ fn permutes_folded_into_their_operands_kernels_change_no_bits() {
         .plan(&bench, &options);
     assert_eq!(Executor::new(plan, 2, 1).folded_permutes(), 5);
 }
+
+/// The executor's profile: one time per kernel as `run` runs it, and per kind of kernel the
+/// same total, with matmul epilogues counted apart from their products.
+#[test]
+fn profile_times_every_kernel_and_epilogues_apart() {
+    let s = source("mlp");
+    let options = Options::default();
+    let plan = compile(&s, &options, &mut |_, _| {})
+        .unwrap()
+        .plan(&s, &options);
+    let mut a = Session::new(&s, plan, 8, 1, std::path::Path::new(".")).unwrap();
+    assert!(a.exec.kernel_seconds().is_empty());
+    a.exec.enable_profile();
+    let steps = 2;
+    for step in 0..steps {
+        let b = a.next_batch().unwrap();
+        set_scalars(&mut a.exec, &s.experiment.optimizer, step, steps).unwrap();
+        a.exec.run(b.size, Mode::Train, step, 0).unwrap();
+    }
+    let kernels = a.exec.plan().kernels.len();
+    let per_kernel = a.exec.kernel_seconds();
+    assert_eq!(per_kernel.len(), kernels);
+    assert!(per_kernel.iter().all(|&t| t > 0.0), "{per_kernel:?}");
+    let kinds = a.exec.profile();
+    let calls = |name: &str| kinds.iter().find(|k| k.0 == name).map(|k| k.2);
+    // The MLP's layers are matmuls with a bias (and ReLU) epilogue: two per step.
+    let with_epilogue = a
+        .exec
+        .plan()
+        .kernels
+        .iter()
+        .filter(|k| matches!(k.kind, KernelKind::Gemm { .. }) && k.steps.len() > 1)
+        .count() as u64;
+    assert_eq!(with_epilogue, 2);
+    assert_eq!(
+        calls("matmul (with an epilogue)"),
+        Some(with_epilogue * steps)
+    );
+    assert_eq!(calls("epilogue of a matmul"), Some(with_epilogue * steps));
+    // Epilogue calls are extra entries; every other call is one kernel run.
+    let runs: u64 = kinds.iter().map(|k| k.2).sum::<u64>() - with_epilogue * steps;
+    assert_eq!(runs, kernels as u64 * steps);
+    let total: f64 = kinds.iter().map(|k| k.1).sum();
+    let summed: f64 = per_kernel.iter().sum();
+    assert!(
+        (total - summed).abs() <= 1e-9 * kernels as f64 + 1e-12,
+        "{total} vs {summed}"
+    );
+}

@@ -1,6 +1,6 @@
 //! Times each kernel of a training step: `cargo run --release --example profile -- FILE [STEPS]`.
 //! With `KERNELS=N` in the environment, also lists the N slowest kernels one by one (their
-//! ops and output shapes), timed with `Executor::run_observed`.
+//! ops and output shapes), as the same steps ran them (folded permutes do nothing).
 
 use parallax_compiler::parse_bytes;
 use parallax_runtime::cpu::Mode;
@@ -31,7 +31,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
     {
-        per_kernel(&mut s, e, steps, top);
+        per_kernel(&s, steps, top);
     }
     let prof = s.exec.profile();
     let kernels: f64 = prof.iter().map(|p| p.1).sum();
@@ -42,7 +42,7 @@ fn main() {
     );
     for (op, secs, n) in prof.iter().take(20) {
         println!(
-            "{op:<22} {:>8.3} ms/step {:>5.1}%  ({} calls)",
+            "{op:<26} {:>8.3} ms/step {:>5.1}%  ({} calls)",
             secs * 1e3 / (steps - 2) as f64,
             100.0 * secs / kernels,
             n
@@ -50,28 +50,11 @@ fn main() {
     }
 }
 
-/// Times every kernel separately over `steps` steps and prints the `top` slowest.
-fn per_kernel(
-    s: &mut Session,
-    e: &parallax_compiler::dsl::ast::Experiment,
-    steps: u64,
-    top: usize,
-) {
-    let n = s.exec.plan().kernels.len();
-    let mut secs = vec![0f64; n];
-    for step in 0..steps {
-        let b = s.next_batch().unwrap();
-        set_scalars(&mut s.exec, &e.optimizer, step, steps).unwrap();
-        let mut last = std::time::Instant::now();
-        s.exec
-            .run_observed(b.size, Mode::Train, step, 0, &mut |k, _| {
-                secs[k] += last.elapsed().as_secs_f64();
-                last = std::time::Instant::now();
-            })
-            .unwrap();
-    }
+/// Prints the `top` slowest kernels of the profiled steps.
+fn per_kernel(s: &Session, steps: u64, top: usize) {
     let plan = s.exec.plan();
-    let mut order: Vec<usize> = (0..n).collect();
+    let secs = s.exec.kernel_seconds();
+    let mut order: Vec<usize> = (0..secs.len()).collect();
     order.sort_by(|&a, &b| secs[b].total_cmp(&secs[a]));
     for &k in order.iter().take(top) {
         let kern = &plan.kernels[k];
@@ -84,7 +67,7 @@ fn per_kernel(
         let shape: Vec<String> = last.ty.shape.iter().map(|d| d.to_string()).collect();
         println!(
             "kernel {k:>4} {:>8.3} ms  [{}] {}",
-            secs[k] * 1e3 / steps as f64,
+            secs[k] * 1e3 / (steps - 2) as f64,
             shape.join(", "),
             ops.join("+")
         );

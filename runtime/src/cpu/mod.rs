@@ -68,6 +68,16 @@ impl Mode {
     }
 }
 
+/// Kernel timings (`Executor::enable_profile`).
+struct Profile {
+    /// Seconds and calls per kind of kernel.
+    by_kind: HashMap<&'static str, (f64, u64)>,
+    /// Seconds per kernel.
+    by_kernel: Vec<f64>,
+    /// Seconds of the epilogue of the matmul kernel that just ran.
+    epilogue: Option<f64>,
+}
+
 static EMPTY: Tensor = Tensor {
     data: Data::F32(Vec::new()),
     shape: Vec::new(),
@@ -98,7 +108,7 @@ pub struct Executor {
     /// State by name: the optimizer's, BatchNorm's running statistics.
     states: Vec<(String, usize)>,
     /// Seconds and calls per kernel, when profiling.
-    profile: Option<HashMap<&'static str, (f64, u64)>>,
+    profile: Option<Profile>,
     /// The steps whose values this executor holds (all, unless built for some kernels).
     needed: Vec<bool>,
     /// Permutes written by the kernel of their operand (see `views`).
@@ -257,19 +267,30 @@ impl Executor {
 
     /// Starts timing every kernel (a little overhead per step).
     pub fn enable_profile(&mut self) {
-        self.profile = Some(HashMap::new());
+        self.profile = Some(Profile {
+            by_kind: HashMap::new(),
+            by_kernel: vec![0.0; self.plan.kernels.len()],
+            epilogue: None,
+        });
     }
 
-    /// Seconds and calls per kernel, slowest first.
+    /// Seconds and calls per kind of kernel, slowest first. A matmul's epilogue counts apart
+    /// from the product (`epilogue of a matmul`).
     pub fn profile(&self) -> Vec<(&'static str, f64, u64)> {
         let mut v: Vec<_> = self
             .profile
             .iter()
-            .flatten()
+            .flat_map(|p| &p.by_kind)
             .map(|(k, (s, n))| (*k, *s, *n))
             .collect();
         v.sort_by(|a, b| b.1.total_cmp(&a.1));
         v
+    }
+
+    /// Seconds spent in each kernel of the plan since profiling started, as `run` runs it
+    /// (folded permutes included); empty when not profiling.
+    pub fn kernel_seconds(&self) -> &[f64] {
+        self.profile.as_ref().map_or(&[], |p| &p.by_kernel)
     }
 
     pub fn plan(&self) -> &Plan {

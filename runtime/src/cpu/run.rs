@@ -48,9 +48,20 @@ impl Executor {
                 continue;
             }
             before_kernel();
-            let t = self.profile.is_some().then(std::time::Instant::now);
+            let t = self.profile.as_mut().map(|p| {
+                p.epilogue = None;
+                std::time::Instant::now()
+            });
             self.run_kernel_at(k, ctx)?;
             if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
+                let secs = t.elapsed().as_secs_f64();
+                p.by_kernel[k] += secs;
+                let epilogue = p.epilogue.take().unwrap_or(0.0);
+                if epilogue > 0.0 {
+                    let e = p.by_kind.entry("epilogue of a matmul").or_insert((0.0, 0));
+                    e.0 += epilogue;
+                    e.1 += 1;
+                }
                 let kern = &self.plan.kernels[k];
                 let name = match kern.kind {
                     _ if self.folds.skipped[k] => "permute (folded)",
@@ -61,10 +72,10 @@ impl Executor {
                         bias: false,
                         activation: None,
                     } => "matmul",
-                    KernelKind::Gemm { .. } => "matmul+epilogue",
+                    KernelKind::Gemm { .. } => "matmul (with an epilogue)",
                 };
-                let e = p.entry(name).or_insert((0.0, 0));
-                e.0 += t.elapsed().as_secs_f64();
+                let e = p.by_kind.entry(name).or_insert((0.0, 0));
+                e.0 += secs - epilogue;
                 e.1 += 1;
             }
         }
@@ -241,7 +252,11 @@ impl Executor {
                     };
                     let last = *steps.last().expect("an epilogue");
                     let last = self.folds.by_producer[last].filter(|_| fold);
+                    let t = self.profile.is_some().then(std::time::Instant::now);
                     self.run_fused(&steps[1..], Some((mm, source)), ctx, None, last)?;
+                    if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
+                        p.epilogue = Some(t.elapsed().as_secs_f64());
+                    }
                 }
                 Ok(())
             }
