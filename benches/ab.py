@@ -18,6 +18,7 @@ import os
 import statistics
 import subprocess
 import sys
+import time
 
 
 class Server:
@@ -47,16 +48,27 @@ class Server:
         self.proc.wait()
 
 
+# Seconds between two chunks: longer than either side's threads keep spinning after its last
+# step (OpenMP's, PyTorch's, spin up to a few ms before they sleep), so that neither side's
+# spinning threads take cores from the other's chunk.
+PAUSE = 0.01
+
+
 def pair(first, second, warmup, rounds, chunk):
     """Alternating chunks of two step functions: (all of first's, all of second's, ratios)."""
     first(warmup)
     second(warmup)
     a_all, b_all, ratios = [], [], []
+
+    def run(side):
+        time.sleep(PAUSE)
+        return side(chunk)
+
     for r in range(rounds):
         if r % 2 == 0:
-            a, b = first(chunk), second(chunk)
+            a, b = run(first), run(second)
         else:
-            b, a = second(chunk), first(chunk)
+            b, a = run(second), run(first)
         a_all += a
         b_all += b
         ratios.append(statistics.median(a) / statistics.median(b))

@@ -6,8 +6,9 @@
 #   benches/compare.sh [WARMUP] [ROUNDS] [CHUNK]      (defaults 10, 40 and 5)
 #
 # Both run side by side in one process pair (benches/pytorch_compare.py --paired): after the
-# warm-up, each round times CHUNK steps of Parallax and CHUNK of PyTorch back to back, the
-# first side alternating, so a busy spell of a shared machine falls on both. The table gives
+# warm-up, each round times CHUNK steps of Parallax and CHUNK of PyTorch back to back (10 ms
+# apart, so that one side's spinning threads are done before the other's chunk), the first
+# side alternating, so a busy spell of a shared machine falls on both. The table gives
 # each side's median and least step over all rounds, and the median over rounds of the ratio
 # of the two chunks' medians (the paired ratio: the figure to quote).
 #
