@@ -56,10 +56,10 @@ impl Executor {
             if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
                 let secs = t.elapsed().as_secs_f64();
                 p.by_kernel[k] += secs;
-                let epilogue = p.epilogue.take().unwrap_or(0.0);
-                if epilogue > 0.0 {
+                let epilogue = p.epilogue.take();
+                if let Some(secs) = epilogue {
                     let e = p.by_kind.entry("epilogue of a matmul").or_insert((0.0, 0));
-                    e.0 += epilogue;
+                    e.0 += secs;
                     e.1 += 1;
                 }
                 let kern = &self.plan.kernels[k];
@@ -75,7 +75,7 @@ impl Executor {
                     KernelKind::Gemm { .. } => "matmul (with an epilogue)",
                 };
                 let e = p.by_kind.entry(name).or_insert((0.0, 0));
-                e.0 += secs - epilogue;
+                e.0 += secs - epilogue.unwrap_or(0.0);
                 e.1 += 1;
             }
         }
