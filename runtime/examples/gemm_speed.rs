@@ -3,9 +3,12 @@
 //!
 //! Prints GFLOP/s (best and median of REPS runs) for `kernels::gemm::matmul` and for a few
 //! alternative ways of calling the `gemm` crate directly, so strategies can be compared.
+//! `gemm_speed REPS FILTER engines` instead times the two engines (`gemm` and
+//! `matrixmultiply`) on the 2-D products, split as `matmul` splits them, call for call in
+//! turn so that a busy spell of a shared machine falls on both.
 
 use gemm::Parallelism;
-use parallax_runtime::cpu::kernels::gemm::matmul;
+use parallax_runtime::cpu::kernels::gemm::{matmul, product_by};
 use parallax_runtime::cpu::tensor::Tensor;
 use rayon::prelude::*;
 use std::time::Instant;
@@ -123,6 +126,9 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(15);
     let filter = std::env::args().nth(2);
+    if std::env::args().nth(3).as_deref() == Some("engines") {
+        return engines(reps, filter.as_deref().unwrap_or(""));
+    }
     println!(
         "threads {}; GFLOP/s best/median of {reps}",
         rayon::current_num_threads()
@@ -400,4 +406,46 @@ fn main() {
         println!("{line}");
     }
     println!("matmul total (median) {:.2} ms", total[0] * 1e3);
+}
+
+/// The two engines on each 2-D case matching `filter`, alternating call by call.
+fn engines(reps: usize, filter: &str) {
+    println!(
+        "threads {}; GFLOP/s best/median of {reps}, alternating",
+        rayon::current_num_threads()
+    );
+    for &(batch, shared_b, m, k, n, ta, tb) in CASES {
+        let name = format!("{batch:?}{m}x{k}x{n} ta{} tb{}", ta as u8, tb as u8);
+        if !name.contains(filter) || !(shared_b && (batch.is_empty() || !ta)) {
+            continue;
+        }
+        // Stacked batches of a row-major `a` are one matrix, as `matmul` multiplies them.
+        let rows = m * batch.iter().product::<usize>();
+        let a = filled(stored(&[], rows, k, ta), 1);
+        let b = filled(stored(&[], k, n, tb), 2);
+        let mut out = vec![0f32; rows * n];
+        let l = if ta { (1, rows) } else { (k, 1) };
+        let r = if tb { (1, k) } else { (n, 1) };
+        let mut secs = [Vec::new(), Vec::new()];
+        for rep in 0..=reps {
+            for (side, mm) in [false, true].into_iter().enumerate() {
+                let t = Instant::now();
+                product_by(mm, (rows, n, k), &mut out, (a.f32(), l), (b.f32(), r));
+                if rep > 0 {
+                    secs[side].push(t.elapsed().as_secs_f64());
+                }
+            }
+        }
+        let flops = 2.0 * (rows * n * k) as f64 / 1e9;
+        let mut line = format!("{name:<32}");
+        for (label, s) in ["gemm", "matrixmultiply"].iter().zip(&mut secs) {
+            s.sort_by(f64::total_cmp);
+            line += &format!(
+                " {label} {:>5.0}/{:<5.0}",
+                flops / s[0],
+                flops / s[s.len() / 2]
+            );
+        }
+        println!("{line}");
+    }
 }

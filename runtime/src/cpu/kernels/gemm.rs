@@ -115,14 +115,13 @@ pub(super) fn gemm_into(
 }
 
 /// Products with more multiply-adds than this, when allowed to run in parallel, are split
-/// into two halves run by `rayon::join` (each half may still split inside `gemm`). Measured
-/// on 2 cores, two independent halves beat `gemm`'s own threading by 5-15% on the bench
-/// models' shapes (`examples/gemm_speed.rs`), and a stolen half balances better on a busy
-/// machine. The split depends only on the shape, so results do not depend on the threads.
+/// into parts run by `rayon::join` (see [`Job::run`]). Measured on 2 cores, two independent
+/// halves beat `gemm`'s own threading by 5-15% on the bench models' shapes
+/// (`examples/gemm_speed.rs`), and a stolen half balances better on a busy machine.
 const SPLIT_WORK: usize = 16 * PARALLEL_WORK;
 
-/// A raw pointer that may cross threads: [`product`]'s halves touch disjoint parts of `dst`
-/// and only read the operands.
+/// A raw pointer that may cross threads: a split product's parts touch disjoint parts of
+/// `dst` and only read the operands.
 #[derive(Clone, Copy)]
 struct Ptr(*mut f32);
 
@@ -162,11 +161,181 @@ fn spin_join(a: impl FnOnce() + Send, b: impl FnOnce() + Send) {
     );
 }
 
-/// `gemm_into` on raw parts.
+/// Which library multiplies a product's tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Engine {
+    /// The `gemm` crate, threaded by rayon inside for products it is given whole.
+    Gemm,
+    /// The `matrixmultiply` crate, one thread per part of a split product.
+    Matrixmultiply,
+}
+
+impl Engine {
+    /// The engine for a whole product, from its shape and this CPU alone (so never from the
+    /// number of threads). On this AVX2 machine (Zen 3, 2 cores), paired runs of the halves
+    /// of the bench models' large products (`[1024, 256] x [256, 1024]` and the like) gave
+    /// `matrixmultiply`'s 8x8 FMA kernel medians 5-15% above `gemm`'s (`examples/gemm_speed`)
+    /// and the transformer's step 0.93x-0.95x (MLP 0.91x-0.95x; `benches/ab.py`). With a
+    /// side under 64 it lost (`[32, 43264] x [43264, 9]`, a convolution's weight gradient:
+    /// 24 against 43 GFLOP/s), as do products too small to split. With AVX-512, `gemm`'s
+    /// `x86-v4` kernels measured about 90% of a core's peak, so they stay.
+    fn of(m: usize, n: usize, k: usize) -> Engine {
+        if m.saturating_mul(n).saturating_mul(k) > SPLIT_WORK && m.min(n) >= 64 && !avx512() {
+            Engine::Matrixmultiply
+        } else {
+            Engine::Gemm
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512() -> bool {
+    false
+}
+
+/// One product on raw parts: `dst [m, n] (= or +=) lhs [m, k] x rhs [k, n]`, `dst` with
+/// leading dimension `ld`, the operands at element strides `(rows, columns)`.
+#[derive(Clone, Copy)]
+struct Job {
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: Ptr,
+    ld: usize,
+    accumulate: bool,
+    lhs: Ptr,
+    l: (usize, usize),
+    rhs: Ptr,
+    r: (usize, usize),
+}
+
+impl Job {
+    /// The product as two halves, or `None` when it is too narrow to halve. Split the
+    /// columns when `lhs` is row-major (each half packs only its half of `rhs`). A
+    /// column-major `lhs` (a weight gradient, `dy^T x`) is packed by each half too: split
+    /// the dimension of the larger operand, so that the smaller one is the one packed twice
+    /// (`[256, 1024] x [1024, 1024]`: 130 -> 150-170 GFLOP/s, 2 threads). Halves start on a
+    /// multiple of 16 (whole cache lines of `dst` rows).
+    fn halves(self) -> Option<(Job, Job)> {
+        let (m, n) = (self.m, self.n);
+        let split_n = (n >= 32 && (self.l.1 == 1 || n > m)) || m < 32;
+        if split_n && n >= 32 {
+            let h = n.div_ceil(32) * 16;
+            let right = Job {
+                n: n - h,
+                dst: self.dst.at(h),
+                rhs: self.rhs.at(h * self.r.1),
+                ..self
+            };
+            Some((Job { n: h, ..self }, right))
+        } else if !split_n {
+            let h = m.div_ceil(32) * 16;
+            let lower = Job {
+                m: m - h,
+                dst: self.dst.at(h * self.ld),
+                lhs: self.lhs.at(h * self.l.0),
+                ..self
+            };
+            Some((Job { m: h, ..self }, lower))
+        } else {
+            None
+        }
+    }
+
+    /// Runs the product: split in `parts` (halving, each half on its own side of a
+    /// [`spin_join`]) while there is more than one part and the product halves, each part
+    /// multiplied by `engine`. Every element of `dst` is reduced over K by one part in an
+    /// order fixed by K, so the split does not change the bits.
+    ///
+    /// # Safety
+    /// The three matrices lie inside live allocations, `dst` aliases neither operand, and no
+    /// other thread accesses `dst`'s elements during the call.
+    unsafe fn run(self, engine: Engine, parts: usize, par: Parallelism) {
+        if parts > 1 {
+            if let Some((a, b)) = self.halves() {
+                let first = parts.div_ceil(2);
+                // SAFETY: the halves write disjoint parts of `dst`; the caller's contract.
+                spin_join(
+                    || unsafe { a.run(engine, first, par) },
+                    || unsafe { b.run(engine, parts - first, par) },
+                );
+                return;
+            }
+        }
+        IN_GEMM_CRATE.with(|d| d.set(d.get() + 1));
+        // SAFETY: the caller's contract.
+        unsafe {
+            match engine {
+                Engine::Gemm => self.gemm(par),
+                Engine::Matrixmultiply => self.matrixmultiply(),
+            }
+        }
+        IN_GEMM_CRATE.with(|d| d.set(d.get() - 1));
+    }
+
+    /// One call of `gemm::gemm`; [`Job::run`]'s contract.
+    unsafe fn gemm(self, par: Parallelism) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            gemm::gemm(
+                self.m,
+                self.n,
+                self.k,
+                self.dst.0,
+                1,
+                self.ld as isize,
+                self.accumulate,
+                self.lhs.0,
+                self.l.1 as isize,
+                self.l.0 as isize,
+                self.rhs.0,
+                self.r.1 as isize,
+                self.r.0 as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                par,
+            );
+        }
+    }
+
+    /// One call of `matrixmultiply::sgemm` (one thread); [`Job::run`]'s contract.
+    unsafe fn matrixmultiply(self) {
+        // SAFETY: the caller's contract; with beta 0 `dst` is only written.
+        unsafe {
+            matrixmultiply::sgemm(
+                self.m,
+                self.k,
+                self.n,
+                1.0,
+                self.lhs.0,
+                self.l.0 as isize,
+                self.l.1 as isize,
+                self.rhs.0,
+                self.r.0 as isize,
+                self.r.1 as isize,
+                if self.accumulate { 1.0 } else { 0.0 },
+                self.dst.0,
+                self.ld as isize,
+                1,
+            );
+        }
+    }
+}
+
+/// `gemm_into` on raw parts: a product allowed to run in parallel (`par`) and above
+/// [`SPLIT_WORK`] is split in two (`gemm`) or in one part per thread (`matrixmultiply`,
+/// whose parts are single-threaded); see [`Engine::of`].
 ///
 /// # Safety
-/// The three matrices lie inside live allocations, `dst` aliases neither operand, and no
-/// other thread accesses `dst`'s elements during the call.
+/// [`Job::run`]'s contract.
 #[allow(clippy::too_many_arguments)]
 unsafe fn product(
     m: usize,
@@ -176,151 +345,69 @@ unsafe fn product(
     ld: usize,
     accumulate: bool,
     lhs: Ptr,
-    (l_rs, l_cs): (usize, usize),
+    l: (usize, usize),
     rhs: Ptr,
-    (r_rs, r_cs): (usize, usize),
+    r: (usize, usize),
     par: Parallelism,
 ) {
-    let parallel = matches!(par, Parallelism::Rayon(_));
-    if parallel && m.saturating_mul(n).saturating_mul(k) > SPLIT_WORK {
-        // Split the columns when `lhs` is row-major (each half packs only its half of
-        // `rhs`). A column-major `lhs` (a weight gradient, `dy^T x`) is packed by each half
-        // too: split the dimension of the larger operand, so that the smaller one is the one
-        // packed twice (`[256, 1024] x [1024, 1024]`: 130 -> 150-170 GFLOP/s, 2 threads).
-        // Halves start on a multiple of 16 (whole cache lines of `dst` rows).
-        let split_n = (n >= 32 && (l_cs == 1 || n > m)) || m < 32;
-        if split_n && n >= 32 {
-            let h = n.div_ceil(32) * 16;
-            spin_join(
-                || unsafe {
-                    leaf(
-                        m,
-                        h,
-                        k,
-                        dst,
-                        ld,
-                        accumulate,
-                        lhs,
-                        (l_rs, l_cs),
-                        rhs,
-                        (r_rs, r_cs),
-                        par,
-                    )
-                },
-                || unsafe {
-                    leaf(
-                        m,
-                        n - h,
-                        k,
-                        dst.at(h),
-                        ld,
-                        accumulate,
-                        lhs,
-                        (l_rs, l_cs),
-                        rhs.at(h * r_cs),
-                        (r_rs, r_cs),
-                        par,
-                    )
-                },
-            );
-            return;
-        }
-        if !split_n {
-            let h = m.div_ceil(32) * 16;
-            spin_join(
-                || unsafe {
-                    leaf(
-                        h,
-                        n,
-                        k,
-                        dst,
-                        ld,
-                        accumulate,
-                        lhs,
-                        (l_rs, l_cs),
-                        rhs,
-                        (r_rs, r_cs),
-                        par,
-                    )
-                },
-                || unsafe {
-                    leaf(
-                        m - h,
-                        n,
-                        k,
-                        dst.at(h * ld),
-                        ld,
-                        accumulate,
-                        lhs.at(h * l_rs),
-                        (l_rs, l_cs),
-                        rhs,
-                        (r_rs, r_cs),
-                        par,
-                    )
-                },
-            );
-            return;
-        }
-    }
+    let job = Job {
+        m,
+        n,
+        k,
+        dst,
+        ld,
+        accumulate,
+        lhs,
+        l,
+        rhs,
+        r,
+    };
+    let split =
+        matches!(par, Parallelism::Rayon(_)) && m.saturating_mul(n).saturating_mul(k) > SPLIT_WORK;
+    let engine = Engine::of(m, n, k);
+    let parts = match (split, engine) {
+        (false, _) => 1,
+        (true, Engine::Gemm) => 2,
+        (true, Engine::Matrixmultiply) => rayon::current_num_threads().max(2),
+    };
     // SAFETY: the caller's contract.
-    unsafe {
-        leaf(
-            m,
-            n,
-            k,
-            dst,
-            ld,
-            accumulate,
-            lhs,
-            (l_rs, l_cs),
-            rhs,
-            (r_rs, r_cs),
-            par,
-        )
-    }
+    unsafe { job.run(engine, parts, par) }
 }
 
-/// One call of `gemm::gemm`; [`product`]'s safety contract.
-#[allow(clippy::too_many_arguments)]
-unsafe fn leaf(
-    m: usize,
-    n: usize,
-    k: usize,
-    dst: Ptr,
-    ld: usize,
-    accumulate: bool,
-    lhs: Ptr,
-    (l_rs, l_cs): (usize, usize),
-    rhs: Ptr,
-    (r_rs, r_cs): (usize, usize),
-    par: Parallelism,
+/// `dst [m, n] = lhs [m, k] x rhs [k, n]` (operands at element strides `(rows, columns)`,
+/// `dst` row-major) split as [`matmul`] splits it but with the given engine, `gemm` or
+/// `matrixmultiply`: for `examples/gemm_speed`, which times the two against each other.
+///
+/// Panics if a matrix does not fit its slice.
+#[doc(hidden)]
+pub fn product_by(
+    matrixmultiply: bool,
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [f32],
+    (lhs, l): (&[f32], (usize, usize)),
+    (rhs, r): (&[f32], (usize, usize)),
 ) {
-    IN_GEMM_CRATE.with(|d| d.set(d.get() + 1));
-    // SAFETY: the caller's contract.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.0,
-            1,
-            ld as isize,
-            accumulate,
-            lhs.0,
-            l_cs as isize,
-            l_rs as isize,
-            rhs.0,
-            r_cs as isize,
-            r_rs as isize,
-            1.0,
-            1.0,
-            false,
-            false,
-            false,
-            par,
-        );
-    }
-    IN_GEMM_CRATE.with(|d| d.set(d.get() - 1));
+    assert!(fits(m, n, n, 1, dst.len()) && fits(m, k, l.0, l.1, lhs.len()));
+    assert!(fits(k, n, r.0, r.1, rhs.len()) && m * n * k > 0);
+    let (engine, parts) = match matrixmultiply {
+        false => (Engine::Gemm, 2),
+        true => (Engine::Matrixmultiply, rayon::current_num_threads().max(2)),
+    };
+    let split = m.saturating_mul(n).saturating_mul(k) > SPLIT_WORK;
+    let job = Job {
+        m,
+        n,
+        k,
+        dst: Ptr(dst.as_mut_ptr()),
+        ld: n,
+        accumulate: false,
+        lhs: Ptr(lhs.as_ptr() as *mut f32),
+        l,
+        rhs: Ptr(rhs.as_ptr() as *mut f32),
+        r,
+    };
+    // SAFETY: the matrices fit their slices (checked above), and `dst` is borrowed mutably.
+    unsafe { job.run(engine, if split { parts } else { 1 }, parallelism(m, n, k)) }
 }
 
 fn bad(message: String) -> KernelError {
@@ -748,6 +835,59 @@ mod tests {
             matmul(&ints, &b, false, false, &mut out),
             Err(KernelError::Bad { .. })
         ));
+    }
+
+    /// Each engine, whole or split in 1-5 parts, in all four transpositions, overwriting
+    /// and accumulating (with a `dst` row longer than `n`): the reference values, and the
+    /// same bits whatever the number of parts.
+    #[test]
+    fn both_engines_give_the_product_and_parts_do_not_change_the_bits() {
+        let (m, k, n, ld) = (130, 300, 150, 160);
+        for engine in [Engine::Gemm, Engine::Matrixmultiply] {
+            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                let a = random(&stored(&[], m, k, ta), 5);
+                let b = random(&stored(&[], k, n, tb), 6);
+                let start = random(&[m, ld], 7);
+                let want = reference(&a, &b, ta, tb);
+                let mut first: Option<Vec<u32>> = None;
+                for (parts, accumulate) in [(1, false), (2, false), (3, false), (5, true)] {
+                    let mut dst = start.f32().to_vec();
+                    let job = Job {
+                        m,
+                        n,
+                        k,
+                        dst: Ptr(dst.as_mut_ptr()),
+                        ld,
+                        accumulate,
+                        lhs: Ptr(a.f32().as_ptr() as *mut f32),
+                        l: if ta { (1, m) } else { (k, 1) },
+                        rhs: Ptr(b.f32().as_ptr() as *mut f32),
+                        r: if tb { (1, k) } else { (n, 1) },
+                    };
+                    // SAFETY: the matrices fit their vectors; `dst` is its own vector.
+                    unsafe { job.run(engine, parts, Parallelism::Rayon(0)) };
+                    let mut got = Vec::with_capacity(m * n);
+                    for i in 0..m {
+                        for j in 0..n {
+                            let was = start.f32()[i * ld + j];
+                            got.push(dst[i * ld + j] - if accumulate { was } else { 0.0 });
+                        }
+                        // Past `n`, the row is left alone.
+                        assert_eq!(
+                            dst[i * ld + n..(i + 1) * ld],
+                            start.f32()[i * ld + n..(i + 1) * ld]
+                        );
+                    }
+                    assert_close(&got, &want, 1e-5);
+                    let bits: Vec<u32> = dst.iter().map(|v| v.to_bits()).collect();
+                    match (&first, accumulate) {
+                        (None, _) => first = Some(bits),
+                        (Some(f), false) => assert_eq!(f, &bits, "{engine:?} in {parts} parts"),
+                        (Some(_), true) => {}
+                    }
+                }
+            }
+        }
     }
 
     #[test]
