@@ -24,7 +24,7 @@ fn sum_axes(x: &[f32], shape: &[usize], red: &[bool], div: f64, out: &mut [f32])
     }
     if out.len() == 1 {
         // Everything into one value (a loss): eight lanes in a fixed order, vectorised.
-        out[0] = (sum8(x.len(), |i| x[i] as f64) / div) as f32;
+        out[0] = (sum8(x, |v| v as f64) / div) as f32;
         return;
     }
     // (size, stride, reduced), innermost first while building: size-1 axes dropped, runs of

@@ -6,7 +6,7 @@
 //! whatever the thread count.
 
 use super::layout::{bad, f32s, f32s_mut, fill_range, for_rows, i32s};
-use super::simd::{sum8, vectorised};
+use super::simd::{sum8, sum8_pair, vectorised};
 use super::{math, scratch, KernelError};
 use crate::cpu::tensor::Tensor;
 
@@ -55,14 +55,14 @@ fn pair_of<'a>(
 
 #[inline(always)]
 fn mean(v: &[f32]) -> f64 {
-    sum8(v.len(), |i| v[i] as f64) / v.len() as f64
+    sum8(v, |x| x as f64) / v.len() as f64
 }
 
 /// Mean and `1 / sqrt(var + eps)` (biased variance, two passes).
 #[inline(always)]
 fn moments(v: &[f32], eps: f32) -> (f64, f64) {
     let m = mean(v);
-    let var = sum8(v.len(), |i| (v[i] as f64 - m) * (v[i] as f64 - m)) / v.len() as f64;
+    let var = sum8(v, |x| (x as f64 - m) * (x as f64 - m)) / v.len() as f64;
     (m, 1.0 / (var + eps as f64).sqrt())
 }
 
@@ -84,7 +84,7 @@ fn row_max(v: &[f32]) -> f32 {
 /// The row's max and `sum(exp(x - max))` (exponentials in f32, summed in f64).
 fn max_sum_exp(v: &[f32]) -> (f32, f64) {
     let m = row_max(v);
-    (m, sum8(v.len(), |i| math::exp(v[i] - m) as f64))
+    (m, sum8(v, |x| math::exp(x - m) as f64))
 }
 
 /// Softmax over the last axis; `causal` zeroes key positions after the query's (the last two
@@ -146,7 +146,7 @@ fn softmax_row_at(xr: &[f32], row: &mut [f32], by: Option<f32>) {
         }
     }
     // Times the sum's reciprocal, as the CUDA kernel (a division per value costs more).
-    let inv = 1.0 / sum8(row.len(), |j| row[j] as f64);
+    let inv = 1.0 / sum8(row, |x| x as f64);
     for o in row.iter_mut() {
         *o = (*o as f64 * inv) as f32;
     }
@@ -169,7 +169,7 @@ vectorised! {
 
 #[inline(always)]
 fn softmax_grad_row_at(yr: &[f32], gr: &[f32], row: &mut [f32]) {
-    let s = sum8(row.len(), |j| yr[j] as f64 * gr[j] as f64);
+    let s = sum8_pair(yr, gr, |y, g| y as f64 * g as f64);
     for ((o, &y), &g) in row.iter_mut().zip(yr).zip(gr) {
         *o = (y as f64 * (g as f64 - s)) as f32;
     }
@@ -224,7 +224,7 @@ fn layer_norm_grad_row_at(xr: &[f32], gr: &[f32], row: &mut [f32], eps: f32) {
     let c = row.len();
     let (m, rstd) = moments(xr, eps);
     let mdy = mean(gr);
-    let mdyx = sum8(c, |j| gr[j] as f64 * (xr[j] as f64 - m) * rstd) / c as f64;
+    let mdyx = sum8_pair(gr, xr, |g, x| g as f64 * (x as f64 - m) * rstd) / c as f64;
     for ((o, &x), &g) in row.iter_mut().zip(xr).zip(gr) {
         let xhat = (x as f64 - m) * rstd;
         *o = (rstd * (g as f64 - mdy - xhat * mdyx)) as f32;
@@ -234,7 +234,7 @@ fn layer_norm_grad_row_at(xr: &[f32], gr: &[f32], row: &mut [f32], eps: f32) {
 /// `1 / sqrt(mean(x^2) + eps)`.
 #[inline(always)]
 fn rms_scale(v: &[f32], eps: f32) -> f64 {
-    let ms = sum8(v.len(), |i| v[i] as f64 * v[i] as f64) / v.len() as f64;
+    let ms = sum8(v, |x| x as f64 * x as f64) / v.len() as f64;
     1.0 / (ms + eps as f64).sqrt()
 }
 
