@@ -215,15 +215,15 @@ struct Job {
 }
 
 impl Job {
-    /// The product as two halves, or `None` when it is too narrow to halve. Split the
-    /// columns when `lhs` is row-major (each half packs only its half of `rhs`). A
-    /// column-major `lhs` (a weight gradient, `dy^T x`) is packed by each half too: split
-    /// the dimension of the larger operand, so that the smaller one is the one packed twice
-    /// (`[256, 1024] x [1024, 1024]`: 130 -> 150-170 GFLOP/s, 2 threads). Halves start on a
-    /// multiple of 16 (whole cache lines of `dst` rows).
+    /// The product as two halves, or `None` when it is too narrow to halve. The longer side
+    /// of `dst` is split: each half packs the whole of the operand along the other side, so
+    /// the operand packed twice is the smaller one (`[1024, 256] x [256, 256]`: the weight,
+    /// not the activations). Paired step A/B against splitting the columns whenever `lhs` is
+    /// row-major: transformer 0.984x and 0.988x, MLP 0.99x and 0.98x, CNN 0.98x and 0.96x.
+    /// Halves start on a multiple of 16 (whole cache lines of `dst` rows).
     fn halves(self) -> Option<(Job, Job)> {
         let (m, n) = (self.m, self.n);
-        let split_n = (n >= 32 && (self.l.1 == 1 || n > m)) || m < 32;
+        let split_n = (n >= m && n >= 32) || m < 32;
         if split_n && n >= 32 {
             let h = n.div_ceil(32) * 16;
             let right = Job {
