@@ -1,0 +1,336 @@
+//! One product on raw parts, split across rayon's threads and multiplied by one of two GEMM
+//! crates (see [`Engine`]).
+
+use super::{fits, parallelism, IN_GEMM_CRATE, PARALLEL_WORK};
+use gemm::Parallelism;
+
+/// Products with more multiply-adds than this, when allowed to run in parallel, are split
+/// into parts run by `rayon::join` (see [`Job::run`]). Measured on 2 cores, two independent
+/// halves beat `gemm`'s own threading by 5-15% on the bench models' shapes
+/// (`examples/gemm_speed.rs`), and a stolen half balances better on a busy machine.
+const SPLIT_WORK: usize = 16 * PARALLEL_WORK;
+
+/// A raw pointer that may cross threads: a split product's parts touch disjoint parts of
+/// `dst` and only read the operands.
+#[derive(Clone, Copy)]
+pub(super) struct Ptr(pub(super) *mut f32);
+
+// SAFETY: see `Ptr`; the pointees outlive the `rayon::join` that shares them.
+unsafe impl Send for Ptr {}
+unsafe impl Sync for Ptr {}
+
+impl Ptr {
+    /// The pointer `count` elements further (`wrapping_add`: never dereferenced out of range).
+    pub(super) fn at(self, count: usize) -> Ptr {
+        Ptr(self.0.wrapping_add(count))
+    }
+}
+
+/// `rayon::join`, except that the calling thread, once its half is done, spins until the
+/// other half is done (running it, or any other work it finds, meanwhile) instead of falling
+/// asleep: rayon puts a waiting worker to sleep after a few dozen idle rounds, and on this
+/// shared 2-vCPU machine waking it again cost more than the wait (workers idle 3.9% -> 2.1%
+/// of a transformer step; paired A/B of the step 0.95x-1.01x, mean 0.98x, five runs). No
+/// allocation: the other half is `join`'s job on the stack.
+fn spin_join(a: impl FnOnce() + Send, b: impl FnOnce() + Send) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let done = AtomicBool::new(false);
+    rayon::join(
+        || {
+            a();
+            while !done.load(Ordering::Acquire) {
+                if rayon::yield_now() != Some(rayon::Yield::Executed) {
+                    std::hint::spin_loop();
+                }
+            }
+        },
+        || {
+            b();
+            done.store(true, Ordering::Release);
+        },
+    );
+}
+
+/// Which library multiplies a product's tiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Engine {
+    /// The `gemm` crate, threaded by rayon inside for products it is given whole.
+    Gemm,
+    /// The `matrixmultiply` crate, one thread per part of a split product.
+    Matrixmultiply,
+}
+
+impl Engine {
+    /// The engine for a whole product, from its shape and this CPU alone (so never from the
+    /// number of threads). On this AVX2 machine (Zen 3, 2 cores), paired runs of the halves
+    /// of the bench models' large products (`[1024, 256] x [256, 1024]` and the like) gave
+    /// `matrixmultiply`'s 8x8 FMA kernel medians 5-15% above `gemm`'s (`examples/gemm_speed`)
+    /// and the transformer's step 0.93x-0.95x (MLP 0.91x-0.95x; `benches/ab.py`). With a
+    /// side under 64 it lost (`[32, 43264] x [43264, 9]`, a convolution's weight gradient:
+    /// 24 against 43 GFLOP/s), as do products too small to split. With AVX-512, `gemm`'s
+    /// `x86-v4` kernels measured about 90% of a core's peak, so they stay.
+    fn of(m: usize, n: usize, k: usize) -> Engine {
+        if m.saturating_mul(n).saturating_mul(k) > SPLIT_WORK && m.min(n) >= 64 && !avx512() {
+            Engine::Matrixmultiply
+        } else {
+            Engine::Gemm
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512() -> bool {
+    false
+}
+
+/// One product on raw parts: `dst [m, n] (= or +=) lhs [m, k] x rhs [k, n]`, `dst` with
+/// leading dimension `ld`, the operands at element strides `(rows, columns)`.
+#[derive(Clone, Copy)]
+pub(super) struct Job {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub dst: Ptr,
+    pub ld: usize,
+    pub accumulate: bool,
+    pub lhs: Ptr,
+    pub l: (usize, usize),
+    pub rhs: Ptr,
+    pub r: (usize, usize),
+}
+
+impl Job {
+    /// Multiplies: a product allowed to run in parallel (`par`) and above [`SPLIT_WORK`] is
+    /// split in two (`gemm`) or in one part per thread (`matrixmultiply`, whose parts are
+    /// single-threaded); see [`Engine::of`].
+    ///
+    /// # Safety
+    /// [`Job::run`]'s contract.
+    pub(super) unsafe fn multiply(self, par: Parallelism) {
+        let (m, n, k) = (self.m, self.n, self.k);
+        let split = matches!(par, Parallelism::Rayon(_))
+            && m.saturating_mul(n).saturating_mul(k) > SPLIT_WORK;
+        let engine = Engine::of(m, n, k);
+        let parts = match (split, engine) {
+            (false, _) => 1,
+            (true, Engine::Gemm) => 2,
+            (true, Engine::Matrixmultiply) => rayon::current_num_threads().max(2),
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.run(engine, parts, par) }
+    }
+
+    /// The product as two halves, or `None` when it is too narrow to halve. The longer side
+    /// of `dst` is split: each half packs the whole of the operand along the other side, so
+    /// the operand packed twice is the smaller one (`[1024, 256] x [256, 256]`: the weight,
+    /// not the activations). Paired step A/B against splitting the columns whenever `lhs` is
+    /// row-major: transformer 0.984x and 0.988x, MLP 0.99x and 0.98x, CNN 0.98x and 0.96x.
+    /// Halves start on a multiple of 16 (whole cache lines of `dst` rows).
+    fn halves(self) -> Option<(Job, Job)> {
+        let (m, n) = (self.m, self.n);
+        let split_n = (n >= m && n >= 32) || m < 32;
+        if split_n && n >= 32 {
+            let h = n.div_ceil(32) * 16;
+            let right = Job {
+                n: n - h,
+                dst: self.dst.at(h),
+                rhs: self.rhs.at(h * self.r.1),
+                ..self
+            };
+            Some((Job { n: h, ..self }, right))
+        } else if !split_n {
+            let h = m.div_ceil(32) * 16;
+            let lower = Job {
+                m: m - h,
+                dst: self.dst.at(h * self.ld),
+                lhs: self.lhs.at(h * self.l.0),
+                ..self
+            };
+            Some((Job { m: h, ..self }, lower))
+        } else {
+            None
+        }
+    }
+
+    /// Runs the product: split in `parts` (halving, each half on its own side of a
+    /// [`spin_join`]) while there is more than one part and the product halves, each part
+    /// multiplied by `engine`. Every element of `dst` is reduced over K by one part in an
+    /// order fixed by K, so the split does not change the bits.
+    ///
+    /// # Safety
+    /// The three matrices lie inside live allocations, `dst` aliases neither operand, and no
+    /// other thread accesses `dst`'s elements during the call.
+    unsafe fn run(self, engine: Engine, parts: usize, par: Parallelism) {
+        if parts > 1 {
+            if let Some((a, b)) = self.halves() {
+                let first = parts.div_ceil(2);
+                // SAFETY: the halves write disjoint parts of `dst`; the caller's contract.
+                spin_join(
+                    || unsafe { a.run(engine, first, par) },
+                    || unsafe { b.run(engine, parts - first, par) },
+                );
+                return;
+            }
+        }
+        IN_GEMM_CRATE.with(|d| d.set(d.get() + 1));
+        // SAFETY: the caller's contract.
+        unsafe {
+            match engine {
+                Engine::Gemm => self.gemm(par),
+                Engine::Matrixmultiply => self.matrixmultiply(),
+            }
+        }
+        IN_GEMM_CRATE.with(|d| d.set(d.get() - 1));
+    }
+
+    /// One call of `gemm::gemm`; [`Job::run`]'s contract.
+    unsafe fn gemm(self, par: Parallelism) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            gemm::gemm(
+                self.m,
+                self.n,
+                self.k,
+                self.dst.0,
+                1,
+                self.ld as isize,
+                self.accumulate,
+                self.lhs.0,
+                self.l.1 as isize,
+                self.l.0 as isize,
+                self.rhs.0,
+                self.r.1 as isize,
+                self.r.0 as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                par,
+            );
+        }
+    }
+
+    /// One call of `matrixmultiply::sgemm` (one thread); [`Job::run`]'s contract.
+    unsafe fn matrixmultiply(self) {
+        // SAFETY: the caller's contract; with beta 0 `dst` is only written.
+        unsafe {
+            matrixmultiply::sgemm(
+                self.m,
+                self.k,
+                self.n,
+                1.0,
+                self.lhs.0,
+                self.l.0 as isize,
+                self.l.1 as isize,
+                self.rhs.0,
+                self.r.0 as isize,
+                self.r.1 as isize,
+                if self.accumulate { 1.0 } else { 0.0 },
+                self.dst.0,
+                self.ld as isize,
+                1,
+            );
+        }
+    }
+}
+
+/// `dst [m, n] = lhs [m, k] x rhs [k, n]` (operands at element strides `(rows, columns)`,
+/// `dst` row-major) split as [`matmul`] splits it but with the given engine, `gemm` or
+/// `matrixmultiply`: for `examples/gemm_speed`, which times the two against each other.
+///
+/// Panics if a matrix does not fit its slice.
+#[doc(hidden)]
+pub fn product_by(
+    matrixmultiply: bool,
+    (m, n, k): (usize, usize, usize),
+    dst: &mut [f32],
+    (lhs, l): (&[f32], (usize, usize)),
+    (rhs, r): (&[f32], (usize, usize)),
+) {
+    assert!(fits(m, n, n, 1, dst.len()) && fits(m, k, l.0, l.1, lhs.len()));
+    assert!(fits(k, n, r.0, r.1, rhs.len()) && m * n * k > 0);
+    let (engine, parts) = match matrixmultiply {
+        false => (Engine::Gemm, 2),
+        true => (Engine::Matrixmultiply, rayon::current_num_threads().max(2)),
+    };
+    let split = m.saturating_mul(n).saturating_mul(k) > SPLIT_WORK;
+    let job = Job {
+        m,
+        n,
+        k,
+        dst: Ptr(dst.as_mut_ptr()),
+        ld: n,
+        accumulate: false,
+        lhs: Ptr(lhs.as_ptr() as *mut f32),
+        l,
+        rhs: Ptr(rhs.as_ptr() as *mut f32),
+        r,
+    };
+    // SAFETY: the matrices fit their slices (checked above), and `dst` is borrowed mutably.
+    unsafe { job.run(engine, if split { parts } else { 1 }, parallelism(m, n, k)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::kernels::gemm::tests::{assert_close, random, reference, stored};
+
+    /// Each engine, whole or split in 1-5 parts, in all four transpositions, overwriting
+    /// and accumulating (with a `dst` row longer than `n`): the reference values, and the
+    /// same bits whatever the number of parts.
+    #[test]
+    fn both_engines_give_the_product_and_parts_do_not_change_the_bits() {
+        let (m, k, n, ld) = (130, 300, 150, 160);
+        for engine in [Engine::Gemm, Engine::Matrixmultiply] {
+            for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
+                let a = random(&stored(&[], m, k, ta), 5);
+                let b = random(&stored(&[], k, n, tb), 6);
+                let start = random(&[m, ld], 7);
+                let want = reference(&a, &b, ta, tb);
+                let mut first: Option<Vec<u32>> = None;
+                for (parts, accumulate) in [(1, false), (2, false), (3, false), (5, true)] {
+                    let mut dst = start.f32().to_vec();
+                    let job = Job {
+                        m,
+                        n,
+                        k,
+                        dst: Ptr(dst.as_mut_ptr()),
+                        ld,
+                        accumulate,
+                        lhs: Ptr(a.f32().as_ptr() as *mut f32),
+                        l: if ta { (1, m) } else { (k, 1) },
+                        rhs: Ptr(b.f32().as_ptr() as *mut f32),
+                        r: if tb { (1, k) } else { (n, 1) },
+                    };
+                    // SAFETY: the matrices fit their vectors; `dst` is its own vector.
+                    unsafe { job.run(engine, parts, Parallelism::Rayon(0)) };
+                    let mut got = Vec::with_capacity(m * n);
+                    for i in 0..m {
+                        for j in 0..n {
+                            let was = start.f32()[i * ld + j];
+                            got.push(dst[i * ld + j] - if accumulate { was } else { 0.0 });
+                        }
+                        // Past `n`, the row is left alone.
+                        assert_eq!(
+                            dst[i * ld + n..(i + 1) * ld],
+                            start.f32()[i * ld + n..(i + 1) * ld]
+                        );
+                    }
+                    assert_close(&got, &want, 1e-5);
+                    let bits: Vec<u32> = dst.iter().map(|v| v.to_bits()).collect();
+                    match (&first, accumulate) {
+                        (None, _) => first = Some(bits),
+                        (Some(f), false) => assert_eq!(f, &bits, "{engine:?} in {parts} parts"),
+                        (Some(_), true) => {}
+                    }
+                }
+            }
+        }
+    }
+}
