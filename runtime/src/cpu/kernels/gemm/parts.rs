@@ -64,7 +64,7 @@ impl Engine {
     /// The engine for a whole product, from its shape and this CPU alone (so never from the
     /// number of threads). On this AVX2 machine (Zen 3, 2 cores), paired runs of the halves
     /// of the bench models' large products (`[1024, 256] x [256, 1024]` and the like) gave
-    /// `matrixmultiply`'s 8x8 FMA kernel medians 5-15% above `gemm`'s (`examples/gemm_speed`)
+    /// `matrixmultiply`'s 8x8 FMA kernel medians 0-15% above `gemm`'s (`examples/gemm_speed`)
     /// and the transformer's step 0.93x-0.95x (MLP 0.91x-0.95x; `benches/ab.py`). With a
     /// side under 64 it lost (`[32, 43264] x [43264, 9]`, a convolution's weight gradient:
     /// 24 against 43 GFLOP/s), as do products too small to split. With AVX-512, `gemm`'s
