@@ -259,6 +259,11 @@ pub fn expand(x: &Tensor, axes: &[usize], mean: bool, out: &mut Tensor) -> Resul
     let shape: Small<usize> = out.shape.iter().copied().collect();
     let xs = f32s(OP, x, "the operand")?;
     let o = f32s_mut(OP, out)?;
+    if let [v] = xs {
+        // One value everywhere (a mean's gradient): a fill, not a walk over the strides.
+        o.fill(if mean { v / count as f32 } else { *v });
+        return Ok(());
+    }
     if mean {
         let n = count as f32;
         strided(xs, &shape, &st, o, |v| v / n);
