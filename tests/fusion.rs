@@ -320,11 +320,7 @@ fn permutes_folded_into_their_operands_kernels_change_no_bits() {
 /// same total, with matmul epilogues counted apart from their products.
 #[test]
 fn profile_times_every_kernel_and_epilogues_apart() {
-    let s = source("mlp");
-    let options = Options::default();
-    let plan = compile(&s, &options, &mut |_, _| {})
-        .unwrap()
-        .plan(&s, &options);
+    let (s, plan, _) = plans("mlp");
     let mut a = Session::new(&s, plan, 8, 1, std::path::Path::new(".")).unwrap();
     assert!(a.exec.kernel_seconds().is_empty());
     a.exec.enable_profile();

@@ -105,17 +105,24 @@ pub(super) struct Job {
 }
 
 impl Job {
-    /// Multiplies: a product allowed to run in parallel (`par`) and above [`SPLIT_WORK`] is
-    /// split in two (`gemm`) or in one part per thread (`matrixmultiply`, whose parts are
-    /// single-threaded); see [`Engine::of`].
+    /// Multiplies with the engine [`Engine::of`] picks for the product.
     ///
     /// # Safety
     /// [`Job::run`]'s contract.
     pub(super) unsafe fn multiply(self, par: Parallelism) {
-        let (m, n, k) = (self.m, self.n, self.k);
+        // SAFETY: the caller's contract.
+        unsafe { self.multiply_by(Engine::of(self.m, self.n, self.k), par) }
+    }
+
+    /// Multiplies with `engine`: a product allowed to run in parallel (`par`) and above
+    /// [`SPLIT_WORK`] is split in two (`gemm`) or in one part per thread (`matrixmultiply`,
+    /// whose parts are single-threaded).
+    ///
+    /// # Safety
+    /// [`Job::run`]'s contract.
+    unsafe fn multiply_by(self, engine: Engine, par: Parallelism) {
         let split = matches!(par, Parallelism::Rayon(_))
-            && m.saturating_mul(n).saturating_mul(k) > SPLIT_WORK;
-        let engine = Engine::of(m, n, k);
+            && self.m.saturating_mul(self.n).saturating_mul(self.k) > SPLIT_WORK;
         let parts = match (split, engine) {
             (false, _) => 1,
             (true, Engine::Gemm) => 2,
@@ -241,7 +248,7 @@ impl Job {
 }
 
 /// `dst [m, n] = lhs [m, k] x rhs [k, n]` (operands at element strides `(rows, columns)`,
-/// `dst` row-major) split as [`matmul`] splits it but with the given engine, `gemm` or
+/// `dst` row-major) split as [`super::matmul`] splits it but with the given engine, `gemm` or
 /// `matrixmultiply`: for `examples/gemm_speed`, which times the two against each other.
 ///
 /// Panics if a matrix does not fit its slice.
@@ -255,11 +262,10 @@ pub fn product_by(
 ) {
     assert!(fits(m, n, n, 1, dst.len()) && fits(m, k, l.0, l.1, lhs.len()));
     assert!(fits(k, n, r.0, r.1, rhs.len()) && m * n * k > 0);
-    let (engine, parts) = match matrixmultiply {
-        false => (Engine::Gemm, 2),
-        true => (Engine::Matrixmultiply, rayon::current_num_threads().max(2)),
+    let engine = match matrixmultiply {
+        false => Engine::Gemm,
+        true => Engine::Matrixmultiply,
     };
-    let split = m.saturating_mul(n).saturating_mul(k) > SPLIT_WORK;
     let job = Job {
         m,
         n,
@@ -273,7 +279,7 @@ pub fn product_by(
         r,
     };
     // SAFETY: the matrices fit their slices (checked above), and `dst` is borrowed mutably.
-    unsafe { job.run(engine, if split { parts } else { 1 }, parallelism(m, n, k)) }
+    unsafe { job.multiply_by(engine, parallelism(m, n, k)) }
 }
 
 #[cfg(test)]
