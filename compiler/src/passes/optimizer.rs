@@ -6,7 +6,7 @@
 use super::Ctx;
 use crate::diag::Diagnostic;
 use crate::dsl::ast::Optimizer;
-use crate::ir::{DType, Graph, NodeIndex, Op, Phase, TensorType};
+use crate::ir::{DType, Graph, Group, NodeIndex, Op, Phase, TensorType};
 use crate::Error;
 
 /// Scalar inputs the runtime feeds each step.
@@ -74,17 +74,34 @@ pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
         None => grads,
         Some(max_norm) => {
             // coef = min(1, max_norm / (||g|| + 1e-6)), as torch.nn.utils.clip_grad_norm_.
-            let mut total = None;
-            for &(_, d) in &grads {
+            // Under tensor parallelism each rank holds a slice of the split parameters: their
+            // squared norms are summed over the tensor ranks, and each replicated parameter
+            // (the same on every rank) counts once.
+            let (mut split, mut whole) = (None, None);
+            for &(p, d) in &grads {
                 let sq = b.bin(Op::Mul, d, d, "optimizer")?;
                 let axes = (0..b.g.g[d].ty.rank()).collect();
                 let s = b.op(Op::ReduceSum { axes }, &[sq], "optimizer")?;
-                total = Some(match total {
+                let sum = if b.g.param_splits.iter().any(|&(q, _)| q == p) {
+                    &mut split
+                } else {
+                    &mut whole
+                };
+                *sum = Some(match *sum {
                     None => s,
                     Some(t) => b.bin(Op::Add, t, s, "optimizer")?,
                 });
             }
-            let total = total.expect("at least one gradient");
+            if let Some(s) = split {
+                let tensor = Op::AllReduce {
+                    group: Group::Tensor,
+                };
+                split = Some(b.op(tensor, &[s], "optimizer")?);
+            }
+            let total = match (split, whole) {
+                (Some(a), Some(c)) => b.bin(Op::Add, a, c, "optimizer")?,
+                (a, c) => a.or(c).expect("at least one gradient"),
+            };
             let norm = b.op(Op::Sqrt, &[total], "optimizer")?;
             let denom = b.op(Op::AddScalar { value: 1e-6 }, &[norm], "optimizer")?;
             let max = b.op(

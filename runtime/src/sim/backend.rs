@@ -8,6 +8,7 @@ use crate::cpu::kernels::Ctx;
 use crate::cpu::tensor::Tensor;
 use crate::cpu::{ExecError, Mode};
 use crate::data::Values;
+use crate::loss_share::{counts_labels, shard_weights, LABELS};
 use crate::train::slice;
 use parallax_compiler::shards::{assign, INV_BATCH, SHARD_WEIGHT};
 
@@ -44,6 +45,10 @@ impl Backend for SimulatedDevices {
     ) -> Result<(), ExecError> {
         self.last = self.sharding.split(batch);
         self.owners = assign(self.last.len(), self.grid.dp);
+        let labels = counts_labels(&self.plan)
+            .then(|| self.batched.get(LABELS).map(|(_, v)| v))
+            .flatten();
+        let weights = shard_weights(&self.last, batch, labels);
         let mut ctxs: Vec<Vec<Ctx>> = Vec::with_capacity(self.devices.len());
         let per_rank = self.grid.pp * self.grid.tp;
         for (d, dev) in self.devices.iter_mut().enumerate() {
@@ -55,7 +60,7 @@ impl Backend for SimulatedDevices {
                 ctxs.push(mine);
                 continue;
             }
-            for (j, r) in self.last[own].iter().enumerate() {
+            for (j, r) in self.last[own.clone()].iter().enumerate() {
                 let e = &mut dev.shards[j];
                 let n = r.len();
                 for (name, (total, v)) in &self.batched {
@@ -74,7 +79,7 @@ impl Backend for SimulatedDevices {
                     Backend::set_input(e, name, n, &slice(v, len / batch.max(1), r.start, r.end))?;
                 }
                 let scalars = [
-                    (SHARD_WEIGHT, n as f32 / batch as f32),
+                    (SHARD_WEIGHT, weights[own.start + j]),
                     (INV_BATCH, 1.0 / batch as f32),
                 ];
                 for (name, value) in scalars {
