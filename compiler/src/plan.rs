@@ -118,6 +118,11 @@ pub struct Plan {
     pub grads: Vec<(usize, usize)>,
     /// `(persistent step, new value step)`: copied over at the end of a training step.
     pub updates: Vec<(usize, usize)>,
+    /// Parameters and optimizer state whose shape in files (`--init`, `final.safetensors`,
+    /// checkpoints) is not the plan's, by name, and that shape: PyTorch's layout, the same
+    /// elements in the same order (see [`Plan::file_shape`]).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub file_shapes: Vec<(String, Vec<u64>)>,
 }
 
 /// The named sources of a plan: `(name, step)` in plan order.
@@ -130,6 +135,16 @@ pub struct Names {
 }
 
 impl Plan {
+    /// The shape the parameter or state `name`, of shape `shape` in the plan, has in files:
+    /// PyTorch's (a Conv2d bias, BatchNorm2d's weight and bias and their optimizer state are
+    /// `[C]`, `[C, 1, 1]` in the plan), otherwise the plan's own.
+    pub fn file_shape(&self, name: &str, shape: &[u64]) -> Vec<u64> {
+        self.file_shapes
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or_else(|| shape.to_vec(), |(_, s)| s.clone())
+    }
+
     /// The steps that hold one constant value, `(step, value)`: refilled for each batch size.
     pub fn fills(&self) -> Vec<(usize, f32)> {
         self.steps
@@ -296,6 +311,34 @@ fn tensor_parallel(g: &Graph, options: &Options) -> Option<TensorParallel> {
     Some(TensorParallel { degree, splits })
 }
 
+/// The file shapes of the parameters the lowering recorded (`Graph::file_shapes`), and of
+/// the optimizer state of each (`{param}.momentum`, `{param}.adam_m`, ...: the parameter's
+/// shape).
+fn file_shapes(g: &Graph) -> Vec<(String, Vec<u64>)> {
+    let mut out: Vec<(String, Vec<u64>)> = Vec::new();
+    let mut params = Vec::new();
+    for (n, shape) in &g.file_shapes {
+        if let Some(Op::Param { name, ty, .. }) = g.g.node_weight(*n).map(|w| &w.op) {
+            params.push((name.clone(), ty.clone()));
+            out.push((name.clone(), shape.clone()));
+        }
+    }
+    for n in g.g.node_indices() {
+        if let Op::State { name, ty, .. } = &g.g[n].op {
+            let of = params.iter().position(|(p, pty)| {
+                pty == ty
+                    && name
+                        .strip_prefix(p.as_str())
+                        .is_some_and(|r| r.starts_with('.'))
+            });
+            if let Some(i) = of {
+                out.push((name.clone(), out[i].1.clone()));
+            }
+        }
+    }
+    out
+}
+
 impl Plan {
     pub fn single_device(g: &Graph, source: &Source, options: &Options) -> Plan {
         // A graph that skipped the fuse and schedule passes runs one op per kernel.
@@ -409,6 +452,7 @@ impl Plan {
                 .collect(),
             grads: g.grads.iter().map(|(p, d)| (ids[p], ids[d])).collect(),
             updates: g.updates.iter().map(|(p, u)| (ids[p], ids[u])).collect(),
+            file_shapes: file_shapes(g),
         }
     }
 }

@@ -2,9 +2,12 @@
 //! as one safetensors file whose header records the step, the model's fingerprint and a
 //! SHA-256 of every tensor's bytes. Written to a temporary file, synced, then renamed, so a
 //! crash at any instant leaves the previous checkpoint whole; read back only when everything
-//! checks out, so nothing half-loaded is ever trained on.
+//! checks out, so nothing half-loaded is ever trained on. Tensors hold PyTorch's shapes (see
+//! `crate::weights`): a Conv2d bias and its optimizer state are `[C]`; checkpoints written
+//! with the plan's `[C, 1, 1]` are read as well (the same elements, the same checksum).
 
 use crate::backend::{Backend, ParamValues};
+use crate::weights::FileShapes;
 use safetensors::tensor::{Dtype, TensorView};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -107,10 +110,12 @@ fn backend(e: crate::cpu::ExecError) -> CheckpointError {
     CheckpointError::Backend(e.to_string())
 }
 
-/// Writes a checkpoint of `exec` after `meta.step` steps, then keeps only the newest `keep`.
+/// Writes a checkpoint of `exec` after `meta.step` steps, its tensors in the shapes of
+/// `files`, then keeps only the newest `keep`.
 pub fn save(
     run_dir: &Path,
     exec: &dyn Backend,
+    files: &FileShapes,
     meta: &Meta,
     keep: usize,
 ) -> Result<PathBuf, CheckpointError> {
@@ -122,7 +127,11 @@ pub fn save(
         .chain(states.iter().map(|s| (STATE, s)))
         .map(|(prefix, (name, shape, v))| {
             let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-            (format!("{prefix}{name}"), shape.clone(), bytes)
+            (
+                format!("{prefix}{name}"),
+                files.file_shape(name, shape),
+                bytes,
+            )
         })
         .collect();
     // The checksum covers every name and its bytes, in name order.
@@ -169,8 +178,13 @@ pub fn save(
 }
 
 /// Reads a checkpoint and loads it into `exec` if, and only if, everything checks out: the
-/// format, the checksum, the model's fingerprint, every tensor present with its shape.
-pub fn load(path: &Path, exec: &mut dyn Backend) -> Result<Meta, CheckpointError> {
+/// format, the checksum, the model's fingerprint, every tensor present with its shape (that of
+/// `files`, or the plan's).
+pub fn load(
+    path: &Path,
+    exec: &mut dyn Backend,
+    files: &FileShapes,
+) -> Result<Meta, CheckpointError> {
     let p = path.display().to_string();
     let bytes = std::fs::read(path).map_err(io(path))?;
     let format_err = |message: String| CheckpointError::Format {
@@ -230,13 +244,13 @@ pub fn load(path: &Path, exec: &mut dyn Backend) -> Result<Meta, CheckpointError
                     format!("is {:?}, expected F32", view.dtype()),
                 ));
             }
-            if view.shape() != shape.as_slice() {
+            if !files.accepts(name, shape, view.shape()) {
                 return Err(tensor_err(
                     name,
                     format!(
                         "has shape {:?}, the model expects {:?}",
                         view.shape(),
-                        shape
+                        files.file_shape(name, shape)
                     ),
                 ));
             }

@@ -299,11 +299,12 @@ impl SessionData {
             }
         }
         let data_hash = hex(&h.finalize());
-        let loader = Loader::new(
+        let loader = Loader::with_shuffle(
             Arc::new(splits.train),
             batch,
             seed,
             e.train.drop_last,
+            e.train.shuffle,
             first_batch,
         )?;
         Ok(SessionData {
@@ -489,6 +490,7 @@ pub fn train(
     let exp_text = parallax_compiler::dsl::to_ron(&exp);
     let id = run_id(&exp_text, &session.data_hash);
     let mut device_memory = None;
+    let file_shapes = weights::FileShapes::of(&plan);
     let mut exec: Box<dyn Backend> = match (cfg.cuda, cfg.simulated) {
         (_, Some(sim)) => {
             let devices = crate::sim::SimulatedDevices::new(plan, sim.grid, seed, sim.capacity)?;
@@ -501,11 +503,11 @@ pub fn train(
         )?),
     };
     if let Some(init) = &cfg.init {
-        weights::load(exec.as_mut(), init)?;
+        weights::load(exec.as_mut(), &file_shapes, init)?;
     }
     let model = crate::checkpoint::fingerprint(&exec.param_values()?, &exec.state_values()?);
     if let Some((_, path)) = &resume_from {
-        crate::checkpoint::load(path, exec.as_mut())?;
+        crate::checkpoint::load(path, exec.as_mut(), &file_shapes)?;
     }
     let per_epoch = session.loader.batches_per_epoch() as u64;
     let total = match (exp.train.steps, exp.train.epochs) {
@@ -678,13 +680,13 @@ pub fn train(
                 model: model.clone(),
                 plan: plan_label.clone(),
             };
-            crate::checkpoint::save(dir, exec.as_ref(), &meta, cfg.keep)?;
+            crate::checkpoint::save(dir, exec.as_ref(), &file_shapes, &meta, cfg.keep)?;
         }
     }
     metrics.flush().map_err(io_err(&metrics_path))?;
     events.flush().map_err(io_err(dir))?;
     let weights_path = dir.join("final.safetensors");
-    weights::save(exec.as_ref(), &weights_path)?;
+    weights::save(exec.as_ref(), &file_shapes, &weights_path)?;
 
     let warmup = (times.len() / 10).clamp(1.min(times.len()), 5);
     let mut steady: Vec<f64> = times[warmup..].to_vec();

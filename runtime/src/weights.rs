@@ -1,12 +1,48 @@
-//! Parameters as safetensors files, named after the model's layers (PyTorch's layouts), so
+//! Parameters as safetensors files, named after the model's layers, in PyTorch's layouts, so
 //! weights move between Parallax and PyTorch unchanged. BatchNorm's running statistics go
 //! with them (`{layer}.running_mean`, `{layer}.running_var`), as in a PyTorch `state_dict`.
+//!
+//! Every file holds PyTorch's shapes, whatever the plan uses inside: a Conv2d bias and
+//! BatchNorm2d's weight and bias are `[C]` in files and `[C, 1, 1]` in the plan (the plan's
+//! `file_shapes`; the same elements in the same order, so the mapping is a reshape at the file
+//! boundary). Files written before that, with `[C, 1, 1]`, are read as well.
 
 use crate::backend::{Backend, ParamValues};
 use crate::cpu::ExecError;
 use parallax_compiler::passes::lower::is_running_statistic;
+use parallax_compiler::Plan;
 use safetensors::tensor::{Dtype, TensorView};
 use std::path::Path;
+
+/// The shapes parameters and states take in files where they differ from the plan's (a
+/// [`Plan`]'s `file_shapes`, kept apart from the plan that the executor consumes).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct FileShapes(Vec<(String, Vec<usize>)>);
+
+impl FileShapes {
+    pub fn of(plan: &Plan) -> FileShapes {
+        FileShapes(
+            plan.file_shapes
+                .iter()
+                .map(|(n, s)| (n.clone(), s.iter().map(|&d| d as usize).collect()))
+                .collect(),
+        )
+    }
+
+    /// The shape `name` (of shape `shape` in the plan) is written with.
+    pub fn file_shape(&self, name: &str, shape: &[usize]) -> Vec<usize> {
+        self.0
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or_else(|| shape.to_vec(), |(_, s)| s.clone())
+    }
+
+    /// Whether a file's tensor of shape `found` loads into `name` (of shape `shape` in the
+    /// plan): PyTorch's shape, or the plan's own (what files written before held).
+    pub fn accepts(&self, name: &str, shape: &[usize], found: &[usize]) -> bool {
+        found == shape || found == self.file_shape(name, shape).as_slice()
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -30,14 +66,16 @@ pub enum WeightsError {
     },
 }
 
-/// The executor's parameters as safetensors bytes (deterministic: same values, same bytes).
-pub fn to_bytes(e: &dyn Backend) -> Result<Vec<u8>, String> {
+/// The executor's parameters as safetensors bytes, in the shapes of `files` (deterministic:
+/// same values, same bytes).
+pub fn to_bytes(e: &dyn Backend, files: &FileShapes) -> Result<Vec<u8>, String> {
     let (params, stats) = model_values(e).map_err(|err| err.to_string())?;
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = params
         .into_iter()
         .chain(stats)
         .map(|(name, shape, v)| {
             let b: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let shape = files.file_shape(&name, &shape);
             (name, shape, b)
         })
         .collect();
@@ -60,9 +98,9 @@ fn model_values(e: &dyn Backend) -> Result<(ParamValues, ParamValues), ExecError
 }
 
 /// Writes the parameters whole or not at all.
-pub fn save(e: &dyn Backend, path: &Path) -> Result<(), WeightsError> {
+pub fn save(e: &dyn Backend, files: &FileShapes, path: &Path) -> Result<(), WeightsError> {
     let p = path.display().to_string();
-    let bytes = to_bytes(e).map_err(|message| WeightsError::Format {
+    let bytes = to_bytes(e, files).map_err(|message| WeightsError::Format {
         path: p.clone(),
         message,
     })?;
@@ -71,10 +109,10 @@ pub fn save(e: &dyn Backend, path: &Path) -> Result<(), WeightsError> {
 }
 
 /// Loads every parameter and running statistic from `path`; each must be present, f32 and of
-/// the right shape, and the file may hold nothing else (but PyTorch's `num_batches_tracked`
-/// beside a running statistic, which Parallax does not use). Nothing is changed unless
-/// everything fits.
-pub fn load(e: &mut dyn Backend, path: &Path) -> Result<(), WeightsError> {
+/// the right shape (PyTorch's, as in `files`, or the plan's), and the file may hold nothing
+/// else (but PyTorch's `num_batches_tracked` beside a running statistic, which Parallax does
+/// not use). Nothing is changed unless everything fits.
+pub fn load(e: &mut dyn Backend, files: &FileShapes, path: &Path) -> Result<(), WeightsError> {
     let p = path.display().to_string();
     let bytes = std::fs::read(path).map_err(|source| WeightsError::Read {
         path: p.clone(),
@@ -103,13 +141,13 @@ pub fn load(e: &mut dyn Backend, path: &Path) -> Result<(), WeightsError> {
         if view.dtype() != Dtype::F32 {
             return Err(bad(name, format!("is {:?}, expected F32", view.dtype())));
         }
-        if view.shape() != shape.as_slice() {
+        if !files.accepts(name, shape, view.shape()) {
             return Err(bad(
                 name,
                 format!(
                     "has shape {:?}, the model expects {:?}",
                     view.shape(),
-                    shape
+                    files.file_shape(name, shape)
                 ),
             ));
         }

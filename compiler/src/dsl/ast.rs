@@ -560,6 +560,10 @@ pub struct Train {
     /// Drop the last partial batch of an epoch instead of running it smaller.
     #[serde(default)]
     pub drop_last: bool,
+    /// Visit the training set in a new seeded order each epoch; `false` reads it in file
+    /// order every epoch (what a reference run in another framework can mirror).
+    #[serde(default = "yes")]
+    pub shuffle: bool,
 }
 
 fn gpus_one() -> u32 {

@@ -58,6 +58,10 @@ pub struct Graph {
     /// Parameters that are one tensor-parallel rank's slice of a layer's, and the axis the
     /// slices are cut along.
     pub param_splits: Vec<(NodeIndex, usize)>,
+    /// Parameters whose files (`--init`, `final.safetensors`, checkpoints) hold another shape
+    /// than the graph's, and that shape: PyTorch's, the same elements in the same order (a
+    /// Conv2d bias is `[C]` in PyTorch, `[C, 1, 1]` here so that it broadcasts over `H, W`).
+    pub file_shapes: Vec<(NodeIndex, Vec<u64>)>,
     /// The pipeline stage of each node (after the `pipeline` pass; none: one stage).
     pub stages: Option<HashMap<NodeIndex, u32>>,
     /// The data-parallel rank that alone computes (or holds) a node (after the `zero` pass;
@@ -93,6 +97,7 @@ impl Graph {
             updates: Vec::new(),
             objective: None,
             param_splits: Vec::new(),
+            file_shapes: Vec::new(),
             stages: None,
             owners: HashMap::new(),
             phase: Phase::Forward,

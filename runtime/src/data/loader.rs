@@ -3,7 +3,8 @@
 //! The stated rules:
 //!
 //! - Epoch `e` visits the data set in the order `epoch_order(seed, e, len)`, that is
-//!   `permutation(stream(seed, Purpose::Shuffle, e), len)`.
+//!   `permutation(stream(seed, Purpose::Shuffle, e), len)`; without shuffling (`train.shuffle:
+//!   false`) every epoch visits it in file order, `0..len`.
 //! - Batch `b` of an epoch is the samples at positions `b * batch_size ..
 //!   min((b + 1) * batch_size, len)` of that order, inputs and targets gathered in that order.
 //! - The last partial batch: when `len` is not a multiple of `batch_size`, the epoch's last
@@ -11,8 +12,8 @@
 //!   which drops it (those samples are not seen in that epoch; the next epoch's order differs).
 //!   `drop_last` with fewer samples than one batch is an error, as is a batch size of 0 or an
 //!   empty data set.
-//! - A batch is a pure function of (data set, seed, batch size, drop_last, epoch, index): the
-//!   worker thread changes only when it is computed, never what it holds.
+//! - A batch is a pure function of (data set, seed, batch size, drop_last, shuffle, epoch,
+//!   index): the worker thread changes only when it is computed, never what it holds.
 
 use super::{DataError, Dataset, Values};
 use crate::rng::{permutation, stream, Purpose};
@@ -26,6 +27,15 @@ pub const PREFETCH: usize = 4;
 /// The order in which epoch `epoch` visits a data set of `len` samples.
 pub fn epoch_order(seed: u64, epoch: u64, len: usize) -> Vec<usize> {
     permutation(stream(seed, Purpose::Shuffle, epoch), len)
+}
+
+/// [`epoch_order`], or file order `0..len` in every epoch when `shuffle` is off.
+pub fn order_of(shuffle: bool, seed: u64, epoch: u64, len: usize) -> Vec<usize> {
+    if shuffle {
+        epoch_order(seed, epoch, len)
+    } else {
+        (0..len).collect()
+    }
 }
 
 /// Batches in an epoch: `ceil(len / batch_size)`, or `floor` with `drop_last`.
@@ -78,11 +88,24 @@ pub struct Loader {
 }
 
 impl Loader {
+    /// A loader that shuffles every epoch (see [`Loader::with_shuffle`]).
     pub fn new(
         dataset: Arc<Dataset>,
         batch_size: usize,
         seed: u64,
         drop_last: bool,
+        first_batch: u64,
+    ) -> Result<Loader, DataError> {
+        Loader::with_shuffle(dataset, batch_size, seed, drop_last, true, first_batch)
+    }
+
+    /// A loader whose epochs visit the data in [`order_of`]`(shuffle, seed, epoch, len)`.
+    pub fn with_shuffle(
+        dataset: Arc<Dataset>,
+        batch_size: usize,
+        seed: u64,
+        drop_last: bool,
+        shuffle: bool,
         first_batch: u64,
     ) -> Result<Loader, DataError> {
         let len = dataset.len;
@@ -111,7 +134,7 @@ impl Loader {
                 let mut epoch = first_batch / per_epoch as u64;
                 let mut start = (first_batch % per_epoch as u64) as usize;
                 loop {
-                    let order = epoch_order(seed, epoch, len);
+                    let order = order_of(shuffle, seed, epoch, len);
                     for index in std::mem::take(&mut start)..per_epoch {
                         let batch = make_batch(&dataset, &order, batch_size, epoch, index);
                         if tx.send(batch).is_err() {
@@ -247,6 +270,25 @@ mod tests {
         }
         assert_ne!(orders[0], orders[1]);
         assert_ne!(orders[1], orders[2]);
+    }
+
+    #[test]
+    fn without_shuffle_every_epoch_reads_in_file_order() {
+        let ds = numbered(10);
+        let batches: Vec<Batch> = Loader::with_shuffle(ds.clone(), 4, 1, false, false, 0)
+            .unwrap()
+            .take(6)
+            .collect();
+        let seen: Vec<usize> = batches.iter().flat_map(ids).collect();
+        let file: Vec<usize> = (0..10).collect();
+        assert_eq!(seen[..10], file[..]);
+        assert_eq!(seen[10..], file[..]); // 3 batches (4, 4, 2) per epoch
+                                          // A resumed loader starts at the same batch of the same order.
+        let resumed: Vec<Batch> = Loader::with_shuffle(ds, 4, 1, false, false, 4)
+            .unwrap()
+            .take(2)
+            .collect();
+        assert_eq!(resumed[..], batches[4..6]);
     }
 
     #[test]

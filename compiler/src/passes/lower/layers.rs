@@ -89,7 +89,9 @@ impl Lowerer<'_> {
                     span,
                 )?;
                 if *bias {
+                    // `[C, 1, 1]` broadcasts over `H, W`; PyTorch's (and the files') is `[C]`.
                     let b = self.param(name, "bias", &[o, 1, 1], Init::Uniform { bound }, span)?;
+                    self.g.file_shapes.push((b, vec![o]));
                     y = self.add(Op::Add, &[y, b], name, span)?;
                 }
                 Ok(y)
@@ -280,6 +282,9 @@ impl Lowerer<'_> {
                 if *affine {
                     let w = self.param(name, "weight", &[c, 1, 1], Init::Ones, span)?;
                     let b = self.param(name, "bias", &[c, 1, 1], Init::Zeros, span)?;
+                    // PyTorch's BatchNorm2d weight and bias are `[C]`.
+                    self.g.file_shapes.push((w, vec![c]));
+                    self.g.file_shapes.push((b, vec![c]));
                     y = self.add(Op::Mul, &[y, w], name, span)?;
                     y = self.add(Op::Add, &[y, b], name, span)?;
                 }
