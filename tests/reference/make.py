@@ -14,7 +14,8 @@ data, trains it a few steps and writes, under `tests/reference/<case>/`:
 
 Run it from anywhere with PyTorch, NumPy and safetensors installed:
 
-    python3 tests/reference/make.py
+    python3 tests/reference/make.py             # every case; or name some: ... make.py cnn gpt
+    python3 tests/reference/make.py --load cnn RUN/final.safetensors   # strict load_state_dict
 
 The learning rate of each step is Parallax's formula (`compiler/src/schedule.rs`), set by a
 `LambdaLR`; the script also checks it against PyTorch's own schedulers (StepLR, LinearLR,
@@ -575,7 +576,20 @@ def make(name, build, seed):
     print(f"{name}: losses {['%.6f' % v for v in losses]}, {size / 1024:.1f} KiB")
 
 
+def load(name, path):
+    """Loads a Parallax `final.safetensors` of case `name` into its PyTorch module, strictly."""
+    from safetensors.torch import load_file
+
+    model = CASES[name](np.random.default_rng(0))["model"]
+    model.load_state_dict(load_file(path), strict=True)
+    print(f"{path}: loads into the `{name}` module with strict=True")
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--load"]:
+        # python3 tests/reference/make.py --load CASE RUN_DIR/final.safetensors
+        load(sys.argv[2], sys.argv[3])
+        sys.exit(0)
     for i, (name, build) in enumerate(CASES.items()):
         if len(sys.argv) > 1 and name not in sys.argv[1:]:
             continue
