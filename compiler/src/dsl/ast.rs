@@ -469,14 +469,16 @@ pub enum Schedule {
         every: u64,
         gamma: f64,
     },
-    /// Linear warm-up, then cosine decay to `min_lr` at the last step.
+    /// Linear warm-up, then cosine decay toward `min_lr`, which step `total` (the one after
+    /// the last) would have: PyTorch's `CosineAnnealingLR(T_max = total - warmup)`.
     Cosine {
         #[serde(default)]
         warmup: u64,
         #[serde(default)]
         min_lr: f64,
     },
-    /// Linear warm-up, then linear decay to `end_lr` at the last step.
+    /// Linear warm-up, then linear decay toward `end_lr`, which step `total` (the one after
+    /// the last) would have: PyTorch's `LinearLR(total_iters = total - warmup)`.
     Linear {
         #[serde(default)]
         warmup: u64,
