@@ -31,7 +31,7 @@ pub(crate) fn compile_cmd(
     dump_ir: &[String],
 ) -> Result<(), Exit> {
     if out.is_none() && (emit.len() > 1 || emit.contains(&Emit::Ptx)) {
-        eprintln!("error: emitting several files needs `--out DIR`");
+        errln!("error: emitting several files needs `--out DIR`");
         return Err(Exit(2));
     }
     let Target {
@@ -53,7 +53,7 @@ pub(crate) fn compile_cmd(
             .iter()
             .map(|p| p.kind)
             .collect();
-        eprintln!(
+        errln!(
             "error: unknown device kind `{kind}`; {}",
             parallax_compiler::diag::suggest(&kind, "device kinds", kinds.iter().copied())
         );
@@ -62,8 +62,8 @@ pub(crate) fn compile_cmd(
     let title = source.experiment.name.clone();
     let mut dump = |pass: &str, g: &parallax_compiler::ir::Graph| {
         if dump_ir.iter().any(|d| d == pass || d == "all") {
-            eprintln!("// IR after pass `{pass}`");
-            eprint!("{}", to_text(g, &title));
+            errln!("// IR after pass `{pass}`");
+            err!("{}", to_text(g, &title));
         }
     };
     let compiled = run_pipeline(file, &source, &options, format, &mut dump)?;
@@ -83,7 +83,7 @@ pub(crate) fn compile_cmd(
         .map(|s| partition::parse_strategy(s, plan.gpus_requested))
     {
         Some(Err(e)) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             return Err(Exit(1));
         }
         Some(Ok(s)) => Some(s),
@@ -102,11 +102,12 @@ pub(crate) fn compile_cmd(
         Ok(p) => plan.strategy = p.strategy,
         Err(
             e @ (partition::Error::NoGpus
+            | partition::Error::NoStrategy { .. }
             | partition::Error::BadStrategy { .. }
             | partition::Error::StrategyProduct { .. }
             | partition::Error::Infeasible { .. }),
         ) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             return Err(Exit(1));
         }
         Err(_) => {}
@@ -132,12 +133,12 @@ pub(crate) fn compile_cmd(
     };
     match (out, emit) {
         (None, [e]) => {
-            print!("{}", render(*e));
+            out!("{}", render(*e))?;
             return Ok(());
         }
         (Some(dir), _) if !emit.is_empty() => {
             if let Err(e) = std::fs::create_dir_all(dir) {
-                eprintln!("error: cannot create `{}`: {e}", dir.display());
+                errln!("error: cannot create `{}`: {e}", dir.display());
                 return Err(Exit(1));
             }
             for &e in emit {
@@ -147,10 +148,10 @@ pub(crate) fn compile_cmd(
                 }
                 let path = dir.join(e.file_name());
                 if let Err(err) = std::fs::write(&path, render(e)) {
-                    eprintln!("error: cannot write `{}`: {err}", path.display());
+                    errln!("error: cannot write `{}`: {err}", path.display());
                     return Err(Exit(1));
                 }
-                eprintln!("wrote {}", path.display());
+                errln!("wrote {}", path.display());
             }
         }
         _ => {}
@@ -166,15 +167,15 @@ pub(crate) fn compile_cmd(
         Ok(p) if p.gpus > 1 => simulated_bytes(&source, p.strategy, p.zero),
         _ => None,
     };
-    print_plan(&plan, &pass_times, format, device, &partitioned, simulated);
+    print_plan(&plan, &pass_times, format, device, &partitioned, simulated)?;
     if plan.gpus_requested > 1 {
         return partition_fit(&partitioned, format, explain);
     }
     if explain && format == Format::Text {
         match &partitioned {
-            Ok(p) => print!("{}", partition::explain::explain(p)),
+            Ok(p) => out!("{}", partition::explain::explain(p))?,
             Err(partition::Error::NoFit { candidates, .. }) => {
-                eprint!(
+                err!(
                     "{}",
                     partition::explain::candidate_table(candidates, capacity)
                 )
@@ -246,19 +247,19 @@ fn partition_fit(
         Ok(p) => {
             if format == Format::Text {
                 if explain {
-                    print!("{}", partition::explain::explain(p));
+                    out!("{}", partition::explain::explain(p))?;
                 } else {
-                    println!(
+                    outln!(
                         "  (--explain lists the {} candidates and each pipeline stage)",
                         p.candidates.len()
-                    );
+                    )?;
                 }
             }
             return Ok(());
         }
         Err(e) => e,
     };
-    eprintln!("error: {e}");
+    errln!("error: {e}");
     match e {
         partition::Error::NoFit {
             least,
@@ -267,12 +268,12 @@ fn partition_fit(
             ..
         } => {
             if explain {
-                eprint!(
+                err!(
                     "{}",
                     partition::explain::candidate_table(candidates, least.memory.total.max(1))
                 );
             }
-            eprintln!(
+            errln!(
                 "  the candidate needing the least memory, {} (zero {}, schedule {}, {} micro-batches of {}):",
                 least.strategy_name(),
                 least.zero,
@@ -280,18 +281,18 @@ fn partition_fit(
                 least.micro_batches,
                 least.micro_batch_size
             );
-            eprint!(
+            err!(
                 "{}",
                 partition::explain::memory_lines(&least.memory, "    ")
             );
-            eprintln!("  = hint: {}", smallest_hint(smallest.as_ref()));
+            errln!("  = hint: {}", smallest_hint(smallest.as_ref()));
         }
         partition::Error::ForcedNoFit { candidate, .. } => {
-            eprint!(
+            err!(
                 "{}",
                 partition::explain::memory_lines(&candidate.memory, "    ")
             );
-            eprintln!(
+            errln!(
                 "  = hint: without --strategy the planner picks among every strategy for this GPU count"
             );
         }
@@ -333,7 +334,7 @@ fn memory_fit(
     let m = &p.memory;
     let fits = m.peak_bytes <= capacity;
     if format == Format::Text {
-        println!(
+        outln!(
             "  device:     {} ({} each): {}",
             profile.name,
             bytes(capacity),
@@ -346,13 +347,13 @@ fn memory_fit(
             } else {
                 format!("does not fit one device: peak {}", bytes(m.peak_bytes))
             }
-        );
+        )?;
     }
     if fits {
         return Ok(());
     }
     let activations = m.peak_bytes.saturating_sub(m.dedicated_bytes());
-    eprintln!(
+    errln!(
         "error: `{}` needs {} at its peak, more than the {} of one {}",
         p.name,
         bytes(m.peak_bytes),
@@ -367,9 +368,9 @@ fn memory_fit(
         ("activations at the peak", activations),
         ("total at the peak", m.peak_bytes),
     ] {
-        eprintln!("  {what:<24} {:>12}", bytes(b));
+        errln!("  {what:<24} {:>12}", bytes(b));
     }
-    eprintln!("  = hint: {}", hint());
+    errln!("  = hint: {}", hint());
     Err(Exit(1))
 }
 
@@ -377,12 +378,12 @@ fn memory_fit(
 fn emit_ptx(plan: &parallax_compiler::Plan, dir: &Path, file: &Path) -> Result<(), Exit> {
     let module =
         parallax_compiler::codegen::generate(plan, plan.batch_size, "sm_80").map_err(|e| {
-            eprintln!("{}: error: {e}", file.display());
+            errln!("{}: error: {e}", file.display());
             Exit(1)
         })?;
     let write = |path: PathBuf, text: String| {
         std::fs::write(&path, text).map_err(|err| {
-            eprintln!("error: cannot write `{}`: {err}", path.display());
+            errln!("error: cannot write `{}`: {err}", path.display());
             Exit(1)
         })
     };
@@ -401,7 +402,7 @@ fn emit_ptx(plan: &parallax_compiler::Plan, dir: &Path, file: &Path) -> Result<(
         dir.join("manifest.json"),
         serde_json::to_string_pretty(&manifest).expect("serialisable") + "\n",
     )?;
-    eprintln!(
+    errln!(
         "wrote {} PTX files and manifest.json for {} kernels to {}",
         module.entries.len(),
         module.kernels.len(),
@@ -421,7 +422,7 @@ fn print_plan(
     device: serde_json::Value,
     partitioned: &Result<partition::Partition, partition::Error>,
     simulated: Option<Vec<u64>>,
-) {
+) -> Result<(), Exit> {
     match format {
         Format::Json => {
             // A plan that fits nowhere is an error (exit 1, the table on stderr).
@@ -471,13 +472,13 @@ fn print_plan(
                 "memory": p.memory,
                 "timings_ms": timings.iter().map(|(n, d)| (n.to_string(), ms(*d))).collect::<std::collections::BTreeMap<_, _>>(),
             });
-            println!("{v}");
+            outln!("{v}")?;
         }
         Format::Text => {
-            println!("{}: compiled", p.name);
-            println!("  gpus:       {} ({})", p.gpus_requested, p.device_kind);
+            outln!("{}: compiled", p.name)?;
+            outln!("  gpus:       {} ({})", p.gpus_requested, p.device_kind)?;
             match partitioned {
-                Ok(part) => println!(
+                Ok(part) => outln!(
                     "  strategy:   {} (dp={} tp={} pp={}, zero {}, schedule {}, {} micro-batches of {}){}: per-GPU peak {} of {}, est. step {:.3} s, {} sent per GPU per step",
                     partition::strategy_name(&part.strategy),
                     part.strategy.dp,
@@ -492,37 +493,37 @@ fn print_plan(
                     bytes(part.capacity_bytes),
                     part.step_time_s,
                     bytes(part.bytes_communicated_per_step),
-                ),
-                Err(_) => println!("  strategy:   none fits (see below)"),
+                )?,
+                Err(_) => outln!("  strategy:   none fits (see below)")?,
             }
             if let Some(sim) = &simulated {
                 let (lo, hi) = (
                     sim.iter().min().copied().unwrap_or(0),
                     sim.iter().max().copied().unwrap_or(0),
                 );
-                println!(
+                outln!(
                     "  simulated:  `train --backend cpu` allocates {} to {} on each of its {} devices (exact; it holds every micro-shard's activations at once)",
                     bytes(lo),
                     bytes(hi),
                     sim.len()
-                );
+                )?;
             }
-            println!(
+            outln!(
                 "  parameters: {} ({})",
                 thousands(p.parameters),
                 bytes(p.memory.parameter_bytes)
-            );
-            println!(
+            )?;
+            outln!(
                 "  layers:     {}   ops: {}   kernels: {} before fusion, {} after",
                 p.layers,
                 p.steps.len(),
                 p.ops,
                 p.kernels.len()
-            );
-            println!(
+            )?;
+            outln!(
                 "  forward:    {} per sample",
                 si(p.flops_per_sample, "FLOP")
-            );
+            )?;
             let m = &p.memory;
             // Running statistics are named only where the model has some (BatchNorm).
             let statistics = if m.statistics_bytes > 0 {
@@ -530,7 +531,7 @@ fn print_plan(
             } else {
                 String::new()
             };
-            println!(
+            outln!(
                 "  memory:     {}at batch {}: peak {} = parameters {} + optimizer state {}{statistics} + inputs {} + activations {} ({} without buffer reuse)",
                 if p.gpus_requested > 1 { "unpartitioned, on one device, " } else { "" },
                 p.batch_size,
@@ -540,7 +541,8 @@ fn print_plan(
                 bytes(m.input_bytes),
                 bytes(m.peak_bytes.saturating_sub(m.dedicated_bytes())),
                 bytes(m.activation_bytes_without_reuse)
-            );
+            )?;
         }
     }
+    Ok(())
 }

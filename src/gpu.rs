@@ -16,14 +16,14 @@ pub fn devices(format: Format) -> Result<(), Exit> {
     match cuda::probe() {
         Ok(d) => {
             if format == Format::Json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::to_string_pretty(&d).expect("serialisable")
-                );
+                )?;
                 return Ok(());
             }
             let v = |x: i32| format!("{}.{}", x / 1000, x % 1000 / 10);
-            println!(
+            outln!(
                 "CUDA driver supports CUDA {}; cuBLAS {}; NCCL {}",
                 v(d.driver_cuda_version),
                 if d.cublas { "found" } else { "not found" },
@@ -33,29 +33,29 @@ pub fn devices(format: Format) -> Result<(), Exit> {
                     n / 100 % 100,
                     n % 100
                 ))
-            );
+            )?;
             for g in &d.gpus {
-                println!(
+                outln!(
                     "GPU {}: {}, {:.1} GiB, compute capability {}.{}",
                     g.ordinal,
                     g.name,
                     g.memory_bytes as f64 / (1u64 << 30) as f64,
                     g.compute_capability.0,
                     g.compute_capability.1
-                );
+                )?;
             }
             Ok(())
         }
         Err(e) => {
-            println!("no usable GPU: {e}");
-            println!("the CPU backend is available (`--backend cpu`)");
+            outln!("no usable GPU: {e}")?;
+            outln!("the CPU backend is available (`--backend cpu`)")?;
             Ok(())
         }
     }
 }
 
 fn cuda_err(file: &Path, e: CudaError) -> Exit {
-    eprintln!("{}: error: {e}", file.display());
+    errln!("{}: error: {e}", file.display());
     Exit(1)
 }
 
@@ -74,7 +74,7 @@ fn set_batch(
 }
 
 fn exec_err(file: &Path, e: ExecError) -> Exit {
-    eprintln!("{}: error: {e}", file.display());
+    errln!("{}: error: {e}", file.display());
     Exit(1)
 }
 
@@ -130,7 +130,7 @@ pub fn gpu_check(file: &Path, a: &CheckArgs) -> Result<(), Exit> {
     let optimizer = e.optimizer.clone();
     let flops_per_step = 3.0 * plan.flops_per_sample as f64 * batch as f64;
     let mut session = SessionData::load(&source, &plan, batch, seed, &base, 0).map_err(|err| {
-        eprintln!("{}: error: {err}", file.display());
+        errln!("{}: error: {err}", file.display());
         Exit(1)
     })?;
     // The CPU oracle, unless only timing (models too large for it).
@@ -144,7 +144,7 @@ pub fn gpu_check(file: &Path, a: &CheckArgs) -> Result<(), Exit> {
         Precision::Tf32 => "tf32",
         Precision::Bf16 => "bf16",
     };
-    eprintln!(
+    errln!(
         "{name}: {} kernels, PTX for {}, {prec}, batch {batch}",
         gpu_exec.plan().kernels.len(),
         gpu_exec.target()
@@ -157,7 +157,7 @@ pub fn gpu_check(file: &Path, a: &CheckArgs) -> Result<(), Exit> {
     };
     for ((n, _, v), (_, t)) in start.iter().zip(oracle.iter().flat_map(|o| o.params())) {
         if v.as_slice() != t.f32() {
-            eprintln!("{name}: initial parameter `{n}` differs between backends");
+            errln!("{name}: initial parameter `{n}` differs between backends");
             return Err(Exit(1));
         }
     }
@@ -192,7 +192,7 @@ pub fn gpu_check(file: &Path, a: &CheckArgs) -> Result<(), Exit> {
             .map_err(|e| cuda_err(file, e))?[0];
         let d = rel_diff(&[cpu_loss], &[gpu_loss]);
         loss_diff = loss_diff.max(d);
-        eprintln!(
+        errln!(
             "step {}: loss cpu {cpu_loss:.7} cuda {gpu_loss:.7} (relative difference {d:.2e})",
             step + 1
         );
@@ -258,13 +258,13 @@ pub fn gpu_check(file: &Path, a: &CheckArgs) -> Result<(), Exit> {
         }
         let mut rows: Vec<_> = by.into_iter().collect();
         rows.sort_by(|x, y| y.1 .0.total_cmp(&x.1 .0));
-        println!("PROFILE {name}: {all:.2} ms in launches (one step, events around each launch)");
+        outln!("PROFILE {name}: {all:.2} ms in launches (one step, events around each launch)")?;
         for (label, (ms, n)) in rows.iter().take(25) {
             let label: String = label.chars().take(70).collect();
-            println!(
+            outln!(
                 "PROFILE {ms:9.3} ms {:5.1}% {n:5}x  {label}",
                 100.0 * ms / all.max(1e-9)
-            );
+            )?;
         }
     }
     times.sort_by(|x, y| x.total_cmp(y));
@@ -284,14 +284,14 @@ pub fn gpu_check(file: &Path, a: &CheckArgs) -> Result<(), Exit> {
     } else {
         (format!("{loss_diff:.2e}"), format!("{param_diff:.2e}"))
     };
-    eprintln!(
+    errln!(
         "{name}: largest relative difference of losses {loss_diff:.2e}; parameters {param_diff:.2e} (whole vector, L2; largest per tensor {worst_d:.2e} in `{worst}`); tolerance {tolerance:.0e}"
     );
     // One machine-readable row for the script's table.
-    println!(
+    outln!(
         "ROW|{name}|{prec}|{ld}|{pd}|{}|{median_ms:.3}|{tflops:.2}|{share}",
         if ok { "ok" } else { "FAIL" }
-    );
+    )?;
     if ok {
         Ok(())
     } else {
@@ -334,7 +334,8 @@ fn lockstep(
                         .iter()
                         .map(|&x| plan.steps[x].op.name())
                         .collect();
-                    println!(
+                    // A write error is reported by `emit` and fails the command's next line.
+                    let _ = outln!(
                         "LOCKSTEP kernel {k} ({:?}: {}) step {s} `{}` in `{}`: relative difference {d:.2e}; first values cpu {:?} cuda {:?}",
                         kern.kind,
                         ops.join(" -> "),
@@ -373,10 +374,10 @@ pub fn collectives_check(file: &Path) -> Result<(), Exit> {
         Ok(d) => format!("{d:.1e}"),
         Err(e) => format!("error: {e}"),
     };
-    println!(
+    outln!(
         "ROW|nccl all-reduce, world size 1|fp32|{nccl}|-|{}|-|-|-",
         if nccl == "0.0e0" { "ok" } else { "FAIL" }
-    );
+    )?;
 
     // Data parallelism on simulated ranks: each rank takes a quarter of the batch, computes
     // its gradients; the all-reduce sums them; a quarter of the sum is the full batch's.
@@ -392,7 +393,7 @@ pub fn collectives_check(file: &Path) -> Result<(), Exit> {
     let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
     // The data only: this check runs no CPU executor.
     let mut session = SessionData::load(&source, &plan, batch, seed, &base, 0).map_err(|err| {
-        eprintln!("{}: error: {err}", file.display());
+        errln!("{}: error: {err}", file.display());
         Exit(1)
     })?;
     let b = session.loader.next().expect("the loader runs forever");
@@ -448,15 +449,15 @@ pub fn collectives_check(file: &Path) -> Result<(), Exit> {
     })();
     match result {
         Ok(d) => {
-            println!(
+            outln!(
                 "ROW|dp{ranks} simulated ranks vs 1 rank ({})|fp32|-|{d:.2e}|{}|-|-|-",
                 e.name,
                 if d <= 1e-5 { "ok" } else { "FAIL" }
-            );
+            )?;
             Ok(())
         }
         Err(err) => {
-            println!("ROW|dp{ranks} simulated ranks vs 1 rank|fp32|-|error: {err}|FAIL|-|-|-");
+            outln!("ROW|dp{ranks} simulated ranks vs 1 rank|fp32|-|error: {err}|FAIL|-|-|-")?;
             Err(Exit(1))
         }
     }

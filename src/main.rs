@@ -185,6 +185,8 @@ fn parse_dump(s: &str) -> Result<String, String> {
     }
 }
 
+#[macro_use]
+mod out;
 mod compile;
 mod gpu;
 mod report;
@@ -252,6 +254,7 @@ fn main() -> ExitCode {
         Command::Diff { a, b } => report::diff(&a, &b),
     };
     match r {
+        Ok(()) if out::failed() => ExitCode::from(1),
         Ok(()) => ExitCode::SUCCESS,
         Err(Exit(code)) => ExitCode::from(code),
     }
@@ -303,7 +306,8 @@ pub(crate) fn report(file: &str, src: &str, diags: &[Diagnostic], format: Format
                 })
             })
             .collect();
-        println!("{}", serde_json::json!({ "ok": false, "errors": errors }));
+        // Already failing: a write error here changes nothing about the exit code.
+        let _ = outln!("{}", serde_json::json!({ "ok": false, "errors": errors }));
     }
 }
 
@@ -335,11 +339,11 @@ fn check(file: &Path, format: Format) -> Result<(), Exit> {
     let compiled = run_pipeline(file, &source, &options, format, &mut |_, _| {})?;
     let summary = compiled.summary(&source);
     match format {
-        Format::Text => println!("{}", summary.line()),
+        Format::Text => outln!("{}", summary.line())?,
         Format::Json => {
             let mut v = serde_json::to_value(&summary).expect("a summary serialises");
             v["ok"] = serde_json::Value::Bool(true);
-            println!("{v}");
+            outln!("{v}")?;
         }
     }
     Ok(())

@@ -10,7 +10,6 @@ use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 use serde_json::{Map, Value};
 use std::fmt::Display;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// The metrics `diff` prints side by side, in this order.
@@ -23,7 +22,7 @@ const MAX_POINTS: usize = 1500;
 
 /// Prints `error: <path>: <what>` and returns the exit code for it.
 fn fail(path: &Path, what: impl Display) -> Exit {
-    eprintln!("error: {}: {what}", path.display());
+    errln!("error: {}: {what}", path.display());
     Exit(1)
 }
 
@@ -31,11 +30,7 @@ fn read(path: &Path) -> Result<String, Exit> {
     std::fs::read_to_string(path).map_err(|e| fail(path, e))
 }
 
-/// Writes to stdout, ignoring a closed pipe (`parallax diff a b | head`), which `println!`
-/// would turn into a panic.
-fn emit(text: &str) {
-    let _ = std::io::stdout().lock().write_all(text.as_bytes());
-}
+use crate::out::emit;
 
 type Points = Vec<(f64, f64)>;
 
@@ -341,7 +336,7 @@ svg{display:block;max-width:100%;height:auto;margin:1em 0}";
 
 pub fn report(runs: &[PathBuf], out: Option<&Path>) -> Result<(), Exit> {
     let Some(first) = runs.first() else {
-        eprintln!("error: no run folders given");
+        errln!("error: no run folders given");
         return Err(Exit(1));
     };
     let summaries = (runs.iter().map(|d| load_summary(d))).collect::<Result<Vec<_>, _>>()?;
@@ -394,8 +389,7 @@ pub fn report(runs: &[PathBuf], out: Option<&Path>) -> Result<(), Exit> {
     }
     let path = out.join("report.html");
     std::fs::write(&path, html + "</body>\n</html>\n").map_err(|e| fail(&path, e))?;
-    emit(&format!("{written}{}\n", path.display()));
-    Ok(())
+    emit(&format!("{written}{}\n", path.display()))
 }
 
 /// A RON value that keeps struct and enum variant names: `ron::Value` drops them, and `diff`
@@ -676,6 +670,5 @@ pub fn diff(a: &Path, b: &Path) -> Result<(), Exit> {
         text += format!("{key:<w0$}  {va:<w1$}  {vb}").trim_end();
         text += "\n";
     }
-    emit(&text);
-    Ok(())
+    emit(&text)
 }

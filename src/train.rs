@@ -161,8 +161,8 @@ fn choose(
     let planned = match partition::plan(&model, &target) {
         Ok(p) => p,
         Err(err) => {
-            eprintln!("{}: error: --gpus {n}: {err}", file.display());
-            eprintln!("  = hint: `parallax compile FILE --gpus {n} --explain` shows every candidate and its memory");
+            errln!("{}: error: --gpus {n}: {err}", file.display());
+            errln!("  = hint: `parallax compile FILE --gpus {n} --explain` shows every candidate and its memory");
             return Err(Exit(1));
         }
     };
@@ -190,7 +190,7 @@ fn choose(
         Some(_) => "ZeRO 0 (one data-parallel rank: --zero has nothing to shard)".to_string(),
         None => format!("ZeRO {zero}"),
     };
-    eprintln!(
+    errln!(
         "{}: --gpus {n}: the cost model chooses {} with {zero_said} (`--strategy` forces another)",
         e.name,
         partition::strategy_name(&chosen)
@@ -210,8 +210,8 @@ fn simulated_devices(
     gpu_memory: Option<u64>,
 ) -> Result<Simulated, Exit> {
     let fail = |message: String, hint: &str| {
-        eprintln!("{}: error: {message}", file.display());
-        eprintln!("  = hint: {hint}");
+        errln!("{}: error: {message}", file.display());
+        errln!("  = hint: {hint}");
         Exit(1)
     };
     let d = &source.experiment.devices;
@@ -299,7 +299,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         .map(|s| Override::parse(s))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| {
-            eprintln!("error: --set {e}");
+            errln!("error: --set {e}");
             Exit(2)
         })?;
     let source = if overrides.is_empty() {
@@ -329,11 +329,11 @@ pub fn run(args: Args) -> Result<(), Exit> {
             (Some(_), Some(m)) => Some(m),
             (None, None) => None,
             (None, Some(m)) => {
-                eprintln!(
+                errln!(
                     "{}: error: --gpus {m}: this run trained on one device with its batches unsplit, so it cannot continue data parallel with the same bits",
                     dir.display()
                 );
-                eprintln!("  = hint: resume without --gpus, or start a new run with --gpus (any count then resumes on any other)");
+                errln!("  = hint: resume without --gpus, or start a new run with --gpus (any count then resumes on any other)");
                 return Err(Exit(1));
             }
         },
@@ -343,8 +343,8 @@ pub fn run(args: Args) -> Result<(), Exit> {
         Backend::Cuda => match parallax_runtime::cuda::probe() {
             Ok(_) => true,
             Err(e) => {
-                eprintln!("{}: error: --backend cuda: {e}", file.display());
-                eprintln!("  = hint: `parallax devices` says what was found; `--backend cpu` trains on the CPU");
+                errln!("{}: error: --backend cuda: {e}", file.display());
+                errln!("  = hint: `parallax devices` says what was found; `--backend cpu` trains on the CPU");
                 return Err(Exit(1));
             }
         },
@@ -357,11 +357,11 @@ pub fn run(args: Args) -> Result<(), Exit> {
     };
     let simulated = match (parallel, cuda) {
         (Some(n), Some(_)) if n > 1 => {
-            eprintln!(
+            errln!(
                 "{}: error: --gpus {n}: training on several GPUs (NCCL) is not built yet",
                 file.display()
             );
-            eprintln!("  = hint: `--backend cpu` runs the same data-parallel plan on {n} simulated devices, with the same bits");
+            errln!("  = hint: `--backend cpu` runs the same data-parallel plan on {n} simulated devices, with the same bits");
             return Err(Exit(1));
         }
         (Some(n), None) => Some(simulated_devices(
@@ -380,7 +380,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
     let recorded = resume.as_deref().and_then(recorded_grid);
     if let (Some(old), Some(new)) = (recorded, simulated) {
         if old.tp != new.grid.tp {
-            eprintln!(
+            errln!(
                 "{}: note: this run trained with tensor parallelism of degree {}; continuing with {} changes the rounding, so the continuation matches an uninterrupted run within about 1e-5, not bit for bit",
                 file.display(),
                 old.tp,
@@ -413,11 +413,11 @@ pub fn run(args: Args) -> Result<(), Exit> {
             .as_ref()
             .is_some_and(|t| t.splits.is_empty())
         {
-            eprintln!(
+            errln!(
                 "{}: error: --strategy: tensor parallelism splits Attention and Mlp layers, and this model has none",
                 file.display()
             );
-            eprintln!(
+            errln!(
                 "  = hint: use data or pipeline parallelism (`dp{}`, `pp2`)",
                 s.grid.devices()
             );
@@ -462,7 +462,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
             validation_samples,
             ..
         } => {
-            eprintln!(
+            errln!(
                 "{name}: training {total_steps} steps on {train_samples} samples ({validation_samples} for validation), {backend_name}"
             );
             every = (total_steps / 10).max(1);
@@ -486,7 +486,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
                 b.set_position(*step);
                 b.set_message(format!("loss {loss:.4}  {samples_per_sec:.0} samples/s"));
             }
-            None if step % every == 0 || step == total => eprintln!(
+            None if step % every == 0 || step == total => errln!(
                 "step {step}/{total}  epoch {epoch}  loss {loss:.4}  {samples_per_sec:.0} samples/s"
             ),
             None => {}
@@ -500,7 +500,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
             let line = format!("epoch {epoch}: validation loss {loss:.4}{acc}");
             match &bar {
                 Some(b) => b.println(line),
-                None => eprintln!("{line}"),
+                None => errln!("{line}"),
             }
         }
     };
@@ -516,15 +516,19 @@ pub fn run(args: Args) -> Result<(), Exit> {
             let val = s
                 .val_loss
                 .map_or(String::new(), |l| format!(", validation loss {l:.4}"));
-            println!(
+            outln!(
                 "{}: {} steps, train loss {:.4}{val}{acc}, {:.0} samples/s, {:.1} s",
-                s.name, s.steps, s.final_train_loss, s.samples_per_sec, s.wall_seconds
-            );
-            println!("run: {}", run_dir.display());
+                s.name,
+                s.steps,
+                s.final_train_loss,
+                s.samples_per_sec,
+                s.wall_seconds
+            )?;
+            outln!("run: {}", run_dir.display())?;
             Ok(())
         }
         Err(e) => {
-            eprintln!("{}: error: {e}", file.display());
+            errln!("{}: error: {e}", file.display());
             Err(Exit(1))
         }
     }

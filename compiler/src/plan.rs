@@ -221,9 +221,10 @@ impl Plan {
         let mut elements = vec![0u64; self.buffers.len()];
         for s in &self.steps {
             if let (Some(b), true) = (s.buffer, touched[s.id]) {
+                // Saturating, so an absurd batch gives an absurd size to refuse, not a panic.
                 let n = crate::codegen::resolve(self, &s.ty.shape, batch)
                     .iter()
-                    .product::<u64>();
+                    .fold(1u64, |a, &d| a.saturating_mul(d));
                 elements[b] = elements[b].max(n);
             }
         }
@@ -236,7 +237,7 @@ impl Plan {
         let numel = |id: usize| {
             crate::codegen::resolve(self, &self.steps[id].ty.shape, batch)
                 .iter()
-                .product::<u64>()
+                .fold(1u64, |a, &d| a.saturating_mul(d))
         };
         self.kernels
             .iter()

@@ -109,13 +109,15 @@ pub fn device_bytes(plan: &crate::Plan, held: usize, owned: Option<&[bool]>) -> 
     let (mut once, mut per_shard) = (0u64, plan.scratch_elements(plan.batch_size));
     for (b, &n) in elements.iter().enumerate() {
         if persistent[b] {
-            once += n;
+            once = once.saturating_add(n);
         } else {
-            per_shard += n;
+            per_shard = per_shard.saturating_add(n);
         }
     }
-    // Every element is 4 bytes (f32 values, i32 indices).
-    4 * (once + per_shard * held.max(1) as u64)
+    // Every element is 4 bytes (f32 values, i32 indices). Saturating: a size past u64 is
+    // refused as too large, never wrapped.
+    once.saturating_add(per_shard.saturating_mul(held.max(1) as u64))
+        .saturating_mul(4)
 }
 
 /// `device_bytes` for every device of a grid of `dp` data-parallel ranks, `tp` tensor ranks

@@ -7,7 +7,7 @@ use crate::cpu::tensor::Tensor;
 use crate::cpu::{ExecError, Executor, Mode};
 use crate::data::{self, DataError, Dataset, Loader, ModelIo, TensorSpec, Values};
 use crate::weights::{self, WeightsError};
-use parallax_compiler::dsl::ast::{Experiment, Loss, Optimizer};
+use parallax_compiler::dsl::ast::{Data, Experiment, Loss, Optimizer};
 use parallax_compiler::ir::{Dim, Op};
 use parallax_compiler::{Plan, Source};
 use serde::Serialize;
@@ -74,6 +74,9 @@ pub enum TrainError {
     Cuda(#[from] crate::cuda::CudaError),
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// The plan's buffers would not fit in the machine's memory (checked before allocating).
+    #[error("{table}\n  = hint: {hint}")]
+    Memory { table: String, hint: String },
 }
 
 /// Progress, for the command line to show.
@@ -153,6 +156,32 @@ pub fn resolved(e: &Experiment, cfg: &TrainConfig) -> Experiment {
     }
     if let Some(seed) = cfg.seed {
         e.train.seed = seed;
+    }
+    // Data files are recorded absolute, so the run's `experiment.ron` (read again by
+    // `--resume`, from the run folder) names the same files.
+    let absolute = |p: &mut String| {
+        if Path::new(p.as_str()).is_relative() {
+            let joined = cfg.base_dir.join(p.as_str());
+            *p = std::path::absolute(&joined)
+                .unwrap_or(joined)
+                .display()
+                .to_string();
+        }
+    };
+    match &mut e.data {
+        Data::Idx { images, labels, .. } => {
+            absolute(images);
+            absolute(labels);
+        }
+        Data::Csv { path, .. } => absolute(path),
+        Data::Npy { inputs, labels, .. } => {
+            absolute(inputs);
+            absolute(labels);
+        }
+        Data::Digits { .. }
+        | Data::Blobs { .. }
+        | Data::Sequence { .. }
+        | Data::Synthetic { .. } => {}
     }
     e
 }
@@ -486,6 +515,25 @@ pub fn train(
         "peak_memory_bytes": plan.memory.peak_bytes,
         "batch_size": plan.batch_size,
     });
+    // Checked before the data is loaded or anything allocated.
+    if cfg.cuda.is_none() {
+        let grid = cfg.simulated.map(|s| (s.grid.dp as u32, s.grid.tp as u32));
+        let needed = crate::host_memory::needed_bytes(&plan, grid);
+        if let Some(available) = crate::host_memory::available_bytes() {
+            if needed > available {
+                let devices = cfg.simulated.map_or(1, |s| s.grid.devices());
+                let hint = if devices > 1 {
+                    "lower `train.batch_size`, or simulate fewer devices (`--gpus`)".to_string()
+                } else {
+                    "lower `train.batch_size`, or make the model smaller".to_string()
+                };
+                return Err(TrainError::Memory {
+                    table: crate::host_memory::refusal(&plan, needed, available, devices),
+                    hint,
+                });
+            }
+        }
+    }
     let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
     let exp_text = parallax_compiler::dsl::to_ron(&exp);
     let id = run_id(&exp_text, &session.data_hash);
@@ -512,7 +560,11 @@ pub fn train(
     let per_epoch = session.loader.batches_per_epoch() as u64;
     let total = match (exp.train.steps, exp.train.epochs) {
         (Some(s), _) => s,
-        (None, Some(ep)) => ep * per_epoch,
+        (None, Some(ep)) => ep.checked_mul(per_epoch).ok_or_else(|| {
+            TrainError::Model(format!(
+                "{ep} epochs of {per_epoch} steps each is more steps than can be counted; ask for fewer epochs"
+            ))
+        })?,
         (None, None) => per_epoch,
     };
 
@@ -616,7 +668,8 @@ pub fn train(
         output,
         batch: batch_size,
     };
-    let mut times = Vec::with_capacity(total as usize);
+    // Grows with the steps run, never reserved for an absurd budget up front.
+    let mut times = Vec::with_capacity(total.min(1 << 16) as usize);
     let (mut samples, mut last_loss) = (0usize, f32::NAN);
     let mut val = (None, None);
     for step in start_step..total {

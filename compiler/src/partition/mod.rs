@@ -24,6 +24,12 @@ pub const SEARCH_BOUND: u32 = 65_536;
 pub enum Error {
     #[error("no GPUs to plan for (asked for 0)")]
     NoGpus,
+    #[error("`{model}` cannot be split over {gpus} GPUs: {why}")]
+    NoStrategy {
+        model: String,
+        gpus: u32,
+        why: String,
+    },
     #[error("`{text}` is not a strategy: {why} (write e.g. dp4, tp8 or dp2.tp2.pp2)")]
     BadStrategy { text: String, why: String },
     #[error("strategy {strategy} uses {product} GPUs, not the {gpus} asked for")]
@@ -314,10 +320,29 @@ fn strategies(m: &ModelCost, t: &Target, r: &Rules) -> Result<Vec<Strategy>, Err
         }
         return Ok(vec![s]);
     }
-    Ok(triples(t.gpus)
-        .into_iter()
-        .filter(|s| infeasible(m, r, s).is_none())
-        .collect())
+    let all = triples(t.gpus);
+    let mut why = Vec::new();
+    let feasible: Vec<Strategy> = all
+        .iter()
+        .filter(|s| match infeasible(m, r, s) {
+            None => true,
+            Some(w) => {
+                why.push(format!("{}: {w}", strategy_name(s)));
+                false
+            }
+        })
+        .copied()
+        .collect();
+    if feasible.is_empty() {
+        // Name the all-data, all-tensor and all-pipeline splits' reasons (the others mix them).
+        let shown: Vec<String> = why.iter().take(2).chain(why.last()).cloned().collect();
+        return Err(Error::NoStrategy {
+            model: m.name.clone(),
+            gpus: t.gpus,
+            why: shown.join("; "),
+        });
+    }
+    Ok(feasible)
 }
 
 /// Every degree triple `dp x tp x pp = gpus`.

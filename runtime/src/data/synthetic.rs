@@ -32,13 +32,25 @@ fn count(what: &str, v: u64) -> Result<usize, DataError> {
 
 /// `a * b` elements, refusing sizes that cannot be held.
 fn elements(data: &str, a: usize, b: usize) -> Result<usize, DataError> {
-    a.checked_mul(b)
+    let n = a
+        .checked_mul(b)
         .filter(|&n| n <= isize::MAX as usize / 4)
         .ok_or_else(|| {
             DataError::Config(format!(
                 "{data}: {a} samples of {b} values are too many to hold"
             ))
-        })
+        })?;
+    // Checked before generating: the values are 4 bytes each, held twice for a moment (as
+    // generated, then split into the training and validation sets).
+    let needed = 8 * n as u64;
+    if let Some(available) = crate::host_memory::available_bytes().filter(|&m| needed > m) {
+        return Err(DataError::Config(format!(
+            "{data}: {a} samples of {b} values need {} of memory, but this machine has {} available; lower `samples`",
+            parallax_compiler::plan::bytes(needed),
+            parallax_compiler::plan::bytes(available)
+        )));
+    }
+    Ok(n)
 }
 
 /// Seeded Gaussian blobs, one per class.
