@@ -120,7 +120,7 @@ pub struct Plan {
     pub updates: Vec<(usize, usize)>,
     /// Parameters and optimizer state whose shape in files (`--init`, `final.safetensors`,
     /// checkpoints) is not the plan's, by name, and that shape: PyTorch's layout, the same
-    /// elements in the same order (see [`Plan::file_shape`]).
+    /// elements in the same order (read by the runtime's `weights::FileShapes`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub file_shapes: Vec<(String, Vec<u64>)>,
 }
@@ -135,16 +135,6 @@ pub struct Names {
 }
 
 impl Plan {
-    /// The shape the parameter or state `name`, of shape `shape` in the plan, has in files:
-    /// PyTorch's (a Conv2d bias, BatchNorm2d's weight and bias and their optimizer state are
-    /// `[C]`, `[C, 1, 1]` in the plan), otherwise the plan's own.
-    pub fn file_shape(&self, name: &str, shape: &[u64]) -> Vec<u64> {
-        self.file_shapes
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or_else(|| shape.to_vec(), |(_, s)| s.clone())
-    }
-
     /// The steps that hold one constant value, `(step, value)`: refilled for each batch size.
     pub fn fills(&self) -> Vec<(usize, f32)> {
         self.steps

@@ -3,16 +3,46 @@
 //! what the machine has available. Refusing with the plan's table beats an allocator abort
 //! halfway through, or the kernel killing the process.
 
+use crate::sim::Grid;
 use parallax_compiler::plan::bytes;
 use parallax_compiler::shards::{device_bytes, grid_bytes};
 use parallax_compiler::Plan;
 
+/// A plan that does not fit in the machine's memory: what it needs, what there is, the plan's
+/// memory table, and what to change.
+#[derive(Debug, thiserror::Error)]
+#[error("{table}\n  = hint: {hint}")]
+pub struct TooLarge {
+    pub table: String,
+    pub hint: String,
+}
+
+/// Refuses `plan`, run by one executor or by the simulated devices of `grid`, when the
+/// machine's available memory cannot hold what they would allocate. Nothing is checked
+/// where the available memory cannot be read.
+pub fn check(plan: &Plan, grid: Option<Grid>) -> Result<(), TooLarge> {
+    let needed = needed_bytes(plan, grid);
+    let Some(available) = available_bytes().filter(|&m| needed > m) else {
+        return Ok(());
+    };
+    let devices = grid.map_or(1, |g| g.devices());
+    Err(TooLarge {
+        table: refusal(plan, needed, available, devices),
+        hint: if devices > 1 {
+            "lower `train.batch_size`, or simulate fewer devices (`--gpus`)"
+        } else {
+            "lower `train.batch_size`, or make the model smaller"
+        }
+        .to_string(),
+    })
+}
+
 /// What the host executors for `plan` allocate: one executor for the whole batch, or the
-/// simulated devices of a grid of `dp` data-parallel and `tp` tensor ranks.
-pub fn needed_bytes(plan: &Plan, grid: Option<(u32, u32)>) -> u64 {
+/// simulated devices of `grid`.
+pub fn needed_bytes(plan: &Plan, grid: Option<Grid>) -> u64 {
     match grid {
         None => device_bytes(plan, 1, None),
-        Some((dp, tp)) => grid_bytes(plan, dp, tp)
+        Some(g) => grid_bytes(plan, g.dp as u32, g.tp as u32)
             .into_iter()
             .fold(0u64, u64::saturating_add),
     }
@@ -65,7 +95,7 @@ fn cgroup_left() -> Option<u64> {
 }
 
 /// The refusal's text: what is needed, what is there, the plan's memory table.
-pub fn refusal(plan: &Plan, needed: u64, available: u64, devices: usize) -> String {
+fn refusal(plan: &Plan, needed: u64, available: u64, devices: usize) -> String {
     let m = &plan.memory;
     let mut text = format!(
         "`{}` needs {} of memory{} at a batch of {}, but this machine has {} available",

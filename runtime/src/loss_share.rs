@@ -13,10 +13,8 @@ use parallax_compiler::ir::Op;
 use parallax_compiler::Plan;
 use std::ops::Range;
 
-/// The plan's labels input when its loss is cross-entropy.
-pub const LABELS: &str = "labels";
-
-/// Whether the plan's loss is a mean over counted labels rather than over samples.
+/// Whether the plan's loss is a mean over counted labels (its `LABELS` input) rather than
+/// over samples.
 pub fn counts_labels(plan: &Plan) -> bool {
     plan.steps
         .iter()

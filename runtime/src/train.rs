@@ -9,6 +9,7 @@ use crate::data::{self, DataError, Dataset, Loader, ModelIo, TensorSpec, Values}
 use crate::weights::{self, WeightsError};
 use parallax_compiler::dsl::ast::{Data, Experiment, Loss, Optimizer};
 use parallax_compiler::ir::{Dim, Op};
+use parallax_compiler::passes::lower::{LABELS, TARGET};
 use parallax_compiler::{Plan, Source};
 use serde::Serialize;
 use sha2::Digest;
@@ -75,8 +76,8 @@ pub enum TrainError {
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
     /// The plan's buffers would not fit in the machine's memory (checked before allocating).
-    #[error("{table}\n  = hint: {hint}")]
-    Memory { table: String, hint: String },
+    #[error(transparent)]
+    Memory(#[from] crate::host_memory::TooLarge),
 }
 
 /// Progress, for the command line to show.
@@ -209,8 +210,8 @@ pub fn model_io(plan: &Plan, loss: &Loss) -> Result<(ModelIo, String, String), T
         )));
     };
     let target_name = match loss {
-        Loss::CrossEntropy { .. } => "labels",
-        Loss::Mse { .. } => "target",
+        Loss::CrossEntropy { .. } => LABELS,
+        Loss::Mse { .. } => TARGET,
     };
     let target = plan
         .steps
@@ -517,22 +518,7 @@ pub fn train(
     });
     // Checked before the data is loaded or anything allocated.
     if cfg.cuda.is_none() {
-        let grid = cfg.simulated.map(|s| (s.grid.dp as u32, s.grid.tp as u32));
-        let needed = crate::host_memory::needed_bytes(&plan, grid);
-        if let Some(available) = crate::host_memory::available_bytes() {
-            if needed > available {
-                let devices = cfg.simulated.map_or(1, |s| s.grid.devices());
-                let hint = if devices > 1 {
-                    "lower `train.batch_size`, or simulate fewer devices (`--gpus`)".to_string()
-                } else {
-                    "lower `train.batch_size`, or make the model smaller".to_string()
-                };
-                return Err(TrainError::Memory {
-                    table: crate::host_memory::refusal(&plan, needed, available, devices),
-                    hint,
-                });
-            }
-        }
+        crate::host_memory::check(&plan, cfg.simulated.map(|s| s.grid))?;
     }
     let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
     let exp_text = parallax_compiler::dsl::to_ron(&exp);

@@ -8,8 +8,9 @@ use crate::cpu::kernels::Ctx;
 use crate::cpu::tensor::Tensor;
 use crate::cpu::{ExecError, Mode};
 use crate::data::Values;
-use crate::loss_share::{counts_labels, shard_weights, LABELS};
+use crate::loss_share::shard_weights;
 use crate::train::slice;
+use parallax_compiler::passes::lower::LABELS;
 use parallax_compiler::shards::{assign, INV_BATCH, SHARD_WEIGHT};
 
 impl Backend for SimulatedDevices {
@@ -45,7 +46,8 @@ impl Backend for SimulatedDevices {
     ) -> Result<(), ExecError> {
         self.last = self.sharding.split(batch);
         self.owners = assign(self.last.len(), self.grid.dp);
-        let labels = counts_labels(&self.plan)
+        let labels = self
+            .counts_labels
             .then(|| self.batched.get(LABELS).map(|(_, v)| v))
             .flatten();
         let weights = shard_weights(&self.last, batch, labels);

@@ -60,6 +60,8 @@ pub struct SimulatedDevices {
     p2p: InProcess,
     /// Inputs with a batch axis, as set for the whole batch: split into shards at `run`.
     batched: HashMap<String, (usize, Values)>,
+    /// Whether a shard's share of the loss is its counted labels' (`loss_share`).
+    counts_labels: bool,
     /// The shards of the last step, and which rank held them.
     last: Vec<Range<usize>>,
     owners: Vec<Range<usize>>,
@@ -144,6 +146,7 @@ impl SimulatedDevices {
             }
         }
         let sim = SimulatedDevices {
+            counts_labels: crate::loss_share::counts_labels(&plan),
             plan,
             sharding,
             grid,

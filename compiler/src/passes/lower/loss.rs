@@ -2,6 +2,11 @@
 
 use super::*;
 
+/// The class labels input of a cross-entropy loss (-100: a position that does not count).
+pub const LABELS: &str = "labels";
+/// The target input of an MSE loss.
+pub const TARGET: &str = "target";
+
 impl Lowerer<'_> {
     pub(super) fn loss(&mut self) -> Result<(), Error> {
         let e = &self.src.experiment;
@@ -45,7 +50,7 @@ impl Lowerer<'_> {
                 let labels_ty = TensorType::new(DType::I32, t.shape[..t.rank() - 1].to_vec());
                 let labels = self.add(
                     Op::Input {
-                        name: "labels".into(),
+                        name: LABELS.into(),
                         ty: labels_ty,
                     },
                     &[],
@@ -73,7 +78,7 @@ impl Lowerer<'_> {
                 }
                 let target = self.add(
                     Op::Input {
-                        name: "target".into(),
+                        name: TARGET.into(),
                         ty: t.clone(),
                     },
                     &[],
