@@ -14,10 +14,8 @@
 //! `cargo test --test reference -- --nocapture` prints the largest differences per grid.
 
 mod common;
-use common::{parallax, stderr, temp};
+use common::{f32_tensors as tensors, metric, parallax, scaled_difference, stderr, temp};
 
-use safetensors::SafeTensors;
-use std::collections::BTreeMap;
 use std::path::Path;
 
 const LOSS_TOL: f64 = 1e-5;
@@ -46,34 +44,6 @@ const TP_GRIDS: &[&[&str]] = &[
     &["--gpus", "4", "--strategy", "dp2.tp2", "--zero", "3"],
 ];
 
-fn tensors(path: &Path) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
-    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let st = SafeTensors::deserialize(&bytes).unwrap();
-    st.tensors()
-        .into_iter()
-        .filter(|(name, _)| !name.ends_with(".num_batches_tracked"))
-        .map(|(name, view)| {
-            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
-            let v = view
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            (name, (view.shape().to_vec(), v))
-        })
-        .collect()
-}
-
-fn losses(run: &Path) -> Vec<f64> {
-    std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v.get("step").is_some())
-        .map(|v| v["loss"].as_f64().unwrap())
-        .collect()
-}
-
 fn reference_losses(dir: &Path) -> Vec<f64> {
     let v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("losses.json")).unwrap()).unwrap();
@@ -83,17 +53,6 @@ fn reference_losses(dir: &Path) -> Vec<f64> {
         .iter()
         .map(|x| x.as_f64().unwrap())
         .collect()
-}
-
-/// `max |a - b| / max(max |b|, tiny)`
-fn relative(a: &[f32], b: &[f32]) -> f64 {
-    let diff = a
-        .iter()
-        .zip(b)
-        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).abs())
-        .fold(0.0, f64::max);
-    let scale = b.iter().map(|y| f64::from(y.abs())).fold(0.0, f64::max);
-    diff / scale.max(f64::from(f32::MIN_POSITIVE))
 }
 
 /// Trains `case` on every grid; returns the table's lines and what failed.
@@ -141,7 +100,7 @@ fn check(case: &str, tensor_parallel: bool) {
             ));
             continue;
         }
-        let got_losses = losses(&run);
+        let got_losses = metric(&run, "loss");
         assert_eq!(got_losses.len(), want_losses.len(), "{case} [{label}]");
         let (loss_step, loss_diff) = got_losses
             .iter()
@@ -163,7 +122,7 @@ fn check(case: &str, tensor_parallel: bool) {
                 shape, want_shape,
                 "{case} [{label}]: `{name}` has shape {shape:?}, PyTorch's is {want_shape:?}"
             );
-            let d = relative(v, w);
+            let d = scaled_difference(v, w);
             if d > worst.1 || worst.0.is_empty() {
                 worst = (name.clone(), d);
             }

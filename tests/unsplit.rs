@@ -6,30 +6,12 @@
 //! tensor within 1e-4 (relative) of one device running the batch whole.
 
 mod common;
-use common::{parallax, temp};
+use common::{
+    f32_bytes, f32_tensors, i32_bytes, metric, parallax, scaled_difference, temp, write_npy as npy,
+};
 
 use std::collections::BTreeMap;
 use std::path::Path;
-
-/// A `.npy` file (version 1.0, C order, little-endian) of `f4` or `i4` values.
-fn npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) {
-    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-    let tuple = if dims.len() == 1 {
-        format!("({},)", dims[0])
-    } else {
-        format!("({})", dims.join(", "))
-    };
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {tuple}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(data);
-    std::fs::write(path, out).unwrap();
-}
 
 /// A fixed pseudo-random stream (splitmix64), so the data never depends on anything else.
 struct Stream(u64);
@@ -57,14 +39,6 @@ impl Stream {
             -100
         }
     }
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
-}
-
-fn i32_bytes(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
 /// A small experiment in its own folder: inputs `x.npy`, labels `y.npy`.
@@ -262,34 +236,13 @@ fn train(file: &Path, run: &Path, args: &[&str]) -> Outcome {
         "{all:?}\n{}",
         String::from_utf8_lossy(&o.stderr)
     );
-    let metrics: Vec<serde_json::Value> = std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let field = |k: &str| -> Vec<f64> { metrics.iter().filter_map(|v| v[k].as_f64()).collect() };
-    let bytes = std::fs::read(run.join("final.safetensors")).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let tensors = st
-        .tensors()
-        .into_iter()
-        .map(|(name, t)| {
-            let values = t
-                .data()
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect();
-            (name, (t.shape().to_vec(), values))
-        })
-        .collect();
-    if std::env::var_os("KEEP").is_none() {
-        let _ = std::fs::remove_dir_all(run);
-    }
-    Outcome {
-        losses: field("loss"),
-        val_losses: field("val_loss"),
-        tensors,
-    }
+    let outcome = Outcome {
+        losses: metric(run, "loss"),
+        val_losses: metric(run, "val_loss"),
+        tensors: f32_tensors(&run.join("final.safetensors")),
+    };
+    let _ = std::fs::remove_dir_all(run);
+    outcome
 }
 
 /// The largest `|a - b| / max(|a|, |b|)` over paired values.
@@ -309,11 +262,7 @@ fn tensor_relative(got: &Outcome, want: &Outcome) -> (f64, String) {
     for (name, (shape, b)) in &want.tensors {
         let (s, a) = &got.tensors[name];
         assert_eq!(s, shape, "`{name}`: shape");
-        let scale = b.iter().fold(0f64, |m, &v| m.max(f64::from(v).abs()));
-        let diff = a.iter().zip(b).fold(0f64, |m, (&x, &y)| {
-            m.max((f64::from(x) - f64::from(y)).abs())
-        });
-        let r = diff / scale.max(1e-30);
+        let r = scaled_difference(a, b);
         if r >= worst.0 {
             worst = (r, name.clone());
         }
@@ -384,9 +333,7 @@ fn every_partitioned_plan_computes_what_one_device_computes() {
                 ));
             }
         }
-        if std::env::var_os("KEEP").is_none() {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -27,3 +27,75 @@ pub fn temp(name: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     d
 }
+
+/// Every value of `key` in a run's `metrics.jsonl`, in order (`loss`: one per step;
+/// `val_loss`: one per validation).
+pub fn metric(run: &std::path::Path, key: &str) -> Vec<f64> {
+    std::fs::read_to_string(run.join("metrics.jsonl"))
+        .unwrap_or_else(|e| panic!("{}: {e}", run.display()))
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|v| v[key].as_f64())
+        .collect()
+}
+
+/// The f32 tensors of a safetensors file by name, with their shapes (PyTorch's
+/// `num_batches_tracked`, which Parallax does not keep, left out).
+pub fn f32_tensors(
+    path: &std::path::Path,
+) -> std::collections::BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    st.tensors()
+        .into_iter()
+        .filter(|(name, _)| !name.ends_with(".num_batches_tracked"))
+        .map(|(name, view)| {
+            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}");
+            let v = view
+                .data()
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            (name, (view.shape().to_vec(), v))
+        })
+        .collect()
+}
+
+/// A tensor's difference against its scale: `max |a - b| / max(max |b|, tiny)`.
+pub fn scaled_difference(a: &[f32], b: &[f32]) -> f64 {
+    let diff = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (f64::from(*x) - f64::from(*y)).abs())
+        .fold(0.0, f64::max);
+    let scale = b.iter().map(|y| f64::from(y.abs())).fold(0.0, f64::max);
+    diff / scale.max(f64::from(f32::MIN_POSITIVE))
+}
+
+/// A `.npy` file (version 1.0, C order, little-endian) of `descr` (`<f4`, `<i4`) values.
+pub fn write_npy(path: &std::path::Path, descr: &str, shape: &[usize], data: &[u8]) {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let tuple = if dims.len() == 1 {
+        format!("({},)", dims[0])
+    } else {
+        format!("({})", dims.join(", "))
+    };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {tuple}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    std::fs::write(path, out).unwrap();
+}
+
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub fn i32_bytes(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
