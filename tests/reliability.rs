@@ -277,3 +277,22 @@ fn a_run_on_relative_data_files_resumes() {
     assert!(recorded.contains(data.to_str().unwrap()), "{recorded}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// More GPUs than any split can use: the refusal says why each kind of split cannot run
+/// (it used to say "no GPUs to plan for (asked for 0)").
+#[test]
+fn gpus_no_split_can_use_are_refused_with_the_reasons() {
+    let compile = ["compile", "models/mlp.ron", "--gpus", "256"];
+    let train = ["train", "models/mlp.ron", "--gpus", "256", "--steps", "1"];
+    for args in [&compile[..], &train[..]] {
+        let (cmd, o) = (args[0], parallax(args));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{cmd}: {err}");
+        assert!(
+            err.contains("cannot be split over 256 GPUs")
+                && err.contains("dp256: dp 256 > the batch size 64")
+                && err.contains("no attention"),
+            "{cmd}: {err}"
+        );
+    }
+}
