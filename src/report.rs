@@ -55,6 +55,13 @@ fn load_summary(dir: &Path) -> Result<Map<String, Value>, Exit> {
         return Err(fail(dir, what));
     }
     let path = dir.join("summary.json");
+    // A run stopped by a signal, a crash or a full disk has its record but no summary: its
+    // curves so far are still worth a report.
+    if !path.exists() && dir.join("run.json").exists() {
+        let mut map = Map::new();
+        map.insert("finished".into(), Value::Bool(false));
+        return Ok(map);
+    }
     match serde_json::from_str(&read(&path)?) {
         Ok(Value::Object(map)) => Ok(map),
         Ok(_) => Err(fail(&path, "expected a JSON object")),
@@ -65,7 +72,14 @@ fn load_summary(dir: &Path) -> Result<Map<String, Value>, Exit> {
 fn load_curves(dir: &Path) -> Result<[Points; 3], Exit> {
     let path = dir.join("metrics.jsonl");
     let mut curves: [Points; 3] = Default::default();
-    for (i, line) in read(&path)?.lines().enumerate() {
+    let text = read(&path)?;
+    // A last line without its newline was cut short by a crash: it is not part of the run.
+    let whole = match text.rfind('\n') {
+        Some(end) if !text.ends_with('\n') => &text[..=end],
+        None => "",
+        Some(_) => &text,
+    };
+    for (i, line) in whole.lines().enumerate() {
         if line.trim().is_empty() {
             continue;
         }

@@ -8,9 +8,11 @@ use parallax_compiler::plan::Strategy;
 use parallax_compiler::shards::Sharding;
 use parallax_compiler::Options;
 use parallax_runtime::sim::Grid;
-use parallax_runtime::train::{train, Event, Simulated, TrainConfig};
+use parallax_runtime::train::{train, Event, Simulated, TrainConfig, TrainError};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::Arc;
 
 /// `YYYYMMDD-HHMMSS` in UTC, from the system clock (names the run directory only).
 fn timestamp() -> String {
@@ -84,13 +86,17 @@ pub struct Args {
     /// Write a checkpoint (parameters, optimizer state, step) every N steps.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub checkpoint_every: Option<u64>,
-    /// Keep the newest K checkpoints (0 keeps all).
-    #[arg(long, value_name = "K", default_value_t = 3)]
-    pub keep: usize,
+    /// Keep the newest K checkpoints (0 keeps all; default 3, or what the resumed run kept).
+    #[arg(long, value_name = "K")]
+    pub keep: Option<usize>,
     /// Continue the run in RUN_DIR from its newest checkpoint (bit for bit as if never
-    /// interrupted); `--steps` may extend it.
+    /// interrupted), checkpointing as it did; `--steps` may extend it.
     #[arg(long, value_name = "RUN_DIR", conflicts_with_all = ["file", "epochs", "seed", "run_dir", "init", "set"])]
     pub resume: Option<PathBuf>,
+    /// With --resume: continue although the run's experiment.ron or data changed since it
+    /// was written (recorded in its run.json); refused otherwise.
+    #[arg(long, requires = "resume")]
+    pub accept_changes: bool,
     /// Devices to train on, data parallel: each batch is cut into the file's
     /// `devices.micro_shards` pieces, so any count up to that gives the same bits. On the CPU
     /// backend they are simulated devices. Without it (and with `devices.gpus: 1` in the file)
@@ -277,6 +283,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         checkpoint_every,
         keep,
         resume,
+        accept_changes,
         gpus,
         gpu_memory,
         strategy,
@@ -284,7 +291,6 @@ pub fn run(args: Args) -> Result<(), Exit> {
         backend,
         precision,
     } = args;
-    let checkpoint_every = checkpoint_every.unwrap_or(0);
     // A resumed run reads the experiment it recorded (every default and override resolved).
     let file = match (&resume, file) {
         (Some(dir), _) => dir.join("experiment.ron"),
@@ -436,8 +442,10 @@ pub fn run(args: Args) -> Result<(), Exit> {
         checkpoint_every,
         keep,
         resume: resume.is_some(),
+        accept_changes,
         overrides: set,
         simulated,
+        stop: Some(stop_on_signals()?),
     };
     let backend_name = match (cuda, simulated) {
         (Some(_), _) => "CUDA backend (GPU 0)".to_string(),
@@ -503,6 +511,13 @@ pub fn run(args: Args) -> Result<(), Exit> {
                 None => errln!("{line}"),
             }
         }
+        Event::Warning(w) => {
+            let line = format!("{name}: warning: {w}");
+            match &bar {
+                Some(b) => b.println(line),
+                None => errln!("{line}"),
+            }
+        }
     };
     let result = train(&source, plan, &cfg, &mut on_event);
     if let Some(b) = bar {
@@ -527,9 +542,34 @@ pub fn run(args: Args) -> Result<(), Exit> {
             outln!("run: {}", run_dir.display())?;
             Ok(())
         }
+        Err(e @ TrainError::Interrupted { signal, .. }) => {
+            errln!("{}: {e}", file.display());
+            Err(Exit(128u8.saturating_add(signal as u8)))
+        }
         Err(e) => {
             errln!("{}: error: {e}", file.display());
             Err(Exit(1))
         }
     }
+}
+
+/// SIGINT and SIGTERM ask the run to stop after its current step, with a checkpoint; a
+/// second one ends the process at once (exit 130 or 143).
+fn stop_on_signals() -> Result<Arc<AtomicUsize>, Exit> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let which = Arc::new(AtomicUsize::new(0));
+    let asked = Arc::new(AtomicBool::new(false));
+    for signal in [SIGINT, SIGTERM] {
+        // Registered first, so it sees the flag as it was before this signal set it.
+        signal_hook::flag::register_conditional_shutdown(signal, 128 + signal, Arc::clone(&asked))
+            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&asked)))
+            .and_then(|_| {
+                signal_hook::flag::register_usize(signal, Arc::clone(&which), signal as usize)
+            })
+            .map_err(|e| {
+                errln!("error: cannot handle signal {signal}: {e}");
+                Exit(1)
+            })?;
+    }
+    Ok(which)
 }

@@ -199,17 +199,12 @@ pub fn load(
         .metadata()
         .clone()
         .ok_or_else(|| format_err("no checkpoint metadata".into()))?;
+    let meta = meta_of(&info, &p)?;
     let field = |k: &str| {
         info.get(k)
             .cloned()
             .ok_or_else(|| format_err(format!("no `{k}` in its metadata")))
     };
-    if field("format")? != FORMAT {
-        return Err(format_err(format!("format `{}`", field("format")?)));
-    }
-    let step: u64 = field("step")?
-        .parse()
-        .map_err(|_| format_err("a step that is not a number".into()))?;
     let mut names: Vec<&str> = st.names();
     names.sort();
     let mut sum = Sha256::new();
@@ -224,7 +219,7 @@ pub fn load(
     let params = exec.param_values().map_err(backend)?;
     let states = exec.state_values().map_err(backend)?;
     let expected = fingerprint(&params, &states);
-    let model = field("model")?;
+    let model = meta.model.clone();
     let tensor_err = |name: &str, message: String| CheckpointError::Tensor {
         path: p.clone(),
         name: name.to_string(),
@@ -289,10 +284,58 @@ pub fn load(
         };
         r.map_err(backend)?;
     }
+    Ok(meta)
+}
+
+/// The record in a checkpoint's metadata.
+fn meta_of(info: &HashMap<String, String>, path: &str) -> Result<Meta, CheckpointError> {
+    let format_err = |message: String| CheckpointError::Format {
+        path: path.to_string(),
+        message,
+    };
+    let field = |k: &str| {
+        info.get(k)
+            .cloned()
+            .ok_or_else(|| format_err(format!("no `{k}` in its metadata")))
+    };
+    if field("format")? != FORMAT {
+        return Err(format_err(format!("format `{}`", field("format")?)));
+    }
+    let step = field("step")?
+        .parse()
+        .map_err(|_| format_err("a step that is not a number".into()))?;
     Ok(Meta {
         step,
         run_id: field("run_id")?,
-        model,
+        model: field("model")?,
         plan: field("plan")?,
     })
+}
+
+/// A checkpoint's record, read from its header alone (what a resume needs to know before
+/// loading its data; [`load`] checks the whole file again).
+pub fn read_meta(path: &Path) -> Result<Meta, CheckpointError> {
+    use std::io::Read;
+    let p = path.display().to_string();
+    let format_err = |message: &str| CheckpointError::Format {
+        path: p.clone(),
+        message: message.to_string(),
+    };
+    let mut file = std::fs::File::open(path).map_err(io(path))?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len)
+        .map_err(|_| format_err("shorter than a safetensors header"))?;
+    let len = u64::from_le_bytes(len);
+    // safetensors' own bound on a header.
+    if len > 100_000_000 {
+        return Err(format_err("a header longer than 100 MB"));
+    }
+    let mut header = vec![0u8; len as usize];
+    file.read_exact(&mut header)
+        .map_err(|_| format_err("a header cut short"))?;
+    let header: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|_| format_err("a header that is not JSON"))?;
+    let info: HashMap<String, String> = serde_json::from_value(header["__metadata__"].clone())
+        .map_err(|_| format_err("no checkpoint metadata"))?;
+    meta_of(&info, &p)
 }

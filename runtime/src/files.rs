@@ -1,6 +1,6 @@
 //! Files written whole or not at all: a hidden temporary file beside the target, synced, then
 //! renamed over it, and the folder synced so the rename survives a crash. A reader never sees
-//! half a file, whatever instant the writer dies at.
+//! half a file, whatever instant the writer dies at; a failed write removes its temporary.
 
 use std::io::Write;
 use std::path::Path;
@@ -10,12 +10,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .file_name()
         .map_or_else(|| "file".into(), |n| n.to_string_lossy().into_owned());
     let tmp = path.with_file_name(format!(".{name}.tmp"));
-    {
-        let mut f = std::fs::File::create(&tmp)?;
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
         f.write_all(bytes)?;
         f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    });
+    if let Err(e) = written {
+        // A half-written temporary would keep a full disk full.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
-    std::fs::rename(&tmp, path)?;
     if let Some(dir) = path.parent().and_then(|d| std::fs::File::open(d).ok()) {
         // Best effort: some file systems refuse to sync a folder.
         let _ = dir.sync_all();

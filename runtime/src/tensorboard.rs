@@ -16,6 +16,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 /// TensorBoard (and to see write errors). Dropping the writer flushes too, but ignores errors.
 pub struct EventWriter {
     file: BufWriter<File>,
+    path: std::path::PathBuf,
 }
 
 impl EventWriter {
@@ -30,23 +31,21 @@ impl EventWriter {
         let seconds = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
         let base = format!("events.out.tfevents.{seconds}.{}", host_name());
         let mut n = 0;
-        let file = loop {
+        let (file, path) = loop {
             let name = if n == 0 {
                 base.clone()
             } else {
                 format!("{base}.{n}")
             };
-            match OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .open(dir.join(name))
-            {
+            let path = dir.join(name);
+            match OpenOptions::new().write(true).create_new(true).open(&path) {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists && n < 1000 => n += 1,
-                other => break other?,
+                other => break (other?, path),
             }
         };
         let mut writer = EventWriter {
             file: BufWriter::new(file),
+            path,
         };
         // TensorBoard identifies the format by this first event; "brain.Event:2" is what every
         // TensorFlow writer since 2016 emits.
@@ -55,6 +54,11 @@ impl EventWriter {
         event.bytes(3, b"brain.Event:2");
         write_record(&mut writer.file, &event.0)?;
         Ok(writer)
+    }
+
+    /// The event file (for error messages).
+    pub fn path(&self) -> &Path {
+        &self.path
     }
 
     /// One scalar value of `tag` at `step`.

@@ -15,6 +15,7 @@ use serde::Serialize;
 use sha2::Digest;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -31,12 +32,17 @@ pub struct TrainConfig {
     pub base_dir: PathBuf,
     /// Train on GPU 0 with the CUDA executor at this GEMM precision (the CPU when `None`).
     pub cuda: Option<crate::cuda::Precision>,
-    /// Write a checkpoint every this many steps (none when 0).
-    pub checkpoint_every: u64,
-    /// Keep the newest this many checkpoints (all when 0).
-    pub keep: usize,
+    /// Write a checkpoint every this many steps (none when 0; a resumed run's own when
+    /// `None`, and none for a new one).
+    pub checkpoint_every: Option<u64>,
+    /// Keep the newest this many checkpoints (all when 0; the run's own or 3 when `None`).
+    pub keep: Option<usize>,
     /// Continue the run in `run_dir` from its newest checkpoint.
     pub resume: bool,
+    /// Continue although the run's experiment or data changed (recorded in `run.json`).
+    pub accept_changes: bool,
+    /// Set to a signal's number to stop after the current step with a checkpoint.
+    pub stop: Option<Arc<AtomicUsize>>,
     /// The `--set` overrides applied to the file, recorded in `run.json`.
     pub overrides: Vec<String>,
     /// Run a per-shard plan on this many simulated devices (`crate::sim`).
@@ -78,6 +84,28 @@ pub enum TrainError {
     /// The plan's buffers would not fit in the machine's memory (checked before allocating).
     #[error(transparent)]
     Memory(#[from] crate::host_memory::TooLarge),
+    #[error(transparent)]
+    RunDir(#[from] crate::run_dir::RunDirError),
+    #[error(transparent)]
+    Resume(#[from] crate::resume::ResumeError),
+    /// A signal asked the run to stop: it finished its step and saved where it stood.
+    #[error("stopped by {} after step {step} of {total}; its state is in {checkpoint}; continue with `parallax train --resume {dir}`", signal_name(*signal))]
+    Interrupted {
+        signal: usize,
+        step: u64,
+        total: u64,
+        checkpoint: String,
+        dir: String,
+    },
+}
+
+/// `SIGINT`, `SIGTERM` or the number.
+pub fn signal_name(signal: usize) -> String {
+    match signal {
+        2 => "SIGINT".into(),
+        15 => "SIGTERM".into(),
+        n => format!("signal {n}"),
+    }
 }
 
 /// Progress, for the command line to show.
@@ -101,6 +129,8 @@ pub enum Event {
         loss: f64,
         accuracy: Option<f64>,
     },
+    /// Something the user should know that does not stop the run.
+    Warning(String),
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -122,6 +152,8 @@ pub struct Summary {
     pub run_id: String,
     /// The step this process started from (0, or a checkpoint's step when resumed).
     pub resumed_from: u64,
+    /// Training batches whose every label was ignored (they train nothing).
+    pub batches_without_labels: u64,
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -471,6 +503,22 @@ pub fn train(
     cfg: &TrainConfig,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<Summary, TrainError> {
+    // The folder is checked and held before anything is loaded; a run that fails to start
+    // leaves behind no folder it made.
+    let held = crate::run_dir::RunDir::open(&cfg.run_dir, cfg.resume)?;
+    let result = train_in(source, plan, cfg, on_event);
+    if result.is_err() {
+        held.abandon();
+    }
+    result
+}
+
+fn train_in(
+    source: &Source,
+    plan: Plan,
+    cfg: &TrainConfig,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<Summary, TrainError> {
     let started = Instant::now();
     let exp = resolved(&source.experiment, cfg);
     let seed = exp.train.seed;
@@ -489,20 +537,17 @@ pub fn train(
     let parameters = plan.parameters;
     let optimizer = exp.optimizer.clone();
     let dir = &cfg.run_dir;
-    // Where a resumed run starts: its newest checkpoint, checked before anything else.
-    let checkpoints = crate::checkpoint::list(dir);
-    let resume_from = if cfg.resume {
-        let Some((step, path)) = checkpoints.last().cloned() else {
-            return Err(TrainError::Model(format!(
-                "{} has no checkpoint to resume from (train with --checkpoint-every N)",
-                dir.display()
-            )));
-        };
-        Some((step, path))
+    // Where a resumed run starts: its newest checkpoint's own record, read before the data
+    // (whose order it sets).
+    let resume = if cfg.resume {
+        Some(crate::resume::Resume::newest(dir)?)
     } else {
         None
     };
-    let start_step = resume_from.as_ref().map_or(0, |r| r.0);
+    let start_step = resume.as_ref().map_or(0, |r| r.step());
+    let (run_every, run_keep) = resume.as_ref().map_or((None, None), |r| r.cadence());
+    let checkpoint_every = cfg.checkpoint_every.or(run_every).unwrap_or(0);
+    let keep = cfg.keep.or(run_keep).unwrap_or(3);
     let plan_label = format!(
         "dp{}.tp{}.pp{} {}",
         plan.strategy.dp, plan.strategy.tp, plan.strategy.pp, plan.device_kind
@@ -540,8 +585,21 @@ pub fn train(
         weights::load(exec.as_mut(), &file_shapes, init)?;
     }
     let model = crate::checkpoint::fingerprint(&exec.param_values()?, &exec.state_values()?);
-    if let Some((_, path)) = &resume_from {
-        crate::checkpoint::load(path, exec.as_mut(), &file_shapes)?;
+    let mut changes = Vec::new();
+    if let Some(r) = &resume {
+        crate::checkpoint::load(&r.checkpoint, exec.as_mut(), &file_shapes)?;
+        // The run's identity as its experiment reads now, without this command's budget.
+        let unextended = TrainConfig {
+            steps: None,
+            epochs: None,
+            ..cfg.clone()
+        };
+        let text = parallax_compiler::dsl::to_ron(&resolved(&source.experiment, &unextended));
+        changes = r.check_identity(
+            &|data| run_id(&text, data),
+            &session.data_hash,
+            cfg.accept_changes,
+        )?;
     }
     let per_epoch = session.loader.batches_per_epoch() as u64;
     let total = match (exp.train.steps, exp.train.epochs) {
@@ -553,14 +611,9 @@ pub fn train(
         })?,
         (None, None) => per_epoch,
     };
-
-    if !cfg.resume && dir.join("metrics.jsonl").exists() {
-        return Err(TrainError::Model(format!(
-            "{} already holds a run; choose another --run-dir, or continue it with --resume",
-            dir.display()
-        )));
+    if let Some(r) = &resume {
+        r.check_budget(total)?;
     }
-    std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     let exp_path = dir.join("experiment.ron");
     write_atomic(&exp_path, exp_text.as_bytes())?;
     let record_path = dir.join("run.json");
@@ -583,23 +636,24 @@ pub fn train(
         "plan": plan_record,
         "device_memory_bytes": device_memory,
         "overrides": cfg.overrides,
-        "checkpoint_every": cfg.checkpoint_every,
+        "checkpoint_every": checkpoint_every,
+        "keep": keep,
         "resumes": [],
     });
-    if cfg.resume {
-        // Keep the record of the run being continued, and note this continuation.
-        if let Ok(old) = std::fs::read_to_string(&record_path) {
-            if let Ok(old) = serde_json::from_str::<serde_json::Value>(&old) {
-                let mut resumes = old["resumes"].as_array().cloned().unwrap_or_default();
-                resumes.push(serde_json::json!({
-                    "from_step": start_step,
-                    "run_id": id,
-                    "devices": record["devices"].clone(),
-                }));
-                record = old;
-                record["resumes"] = serde_json::Value::Array(resumes);
-            }
+    if let Some(r) = &resume {
+        // The record of the run being continued, with this continuation noted.
+        let mut continuation = serde_json::json!({
+            "from_step": start_step,
+            "run_id": id,
+            "data_sha256": session.data_hash,
+            "devices": record["devices"].clone(),
+            "checkpoint_every": checkpoint_every,
+            "keep": keep,
+        });
+        if !changes.is_empty() {
+            continuation["accepted_changes"] = serde_json::json!(changes);
         }
+        record = r.record_with(continuation);
     }
     write_atomic(
         &record_path,
@@ -610,16 +664,7 @@ pub fn train(
     let metrics_path = dir.join("metrics.jsonl");
     if cfg.resume {
         let old = std::fs::read_to_string(&metrics_path).unwrap_or_default();
-        let kept: String = old
-            .lines()
-            .filter(|l| {
-                serde_json::from_str::<serde_json::Value>(l)
-                    .ok()
-                    .and_then(|v| v["step"].as_u64())
-                    .is_some_and(|s| s <= start_step)
-            })
-            .map(|l| format!("{l}\n"))
-            .collect();
+        let kept = crate::resume::metrics_through(&old, start_step);
         write_atomic(&metrics_path, kept.as_bytes())?;
     }
     let mut metrics = std::io::BufWriter::new(
@@ -630,8 +675,11 @@ pub fn train(
             .map_err(io_err(&metrics_path))?,
     );
     let mut events = crate::tensorboard::EventWriter::create(dir).map_err(io_err(dir))?;
+    let events_path = events.path().to_path_buf();
     if cfg.resume {
-        events.session_start(start_step + 1).map_err(io_err(dir))?;
+        events
+            .session_start(start_step + 1)
+            .map_err(io_err(&events_path))?;
     }
 
     on_event(&Event::Start {
@@ -658,8 +706,36 @@ pub fn train(
     let mut times = Vec::with_capacity(total.min(1 << 16) as usize);
     let (mut samples, mut last_loss) = (0usize, f32::NAN);
     let mut val = (None, None);
+    let mut without_labels = 0u64;
+    let save_checkpoint = |exec: &dyn Backend, step: u64| {
+        let meta = crate::checkpoint::Meta {
+            step,
+            run_id: id.clone(),
+            model: model.clone(),
+            plan: plan_label.clone(),
+        };
+        crate::checkpoint::save(dir, exec, &file_shapes, &meta, keep)
+    };
+    // Every write error stops the run, naming the file (a metrics file with holes would
+    // misreport the run). Each line reaches the file whole, as its step ends, for whoever
+    // follows the run.
+    let log = |metrics: &mut std::io::BufWriter<std::fs::File>, line: serde_json::Value| {
+        writeln!(metrics, "{line}")
+            .and_then(|_| metrics.flush())
+            .map_err(io_err(&metrics_path))
+    };
     for step in start_step..total {
         let batch = loader.next().expect("the loader runs forever");
+        if labelled_but_all_ignored(&exp.loss, &batch.targets) {
+            without_labels += 1;
+            if without_labels == 1 {
+                on_event(&Event::Warning(format!(
+                    "step {}: every label of this batch is ignored ({}), so it trains nothing; the summary counts such batches",
+                    step + 1,
+                    crate::cpu::kernels::rows::IGNORE
+                )));
+            }
+        }
         let t = Instant::now();
         feed(exec.as_mut(), &input, batch.size, &batch.inputs)?;
         feed(exec.as_mut(), &target, batch.size, &batch.targets)?;
@@ -676,13 +752,15 @@ pub fn train(
             });
         }
         last_loss = loss;
-        let _ = writeln!(
-            metrics,
-            "{}",
-            serde_json::json!({"step": step + 1, "epoch": batch.epoch, "loss": loss, "lr": scalars[0].1})
-        );
-        let _ = events.scalar("train/loss", step + 1, loss);
-        let _ = events.scalar("train/lr", step + 1, scalars[0].1);
+        log(
+            &mut metrics,
+            serde_json::json!({"step": step + 1, "epoch": batch.epoch, "loss": loss, "lr": scalars[0].1}),
+        )?;
+        let tb = io_err(&events_path);
+        events.scalar("train/loss", step + 1, loss).map_err(&tb)?;
+        events
+            .scalar("train/lr", step + 1, scalars[0].1)
+            .map_err(&tb)?;
         let busy: f64 = times.iter().sum();
         on_event(&Event::Step {
             step: step + 1,
@@ -695,14 +773,15 @@ pub fn train(
         if (epoch_end || step + 1 == total) && validator.set.len > 0 {
             let (l, a) = validator.run(exec.as_mut(), step)?;
             val = (Some(l), a);
-            let _ = writeln!(
-                metrics,
-                "{}",
-                serde_json::json!({"step": step + 1, "epoch": batch.epoch, "val_loss": l, "val_accuracy": a})
-            );
-            let _ = events.scalar("val/loss", step + 1, l as f32);
+            log(
+                &mut metrics,
+                serde_json::json!({"step": step + 1, "epoch": batch.epoch, "val_loss": l, "val_accuracy": a}),
+            )?;
+            events.scalar("val/loss", step + 1, l as f32).map_err(&tb)?;
             if let Some(a) = a {
-                let _ = events.scalar("val/accuracy", step + 1, a as f32);
+                events
+                    .scalar("val/accuracy", step + 1, a as f32)
+                    .map_err(&tb)?;
             }
             on_event(&Event::Validation {
                 epoch: batch.epoch,
@@ -710,20 +789,32 @@ pub fn train(
                 accuracy: a,
             });
         }
-        if cfg.checkpoint_every > 0 && (step + 1) % cfg.checkpoint_every == 0 {
+        let mut saved = None;
+        if checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 {
             // The metrics up to this step reach the file before the checkpoint exists.
             metrics.flush().map_err(io_err(&metrics_path))?;
-            let meta = crate::checkpoint::Meta {
-                step: step + 1,
-                run_id: id.clone(),
-                model: model.clone(),
-                plan: plan_label.clone(),
+            saved = Some(save_checkpoint(exec.as_ref(), step + 1)?);
+        }
+        // A signal stops the run here, its step done and saved, unless this was the last.
+        let signal = cfg.stop.as_ref().map_or(0, |s| s.load(Ordering::SeqCst));
+        if signal != 0 && step + 1 < total {
+            metrics.flush().map_err(io_err(&metrics_path))?;
+            events.flush().map_err(&tb)?;
+            let checkpoint = match saved {
+                Some(p) => p,
+                None => save_checkpoint(exec.as_ref(), step + 1)?,
             };
-            crate::checkpoint::save(dir, exec.as_ref(), &file_shapes, &meta, cfg.keep)?;
+            return Err(TrainError::Interrupted {
+                signal,
+                step: step + 1,
+                total,
+                checkpoint: checkpoint.display().to_string(),
+                dir: dir.display().to_string(),
+            });
         }
     }
     metrics.flush().map_err(io_err(&metrics_path))?;
-    events.flush().map_err(io_err(dir))?;
+    events.flush().map_err(io_err(&events_path))?;
     let weights_path = dir.join("final.safetensors");
     weights::save(exec.as_ref(), &file_shapes, &weights_path)?;
 
@@ -747,11 +838,22 @@ pub fn train(
         backend: exec.backend_name(),
         run_id: id.clone(),
         resumed_from: start_step,
+        batches_without_labels: without_labels,
     };
     let summary_path = dir.join("summary.json");
     let text = serde_json::to_string_pretty(&summary).expect("a summary serialises") + "\n";
     write_atomic(&summary_path, text.as_bytes())?;
     Ok(summary)
+}
+
+/// Whether a batch has class labels and every one of them is ignored.
+fn labelled_but_all_ignored(loss: &Loss, targets: &Values) -> bool {
+    match (loss, targets) {
+        (Loss::CrossEntropy { .. }, Values::I32(labels)) => labels
+            .iter()
+            .all(|&l| l == crate::cpu::kernels::rows::IGNORE),
+        _ => false,
+    }
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {

@@ -99,3 +99,70 @@ pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
 pub fn i32_bytes(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
+
+/// A `parallax` process running in the background, its stderr in a file, killed when
+/// dropped (so a hang fails the test instead of outliving it).
+pub struct Running {
+    pub child: std::process::Child,
+    err: PathBuf,
+}
+
+impl Running {
+    /// Starts `args` from the repository root.
+    pub fn start(args: &[&str]) -> Running {
+        static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let err = temp(&format!("running-{n}.stderr"));
+        let child = Command::new(env!("CARGO_BIN_EXE_parallax"))
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .expect("the binary starts");
+        Running { child, err }
+    }
+
+    /// Sends signal `sig` (`libc::SIGINT`, ...).
+    pub fn signal(&self, sig: i32) {
+        let pid = self.child.id() as i32;
+        // SAFETY: kill(2) on our own child's pid has no memory effects.
+        assert_eq!(unsafe { libc::kill(pid, sig) }, 0, "kill {pid}");
+    }
+
+    /// Waits at most `limit` for `until` to hold, polling; panics past it.
+    pub fn wait_until(&mut self, limit: std::time::Duration, until: impl Fn() -> bool) {
+        let start = std::time::Instant::now();
+        while !until() {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                panic!("exited ({status}) before expected: {}", self.stderr());
+            }
+            assert!(start.elapsed() < limit, "timed out: {}", self.stderr());
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    /// The exit code, waiting at most `limit` (panics past it, the process killed).
+    pub fn exit_code(&mut self, limit: std::time::Duration) -> Option<i32> {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            assert!(start.elapsed() < limit, "still running: {}", self.stderr());
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.err);
+    }
+}

@@ -1,0 +1,207 @@
+//! Continuing a run: its newest checkpoint, taken only when the checkpoint, the experiment and
+//! the data are those of the run (its `run.json` lists every identity the run has had), and
+//! the run's own checkpoint cadence carried on.
+
+use crate::checkpoint::{self, CheckpointError, Meta};
+use crate::run_dir::RECORD;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ResumeError {
+    #[error("{path} has no checkpoint to resume from (train with --checkpoint-every N)")]
+    NoCheckpoint { path: String },
+    #[error("{path}: {message}")]
+    Record { path: String, message: String },
+    #[error("{path} is named for step {named} but records step {recorded}: it was renamed or copied; resume only from the run's own checkpoints")]
+    Renamed {
+        path: String,
+        named: u64,
+        recorded: u64,
+    },
+    #[error("{path} was written by another run (run_id {found}; this run has been {known}); a checkpoint moves between runs only as weights: start a new run with --init")]
+    OtherRun {
+        path: String,
+        found: String,
+        known: String,
+    },
+    #[error("{dir}: {what} changed since the run was written, so the continuation would not be the run it claims to be; undo the change, start a new run, or continue anyway with --accept-changes (recorded in run.json)")]
+    Changed { dir: String, what: String },
+    #[error("{dir}: its newest checkpoint is at step {at}, {budget}; ask for more with --steps N, N > {at}")]
+    NothingToDo {
+        dir: String,
+        at: u64,
+        budget: String,
+    },
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+}
+
+/// The run being continued: its record and the checkpoint it continues from.
+#[derive(Debug, Clone)]
+pub struct Resume {
+    pub dir: PathBuf,
+    pub checkpoint: PathBuf,
+    /// The checkpoint's own record (its step, run, model, plan), read from its header.
+    pub meta: Meta,
+    record: Value,
+}
+
+impl Resume {
+    /// The newest checkpoint of the run in `dir`, with the run's record.
+    pub fn newest(dir: &Path) -> Result<Resume, ResumeError> {
+        let record_path = dir.join(RECORD);
+        let record_err = |message: String| ResumeError::Record {
+            path: record_path.display().to_string(),
+            message,
+        };
+        let text = std::fs::read_to_string(&record_path).map_err(|e| record_err(e.to_string()))?;
+        let record: Value = serde_json::from_str(&text)
+            .map_err(|e| record_err(format!("not the JSON a run writes ({e})")))?;
+        let Some((named, path)) = checkpoint::list(dir).pop() else {
+            return Err(ResumeError::NoCheckpoint {
+                path: dir.display().to_string(),
+            });
+        };
+        let meta = checkpoint::read_meta(&path)?;
+        if meta.step != named {
+            return Err(ResumeError::Renamed {
+                path: path.display().to_string(),
+                named,
+                recorded: meta.step,
+            });
+        }
+        Ok(Resume {
+            dir: dir.to_path_buf(),
+            checkpoint: path,
+            meta,
+            record,
+        })
+    }
+
+    /// The step the continuation starts from.
+    pub fn step(&self) -> u64 {
+        self.meta.step
+    }
+
+    fn resumes(&self) -> Vec<Value> {
+        self.record["resumes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Every identity the run has had: its first, and each continuation's (a longer step
+    /// budget, or a change accepted with --accept-changes, gives a new one).
+    fn known(&self, key: &str) -> Vec<String> {
+        std::iter::once(&self.record)
+            .chain(self.resumes().iter())
+            .filter_map(|v| v[key].as_str().map(str::to_string))
+            .collect()
+    }
+
+    /// Refuses a checkpoint another run wrote, and an experiment or data that changed since
+    /// the run was written unless `accept` (the changes are returned, to record). `as_recorded`
+    /// is the identity of the run's experiment as it reads now, with its data as loaded now.
+    pub fn check_identity(
+        &self,
+        as_recorded: &dyn Fn(&str) -> String,
+        data_hash: &str,
+        accept: bool,
+    ) -> Result<Vec<&'static str>, ResumeError> {
+        let ids = self.known("run_id");
+        if !ids.contains(&self.meta.run_id) {
+            return Err(ResumeError::OtherRun {
+                path: self.checkpoint.display().to_string(),
+                found: self.meta.run_id.clone(),
+                known: ids.join(", "),
+            });
+        }
+        if ids.contains(&as_recorded(data_hash)) {
+            return Ok(Vec::new());
+        }
+        let hashes = self.known("data_sha256");
+        let mut changed = Vec::new();
+        if !hashes.iter().any(|h| ids.contains(&as_recorded(h))) {
+            changed.push("experiment");
+        }
+        if !hashes.iter().any(|h| h == data_hash) {
+            changed.push("data");
+        }
+        if changed.is_empty() {
+            // Each alone matches a past identity, together none: report both.
+            changed = vec!["experiment", "data"];
+        }
+        if accept {
+            return Ok(changed);
+        }
+        let what = changed
+            .iter()
+            .map(|c| match *c {
+                "experiment" => "its experiment.ron",
+                _ => "its data (the files' samples hash differently)",
+            })
+            .collect::<Vec<_>>()
+            .join(" and ");
+        Err(ResumeError::Changed {
+            dir: self.dir.display().to_string(),
+            what,
+        })
+    }
+
+    /// Refuses a step budget the checkpoint has already reached.
+    pub fn check_budget(&self, total: u64) -> Result<(), ResumeError> {
+        let at = self.step();
+        if at < total {
+            return Ok(());
+        }
+        let budget = if at == total {
+            format!("so the run's {total} steps are all done")
+        } else {
+            format!("past the {total} steps asked for")
+        };
+        Err(ResumeError::NothingToDo {
+            dir: self.dir.display().to_string(),
+            at,
+            budget,
+        })
+    }
+
+    /// The run's checkpoint cadence and how many it keeps, as it last trained (a
+    /// continuation keeps checkpointing as the run did, so a second crash loses no more).
+    pub fn cadence(&self) -> (Option<u64>, Option<usize>) {
+        let last = self
+            .resumes()
+            .into_iter()
+            .rev()
+            .find(|r| r["checkpoint_every"].is_u64())
+            .unwrap_or_else(|| self.record.clone());
+        (
+            last["checkpoint_every"].as_u64(),
+            last["keep"].as_u64().map(|k| k as usize),
+        )
+    }
+
+    /// The run's record with this continuation appended.
+    pub fn record_with(&self, continuation: Value) -> Value {
+        let mut record = self.record.clone();
+        let mut resumes = self.resumes();
+        resumes.push(continuation);
+        record["resumes"] = Value::Array(resumes);
+        record
+    }
+}
+
+/// The metrics lines up to `step` (a crashed run may have logged steps after its checkpoint,
+/// and a torn last line is dropped), which the continuation appends to.
+pub fn metrics_through(text: &str, step: u64) -> String {
+    text.lines()
+        .filter(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s <= step)
+        })
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
