@@ -126,15 +126,9 @@ pub struct Args {
 
 /// The device grid a run in `dir` trained on, when it was partitioned (its `run.json`).
 fn recorded_grid(dir: &Path) -> Option<Grid> {
-    let text = std::fs::read_to_string(dir.join("run.json")).ok()?;
-    let record: serde_json::Value = serde_json::from_str(&text).ok()?;
-    record["plan"]["micro_shards"].as_u64()?;
-    let degree = |k: &str| record["plan"]["strategy"][k].as_u64().map(|n| n as usize);
-    Some(Grid {
-        dp: degree("dp")?,
-        tp: degree("tp")?,
-        pp: degree("pp")?,
-    })
+    parallax_runtime::run_record::RunRecord::read(dir)
+        .ok()?
+        .grid()
 }
 
 /// The cost model's choice for `n` devices (`parallax compile --gpus n --explain` shows it).

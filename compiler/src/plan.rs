@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 pub const PLAN_FORMAT: u32 = 1;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Strategy {
     pub dp: u32,
     pub tp: u32,

@@ -3,8 +3,7 @@
 //! the run's own checkpoint cadence carried on.
 
 use crate::checkpoint::{self, CheckpointError, Meta};
-use crate::run_dir::RECORD;
-use serde_json::Value;
+use crate::run_record::{Continuation, RunRecord, FILE};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
@@ -44,20 +43,16 @@ pub struct Resume {
     pub checkpoint: PathBuf,
     /// The checkpoint's own record (its step, run, model, plan), read from its header.
     pub meta: Meta,
-    record: Value,
+    pub record: RunRecord,
 }
 
 impl Resume {
     /// The newest checkpoint of the run in `dir`, with the run's record.
     pub fn newest(dir: &Path) -> Result<Resume, ResumeError> {
-        let record_path = dir.join(RECORD);
-        let record_err = |message: String| ResumeError::Record {
-            path: record_path.display().to_string(),
+        let record = RunRecord::read(dir).map_err(|message| ResumeError::Record {
+            path: dir.join(FILE).display().to_string(),
             message,
-        };
-        let text = std::fs::read_to_string(&record_path).map_err(|e| record_err(e.to_string()))?;
-        let record: Value = serde_json::from_str(&text)
-            .map_err(|e| record_err(format!("not the JSON a run writes ({e})")))?;
+        })?;
         let Some((named, path)) = checkpoint::list(dir).pop() else {
             return Err(ResumeError::NoCheckpoint {
                 path: dir.display().to_string(),
@@ -84,22 +79,6 @@ impl Resume {
         self.meta.step
     }
 
-    fn resumes(&self) -> Vec<Value> {
-        self.record["resumes"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-    }
-
-    /// Every identity the run has had: its first, and each continuation's (a longer step
-    /// budget, or a change accepted with --accept-changes, gives a new one).
-    fn known(&self, key: &str) -> Vec<String> {
-        std::iter::once(&self.record)
-            .chain(self.resumes().iter())
-            .filter_map(|v| v[key].as_str().map(str::to_string))
-            .collect()
-    }
-
     /// Refuses a checkpoint another run wrote, and an experiment or data that changed since
     /// the run was written unless `accept` (the changes are returned, to record). `as_recorded`
     /// is the identity of the run's experiment as it reads now, with its data as loaded now.
@@ -109,23 +88,24 @@ impl Resume {
         data_hash: &str,
         accept: bool,
     ) -> Result<Vec<&'static str>, ResumeError> {
-        let ids = self.known("run_id");
-        if !ids.contains(&self.meta.run_id) {
+        let ids = self.record.run_ids();
+        if !ids.contains(&self.meta.run_id.as_str()) {
             return Err(ResumeError::OtherRun {
                 path: self.checkpoint.display().to_string(),
                 found: self.meta.run_id.clone(),
                 known: ids.join(", "),
             });
         }
-        if ids.contains(&as_recorded(data_hash)) {
+        let known = |id: String| ids.contains(&id.as_str());
+        if known(as_recorded(data_hash)) {
             return Ok(Vec::new());
         }
-        let hashes = self.known("data_sha256");
+        let hashes = self.record.data_hashes();
         let mut changed = Vec::new();
-        if !hashes.iter().any(|h| ids.contains(&as_recorded(h))) {
+        if !hashes.iter().any(|h| known(as_recorded(h))) {
             changed.push("experiment");
         }
-        if !hashes.iter().any(|h| h == data_hash) {
+        if !hashes.contains(&data_hash) {
             changed.push("data");
         }
         if changed.is_empty() {
@@ -167,27 +147,10 @@ impl Resume {
         })
     }
 
-    /// The run's checkpoint cadence and how many it keeps, as it last trained (a
-    /// continuation keeps checkpointing as the run did, so a second crash loses no more).
-    pub fn cadence(&self) -> (Option<u64>, Option<usize>) {
-        let last = self
-            .resumes()
-            .into_iter()
-            .rev()
-            .find(|r| r["checkpoint_every"].is_u64())
-            .unwrap_or_else(|| self.record.clone());
-        (
-            last["checkpoint_every"].as_u64(),
-            last["keep"].as_u64().map(|k| k as usize),
-        )
-    }
-
     /// The run's record with this continuation appended.
-    pub fn record_with(&self, continuation: Value) -> Value {
+    pub fn record_with(&self, continuation: Continuation) -> RunRecord {
         let mut record = self.record.clone();
-        let mut resumes = self.resumes();
-        resumes.push(continuation);
-        record["resumes"] = Value::Array(resumes);
+        record.resumes.push(continuation);
         record
     }
 }
@@ -197,7 +160,7 @@ impl Resume {
 pub fn metrics_through(text: &str, step: u64) -> String {
     text.lines()
         .filter(|l| {
-            serde_json::from_str::<Value>(l)
+            serde_json::from_str::<serde_json::Value>(l)
                 .ok()
                 .and_then(|v| v["step"].as_u64())
                 .is_some_and(|s| s <= step)

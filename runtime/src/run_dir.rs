@@ -3,12 +3,12 @@
 //! so a second `train` in the same folder is refused with the holder's pid; and cleared of the
 //! temporary files a crashed or full-disk write left behind.
 
+// The record every run writes first (`run.json`) is what makes a folder a Parallax run.
+use crate::run_record::FILE as RECORD;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
 
-/// The record every run writes first; what makes a folder a Parallax run.
-pub const RECORD: &str = "run.json";
 const LOCK: &str = ".lock";
 
 #[derive(Debug, thiserror::Error)]

@@ -545,22 +545,26 @@ fn train_in(
         None
     };
     let start_step = resume.as_ref().map_or(0, |r| r.step());
-    let (run_every, run_keep) = resume.as_ref().map_or((None, None), |r| r.cadence());
+    // A continuation checkpoints as the run did, so a second crash loses no more.
+    let (run_every, run_keep) = resume.as_ref().map_or((None, None), |r| {
+        let (every, keep) = r.record.cadence();
+        (Some(every), keep)
+    });
     let checkpoint_every = cfg.checkpoint_every.or(run_every).unwrap_or(0);
     let keep = cfg.keep.or(run_keep).unwrap_or(3);
     let plan_label = format!(
         "dp{}.tp{}.pp{} {}",
         plan.strategy.dp, plan.strategy.tp, plan.strategy.pp, plan.device_kind
     );
-    let plan_record = serde_json::json!({
-        "strategy": plan.strategy,
-        "micro_shards": plan.sharding.map(|s| s.shards),
-        "optimizer_shards": plan.optimizer_shards,
-        "kernels": plan.kernels.len(),
-        "ops": plan.ops,
-        "peak_memory_bytes": plan.memory.peak_bytes,
-        "batch_size": plan.batch_size,
-    });
+    let plan_record = crate::run_record::PlanRecord {
+        strategy: plan.strategy,
+        micro_shards: plan.sharding.map(|s| s.shards),
+        optimizer_shards: plan.optimizer_shards,
+        kernels: plan.kernels.len(),
+        ops: plan.ops,
+        peak_memory_bytes: plan.memory.peak_bytes,
+        batch_size: plan.batch_size,
+    };
     // Checked before the data is loaded or anything allocated.
     if cfg.cuda.is_none() {
         crate::host_memory::check(&plan, cfg.simulated.map(|s| s.grid))?;
@@ -616,49 +620,44 @@ fn train_in(
     }
     let exp_path = dir.join("experiment.ron");
     write_atomic(&exp_path, exp_text.as_bytes())?;
-    let record_path = dir.join("run.json");
-    let mut record = serde_json::json!({
-        "run_id": id,
-        "data_sha256": session.data_hash,
-        "parallax_version": env!("CARGO_PKG_VERSION"),
-        "backend": exec.backend_name(),
-        "devices": match (cfg.cuda, cfg.simulated) {
-            (_, Some(s)) => format!(
-                "{} simulated device(s) on the cpu (dp{}.tp{}.pp{})",
-                s.grid.devices(),
-                s.grid.dp,
-                s.grid.tp,
-                s.grid.pp
-            ),
-            (None, None) => "cpu".to_string(),
-            (Some(p), None) => format!("cuda:0 ({p:?})"),
-        },
-        "plan": plan_record,
-        "device_memory_bytes": device_memory,
-        "overrides": cfg.overrides,
-        "checkpoint_every": checkpoint_every,
-        "keep": keep,
-        "resumes": [],
-    });
-    if let Some(r) = &resume {
+    let record_path = dir.join(crate::run_record::FILE);
+    let devices = match (cfg.cuda, cfg.simulated) {
+        (_, Some(s)) => format!(
+            "{} simulated device(s) on the cpu (dp{}.tp{}.pp{})",
+            s.grid.devices(),
+            s.grid.dp,
+            s.grid.tp,
+            s.grid.pp
+        ),
+        (None, None) => "cpu".to_string(),
+        (Some(p), None) => format!("cuda:0 ({p:?})"),
+    };
+    let record = match &resume {
         // The record of the run being continued, with this continuation noted.
-        let mut continuation = serde_json::json!({
-            "from_step": start_step,
-            "run_id": id,
-            "data_sha256": session.data_hash,
-            "devices": record["devices"].clone(),
-            "checkpoint_every": checkpoint_every,
-            "keep": keep,
-        });
-        if !changes.is_empty() {
-            continuation["accepted_changes"] = serde_json::json!(changes);
-        }
-        record = r.record_with(continuation);
-    }
-    write_atomic(
-        &record_path,
-        (serde_json::to_string_pretty(&record).expect("serialisable") + "\n").as_bytes(),
-    )?;
+        Some(r) => r.record_with(crate::run_record::Continuation {
+            from_step: start_step,
+            run_id: id.clone(),
+            data_sha256: Some(session.data_hash.clone()),
+            devices,
+            checkpoint_every: Some(checkpoint_every),
+            keep: Some(keep),
+            accepted_changes: changes.iter().map(|c| c.to_string()).collect(),
+        }),
+        None => crate::run_record::RunRecord {
+            run_id: id.clone(),
+            data_sha256: session.data_hash.clone(),
+            parallax_version: env!("CARGO_PKG_VERSION").to_string(),
+            backend: exec.backend_name().to_string(),
+            devices,
+            plan: plan_record,
+            device_memory_bytes: device_memory,
+            overrides: cfg.overrides.clone(),
+            checkpoint_every,
+            keep: Some(keep),
+            resumes: Vec::new(),
+        },
+    };
+    write_atomic(&record_path, record.to_json().as_bytes())?;
     // Metrics: a resumed run keeps the lines up to its checkpoint (a crashed run may have
     // logged steps after it) and appends from there.
     let metrics_path = dir.join("metrics.jsonl");
