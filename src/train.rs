@@ -8,7 +8,7 @@ use parallax_compiler::plan::Strategy;
 use parallax_compiler::shards::Sharding;
 use parallax_compiler::Options;
 use parallax_runtime::sim::Grid;
-use parallax_runtime::train::{train, Event, Simulated, TrainConfig, TrainError};
+use parallax_runtime::train::{train, Device, Event, Simulated, TrainConfig, TrainError};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -425,6 +425,12 @@ pub fn run(args: Args) -> Result<(), Exit> {
         }
     }
     let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&source.experiment.name));
+    // Simulated devices exist only without CUDA (several GPUs were refused above).
+    let device = match (simulated, cuda) {
+        (Some(s), _) => Device::Simulated(s),
+        (None, Some(p)) => Device::Cuda(p),
+        (None, None) => Device::Cpu,
+    };
     let cfg = TrainConfig {
         steps,
         epochs,
@@ -432,18 +438,17 @@ pub fn run(args: Args) -> Result<(), Exit> {
         run_dir: run_dir.clone(),
         init,
         base_dir: file.parent().map(Path::to_path_buf).unwrap_or_default(),
-        cuda,
+        device,
         checkpoint_every,
         keep,
         resume: resume.is_some(),
         accept_changes,
         overrides: set,
-        simulated,
         stop: Some(stop_on_signals()?),
     };
-    let backend_name = match (cuda, simulated) {
-        (Some(_), _) => "CUDA backend (GPU 0)".to_string(),
-        (None, Some(s)) => format!(
+    let backend_name = match device {
+        Device::Cuda(_) => "CUDA backend (GPU 0)".to_string(),
+        Device::Simulated(s) => format!(
             "CPU backend, {} simulated device(s) (dp{}.tp{}.pp{}) over {} micro-shards",
             s.grid.devices(),
             s.grid.dp,
@@ -451,7 +456,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
             s.grid.pp,
             options.shards.map_or(1, |s| s.shards)
         ),
-        (None, None) => "CPU backend".to_string(),
+        Device::Cpu => "CPU backend".to_string(),
     };
     let terminal = std::io::stderr().is_terminal();
     let mut bar: Option<ProgressBar> = None;

@@ -30,8 +30,8 @@ pub struct TrainConfig {
     pub init: Option<PathBuf>,
     /// Where relative data paths are resolved (the experiment file's folder).
     pub base_dir: PathBuf,
-    /// Train on GPU 0 with the CUDA executor at this GEMM precision (the CPU when `None`).
-    pub cuda: Option<crate::cuda::Precision>,
+    /// What runs the plan.
+    pub device: Device,
     /// Write a checkpoint every this many steps (none when 0; a resumed run's own when
     /// `None`, and none for a new one).
     pub checkpoint_every: Option<u64>,
@@ -45,8 +45,43 @@ pub struct TrainConfig {
     pub stop: Option<Arc<AtomicUsize>>,
     /// The `--set` overrides applied to the file, recorded in `run.json`.
     pub overrides: Vec<String>,
-    /// Run a per-shard plan on this many simulated devices (`crate::sim`).
-    pub simulated: Option<Simulated>,
+}
+
+/// What runs a plan: one of them, never two.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum Device {
+    /// The CPU executor, the whole batch unsplit.
+    #[default]
+    Cpu,
+    /// GPU 0 with the CUDA executor at this GEMM precision.
+    Cuda(crate::cuda::Precision),
+    /// A per-shard plan on simulated devices (`crate::sim`), on the CPU.
+    Simulated(Simulated),
+}
+
+impl Device {
+    /// The simulated devices, if these are.
+    pub fn simulated(&self) -> Option<Simulated> {
+        match *self {
+            Device::Simulated(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// As `run.json` names it.
+    fn describe(&self) -> String {
+        match self {
+            Device::Cpu => "cpu".to_string(),
+            Device::Cuda(p) => format!("cuda:0 ({p:?})"),
+            Device::Simulated(s) => format!(
+                "{} simulated device(s) on the cpu (dp{}.tp{}.pp{})",
+                s.grid.devices(),
+                s.grid.dp,
+                s.grid.tp,
+                s.grid.pp
+            ),
+        }
+    }
 }
 
 /// Simulated devices for a partitioned plan.
@@ -565,23 +600,23 @@ fn train_in(
         peak_memory_bytes: plan.memory.peak_bytes,
         batch_size: plan.batch_size,
     };
-    // Checked before the data is loaded or anything allocated.
-    if cfg.cuda.is_none() {
-        crate::host_memory::check(&plan, cfg.simulated.map(|s| s.grid))?;
+    // Checked before the data is loaded or anything allocated (a GPU's is `compile`'s).
+    if !matches!(cfg.device, Device::Cuda(_)) {
+        crate::host_memory::check(&plan, cfg.device.simulated().map(|s| s.grid))?;
     }
     let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
     let exp_text = parallax_compiler::dsl::to_ron(&exp);
     let id = run_id(&exp_text, &session.data_hash);
     let mut device_memory = None;
     let file_shapes = weights::FileShapes::of(&plan);
-    let mut exec: Box<dyn Backend> = match (cfg.cuda, cfg.simulated) {
-        (_, Some(sim)) => {
+    let mut exec: Box<dyn Backend> = match cfg.device {
+        Device::Simulated(sim) => {
             let devices = crate::sim::SimulatedDevices::new(plan, sim.grid, seed, sim.capacity)?;
             device_memory = Some(devices.memory().iter().map(|m| m.bytes).collect::<Vec<_>>());
             Box::new(devices)
         }
-        (None, None) => Box::new(Executor::new(plan, batch_size, seed)),
-        (Some(precision), None) => Box::new(crate::cuda::CudaExecutor::new(
+        Device::Cpu => Box::new(Executor::new(plan, batch_size, seed)),
+        Device::Cuda(precision) => Box::new(crate::cuda::CudaExecutor::new(
             plan, batch_size, seed, 0, precision,
         )?),
     };
@@ -621,17 +656,7 @@ fn train_in(
     let exp_path = dir.join("experiment.ron");
     write_atomic(&exp_path, exp_text.as_bytes())?;
     let record_path = dir.join(crate::run_record::FILE);
-    let devices = match (cfg.cuda, cfg.simulated) {
-        (_, Some(s)) => format!(
-            "{} simulated device(s) on the cpu (dp{}.tp{}.pp{})",
-            s.grid.devices(),
-            s.grid.dp,
-            s.grid.tp,
-            s.grid.pp
-        ),
-        (None, None) => "cpu".to_string(),
-        (Some(p), None) => format!("cuda:0 ({p:?})"),
-    };
+    let devices = cfg.device.describe();
     let record = match &resume {
         // The record of the run being continued, with this continuation noted.
         Some(r) => r.record_with(crate::run_record::Continuation {
