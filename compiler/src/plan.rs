@@ -1,5 +1,6 @@
-//! The plan: the compiler's output and the runtime's input. Serialisable and versioned;
-//! for now a single-device plan (the partition pass will choose among strategies).
+//! The plan: the compiler's output and the runtime's input, versioned. One plan describes
+//! one device's program, or one shard's of a partitioned run (its strategy, micro-shards,
+//! pipeline stages, tensor-parallel splits and ZeRO owners say which).
 
 use crate::dsl::Source;
 use crate::ir::{Graph, Op, Phase, TensorType};

@@ -1,6 +1,6 @@
 //! PTX code generation: every kernel of a plan becomes PTX text (or a cuBLAS GEMM call), with
 //! its launch shape and arguments, for one batch size. Pure text: nothing here needs a GPU, and
-//! `tests/ptx.rs` assembles the output with `ptxas` on CI.
+//! the tests in `codegen/tests/` assemble the output with `ptxas` on CI.
 //!
 //! Files: `builder` writes PTX; `elementwise` the fused elementwise chains; `rows` the
 //! reductions along the last axis (softmax, norms, losses); `layout` data movement and general
