@@ -214,15 +214,7 @@ fn simulated_bytes(
     if strategy.dp > sharding.shards {
         return None;
     }
-    let options = Options {
-        gpus: Some(strategy.dp * strategy.tp * strategy.pp),
-        shards: Some(sharding),
-        tensor_parallel: (strategy.tp > 1).then_some(strategy.tp),
-        pipeline_stages: (strategy.pp > 1).then_some(strategy.pp),
-        optimizer_shards: (zero >= 1 && strategy.dp > 1).then_some(strategy.dp),
-        zero_stage: zero.max(1),
-        ..Options::default()
-    };
+    let options = Options::partitioned(source, strategy, zero);
     let plan = parallax_compiler::compile(source, &options, &mut |_, _| {})
         .ok()?
         .plan(source, &options);

@@ -388,26 +388,23 @@ pub fn run(args: Args) -> Result<(), Exit> {
             );
         }
     }
-    let options = Options {
-        shards: simulated.map(|_| {
-            Sharding::new(
-                source.experiment.devices.micro_shards,
-                source.experiment.train.batch_size,
-            )
-        }),
-        gpus: parallel,
-        tensor_parallel: simulated.map(|s| s.grid.tp as u32).filter(|&t| t > 1),
-        pipeline_stages: simulated.map(|s| s.grid.pp as u32).filter(|&p| p > 1),
-        optimizer_shards: simulated.filter(|s| s.zero >= 1).map(|s| s.grid.dp as u32),
-        zero_stage: simulated.map_or(1, |s| s.zero.max(1)),
-        ..Options::default()
+    let options = match simulated {
+        Some(s) => {
+            let strategy = Strategy {
+                dp: s.grid.dp as u32,
+                tp: s.grid.tp as u32,
+                pp: s.grid.pp as u32,
+            };
+            Options::partitioned(&source, strategy, s.zero)
+        }
+        None => Options {
+            gpus: parallel,
+            ..Options::default()
+        },
     };
     let compiled = run_pipeline(file, &source, &options, Format::Text, &mut |_, _| {})?;
-    let mut plan = compiled.plan(&source, &options);
+    let plan = compiled.plan(&source, &options);
     if let Some(s) = simulated {
-        plan.strategy.dp = s.grid.dp as u32;
-        plan.strategy.tp = s.grid.tp as u32;
-        plan.strategy.pp = s.grid.pp as u32;
         if plan
             .tensor_parallel
             .as_ref()

@@ -428,14 +428,8 @@ fn predicted_device_memory_is_what_the_devices_allocate() {
         let e = &source.experiment;
         let sharding = Sharding::new(e.devices.micro_shards, e.train.batch_size);
         let plan_for = |tp: u32, pp: u32, dp: u32| {
-            let options = Options {
-                shards: Some(sharding),
-                tensor_parallel: (tp > 1).then_some(tp),
-                pipeline_stages: (pp > 1).then_some(pp),
-                optimizer_shards: (zero > 0 && dp > 1).then_some(dp),
-                zero_stage: zero.max(1),
-                ..Options::default()
-            };
+            let strategy = parallax_compiler::plan::Strategy { dp, tp, pp };
+            let options = Options::partitioned(&source, strategy, zero);
             compile(&source, &options, &mut |_, _| {})
                 .unwrap()
                 .plan(&source, &options)

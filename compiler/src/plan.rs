@@ -399,11 +399,7 @@ impl Plan {
             name: e.name.clone(),
             gpus_requested: options.gpus.unwrap_or(e.devices.gpus),
             device_kind: e.devices.kind.clone(),
-            strategy: Strategy {
-                dp: 1,
-                tp: 1,
-                pp: 1,
-            },
+            strategy: options.strategy(),
             batch_size,
             sharding: options.shards,
             tensor_parallel: tensor_parallel(g, options),

@@ -104,6 +104,9 @@ pub struct Options {
     pub gpus: Option<u32>,
     /// Build the plan for one micro-shard of data parallelism (`crate::shards`).
     pub shards: Option<crate::shards::Sharding>,
+    /// The data-parallel ranks the plan is one of (its strategy records them; the program
+    /// depends on them only through `optimizer_shards`).
+    pub data_parallel: Option<u32>,
     /// Build it for one rank of this many splitting Attention and Mlp layers.
     pub tensor_parallel: Option<u32>,
     /// Cut it into this many pipeline stages.
@@ -119,6 +122,37 @@ pub struct Options {
 }
 
 impl Options {
+    /// The options that build one shard's plan of `strategy` (what every device of a
+    /// partitioned run executes): the batch cut into the file's micro-shards, the tensor and
+    /// pipeline degrees, and ZeRO stage `zero` over the data-parallel ranks (with one rank
+    /// there is nothing to shard).
+    pub fn partitioned(source: &Source, strategy: crate::plan::Strategy, zero: u8) -> Options {
+        let e = &source.experiment;
+        let crate::plan::Strategy { dp, tp, pp } = strategy;
+        Options {
+            gpus: Some(dp * tp * pp),
+            shards: Some(crate::shards::Sharding::new(
+                e.devices.micro_shards,
+                e.train.batch_size,
+            )),
+            data_parallel: Some(dp),
+            tensor_parallel: (tp > 1).then_some(tp),
+            pipeline_stages: (pp > 1).then_some(pp),
+            optimizer_shards: (zero >= 1 && dp > 1).then_some(dp),
+            zero_stage: zero.max(1),
+            ..Options::default()
+        }
+    }
+
+    /// The strategy the plan is built for.
+    pub fn strategy(&self) -> crate::plan::Strategy {
+        crate::plan::Strategy {
+            dp: self.data_parallel.or(self.optimizer_shards).unwrap_or(1),
+            tp: self.tensor_parallel.unwrap_or(1).max(1),
+            pp: self.pipeline_stages.unwrap_or(1).max(1),
+        }
+    }
+
     /// The batch the plan is built for: the file's, or one micro-shard's.
     pub fn plan_batch(&self, source: &Source) -> u64 {
         let batch = source.experiment.train.batch_size;
@@ -131,6 +165,7 @@ impl Default for Options {
         Options {
             gpus: None,
             shards: None,
+            data_parallel: None,
             tensor_parallel: None,
             pipeline_stages: None,
             optimizer_shards: None,
