@@ -127,7 +127,7 @@ pub(crate) fn compile_cmd(
         match e {
             Emit::Ir => to_text(&compiled.graph, &title),
             Emit::Dot => to_dot(&compiled.graph, &title),
-            Emit::Plan => serde_json::to_string_pretty(&plan).expect("a plan serialises") + "\n",
+            Emit::Plan => plan.to_json(),
             Emit::Ptx => String::new(),
         }
     };

@@ -10,7 +10,17 @@ use crate::passes::Options;
 use serde::Serialize;
 use std::collections::HashMap;
 
+/// The version of `plan.json`; raised whenever a field changes meaning or appears.
 pub const PLAN_FORMAT: u32 = 1;
+
+/// Why a `plan.json` cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("not a Parallax plan: {0}")]
+    Json(String),
+    #[error("a plan of format {found}, and this Parallax reads format {PLAN_FORMAT}; compile the experiment again with this version")]
+    Format { found: u64 },
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Strategy {
@@ -19,14 +29,14 @@ pub struct Strategy {
     pub pp: u32,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct TensorInfo {
     pub name: String,
-    pub dtype: &'static str,
+    pub dtype: String,
     pub shape: Vec<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct ParamInfo {
     pub name: String,
     pub shape: Vec<u64>,
@@ -34,7 +44,7 @@ pub struct ParamInfo {
 }
 
 /// How the plan splits layers over tensor-parallel ranks.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct TensorParallel {
     pub degree: u32,
     /// Each parameter and optimizer state that is one rank's slice (by name), and the axis
@@ -49,7 +59,7 @@ impl TensorParallel {
 }
 
 /// One op of the plan, in execution order; operands are earlier steps' ids.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Step {
     pub id: usize,
     pub op: Op,
@@ -67,21 +77,21 @@ pub struct Step {
 }
 
 /// A named step: an output of the model, or the loss.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Named {
     pub name: String,
     pub step: usize,
 }
 
 /// A kernel of the plan: its steps in order, and those whose values are stored.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct PlanKernel {
     pub kind: KernelKind,
     pub steps: Vec<usize>,
     pub stored: Vec<usize>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Plan {
     pub format: u32,
     pub name: String,
@@ -122,7 +132,7 @@ pub struct Plan {
     /// Parameters and optimizer state whose shape in files (`--init`, `final.safetensors`,
     /// checkpoints) is not the plan's, by name, and that shape: PyTorch's layout, the same
     /// elements in the same order (read by the runtime's `weights::FileShapes`).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub file_shapes: Vec<(String, Vec<u64>)>,
 }
 
@@ -136,6 +146,24 @@ pub struct Names {
 }
 
 impl Plan {
+    /// The plan as `plan.json` holds it.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a plan serialises") + "\n"
+    }
+
+    /// A plan from `plan.json` text, of this version's format only: what another process
+    /// (a rank, a tool) runs without compiling the experiment again.
+    pub fn from_json(text: &str) -> Result<Plan, PlanError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| PlanError::Json(e.to_string()))?;
+        match value["format"].as_u64() {
+            Some(f) if f == u64::from(PLAN_FORMAT) => {}
+            Some(found) => return Err(PlanError::Format { found }),
+            None => return Err(PlanError::Json("no `format` field".into())),
+        }
+        serde_json::from_value(value).map_err(|e| PlanError::Json(e.to_string()))
+    }
+
     /// The steps that hold one constant value, `(step, value)`: refilled for each batch size.
     pub fn fills(&self) -> Vec<(usize, f32)> {
         self.steps
@@ -272,7 +300,7 @@ fn info(g: &Graph, name: &str, n: petgraph::stable_graph::NodeIndex) -> TensorIn
     let t = &g.g[n].ty;
     TensorInfo {
         name: name.to_string(),
-        dtype: t.dtype.name(),
+        dtype: t.dtype.name().to_string(),
         shape: t.shape.iter().map(|d| d.show(&names)).collect(),
     }
 }
@@ -446,7 +474,7 @@ impl Plan {
 }
 
 /// What `parallax check` reports.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Summary {
     pub name: String,
     pub parameters: u64,

@@ -8,7 +8,7 @@ use serde::Serialize;
 use std::ops::Range;
 
 /// How a batch is split for data parallelism.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Sharding {
     /// Micro-shards per full batch.
     pub shards: u32,

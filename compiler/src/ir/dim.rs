@@ -6,7 +6,9 @@ use serde::Serialize;
 use std::fmt;
 
 /// A symbolic dimension, by index into the graph's symbol table. `Sym(0)` is the batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
 pub struct Sym(pub u32);
 
 pub const BATCH: Sym = Sym(0);
@@ -14,7 +16,7 @@ pub const BATCH: Sym = Sym(0);
 /// The largest size of one dimension we accept (2^40).
 pub const MAX_DIM: u64 = 1 << 40;
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub struct Dim {
     /// The known factor, at least 1.
     pub factor: u64,

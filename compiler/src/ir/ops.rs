@@ -14,7 +14,7 @@ use super::vjp::{self, VjpRule};
 use serde::Serialize;
 
 /// How a parameter is initialised (recorded, never materialised by the compiler).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub enum Init {
     /// Uniform in `[-bound, bound]`.
     Uniform {
@@ -39,7 +39,7 @@ impl Init {
 }
 
 /// A primitive op with its attributes.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub enum Op {
     // ---- sources ----
     /// A graph input (data, labels, the learning rate), fed per step.
@@ -256,7 +256,7 @@ pub enum Op {
 }
 
 /// Which devices a collective spans.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub enum Group {
     /// Every micro-shard of the batch (data parallelism).
     Shards,
@@ -264,7 +264,9 @@ pub enum Group {
     Tensor,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
 pub enum OpKind {
     Input,
     Param,
@@ -320,7 +322,7 @@ pub enum OpKind {
     Reduce,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub enum Arity {
     Exactly(usize),
 }
@@ -334,7 +336,7 @@ impl Arity {
 }
 
 /// What kind of kernel an op becomes; the fuse pass groups by it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub enum OpClass {
     Source,
     Gemm,

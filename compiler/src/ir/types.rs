@@ -3,7 +3,9 @@
 use super::dim::{product, Dim};
 use serde::Serialize;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
 pub enum DType {
     F32,
     BF16,
@@ -47,7 +49,7 @@ impl From<crate::dsl::ast::DType> for DType {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub struct TensorType {
     pub dtype: DType,
     pub shape: Vec<Dim>,

@@ -12,7 +12,7 @@ use crate::Error;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub enum KernelKind {
     /// One op.
     Single,

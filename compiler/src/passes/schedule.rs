@@ -16,7 +16,7 @@ use crate::Error;
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Buffer {
     pub dtype: DType,
     /// Its size in elements at the plan's batch size.
@@ -25,7 +25,7 @@ pub struct Buffer {
     pub dedicated: bool,
 }
 
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
 pub struct Memory {
     pub parameter_bytes: u64,
     pub optimizer_state_bytes: u64,
