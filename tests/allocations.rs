@@ -1,6 +1,6 @@
-//! The CPU executor's steady-state training step allocates nothing: every value lives in the
-//! plan's buffers, shape metadata on the stack, kernel scratch in per-thread vectors kept
-//! between steps. The one exception is inside the `gemm` crate, which allocates its packing
+//! The CPU executor's steady-state training step, and the scan for non-finite values after
+//! it, allocate nothing: every value lives in the plan's buffers, shape metadata on the
+//! stack, kernel scratch in per-thread vectors kept between steps. The one exception is inside the `gemm` crate, which allocates its packing
 //! buffers on every call (no API takes them from the caller); those are not counted here.
 
 use parallax_compiler::parse_bytes;
@@ -58,7 +58,10 @@ fn a_steady_state_training_step_allocates_nothing() {
             COUNTING.store(step >= 2, Ordering::SeqCst);
             let before = ALLOCATIONS.load(Ordering::SeqCst);
             s.exec.run(b.size, Mode::Train, step, 0).unwrap();
+            // Training scans every gradient, parameter and state after each step.
+            let non_finite = s.exec.first_non_finite();
             counted += ALLOCATIONS.load(Ordering::SeqCst) - before;
+            assert_eq!(non_finite, None, "{name}");
             COUNTING.store(false, Ordering::SeqCst);
         }
         assert_eq!(counted, 0, "{name}: {counted} allocations in two steps");

@@ -5,6 +5,7 @@ use crate::cpu::tensor::Tensor;
 use crate::cpu::{ExecError, Executor, Mode};
 use crate::cuda::{CudaError, CudaExecutor};
 use crate::data::Values;
+use crate::finite::{Count, Kind, NonFinite};
 
 /// Each parameter's name, shape and values.
 pub type ParamValues = Vec<(String, Vec<usize>, Vec<f32>)>;
@@ -33,6 +34,21 @@ pub trait Backend {
     /// (a copy), in plan order.
     fn state_values(&self) -> Result<ParamValues, ExecError>;
     fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError>;
+    /// After a training step: the first tensor holding a NaN or an infinity, gradients
+    /// first, then parameters, then states (each in plan order). Training calls it after
+    /// every step, so a backend should scan in place; this default copies the parameters and
+    /// states (and sees no gradients).
+    fn first_non_finite(&self) -> Result<Option<NonFinite>, ExecError> {
+        let params = self
+            .param_values()?
+            .into_iter()
+            .map(|p| (Kind::Parameter, p));
+        let states = self.state_values()?.into_iter().map(|s| (Kind::State, s));
+        Ok(params.chain(states).find_map(|(kind, (name, _, v))| {
+            let count = Count::of(&v)?;
+            Some(NonFinite { kind, name, count })
+        }))
+    }
 }
 
 impl Backend for Executor {
@@ -75,6 +91,9 @@ impl Backend for Executor {
     }
     fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError> {
         Executor::set_state(self, name, values)
+    }
+    fn first_non_finite(&self) -> Result<Option<NonFinite>, ExecError> {
+        Ok(Executor::first_non_finite(self))
     }
 }
 
@@ -121,5 +140,14 @@ impl Backend for CudaExecutor {
     }
     fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError> {
         CudaExecutor::set_state(self, name, values).map_err(device)
+    }
+    /// Nothing, every step: scanning would copy every parameter and state from the GPU
+    /// after every step. On CUDA the loop checks the loss every step, and the values
+    /// copied anyway are checked where they are copied: every checkpoint and the final
+    /// weights refuse a non-finite tensor (`checkpoint::save`, `weights::save`), so a NaN
+    /// hidden from the loss stops the run at the next checkpoint or the end, never
+    /// written. (A kernel reducing to one flag on the device would make it cheap.)
+    fn first_non_finite(&self) -> Result<Option<NonFinite>, ExecError> {
+        Ok(None)
     }
 }

@@ -7,6 +7,7 @@
 //! with the plan's `[C, 1, 1]` are read as well (the same elements, the same checksum).
 
 use crate::backend::{Backend, ParamValues};
+use crate::finite;
 use crate::weights::FileShapes;
 use safetensors::tensor::{Dtype, TensorView};
 use sha2::{Digest, Sha256};
@@ -111,7 +112,8 @@ fn backend(e: crate::cpu::ExecError) -> CheckpointError {
 }
 
 /// Writes a checkpoint of `exec` after `meta.step` steps, its tensors in the shapes of
-/// `files`, then keeps only the newest `keep`.
+/// `files`, then keeps only the newest `keep`. A NaN or an infinity in any tensor writes
+/// nothing (and removes no older checkpoint): resuming from it could only diverge again.
 pub fn save(
     run_dir: &Path,
     exec: &dyn Backend,
@@ -121,6 +123,17 @@ pub fn save(
 ) -> Result<PathBuf, CheckpointError> {
     let params = exec.param_values().map_err(backend)?;
     let states = exec.state_values().map_err(backend)?;
+    let all = params.iter().chain(&states);
+    if let Some((name, c)) = finite::first_in(all.map(|(n, _, v)| (n.as_str(), v.as_slice()))) {
+        return Err(CheckpointError::Tensor {
+            path: path_for(run_dir, meta.step).display().to_string(),
+            name: name.to_string(),
+            message: format!(
+                "{}: not written, a checkpoint must be finite",
+                finite::refusal(&c)
+            ),
+        });
+    }
     let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = params
         .iter()
         .map(|p| (PARAM, p))
@@ -249,11 +262,21 @@ pub fn load(
                     ),
                 ));
             }
-            let v = view
+            let v: Vec<f32> = view
                 .data()
                 .chunks_exact(4)
                 .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                 .collect();
+            // Written before checkpoints refused non-finite values.
+            if let Some(c) = finite::Count::of(&v) {
+                return Err(tensor_err(
+                    name,
+                    format!(
+                        "{}: delete this checkpoint to resume from an earlier one, before the run diverged",
+                        finite::refusal(&c)
+                    ),
+                ));
+            }
             loaded.push((is_param, name.clone(), v));
         }
     }

@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod data;
 pub mod files;
+pub mod finite;
 pub mod host_memory;
 pub mod loss_share;
 pub mod resume;

@@ -110,8 +110,16 @@ pub enum TrainError {
     },
     #[error("{0}")]
     Model(String),
-    #[error("the loss became {loss} at step {step}; lower the learning rate or clip gradients (`clip_norm`)")]
-    Diverged { step: u64, loss: f32 },
+    /// A NaN or an infinity in the loss, a gradient, a parameter or a state after step
+    /// `step` (or in the validation loss after epoch `epoch`). The data are checked finite
+    /// when loaded, so the model diverged.
+    #[error("{}: {what}; the data were checked finite when loaded, so the model diverged: lower the learning rate (now {lr}) or clip gradients (set `clip_norm`)", at(*.step, *.epoch))]
+    NonFinite {
+        step: u64,
+        epoch: Option<u64>,
+        what: String,
+        lr: f32,
+    },
     #[error(transparent)]
     Cuda(#[from] crate::cuda::CudaError),
     #[error(transparent)]
@@ -140,6 +148,24 @@ pub fn signal_name(signal: usize) -> String {
         2 => "SIGINT".into(),
         15 => "SIGTERM".into(),
         n => format!("signal {n}"),
+    }
+}
+
+/// Where a [`TrainError::NonFinite`] was found.
+fn at(step: u64, epoch: Option<u64>) -> String {
+    match epoch {
+        Some(e) => format!("the validation after epoch {e} (step {step})"),
+        None => format!("step {step}"),
+    }
+}
+
+/// What a [`TrainError::NonFinite`] of a training step names: the loss, and the first tensor
+/// holding a non-finite value.
+fn non_finite(loss: f32, tensor: Option<crate::finite::NonFinite>) -> String {
+    match (loss.is_finite(), tensor) {
+        (true, Some(t)) => format!("{t} went non-finite, which the loss ({loss}) does not show"),
+        (false, Some(t)) => format!("the loss is {loss}, and {t} went non-finite"),
+        (_, None) => format!("the loss is {loss}"),
     }
 }
 
@@ -769,10 +795,14 @@ fn train_in(
         let loss = exec.loss(batch.size)?;
         times.push(t.elapsed().as_secs_f64());
         samples += batch.size;
-        if !loss.is_finite() {
-            return Err(TrainError::Diverged {
+        // The loss misses a NaN that a ReLU or a max-pooling hides: every tensor is checked.
+        let tensor = exec.first_non_finite()?;
+        if !loss.is_finite() || tensor.is_some() {
+            return Err(TrainError::NonFinite {
                 step: step + 1,
-                loss,
+                epoch: None,
+                what: non_finite(loss, tensor),
+                lr: scalars[0].1,
             });
         }
         last_loss = loss;
@@ -796,6 +826,16 @@ fn train_in(
         let epoch_end = batch.index as u64 + 1 == per_epoch;
         if (epoch_end || step + 1 == total) && validator.set.len > 0 {
             let (l, a) = validator.run(exec.as_mut(), step)?;
+            if !l.is_finite() {
+                return Err(TrainError::NonFinite {
+                    step: step + 1,
+                    epoch: Some(batch.epoch),
+                    what: format!(
+                        "the validation loss is {l}, though every tensor of the step was finite"
+                    ),
+                    lr: scalars[0].1,
+                });
+            }
             val = (Some(l), a);
             log(
                 &mut metrics,

@@ -9,6 +9,7 @@
 
 use crate::backend::{Backend, ParamValues};
 use crate::cpu::ExecError;
+use crate::finite;
 use parallax_compiler::passes::lower::is_running_statistic;
 use parallax_compiler::Plan;
 use safetensors::tensor::{Dtype, TensorView};
@@ -70,6 +71,14 @@ pub enum WeightsError {
 /// same values, same bytes).
 pub fn to_bytes(e: &dyn Backend, files: &FileShapes) -> Result<Vec<u8>, String> {
     let (params, stats) = model_values(e).map_err(|err| err.to_string())?;
+    serialize(params, stats, files)
+}
+
+fn serialize(
+    params: ParamValues,
+    stats: ParamValues,
+    files: &FileShapes,
+) -> Result<Vec<u8>, String> {
     let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = params
         .into_iter()
         .chain(stats)
@@ -97,10 +106,26 @@ fn model_values(e: &dyn Backend) -> Result<(ParamValues, ParamValues), ExecError
     Ok((e.param_values()?, stats.collect()))
 }
 
-/// Writes the parameters whole or not at all.
+/// Writes the parameters whole or not at all, and never a NaN or an infinity (nothing is
+/// written then; on CUDA this is where a NaN the loss does not show is caught).
 pub fn save(e: &dyn Backend, files: &FileShapes, path: &Path) -> Result<(), WeightsError> {
     let p = path.display().to_string();
-    let bytes = to_bytes(e, files).map_err(|message| WeightsError::Format {
+    let (params, stats) = model_values(e).map_err(|err| WeightsError::Format {
+        path: p.clone(),
+        message: err.to_string(),
+    })?;
+    let all = params.iter().chain(&stats);
+    if let Some((name, c)) = finite::first_in(all.map(|(n, _, v)| (n.as_str(), v.as_slice()))) {
+        return Err(WeightsError::Tensor {
+            path: p,
+            name: name.to_string(),
+            message: format!(
+                "{}: not written, the weights must be finite",
+                finite::refusal(&c)
+            ),
+        });
+    }
+    let bytes = serialize(params, stats, files).map_err(|message| WeightsError::Format {
         path: p.clone(),
         message,
     })?;
@@ -156,6 +181,15 @@ pub fn load(e: &mut dyn Backend, files: &FileShapes, path: &Path) -> Result<(), 
             .chunks_exact(4)
             .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
             .collect();
+        if let Some(c) = finite::Count::of(&v) {
+            return Err(bad(
+                name,
+                format!(
+                    "{}: the weights must be finite (were they saved from a run that diverged?)",
+                    finite::refusal(&c)
+                ),
+            ));
+        }
         loaded.push((name.to_string(), shape.clone(), v, trained));
     }
     let known = |n: &str| loaded.iter().any(|(k, ..)| k == n);

@@ -166,3 +166,23 @@ impl Drop for Running {
         let _ = std::fs::remove_file(&self.err);
     }
 }
+
+/// Writes `tensors` (by name: shape and values) as an f32 safetensors file, the inverse of
+/// [`f32_tensors`].
+pub fn write_f32_tensors(
+    path: &std::path::Path,
+    tensors: &std::collections::BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+) {
+    let bytes: Vec<(&String, &Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, (s, v))| (n, s, f32_bytes(v)))
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = bytes
+        .iter()
+        .map(|(n, s, b)| {
+            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.to_vec(), b);
+            (n.to_string(), view.unwrap())
+        })
+        .collect();
+    std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
+}

@@ -9,6 +9,7 @@ mod stepwise;
 pub mod tensor;
 mod views;
 
+use crate::finite::{Count, Kind, NonFinite};
 use crate::rng;
 use kernels::KernelError;
 use parallax_compiler::ir::{Init, Op, Phase};
@@ -113,6 +114,10 @@ pub struct Executor {
     needed: Vec<bool>,
     /// Permutes written by the kernel of their operand (see `views`).
     folds: views::Folds,
+    /// What `first_non_finite` scans, in its order: each gradient (named by its parameter),
+    /// each parameter, each state, with the step holding it (listed once, so a scan
+    /// allocates nothing).
+    checked: Vec<(Kind, String, usize)>,
 }
 
 impl Executor {
@@ -162,6 +167,7 @@ impl Executor {
         let inputs: HashMap<String, usize> = names.inputs.into_iter().collect();
         let outputs: HashMap<String, usize> = names.outputs.into_iter().collect();
         let (params, states) = (names.params, names.states);
+        let checked = checked(&plan, &params, &states);
         let shapes = plan
             .steps
             .iter()
@@ -197,6 +203,7 @@ impl Executor {
             states,
             profile: None,
             needed,
+            checked,
         };
         e.init_params(tensor_rank);
         e
@@ -446,11 +453,55 @@ impl Executor {
             .collect()
     }
 
+    /// What [`Executor::first_non_finite`] scans, in its order: each gradient (named by its
+    /// parameter), each parameter, each state, with the step holding it.
+    pub fn checked(&self) -> &[(Kind, String, usize)] {
+        &self.checked
+    }
+
+    /// Step `step`'s f32 value, if this executor holds it (a pipeline stage holds only what
+    /// its kernels touch).
+    pub fn held_f32(&self, step: usize) -> Option<&[f32]> {
+        let t = self.value(step)?;
+        (self.needed[step] && t.is_f32()).then(|| t.f32())
+    }
+
+    /// The first gradient, parameter or state (in that order, each in plan order) holding a
+    /// NaN or an infinity, scanned in place. Gradients are read as the last `Train` or
+    /// `Gradients` run left them: an `Eval` run may have reused their buffers since.
+    pub fn first_non_finite(&self) -> Option<NonFinite> {
+        self.checked.iter().find_map(|(kind, name, step)| {
+            let count = Count::of(self.held_f32(*step)?)?;
+            Some(NonFinite {
+                kind: *kind,
+                name: name.clone(),
+                count,
+            })
+        })
+    }
+
     /// A parameter's values, to perturb (gradient checks).
     pub fn param_mut(&mut self, name: &str) -> Option<&mut [f32]> {
         let id = self.params.iter().find(|(n, _)| n == name)?.1;
         Some(self.buf_mut(id).f32_mut())
     }
+}
+
+/// What `first_non_finite` scans (see `Executor::checked`).
+fn checked(
+    plan: &Plan,
+    params: &[(String, usize)],
+    states: &[(String, usize)],
+) -> Vec<(Kind, String, usize)> {
+    let grads = plan.grads.iter().filter_map(|&(p, g)| {
+        let name = &params.iter().find(|(_, id)| *id == p)?.0;
+        Some((Kind::Gradient, name.clone(), g))
+    });
+    let params = params
+        .iter()
+        .map(|(n, id)| (Kind::Parameter, n.clone(), *id));
+    let states = states.iter().map(|(n, id)| (Kind::State, n.clone(), *id));
+    grads.chain(params).chain(states).collect()
 }
 
 /// The initial values of parameter number `index` (in plan order), keyed by (seed, index):

@@ -185,6 +185,19 @@ pub enum DataError {
     /// A setting that cannot be used (a fraction out of range, a zero count, ...).
     #[error("{0}")]
     Config(String),
+    /// A NaN or an infinity among the samples (before the split: `sample` counts from the
+    /// file's first, validation samples included).
+    #[error("{file}: {part} {index} of sample {sample} is {value}; {count} value(s) in {samples} sample(s) are NaN or infinite: training needs finite data, so fix or drop those samples")]
+    NonFinite {
+        file: String,
+        /// `feature` (an input's, counted in the flattened sample) or `target value`.
+        part: &'static str,
+        sample: usize,
+        index: usize,
+        value: f32,
+        count: usize,
+        samples: usize,
+    },
 }
 
 impl DataError {
@@ -274,8 +287,53 @@ pub fn load(data: &Data, io: &ModelIo, seed: u64, base_dir: &Path) -> Result<Spl
             validation,
         } => (synthetic::synthetic(*samples, seed, io)?, *validation),
     };
+    let (inputs_file, labels_file) =
+        files(data, base_dir).unwrap_or_else(|| (raw.source.clone(), raw.source.clone()));
+    if let Values::F32(v) = &raw.inputs {
+        check_finite(v, raw.n, &inputs_file, "feature")?;
+    }
+    if let Labels::Floats(v) = &raw.labels {
+        check_finite(v, raw.n, &labels_file, "target value")?;
+    }
     let dataset = fit(raw, io)?;
     split(dataset, validation, seed)
+}
+
+/// The files holding a data set's inputs and its labels, as the loaders name them.
+fn files(data: &Data, base_dir: &Path) -> Option<(String, String)> {
+    let name = |p: &str| base_dir.join(p).display().to_string();
+    match data {
+        Data::Idx { images, labels, .. } => Some((name(images), name(labels))),
+        Data::Csv { path, .. } => Some((name(path), name(path))),
+        Data::Npy { inputs, labels, .. } => Some((name(inputs), name(labels))),
+        Data::Digits { .. }
+        | Data::Blobs { .. }
+        | Data::Sequence { .. }
+        | Data::Synthetic { .. } => None,
+    }
+}
+
+/// Refuses a NaN or an infinity among `n` samples as read (every loader's, before the
+/// split): one would reach the weights through the model, hidden from the loss by a ReLU
+/// or a max-pooling, or make every validation loss NaN.
+fn check_finite(v: &[f32], n: usize, file: &str, part: &'static str) -> Result<(), DataError> {
+    let Some(c) = crate::finite::Count::of(v) else {
+        return Ok(());
+    };
+    let per = (v.len() / n.max(1)).max(1);
+    let samples = v
+        .chunks(per)
+        .filter(|s| !crate::finite::all_finite(s))
+        .count();
+    Err(DataError::NonFinite {
+        file: file.to_string(),
+        part,
+        sample: c.first / per,
+        index: c.first % per,
+        value: c.value,
+        count: c.nan + c.infinite,
+        samples,
+    })
 }
 
 /// Splits by `permutation(stream(seed, Split, 0), len)`: the first `round(len * validation)`

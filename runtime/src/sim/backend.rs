@@ -8,6 +8,7 @@ use crate::cpu::kernels::Ctx;
 use crate::cpu::tensor::Tensor;
 use crate::cpu::{ExecError, Mode};
 use crate::data::Values;
+use crate::finite::{all_finite, Count, NonFinite};
 use crate::loss_share::shard_weights;
 use crate::train::slice;
 use parallax_compiler::passes::lower::LABELS;
@@ -156,5 +157,44 @@ impl Backend for SimulatedDevices {
             .map(|s| s.1)
             .unwrap_or_else(|| vec![values.len()]);
         self.set_persistent(name, &shape, values, true)
+    }
+
+    /// Scanned in place, each tensor where it lives: on its owner rank under ZeRO (rank 0
+    /// otherwise), its pipeline stage, and every tensor rank when it is a tensor-parallel
+    /// slice (counted over the whole tensor); so the answer is that of one device running
+    /// the whole plan.
+    fn first_non_finite(&self) -> Result<Option<NonFinite>, ExecError> {
+        let Some(any) = self.devices.first().and_then(|d| d.shards.first()) else {
+            return Ok(None);
+        };
+        for (kind, name, step) in any.checked() {
+            let rank = self.plan.steps[*step].owner.unwrap_or(0) as usize;
+            let stage = self.stage_of_step(*step);
+            let split = self
+                .plan
+                .tensor_parallel
+                .as_ref()
+                .is_some_and(|tp| tp.axis_of(name).is_some());
+            let ranks = if split { self.grid.tp } else { 1 };
+            let parts = (0..ranks).filter_map(|t| {
+                self.devices[self.device(rank, t, stage)].shards[0].held_f32(*step)
+            });
+            if parts.clone().all(all_finite) {
+                continue;
+            }
+            let len = parts.clone().map(<[f32]>::len).sum();
+            let count = parts
+                .filter_map(Count::of)
+                .reduce(Count::merge)
+                .map(|c| Count { len, ..c });
+            if let Some(count) = count {
+                return Ok(Some(NonFinite {
+                    kind: *kind,
+                    name: name.clone(),
+                    count,
+                }));
+            }
+        }
+        Ok(None)
     }
 }
