@@ -1,7 +1,7 @@
 //! `parallax compile`: the plan, its kernels and memory, the device check, and what `--emit`
 //! writes (IR, DOT, plan JSON, PTX).
 
-use crate::{load, run_pipeline, Emit, Exit, Format};
+use crate::{apply_set, load, run_pipeline, Emit, Exit, Format};
 use parallax_compiler::ir::print::{to_dot, to_text};
 use parallax_compiler::plan::{bytes, si, thousands};
 use parallax_compiler::{partition, Options};
@@ -23,6 +23,7 @@ pub(crate) struct Target {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn compile_cmd(
     file: &Path,
+    set: &[String],
     target: Target,
     emit: &[Emit],
     out: Option<&Path>,
@@ -43,6 +44,7 @@ pub(crate) fn compile_cmd(
         explain,
     } = target;
     let (source, parse_time) = load(file, format)?;
+    let source = apply_set(file, source, set, format)?;
     let options = Options {
         gpus,
         ..Options::default()

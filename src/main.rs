@@ -3,6 +3,7 @@
 
 use clap::{Parser, Subcommand, ValueEnum};
 use parallax_compiler::diag::Diagnostic;
+use parallax_compiler::dsl::overrides::{self, Override};
 use parallax_compiler::passes::pass_names;
 use parallax_compiler::{compile, parse_bytes, Compiled, Options, Source};
 use std::io::Write;
@@ -80,6 +81,9 @@ enum Command {
     /// Parse and type-check an experiment; print its parameters, layers and FLOPs per sample.
     Check {
         file: PathBuf,
+        /// Override a field of the file, as `train --set` does: `--set train.batch_size=256`.
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<String>,
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
@@ -129,6 +133,9 @@ enum Command {
     /// Compile an experiment into a plan.
     Compile {
         file: PathBuf,
+        /// Override a field of the file, as `train --set` does: `--set devices.gpus=4`.
+        #[arg(long = "set", value_name = "PATH=VALUE")]
+        set: Vec<String>,
         /// GPUs to plan for: the partition planner picks data, tensor and pipeline
         /// parallelism for them (the file's `devices.gpus` when absent).
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
@@ -198,9 +205,10 @@ pub(crate) struct Exit(u8);
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.command {
-        Command::Check { file, format } => check(&file, format),
+        Command::Check { file, set, format } => check(&file, &set, format),
         Command::Compile {
             file,
+            set,
             gpus,
             nodes,
             strategy,
@@ -214,6 +222,7 @@ fn main() -> ExitCode {
             dump_ir,
         } => compile::compile_cmd(
             &file,
+            &set,
             compile::Target {
                 gpus,
                 device,
@@ -282,6 +291,31 @@ pub(crate) fn load(file: &Path, format: Format) -> Result<(Source, Duration), Ex
     })
 }
 
+/// The file's experiment with the `--set PATH=VALUE` overrides applied, reporting any error
+/// (exit 2 for an argument that is not PATH=VALUE, 1 for a value the experiment refuses).
+pub(crate) fn apply_set(
+    file: &Path,
+    source: Source,
+    set: &[String],
+    format: Format,
+) -> Result<Source, Exit> {
+    if set.is_empty() {
+        return Ok(source);
+    }
+    let overrides = set
+        .iter()
+        .map(|s| Override::parse(s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            errln!("error: --set {e}");
+            Exit(2)
+        })?;
+    overrides::apply(&source, &overrides).map_err(|e| {
+        report(&file.display().to_string(), "", &e.diagnostics(), format);
+        Exit(1)
+    })
+}
+
 /// Errors go to stderr with the source line and a caret; with `--format json` also as one
 /// JSON object on stdout.
 pub(crate) fn report(file: &str, src: &str, diags: &[Diagnostic], format: Format) {
@@ -319,18 +353,15 @@ pub(crate) fn run_pipeline(
     after_pass: &mut dyn FnMut(&str, &parallax_compiler::ir::Graph),
 ) -> Result<Compiled, Exit> {
     compile(source, options, after_pass).map_err(|e| {
-        report(
-            &file.display().to_string(),
-            &source.text,
-            &e.diagnostics(),
-            format,
-        );
+        let (text, diags) = source.for_user(e.diagnostics());
+        report(&file.display().to_string(), text, &diags, format);
         Exit(1)
     })
 }
 
-fn check(file: &Path, format: Format) -> Result<(), Exit> {
+fn check(file: &Path, set: &[String], format: Format) -> Result<(), Exit> {
     let (source, _) = load(file, format)?;
+    let source = apply_set(file, source, set, format)?;
     // Checking needs the forward graph and its shapes; training passes are `compile`'s.
     let options = Options {
         stop_after: Some("shapes"),

@@ -1,8 +1,7 @@
 //! `parallax train`: compile, train on the CPU, show progress, report where the run went.
 
-use crate::{load, report, run_pipeline, Backend, Exit, Format, PrecisionArg};
+use crate::{apply_set, load, run_pipeline, Backend, Exit, Format, PrecisionArg};
 use indicatif::{ProgressBar, ProgressStyle};
-use parallax_compiler::dsl::overrides::{self, Override};
 use parallax_compiler::partition;
 use parallax_compiler::plan::Strategy;
 use parallax_compiler::shards::Sharding;
@@ -294,27 +293,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
     let file = file.as_path();
     let run_dir = resume.clone().or(run_dir);
     let (source, _) = load(file, Format::Text)?;
-    let overrides = set
-        .iter()
-        .map(|s| Override::parse(s))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| {
-            errln!("error: --set {e}");
-            Exit(2)
-        })?;
-    let source = if overrides.is_empty() {
-        source
-    } else {
-        overrides::apply(&source, &overrides).map_err(|e| {
-            report(
-                &file.display().to_string(),
-                "",
-                &e.diagnostics(),
-                Format::Text,
-            );
-            Exit(1)
-        })?
-    };
+    let source = apply_set(file, source, &set, Format::Text)?;
     let devices = &source.experiment.devices;
     // Data parallel when asked on the command line or the file wants several GPUs; a resumed
     // run continues as it was split (on any device count: the bits do not depend on it).

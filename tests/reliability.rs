@@ -3,44 +3,11 @@
 //! either refused with exit 1 and a message, or run.
 
 mod common;
-use common::{parallax, temp};
+use common::{binary, parallax, run_for, temp};
 
 use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-fn binary() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_parallax"));
-    c.current_dir(env!("CARGO_MANIFEST_DIR"));
-    c
-}
-
-/// Runs `args` for at most `limit`; returns the exit code (`None` if it was still running,
-/// then killed) and stderr.
-fn run_for(args: &[&str], limit: Duration) -> (Option<i32>, String) {
-    let err_file = temp(&format!("stderr-{}", args.join("_").replace('/', "-")));
-    let mut child = binary()
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&err_file).unwrap())
-        .spawn()
-        .unwrap();
-    let start = Instant::now();
-    let code = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status.code();
-        }
-        if start.elapsed() > limit {
-            child.kill().unwrap();
-            child.wait().unwrap();
-            break None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    let err = std::fs::read_to_string(&err_file).unwrap_or_default();
-    let _ = std::fs::remove_file(&err_file);
-    (code, err)
-}
+use std::process::Stdio;
+use std::time::Duration;
 
 #[test]
 fn a_full_stdout_is_an_error_not_a_panic() {

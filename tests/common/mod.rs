@@ -2,15 +2,49 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 /// Runs the binary from the repository root (so `models/...` paths resolve).
 pub fn parallax(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_parallax"))
+    binary().args(args).output().expect("the binary runs")
+}
+
+/// The binary, run from the repository root (so `models/...` paths resolve).
+pub fn binary() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_parallax"));
+    c.current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+/// Runs `args` for at most `limit`; returns the exit code (`None` if it was still running,
+/// then killed) and stderr.
+pub fn run_for(args: &[&str], limit: Duration) -> (Option<i32>, String) {
+    // Named by a count, not the arguments: they may be long, and runs may be concurrent.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let err_file = temp(&format!("stderr-{n}"));
+    let mut child = binary()
         .args(args)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("the binary runs")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_file).unwrap())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let code = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status.code();
+        }
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    let err = std::fs::read_to_string(&err_file).unwrap_or_default();
+    let _ = std::fs::remove_file(&err_file);
+    (code, err)
 }
 
 pub fn stdout(o: &Output) -> String {

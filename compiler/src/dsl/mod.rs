@@ -19,9 +19,27 @@ pub struct Source {
     pub text: String,
     pub experiment: Experiment,
     pub spans: SpanTree,
+    /// Set when `--set` overrides made this experiment from a file (then `text` is written
+    /// out by `to_ron`, not the user's).
+    pub overridden: Option<Box<overrides::Overridden>>,
 }
 
 impl Source {
+    /// The text errors about this experiment are shown against, and the errors in its terms:
+    /// the user's file, or for an overridden experiment the file as written (an error inside
+    /// an override names it instead).
+    pub fn for_user(&self, diags: Vec<Diagnostic>) -> (&str, Vec<Diagnostic>) {
+        match &self.overridden {
+            None => (&self.text, diags),
+            Some(o) => (
+                &o.file.text,
+                diags
+                    .into_iter()
+                    .map(|d| overrides::relocate(o, &self.text, &self.spans, d))
+                    .collect(),
+            ),
+        }
+    }
     /// The span of the value at `path`, or the nearest enclosing one found.
     pub fn span(&self, path: &spans::Path) -> Option<Span> {
         self.spans.find(path)
@@ -94,6 +112,7 @@ pub fn parse(text: &str) -> Result<Source, Error> {
         text: text.to_string(),
         experiment,
         spans: SpanTree::scan(text),
+        overridden: None,
     };
     let problems = validate::validate(&source);
     if !problems.is_empty() {

@@ -370,6 +370,36 @@ impl SpanTree {
         Ok(node.span)
     }
 
+    /// The path of the innermost value whose span holds `offset`.
+    pub fn path_at(&self, offset: usize) -> Path {
+        let mut path = Path::root();
+        let Some(mut node) = self.root.as_ref() else {
+            return path;
+        };
+        let holds = |n: &Node| n.span.start <= offset && offset < n.span.end;
+        loop {
+            let next = match &node.kind {
+                Kind::Leaf => None,
+                Kind::Named(fields) => fields
+                    .iter()
+                    .find(|(_, n)| holds(n))
+                    .map(|(k, n)| (Seg::Name(k.clone()), n)),
+                Kind::Seq(elems) => elems
+                    .iter()
+                    .enumerate()
+                    .find(|(_, n)| holds(n))
+                    .map(|(i, n)| (Seg::Index(i), n)),
+            };
+            match next {
+                Some((seg, n)) => {
+                    path.0.push(seg);
+                    node = n;
+                }
+                None => return path,
+            }
+        }
+    }
+
     /// The span of just the head of the value at `path`: a variant's name (`Linear` in
     /// `Linear(out: 3)`), a field's name, or the whole value when it is short.
     pub fn head(&self, path: &Path, src: &str) -> Option<Span> {
@@ -382,6 +412,21 @@ impl SpanTree {
         let n = if n == 0 { text.len().min(1) } else { n };
         Some(Span::new(s.start, s.start + n))
     }
+}
+
+/// Whether `src` is exactly one value: every bracket and quote closed, nothing after it.
+pub fn is_one_value(src: &str) -> bool {
+    let mut toks = Vec::new();
+    let mut lexer = Tok::lexer(src);
+    while let Some(t) = lexer.next() {
+        let s = lexer.span();
+        match t {
+            Ok(t) => toks.push((t, Span::new(s.start, s.end))),
+            Err(()) => return false,
+        }
+    }
+    let mut sc = Scanner { toks, pos: 0, src };
+    sc.value(0).is_some() && sc.pos == sc.toks.len()
 }
 
 /// The source with `()` inserted after bare names of variants whose settings are all

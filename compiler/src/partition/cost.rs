@@ -371,7 +371,8 @@ pub fn estimate(m: &ModelCost, c: &Cluster, stages: &[Stage], o: &Options) -> Es
             activations: items[3],
             communication_buffers: items[4],
             inputs: items[5],
-            total: items.iter().sum(),
+            // Items past u64 (a batch near 2^64) saturate: so does their sum.
+            total: items.iter().fold(0u64, |a, &b| a.saturating_add(b)),
         });
 
         // Time of one micro-batch on this stage: compute, the Megatron all-reduces (two in

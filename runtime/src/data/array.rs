@@ -23,6 +23,71 @@ pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
     Ok(bytes)
 }
 
+/// A file opened for reading in order: a gzip'd file (starting with `1f 8b`) through its
+/// decoder, so that a header can be read before the rest is inflated.
+pub(crate) struct Stream {
+    pub reader: Box<dyn Read>,
+    pub gzip: bool,
+    path: std::path::PathBuf,
+}
+
+impl Stream {
+    pub fn open(path: &Path) -> Result<Stream, DataError> {
+        let io = |source| DataError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let mut file = std::io::BufReader::new(std::fs::File::open(path).map_err(io)?);
+        let gzip = std::io::BufRead::fill_buf(&mut file)
+            .map_err(io)?
+            .starts_with(&[0x1f, 0x8b]);
+        let reader: Box<dyn Read> = if gzip {
+            Box::new(flate2::read::GzDecoder::new(file))
+        } else {
+            Box::new(file)
+        };
+        Ok(Stream {
+            reader,
+            gzip,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Up to `n` bytes: fewer only where the data ends.
+    pub fn read_up_to(&mut self, n: u64) -> Result<Vec<u8>, DataError> {
+        let mut out = Vec::new();
+        (&mut self.reader)
+            .take(n)
+            .read_to_end(&mut out)
+            .map_err(|e| self.broken(e))?;
+        Ok(out)
+    }
+
+    /// Whether anything follows what was read (reading to the end also checks a gzip'd
+    /// file's checksum).
+    pub fn has_more(&mut self) -> Result<bool, DataError> {
+        let mut byte = [0u8; 1];
+        loop {
+            match self.reader.read(&mut byte) {
+                Ok(n) => return Ok(n > 0),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.broken(e)),
+            }
+        }
+    }
+
+    fn broken(&self, e: std::io::Error) -> DataError {
+        if self.gzip {
+            DataError::format(self.path.display(), format!("not a valid gzip file: {e}"))
+        } else {
+            DataError::Io {
+                path: self.path.clone(),
+                source: e,
+            }
+        }
+    }
+}
+
 /// Element types of stored arrays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Elem {

@@ -18,6 +18,9 @@ pub(crate) fn load(
     let file = path.display().to_string();
     let text = std::str::from_utf8(&bytes)
         .map_err(|e| DataError::format(&file, format!("not a text file: {e}")))?;
+    // Spreadsheet programs start a UTF-8 export with a byte-order mark: it is not part of the
+    // first cell (which would then read as "`0.00` is not a number", the mark being invisible).
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut features: Vec<f32> = Vec::new();
     let mut labels: Vec<f64> = Vec::new();
     let mut columns: Option<(usize, usize)> = None; // (count, label column)
@@ -137,6 +140,20 @@ mod tests {
         let ds = fit(load(&p, -2, false, &rio).unwrap(), &rio).unwrap();
         assert_eq!(ds.targets, Values::F32(vec![0.25, 2.0]));
         assert_eq!(ds.inputs, Values::F32(vec![1.0, 0.5, 0.125, 0.0, 1.0, 3.0]));
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_not_part_of_the_first_cell() {
+        let dir = TempDir::new("csv-bom");
+        let io = classify(DType::F32, vec![2], 3);
+        let p = dir.write("bom.csv", b"\xef\xbb\xbf0.00,0.5,2\n1,2,0\n");
+        let ds = fit(load(&p, -1, false, &io).unwrap(), &io).unwrap();
+        assert_eq!(ds.inputs, Values::F32(vec![0.0, 0.5, 1.0, 2.0]));
+        assert_eq!(ds.targets, Values::I32(vec![2, 0]));
+        // With a header, the marked line is the header.
+        let p = dir.write("bomh.csv", b"\xef\xbb\xbfa,b,label\n0.25,1,1\n");
+        let ds = fit(load(&p, -1, true, &io).unwrap(), &io).unwrap();
+        assert_eq!(ds.inputs, Values::F32(vec![0.25, 1.0]));
     }
 
     #[test]

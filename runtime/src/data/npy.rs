@@ -7,8 +7,10 @@
 //! Inputs become `f32`, or stay integers (`i32`) when the model's input is integer; labels
 //! become `i32` class labels for cross-entropy, `f32` values for MSE.
 
-use super::array::{read_file, Elem, RawArray};
+use super::array::{Elem, RawArray, Stream};
 use super::{DataError, Labels, ModelIo, Raw, Values};
+use crate::host_memory::available_bytes;
+use parallax_compiler::plan::bytes;
 use std::path::Path;
 
 /// The value of `key` in the header dict: the text after its colon.
@@ -51,35 +53,47 @@ fn parse_descr(descr: &str) -> Result<Elem, String> {
     Ok(elem)
 }
 
-/// Parses a `.npy` file's header; the result holds its elements.
+/// NumPy writes headers of a few hundred bytes (and reads at most 10000 by default).
+const MAX_HEADER: usize = 1 << 20;
+
+/// Parses a `.npy` file's header; the result holds its elements. The header is read first (from
+/// a gzip'd file's decoder), so a size it claims is refused before the elements are inflated.
 pub(crate) fn parse(path: &Path) -> Result<RawArray, DataError> {
-    let bytes = read_file(path)?;
+    let mut stream = Stream::open(path)?;
     let file = path.display().to_string();
     let err = |m: String| DataError::format(&file, m);
-    if !bytes.starts_with(b"\x93NUMPY") || bytes.len() < 10 {
+    let mut lead = stream.read_up_to(10)?;
+    if !lead.starts_with(b"\x93NUMPY") || lead.len() < 10 {
         return Err(err(
             "not a .npy file: it does not start with the magic `\\x93NUMPY`".into(),
         ));
     }
-    let (major, minor) = (bytes[6], bytes[7]);
-    let (len, start) = match major {
-        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10usize),
-        2 | 3 if bytes.len() >= 12 => (
-            u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize,
-            12,
-        ),
+    let (major, minor) = (lead[6], lead[7]);
+    let len = match major {
+        1 => u16::from_le_bytes([lead[8], lead[9]]) as usize,
+        2 | 3 => {
+            lead.extend(stream.read_up_to(2)?);
+            match lead[8..] {
+                [a, b, c, d] => u32::from_le_bytes([a, b, c, d]) as usize,
+                _ => return Err(err("truncated: the file ends inside its header".into())),
+            }
+        }
         _ => {
             return Err(err(format!(
                 "unsupported .npy version {major}.{minor} (expected 1.0, 2.0 or 3.0)"
             )))
         }
     };
-    let end = start
-        .checked_add(len)
-        .filter(|&e| e <= bytes.len())
-        .ok_or_else(|| err("truncated: the file ends inside its header".into()))?;
-    let header = std::str::from_utf8(&bytes[start..end])
-        .map_err(|_| err("the header is not text".into()))?;
+    if len > MAX_HEADER {
+        return Err(err(format!(
+            "the header claims to be {len} bytes long; a .npy header is a few hundred"
+        )));
+    }
+    let header = stream.read_up_to(len as u64)?;
+    if header.len() < len {
+        return Err(err("truncated: the file ends inside its header".into()));
+    }
+    let header = std::str::from_utf8(&header).map_err(|_| err("the header is not text".into()))?;
 
     let descr = value_after(header, "descr")
         .and_then(|v| {
@@ -122,7 +136,27 @@ pub(crate) fn parse(path: &Path) -> Result<RawArray, DataError> {
             "the array is a scalar; a data set needs a first axis of samples".into(),
         ));
     }
-    RawArray::new(file, elem, false, shape, bytes, end)
+    // What the header claims, refused before reading when the machine could not hold it.
+    let claimed = shape
+        .iter()
+        .fold(elem.size() as u64, |a, &d| a.saturating_mul(d as u64));
+    if let Some(available) = available_bytes().filter(|&m| claimed > m) {
+        return Err(err(format!(
+            "the header says shape {shape:?} of {} ({}), more than the {} of memory this machine has available",
+            elem.name(),
+            bytes(claimed),
+            bytes(available)
+        )));
+    }
+    let data = stream.read_up_to(claimed)?;
+    if data.len() as u64 == claimed && stream.has_more()? {
+        return Err(err(format!(
+            "the file holds more data than the {claimed} bytes the header's shape {shape:?} of {} says",
+            elem.name()
+        )));
+    }
+    // Short data is refused here, with the sizes.
+    RawArray::new(file, elem, false, shape, data, 0)
 }
 
 /// Reads an inputs file and a labels file.
@@ -340,5 +374,46 @@ mod tests {
             e.contains("wide.npy") && e.contains("[3] (3 values)") && e.contains("f32[2]"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_gzipped_header_is_checked_before_the_data_is_inflated() {
+        let dir = TempDir::new("npy-gz");
+        // 2^60 f32 elements claimed; the compressed stream is cut off half-way, so inflating
+        // it whole (rather than reading the header first) fails as a broken gzip file instead.
+        let mut big = gzip(&npy("<f4", false, &[1 << 60], &vec![0; 1 << 20]));
+        big.truncate(big.len() / 2);
+        let p = dir.write("bomb.npy.gz", &big);
+        let e = parse(&p).err().unwrap().to_string();
+        assert!(
+            e.contains("bomb.npy.gz")
+                && e.contains("shape [1152921504606846976] of f32")
+                && e.contains("memory this machine has available"),
+            "{e}"
+        );
+
+        // Exactly the claimed bytes are read: more, or fewer, is refused naming the file.
+        let p = dir.write("long.npy.gz", &gzip(&npy("|u1", false, &[2], &[0, 1, 2])));
+        let e = parse(&p).err().unwrap().to_string();
+        assert!(
+            e.contains("long.npy.gz") && e.contains("more data than the 2 bytes"),
+            "{e}"
+        );
+        let p = dir.write("short.npy.gz", &gzip(&npy("<f4", false, &[2], &[0; 7])));
+        let e = parse(&p).err().unwrap().to_string();
+        assert!(
+            e.contains("short.npy.gz") && e.contains("holds 7 bytes of data"),
+            "{e}"
+        );
+        let p = dir.write("ok.npy.gz", &gzip(&npy("|u1", false, &[3], &[3, 0, 2])));
+        let a = parse(&p).unwrap();
+        assert_eq!(
+            (a.shape.clone(), a.to_i32("label").unwrap()),
+            (vec![3], vec![3, 0, 2])
+        );
+        // A plain file's trailing bytes are refused alike.
+        let p = dir.write("long.npy", &npy("|u1", false, &[2], &[0, 1, 2]));
+        let e = parse(&p).err().unwrap().to_string();
+        assert!(e.contains("long.npy") && e.contains("more data"), "{e}");
     }
 }
