@@ -73,11 +73,13 @@ fn load_curves(dir: &Path) -> Result<[Points; 3], Exit> {
     let path = dir.join("metrics.jsonl");
     let mut curves: [Points; 3] = Default::default();
     let text = read(&path)?;
-    // A last line without its newline was cut short by a crash: it is not part of the run.
+    // A run that did not finish (no summary) may have been cut off mid-line: that last line
+    // is not part of it. In a finished run every line is whole, so a torn one is damage.
+    let unfinished = !dir.join("summary.json").exists();
     let whole = match text.rfind('\n') {
-        Some(end) if !text.ends_with('\n') => &text[..=end],
+        _ if !unfinished || text.ends_with('\n') => &text,
+        Some(end) => &text[..=end],
         None => "",
-        Some(_) => &text,
     };
     for (i, line) in whole.lines().enumerate() {
         if line.trim().is_empty() {

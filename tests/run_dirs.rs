@@ -135,6 +135,13 @@ fn a_held_folder_is_refused_and_sigterm_stops_with_a_checkpoint() {
     );
     let saved = checkpoints(&dir);
     assert_eq!(saved.len(), 1, "{saved:?}");
+    // The stopped run reports its curves so far, a line torn by a crash left out.
+    let mut text = std::fs::read_to_string(&metrics).unwrap();
+    text.push_str("{\"epoch\":3,\"lo");
+    std::fs::write(&metrics, text).unwrap();
+    let o = parallax(&["report", s(&dir)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(dir.join("report.html").exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
 
