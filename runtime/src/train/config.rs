@@ -1,0 +1,126 @@
+//! What a training run is asked for: the command line's settings, the device that runs the
+//! plan, and the experiment as run (the file with those settings applied).
+
+use parallax_compiler::dsl::ast::{Data, Experiment};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+
+#[derive(Debug, Clone, Default)]
+pub struct TrainConfig {
+    /// Overrides of the file's `train` section.
+    pub steps: Option<u64>,
+    pub epochs: Option<u64>,
+    pub seed: Option<u64>,
+    pub run_dir: PathBuf,
+    /// Parameters to start from instead of the seeded initialisation.
+    pub init: Option<PathBuf>,
+    /// Where relative data paths are resolved (the experiment file's folder).
+    pub base_dir: PathBuf,
+    /// What runs the plan.
+    pub device: Device,
+    /// Write a checkpoint every this many steps (none when 0; a resumed run's own when
+    /// `None`, and none for a new one).
+    pub checkpoint_every: Option<u64>,
+    /// Keep the newest this many checkpoints (all when 0; the run's own or 3 when `None`).
+    pub keep: Option<usize>,
+    /// Continue the run in `run_dir` from its newest checkpoint.
+    pub resume: bool,
+    /// Continue although the run's experiment or data changed (recorded in `run.json`).
+    pub accept_changes: bool,
+    /// Set to a signal's number to stop after the current step with a checkpoint.
+    pub stop: Option<Arc<AtomicUsize>>,
+    /// The `--set` overrides applied to the file, recorded in `run.json`.
+    pub overrides: Vec<String>,
+}
+
+/// What runs a plan: one of them, never two.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum Device {
+    /// The CPU executor, the whole batch unsplit.
+    #[default]
+    Cpu,
+    /// GPU 0 with the CUDA executor at this GEMM precision.
+    Cuda(crate::cuda::Precision),
+    /// A per-shard plan on simulated devices (`crate::sim`), on the CPU.
+    Simulated(Simulated),
+}
+
+impl Device {
+    /// The simulated devices, if these are.
+    pub fn simulated(&self) -> Option<Simulated> {
+        match *self {
+            Device::Simulated(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// As `run.json` names it.
+    pub(super) fn describe(&self) -> String {
+        match self {
+            Device::Cpu => "cpu".to_string(),
+            Device::Cuda(p) => format!("cuda:0 ({p:?})"),
+            Device::Simulated(s) => format!(
+                "{} simulated device(s) on the cpu (dp{}.tp{}.pp{})",
+                s.grid.devices(),
+                s.grid.dp,
+                s.grid.tp,
+                s.grid.pp
+            ),
+        }
+    }
+}
+
+/// Simulated devices for a partitioned plan.
+#[derive(Debug, Clone, Copy)]
+pub struct Simulated {
+    pub grid: crate::sim::Grid,
+    /// ZeRO stage: 1 shards the optimizer state over the data-parallel ranks, 2 the reduced
+    /// gradients too, 3 the parameters too (0: none).
+    pub zero: u8,
+    /// Each device's memory, in bytes.
+    pub capacity: u64,
+}
+
+/// The experiment as run: the file with the command line's overrides.
+pub fn resolved(e: &Experiment, cfg: &TrainConfig) -> Experiment {
+    let mut e = e.clone();
+    if let Some(s) = cfg.steps {
+        e.train.steps = Some(s);
+        e.train.epochs = None;
+    }
+    if let Some(ep) = cfg.epochs {
+        e.train.epochs = Some(ep);
+        e.train.steps = None;
+    }
+    if let Some(seed) = cfg.seed {
+        e.train.seed = seed;
+    }
+    // Data files are recorded absolute, so the run's `experiment.ron` (read again by
+    // `--resume`, from the run folder) names the same files.
+    let absolute = |p: &mut String| {
+        if Path::new(p.as_str()).is_relative() {
+            let joined = cfg.base_dir.join(p.as_str());
+            *p = std::path::absolute(&joined)
+                .unwrap_or(joined)
+                .display()
+                .to_string();
+        }
+    };
+    match &mut e.data {
+        Data::Idx { images, labels, .. } => {
+            absolute(images);
+            absolute(labels);
+        }
+        Data::Csv { path, .. } => absolute(path),
+        Data::Npy { inputs, labels, .. } => {
+            absolute(inputs);
+            absolute(labels);
+        }
+        Data::Digits { .. }
+        | Data::Blobs { .. }
+        | Data::Sequence { .. }
+        | Data::Synthetic { .. } => {}
+    }
+    e
+}

@@ -1,0 +1,451 @@
+//! Training: the compiled plan's steps on a backend (the CPU executor, simulated devices or
+//! CUDA) with the schedule's scalars, validation after every epoch, and the run directory
+//! (`experiment.ron`, `run.json`, `metrics.jsonl`, checkpoints, `summary.json`,
+//! `final.safetensors`). Beside it: `config` (what a run is asked for), `session` (the data
+//! and the plan's inputs), `validate`, `error` (why a run stopped).
+
+mod config;
+mod error;
+mod session;
+mod validate;
+
+pub use config::{resolved, Device, Simulated, TrainConfig};
+pub use error::{signal_name, TrainError};
+pub(crate) use session::slice;
+pub use session::{feed, model_io, run_id, set_scalars, BatchInfo, Session, SessionData};
+
+use crate::backend::Backend;
+use crate::cpu::{Executor, Mode};
+use crate::data::Values;
+use crate::weights;
+use error::non_finite;
+use parallax_compiler::dsl::ast::Loss;
+use parallax_compiler::{Plan, Source};
+use serde::Serialize;
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+use validate::Validator;
+
+/// Progress, for the command line to show.
+#[derive(Debug, Clone)]
+pub enum Event {
+    Start {
+        total_steps: u64,
+        batches_per_epoch: u64,
+        train_samples: usize,
+        validation_samples: usize,
+    },
+    Step {
+        step: u64,
+        total: u64,
+        epoch: u64,
+        loss: f32,
+        samples_per_sec: f64,
+    },
+    Validation {
+        epoch: u64,
+        loss: f64,
+        accuracy: Option<f64>,
+    },
+    /// Something the user should know that does not stop the run.
+    Warning(String),
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub name: String,
+    pub steps: u64,
+    pub epochs: f64,
+    pub final_train_loss: f32,
+    pub val_loss: Option<f64>,
+    pub val_accuracy: Option<f64>,
+    pub samples_per_sec: f64,
+    /// Median step time after the first steps (warm-up excluded).
+    pub step_time_ms_median: f64,
+    pub wall_seconds: f64,
+    pub parameters: u64,
+    pub seed: u64,
+    pub backend: &'static str,
+    /// The run's identity: a hash of the resolved experiment and its data.
+    pub run_id: String,
+    /// The step this process started from (0, or a checkpoint's step when resumed).
+    pub resumed_from: u64,
+    /// Training batches whose every label was ignored (they train nothing).
+    pub batches_without_labels: u64,
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// Trains the compiled `plan` of `source` and writes the run directory.
+pub fn train(
+    source: &Source,
+    plan: Plan,
+    cfg: &TrainConfig,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<Summary, TrainError> {
+    // The folder is checked and held before anything is loaded; a run that fails to start
+    // leaves behind no folder it made.
+    let held = crate::run_dir::RunDir::open(&cfg.run_dir, cfg.resume)?;
+    let result = train_in(source, plan, cfg, on_event);
+    if result.is_err() {
+        held.abandon();
+    }
+    result
+}
+
+fn train_in(
+    source: &Source,
+    plan: Plan,
+    cfg: &TrainConfig,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<Summary, TrainError> {
+    let started = Instant::now();
+    let exp = resolved(&source.experiment, cfg);
+    let seed = exp.train.seed;
+    let batch_size = exp.train.batch_size as usize;
+    if plan.updates.is_empty() {
+        return Err(TrainError::Model(
+            "the model has no parameters that affect the loss: there is nothing to train".into(),
+        ));
+    }
+    let output = plan
+        .output_steps
+        .iter()
+        .find(|o| o.name != "loss")
+        .map(|o| o.name.clone())
+        .unwrap_or_default();
+    let parameters = plan.parameters;
+    let optimizer = exp.optimizer.clone();
+    let dir = &cfg.run_dir;
+    // Where a resumed run starts: its newest checkpoint's own record, read before the data
+    // (whose order it sets).
+    let resume = if cfg.resume {
+        Some(crate::resume::Resume::newest(dir)?)
+    } else {
+        None
+    };
+    let start_step = resume.as_ref().map_or(0, |r| r.step());
+    // A continuation checkpoints as the run did, so a second crash loses no more.
+    let (run_every, run_keep) = resume.as_ref().map_or((None, None), |r| {
+        let (every, keep) = r.record.cadence();
+        (Some(every), keep)
+    });
+    let checkpoint_every = cfg.checkpoint_every.or(run_every).unwrap_or(0);
+    let keep = cfg.keep.or(run_keep).unwrap_or(3);
+    let plan_label = format!(
+        "dp{}.tp{}.pp{} {}",
+        plan.strategy.dp, plan.strategy.tp, plan.strategy.pp, plan.device_kind
+    );
+    let plan_record = crate::run_record::PlanRecord {
+        strategy: plan.strategy,
+        micro_shards: plan.sharding.map(|s| s.shards),
+        optimizer_shards: plan.optimizer_shards,
+        kernels: plan.kernels.len(),
+        ops: plan.ops,
+        peak_memory_bytes: plan.memory.peak_bytes,
+        batch_size: plan.batch_size,
+    };
+    // Checked before the data is loaded or anything allocated (a GPU's is `compile`'s).
+    if !matches!(cfg.device, Device::Cuda(_)) {
+        crate::host_memory::check(&plan, cfg.device.simulated().map(|s| s.grid))?;
+    }
+    let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
+    let exp_text = parallax_compiler::dsl::to_ron(&exp);
+    let id = run_id(&exp_text, &session.data_hash);
+    let mut device_memory = None;
+    let file_shapes = weights::FileShapes::of(&plan);
+    let mut exec: Box<dyn Backend> = match cfg.device {
+        Device::Simulated(sim) => {
+            let devices = crate::sim::SimulatedDevices::new(plan, sim.grid, seed, sim.capacity)?;
+            device_memory = Some(devices.memory().iter().map(|m| m.bytes).collect::<Vec<_>>());
+            Box::new(devices)
+        }
+        Device::Cpu => Box::new(Executor::new(plan, batch_size, seed)),
+        Device::Cuda(precision) => Box::new(crate::cuda::CudaExecutor::new(
+            plan, batch_size, seed, 0, precision,
+        )?),
+    };
+    if let Some(init) = &cfg.init {
+        weights::load(exec.as_mut(), &file_shapes, init)?;
+    }
+    let model = crate::checkpoint::fingerprint(&exec.param_values()?, &exec.state_values()?);
+    let mut changes = Vec::new();
+    if let Some(r) = &resume {
+        crate::checkpoint::load(&r.checkpoint, exec.as_mut(), &file_shapes)?;
+        // The run's identity as its experiment reads now, without this command's budget.
+        let unextended = TrainConfig {
+            steps: None,
+            epochs: None,
+            ..cfg.clone()
+        };
+        let text = parallax_compiler::dsl::to_ron(&resolved(&source.experiment, &unextended));
+        changes = r.check_identity(
+            &|data| run_id(&text, data),
+            &session.data_hash,
+            cfg.accept_changes,
+        )?;
+    }
+    let per_epoch = session.loader.batches_per_epoch() as u64;
+    let total = match (exp.train.steps, exp.train.epochs) {
+        (Some(s), _) => s,
+        (None, Some(ep)) => ep.checked_mul(per_epoch).ok_or_else(|| {
+            TrainError::Model(format!(
+                "{ep} epochs of {per_epoch} steps each is more steps than can be counted; ask for fewer epochs"
+            ))
+        })?,
+        (None, None) => per_epoch,
+    };
+    if let Some(r) = &resume {
+        r.check_budget(total)?;
+    }
+    let exp_path = dir.join("experiment.ron");
+    write_atomic(&exp_path, exp_text.as_bytes())?;
+    let record_path = dir.join(crate::run_record::FILE);
+    let devices = cfg.device.describe();
+    let record = match &resume {
+        // The record of the run being continued, with this continuation noted.
+        Some(r) => r.record_with(crate::run_record::Continuation {
+            from_step: start_step,
+            run_id: id.clone(),
+            data_sha256: Some(session.data_hash.clone()),
+            devices,
+            checkpoint_every: Some(checkpoint_every),
+            keep: Some(keep),
+            accepted_changes: changes.iter().map(|c| c.to_string()).collect(),
+        }),
+        None => crate::run_record::RunRecord {
+            run_id: id.clone(),
+            data_sha256: session.data_hash.clone(),
+            parallax_version: env!("CARGO_PKG_VERSION").to_string(),
+            backend: exec.backend_name().to_string(),
+            devices,
+            plan: plan_record,
+            device_memory_bytes: device_memory,
+            overrides: cfg.overrides.clone(),
+            checkpoint_every,
+            keep: Some(keep),
+            resumes: Vec::new(),
+        },
+    };
+    write_atomic(&record_path, record.to_json().as_bytes())?;
+    // Metrics: a resumed run keeps the lines up to its checkpoint (a crashed run may have
+    // logged steps after it) and appends from there.
+    let metrics_path = dir.join("metrics.jsonl");
+    if cfg.resume {
+        let old = std::fs::read_to_string(&metrics_path).unwrap_or_default();
+        let kept = crate::resume::metrics_through(&old, start_step);
+        write_atomic(&metrics_path, kept.as_bytes())?;
+    }
+    let mut metrics = std::io::BufWriter::new(
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&metrics_path)
+            .map_err(io_err(&metrics_path))?,
+    );
+    let mut events = crate::tensorboard::EventWriter::create(dir).map_err(io_err(dir))?;
+    let events_path = events.path().to_path_buf();
+    if cfg.resume {
+        events
+            .session_start(start_step + 1)
+            .map_err(io_err(&events_path))?;
+    }
+
+    on_event(&Event::Start {
+        total_steps: total,
+        batches_per_epoch: per_epoch,
+        train_samples: session.train_samples,
+        validation_samples: session.validation.len,
+    });
+    let SessionData {
+        mut loader,
+        validation,
+        input,
+        target,
+        ..
+    } = session;
+    let validator = Validator {
+        set: &validation,
+        input: &input,
+        target: &target,
+        output,
+        batch: batch_size,
+    };
+    // Grows with the steps run, never reserved for an absurd budget up front.
+    let mut times = Vec::with_capacity(total.min(1 << 16) as usize);
+    let (mut samples, mut last_loss) = (0usize, f32::NAN);
+    let mut val = (None, None);
+    let mut without_labels = 0u64;
+    let save_checkpoint = |exec: &dyn Backend, step: u64| {
+        let meta = crate::checkpoint::Meta {
+            step,
+            run_id: id.clone(),
+            model: model.clone(),
+            plan: plan_label.clone(),
+        };
+        crate::checkpoint::save(dir, exec, &file_shapes, &meta, keep)
+    };
+    // Every write error stops the run, naming the file (a metrics file with holes would
+    // misreport the run). Each line reaches the file whole, as its step ends, for whoever
+    // follows the run.
+    let log = |metrics: &mut std::io::BufWriter<std::fs::File>, line: serde_json::Value| {
+        writeln!(metrics, "{line}")
+            .and_then(|_| metrics.flush())
+            .map_err(io_err(&metrics_path))
+    };
+    for step in start_step..total {
+        let batch = loader.next().expect("the loader runs forever");
+        if labelled_but_all_ignored(&exp.loss, &batch.targets) {
+            without_labels += 1;
+            if without_labels == 1 {
+                on_event(&Event::Warning(format!(
+                    "step {}: every label of this batch is ignored ({}), so it trains nothing; the summary counts such batches",
+                    step + 1,
+                    crate::cpu::kernels::rows::IGNORE
+                )));
+            }
+        }
+        let t = Instant::now();
+        feed(exec.as_mut(), &input, batch.size, &batch.inputs)?;
+        feed(exec.as_mut(), &target, batch.size, &batch.targets)?;
+        let scalars = set_scalars(exec.as_mut(), &optimizer, step, total)?;
+        exec.run(batch.size, Mode::Train, step, 0)?;
+        // Reading the loss waits for an asynchronous backend's step to finish.
+        let loss = exec.loss(batch.size)?;
+        times.push(t.elapsed().as_secs_f64());
+        samples += batch.size;
+        // The loss misses a NaN that a ReLU or a max-pooling hides: every tensor is checked.
+        let tensor = exec.first_non_finite()?;
+        if !loss.is_finite() || tensor.is_some() {
+            return Err(TrainError::NonFinite {
+                step: step + 1,
+                epoch: None,
+                what: non_finite(loss, tensor),
+                lr: scalars[0].1,
+            });
+        }
+        last_loss = loss;
+        log(
+            &mut metrics,
+            serde_json::json!({"step": step + 1, "epoch": batch.epoch, "loss": loss, "lr": scalars[0].1}),
+        )?;
+        let tb = io_err(&events_path);
+        events.scalar("train/loss", step + 1, loss).map_err(&tb)?;
+        events
+            .scalar("train/lr", step + 1, scalars[0].1)
+            .map_err(&tb)?;
+        let busy: f64 = times.iter().sum();
+        on_event(&Event::Step {
+            step: step + 1,
+            total,
+            epoch: batch.epoch,
+            loss,
+            samples_per_sec: samples as f64 / busy.max(1e-9),
+        });
+        let epoch_end = batch.index as u64 + 1 == per_epoch;
+        if (epoch_end || step + 1 == total) && validator.set.len > 0 {
+            let (l, a) = validator.run(exec.as_mut(), step)?;
+            if !l.is_finite() {
+                return Err(TrainError::NonFinite {
+                    step: step + 1,
+                    epoch: Some(batch.epoch),
+                    what: format!(
+                        "the validation loss is {l}, though every tensor of the step was finite"
+                    ),
+                    lr: scalars[0].1,
+                });
+            }
+            val = (Some(l), a);
+            log(
+                &mut metrics,
+                serde_json::json!({"step": step + 1, "epoch": batch.epoch, "val_loss": l, "val_accuracy": a}),
+            )?;
+            events.scalar("val/loss", step + 1, l as f32).map_err(&tb)?;
+            if let Some(a) = a {
+                events
+                    .scalar("val/accuracy", step + 1, a as f32)
+                    .map_err(&tb)?;
+            }
+            on_event(&Event::Validation {
+                epoch: batch.epoch,
+                loss: l,
+                accuracy: a,
+            });
+        }
+        let mut saved = None;
+        if checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 {
+            // The metrics up to this step reach the file before the checkpoint exists.
+            metrics.flush().map_err(io_err(&metrics_path))?;
+            saved = Some(save_checkpoint(exec.as_ref(), step + 1)?);
+        }
+        // A signal stops the run here, its step done and saved, unless this was the last.
+        let signal = cfg.stop.as_ref().map_or(0, |s| s.load(Ordering::SeqCst));
+        if signal != 0 && step + 1 < total {
+            metrics.flush().map_err(io_err(&metrics_path))?;
+            events.flush().map_err(&tb)?;
+            let checkpoint = match saved {
+                Some(p) => p,
+                None => save_checkpoint(exec.as_ref(), step + 1)?,
+            };
+            return Err(TrainError::Interrupted {
+                signal,
+                step: step + 1,
+                total,
+                checkpoint: checkpoint.display().to_string(),
+                dir: dir.display().to_string(),
+            });
+        }
+    }
+    metrics.flush().map_err(io_err(&metrics_path))?;
+    events.flush().map_err(io_err(&events_path))?;
+    let weights_path = dir.join("final.safetensors");
+    weights::save(exec.as_ref(), &file_shapes, &weights_path)?;
+
+    let warmup = (times.len() / 10).clamp(1.min(times.len()), 5);
+    let mut steady: Vec<f64> = times[warmup..].to_vec();
+    steady.sort_by(|a, b| a.total_cmp(b));
+    let median = steady.get(steady.len() / 2).copied().unwrap_or(0.0);
+    let busy: f64 = times.iter().sum();
+    let summary = Summary {
+        name: exp.name.clone(),
+        steps: total,
+        epochs: total as f64 / per_epoch.max(1) as f64,
+        final_train_loss: last_loss,
+        val_loss: val.0,
+        val_accuracy: val.1,
+        samples_per_sec: samples as f64 / busy.max(1e-9),
+        step_time_ms_median: median * 1e3,
+        wall_seconds: started.elapsed().as_secs_f64(),
+        parameters,
+        seed,
+        backend: exec.backend_name(),
+        run_id: id.clone(),
+        resumed_from: start_step,
+        batches_without_labels: without_labels,
+    };
+    let summary_path = dir.join("summary.json");
+    let text = serde_json::to_string_pretty(&summary).expect("a summary serialises") + "\n";
+    write_atomic(&summary_path, text.as_bytes())?;
+    Ok(summary)
+}
+
+/// Whether a batch has class labels and every one of them is ignored.
+fn labelled_but_all_ignored(loss: &Loss, targets: &Values) -> bool {
+    match (loss, targets) {
+        (Loss::CrossEntropy { .. }, Values::I32(labels)) => labels
+            .iter()
+            .all(|&l| l == crate::cpu::kernels::rows::IGNORE),
+        _ => false,
+    }
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
+    crate::files::write_atomic(path, bytes).map_err(io_err(path))
+}
