@@ -3,8 +3,8 @@
 //! buffer.
 
 use parallax_compiler::ir::ops::OpClass;
+use parallax_compiler::ir::KernelKind;
 use parallax_compiler::ir::Op;
-use parallax_compiler::passes::fuse::KernelKind;
 use parallax_compiler::plan::Plan;
 use parallax_compiler::{compile, parse_bytes, Options, Source};
 use parallax_runtime::cpu::{Executor, Mode};

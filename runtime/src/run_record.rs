@@ -102,10 +102,10 @@ impl RunRecord {
     }
 
     /// The device grid, when the plan was partitioned (ran on simulated devices).
-    pub fn grid(&self) -> Option<crate::sim::Grid> {
+    pub fn grid(&self) -> Option<crate::grid::Grid> {
         self.plan.micro_shards?;
         let s = self.plan.strategy;
-        Some(crate::sim::Grid {
+        Some(crate::grid::Grid {
             dp: s.dp as usize,
             tp: s.tp as usize,
             pp: s.pp as usize,

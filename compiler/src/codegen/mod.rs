@@ -13,8 +13,8 @@ mod layout;
 mod rows;
 
 use crate::ir::ops::OpClass;
+use crate::ir::KernelKind;
 use crate::ir::{DType, Op, Phase};
-use crate::passes::fuse::KernelKind;
 use crate::plan::Plan;
 use builder::{Kernel, ParamType};
 use serde::Serialize;
@@ -203,22 +203,6 @@ impl Gen {
     }
 }
 
-/// A step's shape with the batch set to `batch` and other symbols at their nominal sizes.
-pub fn resolve(plan: &Plan, shape: &[crate::ir::Dim], batch: u64) -> Vec<u64> {
-    shape
-        .iter()
-        .map(|d| {
-            d.eval(&|s| {
-                if s.0 == 0 {
-                    batch
-                } else {
-                    plan.symbols.get(s.0 as usize).map_or(1, |x| x.1)
-                }
-            })
-        })
-        .collect()
-}
-
 fn builtins(g: &mut Gen) {
     let mut k = Kernel::new(FILL);
     let p = k.param_ptr(Arg::Scratch);
@@ -246,7 +230,7 @@ pub fn generate(plan: &Plan, batch: u64, target: &str) -> Result<Module, Codegen
     let shapes: Vec<Vec<u64>> = plan
         .steps
         .iter()
-        .map(|s| resolve(plan, &s.ty.shape, batch))
+        .map(|s| plan.shape_at(&s.ty.shape, batch))
         .collect();
     let operand = |id: usize, arg: Arg| Operand {
         arg,

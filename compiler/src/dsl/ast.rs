@@ -140,14 +140,8 @@ pub struct Experiment {
     pub devices: Devices,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-pub enum DType {
-    F32,
-    BF16,
-    F16,
-    I32,
-    I64,
-}
+/// Element types are the IR's: one enum, read from files as written in them.
+pub use crate::ir::DType;
 
 fn f32_dtype() -> DType {
     DType::F32

@@ -70,9 +70,9 @@ pub struct Graph {
     /// The phase new nodes are added in.
     pub phase: Phase,
     /// Kernels in execution order (after the fuse pass).
-    pub kernels: Vec<crate::passes::fuse::Kernel>,
+    pub kernels: Vec<super::Kernel>,
     /// Buffers and memory (after the schedule pass).
-    pub schedule: Option<crate::passes::schedule::Schedule>,
+    pub schedule: Option<super::BufferSchedule>,
 }
 
 impl Default for Graph {

@@ -36,19 +36,6 @@ impl DType {
     }
 }
 
-impl From<crate::dsl::ast::DType> for DType {
-    fn from(d: crate::dsl::ast::DType) -> Self {
-        use crate::dsl::ast::DType as A;
-        match d {
-            A::F32 => DType::F32,
-            A::BF16 => DType::BF16,
-            A::F16 => DType::F16,
-            A::I32 => DType::I32,
-            A::I64 => DType::I64,
-        }
-    }
-}
-
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 pub struct TensorType {
     pub dtype: DType,

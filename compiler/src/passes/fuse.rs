@@ -7,32 +7,9 @@
 
 use super::Ctx;
 use crate::ir::ops::OpClass;
-use crate::ir::{Graph, NodeIndex, Op, OpKind, TensorType};
+use crate::ir::{Graph, Kernel, KernelKind, NodeIndex, Op, OpKind, TensorType};
 use crate::Error;
-use serde::Serialize;
 use std::collections::{HashMap, HashSet};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
-pub enum KernelKind {
-    /// One op.
-    Single,
-    /// A chain of elementwise ops.
-    Elementwise,
-    /// Elementwise ops ending in a reduction.
-    ElementwiseReduce,
-    /// A matmul, then optionally a bias add and an activation.
-    Gemm {
-        bias: bool,
-        activation: Option<OpKind>,
-    },
-}
-
-#[derive(Debug, Clone)]
-pub struct Kernel {
-    pub kind: KernelKind,
-    /// In execution order; the last is the kernel's main result.
-    pub nodes: Vec<NodeIndex>,
-}
 
 /// Elementwise ops a fused kernel can evaluate element by element.
 pub fn fusable(op: &Op) -> bool {

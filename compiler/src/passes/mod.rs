@@ -3,6 +3,7 @@
 //! the verifier after each in tests and debug builds.
 
 pub mod autodiff;
+mod emit;
 pub mod fuse;
 pub mod grad_sync;
 pub mod lower;

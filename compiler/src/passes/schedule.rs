@@ -10,54 +10,10 @@
 use super::fuse::{stored, streamable};
 use super::Ctx;
 use crate::ir::ops::OpClass;
-use crate::ir::{DType, Graph, NodeIndex, Op};
+use crate::ir::{Buffer, BufferSchedule, DType, Graph, NodeIndex, Op};
 use crate::passes::lower::is_running_statistic;
 use crate::Error;
-use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
-
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
-pub struct Buffer {
-    pub dtype: DType,
-    /// Its size in elements at the plan's batch size.
-    pub elements: u64,
-    /// Holds a parameter, optimizer state or input for the whole run.
-    pub dedicated: bool,
-}
-
-#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
-pub struct Memory {
-    pub parameter_bytes: u64,
-    pub optimizer_state_bytes: u64,
-    /// BatchNorm's running means and variances: state, but not the optimizer's.
-    pub statistics_bytes: u64,
-    pub input_bytes: u64,
-    /// The reused buffers of intermediate values.
-    pub activation_bytes: u64,
-    /// Live bytes at the fullest moment of a step (dedicated buffers included).
-    pub peak_bytes: u64,
-    /// What the intermediates would take with no reuse.
-    pub activation_bytes_without_reuse: u64,
-}
-
-impl Memory {
-    /// Parameters, optimizer state, running statistics and inputs: held for the whole run.
-    pub fn dedicated_bytes(&self) -> u64 {
-        self.parameter_bytes
-            .saturating_add(self.optimizer_state_bytes)
-            .saturating_add(self.statistics_bytes)
-            .saturating_add(self.input_bytes)
-    }
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct Schedule {
-    pub buffer_of: HashMap<NodeIndex, usize>,
-    pub buffers: Vec<Buffer>,
-    pub memory: Memory,
-    /// The batch size the sizes are stated at.
-    pub batch: u64,
-}
 
 pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
     let batch = ctx.options.plan_batch(ctx.source);
@@ -74,10 +30,10 @@ fn elements(g: &Graph, n: NodeIndex, batch: u64) -> u64 {
         .fold(1u64, |a, d| a.saturating_mul(d.eval(&value)))
 }
 
-pub fn plan_buffers(g: &Graph, batch: u64) -> Schedule {
-    let mut s = Schedule {
+pub fn plan_buffers(g: &Graph, batch: u64) -> BufferSchedule {
+    let mut s = BufferSchedule {
         batch,
-        ..Schedule::default()
+        ..BufferSchedule::default()
     };
     let bytes = |n: NodeIndex| elements(g, n, batch).saturating_mul(g.g[n].ty.dtype.bytes());
     // Dedicated buffers for sources.

@@ -5,8 +5,8 @@
 use super::kernels::gemm::matmul_strided;
 use super::kernels::{execute, rows, Ctx, KernelError};
 use super::{fused, tensor, views, ExecError, Executor, Mode, EMPTY};
+use parallax_compiler::ir::KernelKind;
 use parallax_compiler::ir::Op;
-use parallax_compiler::passes::fuse::KernelKind;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 impl Executor {

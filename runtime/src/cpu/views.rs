@@ -13,8 +13,8 @@
 
 use super::kernels::layout::{merged_dims, strides};
 use super::kernels::Small;
+use parallax_compiler::ir::KernelKind;
 use parallax_compiler::ir::{DType, Op};
-use parallax_compiler::passes::fuse::KernelKind;
 use parallax_compiler::Plan;
 
 /// A permute whose operand is written permuted by the kernel that computes it.

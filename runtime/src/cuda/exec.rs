@@ -135,7 +135,7 @@ impl CudaExecutor {
                 .map_err(|e| CudaError::Blas(format!("{e:?}")))?;
         }
         let max_batch = max_batch.max(1);
-        let shape = |id: usize| codegen::resolve(&plan, &plan.steps[id].ty.shape, max_batch as u64);
+        let shape = |id: usize| plan.shape_at(&plan.steps[id].ty.shape, max_batch as u64);
         let mut capacity = vec![0u64; plan.buffers.len()];
         let slot: Vec<Option<usize>> = plan.steps.iter().map(|s| s.buffer).collect();
         let mut first_step = vec![usize::MAX; plan.buffers.len()];
@@ -299,7 +299,8 @@ impl CudaExecutor {
     }
 
     fn shape(&self, step: usize, batch: usize) -> Vec<u64> {
-        codegen::resolve(&self.plan, &self.plan.steps[step].ty.shape, batch as u64)
+        self.plan
+            .shape_at(&self.plan.steps[step].ty.shape, batch as u64)
     }
 
     fn upload<T>(&self, step: usize, v: &[T]) -> Result<(), CudaError> {

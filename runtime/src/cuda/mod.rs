@@ -3,6 +3,7 @@
 //! NCCL collectives. Every library is opened at run time (`cudarc`'s dynamic loading), so
 //! nothing CUDA is needed to build or test the rest of Parallax.
 
+mod backend;
 mod exec;
 mod gemm;
 pub mod nccl;

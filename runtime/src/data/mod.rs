@@ -48,6 +48,14 @@ pub enum Values {
 }
 
 impl Values {
+    /// Samples `from..to` of a batch whose samples hold `per` values each.
+    pub fn samples(&self, per: usize, from: usize, to: usize) -> Values {
+        match self {
+            Values::F32(x) => Values::F32(x[from * per..to * per].to_vec()),
+            Values::I32(x) => Values::I32(x[from * per..to * per].to_vec()),
+        }
+    }
+
     pub fn len(&self) -> usize {
         match self {
             Values::F32(v) => v.len(),

@@ -10,7 +10,6 @@ use crate::cpu::{ExecError, Mode};
 use crate::data::Values;
 use crate::finite::{all_finite, Count, NonFinite};
 use crate::loss_share::shard_weights;
-use crate::train::slice;
 use parallax_compiler::passes::lower::LABELS;
 use parallax_compiler::shards::{assign, INV_BATCH, SHARD_WEIGHT};
 
@@ -79,7 +78,7 @@ impl Backend for SimulatedDevices {
                         Values::F32(x) => x.len(),
                         Values::I32(x) => x.len(),
                     };
-                    Backend::set_input(e, name, n, &slice(v, len / batch.max(1), r.start, r.end))?;
+                    Backend::set_input(e, name, n, &v.samples(len / batch.max(1), r.start, r.end))?;
                 }
                 let scalars = [
                     (SHARD_WEIGHT, weights[own.start + j]),

@@ -29,22 +29,7 @@ struct Device {
     shards: Vec<Executor>,
 }
 
-/// The device grid.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grid {
-    /// Data-parallel ranks.
-    pub dp: usize,
-    /// Tensor-parallel ranks (the plan must be built for this degree).
-    pub tp: usize,
-    /// Pipeline stages.
-    pub pp: usize,
-}
-
-impl Grid {
-    pub fn devices(&self) -> usize {
-        self.dp * self.tp * self.pp
-    }
-}
+pub use crate::grid::Grid;
 
 pub struct SimulatedDevices {
     plan: Plan,

@@ -11,7 +11,6 @@ mod validate;
 
 pub use config::{resolved, Device, Simulated, TrainConfig};
 pub use error::{signal_name, TrainError};
-pub(crate) use session::slice;
 pub use session::{feed, model_io, run_id, set_scalars, BatchInfo, Session, SessionData};
 
 use crate::backend::Backend;

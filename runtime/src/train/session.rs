@@ -97,14 +97,6 @@ pub fn feed(e: &mut dyn Backend, name: &str, batch: usize, v: &Values) -> Result
     e.set_input(name, batch, v)
 }
 
-/// Samples `from..to` of a batch whose samples hold `per` values each.
-pub(crate) fn slice(v: &Values, per: usize, from: usize, to: usize) -> Values {
-    match v {
-        Values::F32(x) => Values::F32(x[from * per..to * per].to_vec()),
-        Values::I32(x) => Values::I32(x[from * per..to * per].to_vec()),
-    }
-}
-
 /// Sets the schedule's scalars (learning rate, Adam's corrections) for step `step` of `total`;
 /// returns them.
 pub fn set_scalars(

@@ -1,7 +1,7 @@
 //! Validation after an epoch: the mean loss over the validation set, and accuracy for class
 //! labels.
 
-use super::session::{feed, slice};
+use super::session::feed;
 use crate::backend::Backend;
 use crate::cpu::tensor::Tensor;
 use crate::cpu::{ExecError, Mode};
@@ -55,8 +55,8 @@ impl Validator<'_> {
         while from < n {
             let to = (from + self.batch).min(n);
             let b = to - from;
-            feed(e, self.input, b, &slice(&self.set.inputs, per_in, from, to))?;
-            let targets = slice(&self.set.targets, per_t, from, to);
+            feed(e, self.input, b, &self.set.inputs.samples(per_in, from, to))?;
+            let targets = self.set.targets.samples(per_t, from, to);
             feed(e, self.target, b, &targets)?;
             e.run(b, Mode::Eval, step, from as u64)?;
             loss += e.loss(b)? as f64 * b as f64;

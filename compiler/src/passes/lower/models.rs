@@ -14,7 +14,7 @@ impl Lowerer<'_> {
         for (i, d) in spec.shape.iter().enumerate() {
             shape.push(self.size(d, &p.join("shape").join(i), "an input dimension")?);
         }
-        let ty = TensorType::new(DType::from(spec.dtype), shape);
+        let ty = TensorType::new(spec.dtype, shape);
         self.add(
             Op::Input {
                 name: name.to_string(),

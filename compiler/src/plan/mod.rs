@@ -2,13 +2,12 @@
 //! one device's program, or one shard's of a partitioned run (its strategy, micro-shards,
 //! pipeline stages, tensor-parallel splits and ZeRO owners say which).
 
+pub mod shards;
+
 use crate::dsl::Source;
+use crate::ir::{Buffer, KernelKind, Memory};
 use crate::ir::{Graph, Op, Phase, TensorType};
-use crate::passes::fuse::KernelKind;
-use crate::passes::schedule::{Buffer, Memory};
-use crate::passes::Options;
 use serde::Serialize;
-use std::collections::HashMap;
 
 /// The version of `plan.json`; raised whenever a field changes meaning or appears.
 pub const PLAN_FORMAT: u32 = 1;
@@ -41,6 +40,19 @@ pub struct ParamInfo {
     pub name: String,
     pub shape: Vec<u64>,
     pub init: String,
+}
+
+impl TensorInfo {
+    /// Node `n` of `g`, named `name`: its element type and symbolic shape.
+    pub(crate) fn of(g: &Graph, name: &str, n: crate::ir::NodeIndex) -> TensorInfo {
+        let names = g.sym_names();
+        let t = &g.g[n].ty;
+        TensorInfo {
+            name: name.to_string(),
+            dtype: t.dtype.name().to_string(),
+            shape: t.shape.iter().map(|d| d.show(&names)).collect(),
+        }
+    }
 }
 
 /// How the plan splits layers over tensor-parallel ranks.
@@ -146,6 +158,22 @@ pub struct Names {
 }
 
 impl Plan {
+    /// A step's shape with the batch set to `batch` and other symbols at their nominal sizes.
+    pub fn shape_at(&self, shape: &[crate::ir::Dim], batch: u64) -> Vec<u64> {
+        shape
+            .iter()
+            .map(|d| {
+                d.eval(&|s| {
+                    if s.0 == 0 {
+                        batch
+                    } else {
+                        self.symbols.get(s.0 as usize).map_or(1, |x| x.1)
+                    }
+                })
+            })
+            .collect()
+    }
+
     /// The plan as `plan.json` holds it.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a plan serialises") + "\n"
@@ -241,7 +269,8 @@ impl Plan {
         for s in &self.steps {
             if let (Some(b), true) = (s.buffer, touched[s.id]) {
                 // Saturating, so an absurd batch gives an absurd size to refuse, not a panic.
-                let n = crate::codegen::resolve(self, &s.ty.shape, batch)
+                let n = self
+                    .shape_at(&s.ty.shape, batch)
                     .iter()
                     .fold(1u64, |a, &d| a.saturating_mul(d));
                 elements[b] = elements[b].max(n);
@@ -254,7 +283,7 @@ impl Plan {
     /// reduction, or a matmul result that only its epilogue reads.
     pub fn scratch_elements(&self, batch: u64) -> u64 {
         let numel = |id: usize| {
-            crate::codegen::resolve(self, &self.steps[id].ty.shape, batch)
+            self.shape_at(&self.steps[id].ty.shape, batch)
                 .iter()
                 .fold(1u64, |a, &d| a.saturating_mul(d))
         };
@@ -291,186 +320,8 @@ impl Plan {
     }
 }
 
-fn sat(v: u128) -> u64 {
+pub(crate) fn sat(v: u128) -> u64 {
     u64::try_from(v).unwrap_or(u64::MAX)
-}
-
-fn info(g: &Graph, name: &str, n: petgraph::stable_graph::NodeIndex) -> TensorInfo {
-    let names = g.sym_names();
-    let t = &g.g[n].ty;
-    TensorInfo {
-        name: name.to_string(),
-        dtype: t.dtype.name().to_string(),
-        shape: t.shape.iter().map(|d| d.show(&names)).collect(),
-    }
-}
-
-/// The parameters (and their optimizer state) that tensor parallelism slices.
-fn tensor_parallel(g: &Graph, options: &Options) -> Option<TensorParallel> {
-    let degree = options.tensor_parallel.filter(|&t| t > 1)?;
-    let mut splits = Vec::new();
-    for &(n, axis) in &g.param_splits {
-        if let Op::Param { name, .. } = &g.g[n].op {
-            splits.push((name.clone(), axis));
-        }
-    }
-    for n in g.g.node_indices() {
-        if let Op::State { name, .. } = &g.g[n].op {
-            let of = splits
-                .iter()
-                .find(|(p, _)| {
-                    name.strip_prefix(p.as_str())
-                        .is_some_and(|r| r.starts_with('.'))
-                })
-                .map(|s| s.1);
-            if let Some(axis) = of {
-                splits.push((name.clone(), axis));
-            }
-        }
-    }
-    Some(TensorParallel { degree, splits })
-}
-
-/// The file shapes of the parameters the lowering recorded (`Graph::file_shapes`), and of
-/// the optimizer state of each (`{param}.momentum`, `{param}.adam_m`, ...: the parameter's
-/// shape).
-fn file_shapes(g: &Graph) -> Vec<(String, Vec<u64>)> {
-    let mut out: Vec<(String, Vec<u64>)> = Vec::new();
-    let mut params = Vec::new();
-    for (n, shape) in &g.file_shapes {
-        if let Some(Op::Param { name, ty, .. }) = g.g.node_weight(*n).map(|w| &w.op) {
-            params.push((name.clone(), ty.clone()));
-            out.push((name.clone(), shape.clone()));
-        }
-    }
-    for n in g.g.node_indices() {
-        if let Op::State { name, ty, .. } = &g.g[n].op {
-            let of = params.iter().position(|(p, pty)| {
-                pty == ty
-                    && name
-                        .strip_prefix(p.as_str())
-                        .is_some_and(|r| r.starts_with('.'))
-            });
-            if let Some(i) = of {
-                out.push((name.clone(), out[i].1.clone()));
-            }
-        }
-    }
-    out
-}
-
-impl Plan {
-    pub fn single_device(g: &Graph, source: &Source, options: &Options) -> Plan {
-        // A graph that skipped the fuse and schedule passes runs one op per kernel.
-        let unfused;
-        let g = if g.kernels.is_empty() {
-            let mut c = g.clone();
-            c.kernels = c
-                .topo_order()
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|&n| !c.g[n].op.is_source())
-                .map(|n| crate::passes::fuse::Kernel {
-                    kind: KernelKind::Single,
-                    nodes: vec![n],
-                })
-                .collect();
-            c.schedule = None;
-            unfused = c;
-            &unfused
-        } else {
-            g
-        };
-        let e = &source.experiment;
-        let batch_size = options.plan_batch(source);
-        let order = g.topo_order().unwrap_or_default();
-        let ids: HashMap<_, _> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
-        let mut params = Vec::new();
-        let mut inputs = Vec::new();
-        let mut steps = Vec::new();
-        let schedule = g
-            .schedule
-            .clone()
-            .unwrap_or_else(|| crate::passes::schedule::plan_buffers(g, batch_size));
-        for &n in &order {
-            let node = &g.g[n];
-            match &node.op {
-                Op::Param { name, init, ty } => {
-                    params.push(ParamInfo {
-                        name: name.clone(),
-                        shape: ty.shape.iter().map(|d| d.factor).collect(),
-                        init: init.show(),
-                    });
-                }
-                Op::Input { name, .. } => inputs.push(info(g, name, n)),
-                _ => {}
-            }
-            steps.push(Step {
-                id: ids[&n],
-                op: node.op.clone(),
-                operands: g.operands(n).iter().map(|o| ids[o]).collect(),
-                ty: node.ty.clone(),
-                layer: node.layer.clone(),
-                phase: node.phase,
-                buffer: schedule.buffer_of.get(&n).copied(),
-                stage: g
-                    .stages
-                    .as_ref()
-                    .and_then(|s| s.get(&n).copied())
-                    .unwrap_or(0),
-                owner: g.owners.get(&n).copied(),
-            });
-        }
-        let outputs = g.outputs.iter().map(|(k, n)| info(g, k, *n)).collect();
-        Plan {
-            format: PLAN_FORMAT,
-            name: e.name.clone(),
-            gpus_requested: options.gpus.unwrap_or(e.devices.gpus),
-            device_kind: e.devices.kind.clone(),
-            strategy: options.strategy(),
-            batch_size,
-            sharding: options.shards,
-            tensor_parallel: tensor_parallel(g, options),
-            pipeline_stages: options.pipeline_stages.unwrap_or(1).max(1),
-            optimizer_shards: options.optimizer_shards.unwrap_or(1).max(1),
-            parameters: sat(g.parameter_count()),
-            layers: g.layers,
-            flops_per_sample: sat(g.flops(1, crate::ir::Phase::Forward)),
-            memory: schedule.memory.clone(),
-            ops: order.iter().filter(|&&n| !g.g[n].op.is_source()).count(),
-            kernels: g
-                .kernels
-                .iter()
-                .zip(crate::passes::fuse::stored(g))
-                .map(|(k, stored)| PlanKernel {
-                    kind: k.kind,
-                    steps: k.nodes.iter().map(|n| ids[n]).collect(),
-                    stored: stored.iter().map(|n| ids[n]).collect(),
-                })
-                .collect(),
-            buffers: schedule.buffers.clone(),
-            inputs,
-            outputs,
-            params,
-            symbols: g
-                .symbols
-                .iter()
-                .map(|s| (s.name.clone(), s.nominal))
-                .collect(),
-            steps,
-            output_steps: g
-                .outputs
-                .iter()
-                .map(|(k, n)| Named {
-                    name: k.clone(),
-                    step: ids[n],
-                })
-                .collect(),
-            grads: g.grads.iter().map(|(p, d)| (ids[p], ids[d])).collect(),
-            updates: g.updates.iter().map(|(p, u)| (ids[p], ids[u])).collect(),
-            file_shapes: file_shapes(g),
-        }
-    }
 }
 
 /// What `parallax check` reports.
@@ -543,11 +394,15 @@ impl Summary {
                 .inputs
                 .iter()
                 .filter_map(|&n| match &g.g[n].op {
-                    crate::ir::Op::Input { name, .. } => Some(info(g, name, n)),
+                    crate::ir::Op::Input { name, .. } => Some(TensorInfo::of(g, name, n)),
                     _ => None,
                 })
                 .collect(),
-            outputs: g.outputs.iter().map(|(k, n)| info(g, k, *n)).collect(),
+            outputs: g
+                .outputs
+                .iter()
+                .map(|(k, n)| TensorInfo::of(g, k, *n))
+                .collect(),
         }
     }
 
