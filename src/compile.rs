@@ -216,17 +216,14 @@ fn simulated_bytes(
     if strategy.dp > sharding.shards {
         return None;
     }
-    let options = Options::partitioned(source, strategy, zero);
-    let plan = parallax_compiler::compile(source, &options, &mut |_, _| {})
-        .ok()?
-        .plan(source, &options);
-    if plan
-        .tensor_parallel
-        .as_ref()
-        .is_some_and(|t| t.splits.is_empty())
-    {
-        return None;
-    }
+    let split = parallax_compiler::target::Split {
+        strategy,
+        zero,
+        capacity: u64::MAX,
+        chosen: false,
+    };
+    let (_, plan) =
+        parallax_compiler::target::compile_split(source, &split, &mut |_, _| {}).ok()?;
     Some(grid_bytes(&plan, strategy.dp, strategy.tp))
 }
 

@@ -4,7 +4,7 @@ use crate::{apply_set, load, run_pipeline, Backend, Exit, Format, PrecisionArg};
 use indicatif::{ProgressBar, ProgressStyle};
 use parallax_compiler::partition;
 use parallax_compiler::plan::Strategy;
-use parallax_compiler::shards::Sharding;
+use parallax_compiler::target;
 use parallax_compiler::Options;
 use parallax_runtime::sim::Grid;
 use parallax_runtime::train::{train, Device, Event, Simulated, TrainConfig, TrainError};
@@ -130,138 +130,53 @@ fn recorded_grid(dir: &Path) -> Option<Grid> {
         .grid()
 }
 
-/// The cost model's choice for `n` devices (`parallax compile --gpus n --explain` shows it).
-/// Training prefers the fastest candidate without tensor parallelism, whose bits do not
-/// depend on the device count, and takes tensor parallelism only when nothing else fits;
-/// data-parallel ranks never outnumber the micro-shards.
-fn choose(
-    file: &Path,
-    source: &parallax_compiler::Source,
-    n: u32,
-    shards: u32,
-    profile: &'static parallax_compiler::devices::Profile,
-    capacity: u64,
-    forced_zero: Option<u8>,
-) -> Result<(Strategy, u8), Exit> {
-    let options = Options {
-        gpus: Some(n),
-        ..Options::default()
-    };
-    let compiled = run_pipeline(file, source, &options, Format::Text, &mut |_, _| {})?;
-    let e = &source.experiment;
-    let model = partition::model_cost(&compiled.graph, &e.name, e.train.batch_size);
-    let target = partition::Target {
-        gpus: n,
-        profile,
-        capacity,
-        nodes: None,
-        strategy: None,
-    };
-    let planned = match partition::plan(&model, &target) {
-        Ok(p) => p,
-        Err(err) => {
-            errln!("{}: error: --gpus {n}: {err}", file.display());
-            errln!("  = hint: `parallax compile FILE --gpus {n} --explain` shows every candidate and its memory");
-            return Err(Exit(1));
-        }
-    };
-    let runnable = |c: &&partition::Candidate| c.fits && c.strategy.dp <= shards;
-    let fastest = |tp_free: bool| {
-        planned
-            .candidates
-            .iter()
-            .filter(runnable)
-            .filter(|c| !tp_free || c.strategy.tp == 1)
-            .min_by(|a, b| a.step_time_s.total_cmp(&b.step_time_s))
-            .map(|c| (c.strategy, c.zero))
-    };
-    let (chosen, zero) = fastest(true).or_else(|| fastest(false)).unwrap_or((
-        Strategy {
-            dp: n,
-            tp: 1,
-            pp: 1,
-        },
-        0,
-    ));
-    // What `simulated_devices` will run: `--zero` wins, but needs data-parallel ranks.
-    let zero_said = match forced_zero {
-        Some(z) if chosen.dp > 1 => format!("ZeRO {z} as --zero asks"),
-        Some(_) => "ZeRO 0 (one data-parallel rank: --zero has nothing to shard)".to_string(),
-        None => format!("ZeRO {zero}"),
-    };
-    errln!(
-        "{}: --gpus {n}: the cost model chooses {} with {zero_said} (`--strategy` forces another)",
-        e.name,
-        partition::strategy_name(&chosen)
-    );
-    Ok((chosen, zero))
-}
-
-/// The simulated devices for `--gpus n` split as `strategy` (all data parallel when absent):
-/// each with the memory of the file's device kind (or `--gpu-memory`). More data-parallel
-/// ranks than micro-shards would leave some without work forever.
+/// The split for `--gpus n` (the library's choice, said when the cost model made it) as
+/// simulated devices.
 fn simulated_devices(
     file: &Path,
     source: &parallax_compiler::Source,
-    n: u32,
-    strategy: Option<&str>,
-    zero: Option<u8>,
-    gpu_memory: Option<u64>,
-) -> Result<Simulated, Exit> {
-    let fail = |message: String, hint: &str| {
-        errln!("{}: error: {message}", file.display());
-        errln!("  = hint: {hint}");
-        Exit(1)
-    };
-    let d = &source.experiment.devices;
-    let shards = Sharding::new(d.micro_shards, source.experiment.train.batch_size).shards;
-    let profile = parallax_compiler::devices::profile(&d.kind);
-    let capacity = match gpu_memory {
-        Some(b) => b,
-        None => profile.map_or(u64::MAX, |p| p.memory),
-    };
-    let (Strategy { dp, tp, pp }, chosen_zero) = match strategy {
-        Some(s) => partition::parse_strategy(s, n)
-            .map(|s| (s, 0))
-            .map_err(|e| {
-                fail(
-                    format!("--strategy: {e}"),
-                    "write degrees like `dp4`, `dp2.pp2` or `pp2.dp2`; they multiply to --gpus",
-                )
-            })?,
-        None => match profile {
-            Some(profile) => choose(file, source, n, shards, profile, capacity, zero)?,
-            None => (
-                Strategy {
-                    dp: n,
-                    tp: 1,
-                    pp: 1,
-                },
-                0,
-            ),
-        },
-    };
-    // Simulated devices shard the optimizer state (1), the gradients (2), the parameters (3).
-    let zero = if dp > 1 {
-        zero.unwrap_or(chosen_zero)
-    } else {
-        0
-    };
-    if dp > shards {
-        return Err(fail(
-            format!("--gpus {n}: each batch is cut into {shards} micro-shards, so {dp} data-parallel ranks cannot all get work"),
-            &format!("raise it with `--set devices.micro_shards={dp}` (every GPU count up to it then gives the same bits; the batch size bounds it)"),
-        ));
+    request: &target::Request,
+) -> Result<(Simulated, target::Split), Exit> {
+    let split = target::split(source, request).map_err(|e| refuse(file, source, e))?;
+    let Strategy { dp, tp, pp } = split.strategy;
+    if split.chosen {
+        // What the devices will run: `--zero` wins, but needs data-parallel ranks.
+        let zero_said = match request.zero {
+            Some(z) if dp > 1 => format!("ZeRO {z} as --zero asks"),
+            Some(_) => "ZeRO 0 (one data-parallel rank: --zero has nothing to shard)".to_string(),
+            None => format!("ZeRO {}", split.zero),
+        };
+        errln!(
+            "{}: --gpus {}: the cost model chooses {} with {zero_said} (`--strategy` forces another)",
+            source.experiment.name,
+            request.gpus,
+            partition::strategy_name(&split.strategy)
+        );
     }
-    Ok(Simulated {
+    let simulated = Simulated {
         grid: Grid {
             dp: dp as usize,
             tp: tp as usize,
             pp: pp as usize,
         },
-        zero,
-        capacity,
-    })
+        zero: split.zero,
+        capacity: split.capacity,
+    };
+    Ok((simulated, split))
+}
+
+/// A refusal of the split or its plan, printed (a compile error with its line of the file).
+fn refuse(file: &Path, source: &parallax_compiler::Source, e: target::TargetError) -> Exit {
+    if let target::TargetError::Compile(e) = &e {
+        let (text, diags) = source.for_user(e.diagnostics());
+        crate::report(&file.display().to_string(), text, &diags, Format::Text);
+        return Exit(1);
+    }
+    errln!("{}: error: {e}", file.display());
+    if let Some(hint) = e.hint() {
+        errln!("  = hint: {hint}");
+    }
+    Exit(1)
 }
 
 pub fn run(args: Args) -> Result<(), Exit> {
@@ -346,10 +261,12 @@ pub fn run(args: Args) -> Result<(), Exit> {
         (Some(n), None) => Some(simulated_devices(
             file,
             &source,
-            n,
-            strategy.as_deref(),
-            zero,
-            gpu_memory,
+            &target::Request {
+                gpus: n,
+                strategy: strategy.as_deref(),
+                zero,
+                memory: gpu_memory,
+            },
         )?),
         _ => None,
     };
@@ -357,7 +274,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
     // the rounding of the row-parallel sums (checkpoints are whole tensors, so the state is
     // re-sliced for any degree).
     let recorded = resume.as_deref().and_then(recorded_grid);
-    if let (Some(old), Some(new)) = (recorded, simulated) {
+    if let (Some(old), Some((new, _))) = (recorded, simulated) {
         if old.tp != new.grid.tp {
             errln!(
                 "{}: note: this run trained with tensor parallelism of degree {}; continuing with {} changes the rounding, so the continuation matches an uninterrupted run within about 1e-5, not bit for bit",
@@ -367,39 +284,22 @@ pub fn run(args: Args) -> Result<(), Exit> {
             );
         }
     }
-    let options = match simulated {
-        Some(s) => {
-            let strategy = Strategy {
-                dp: s.grid.dp as u32,
-                tp: s.grid.tp as u32,
-                pp: s.grid.pp as u32,
+    let plan = match simulated {
+        Some((_, split)) => {
+            target::compile_split(&source, &split, &mut |_, _| {})
+                .map_err(|e| refuse(file, &source, e))?
+                .1
+        }
+        None => {
+            let options = Options {
+                gpus: parallel,
+                ..Options::default()
             };
-            Options::partitioned(&source, strategy, s.zero)
+            run_pipeline(file, &source, &options, Format::Text, &mut |_, _| {})?
+                .plan(&source, &options)
         }
-        None => Options {
-            gpus: parallel,
-            ..Options::default()
-        },
     };
-    let compiled = run_pipeline(file, &source, &options, Format::Text, &mut |_, _| {})?;
-    let plan = compiled.plan(&source, &options);
-    if let Some(s) = simulated {
-        if plan
-            .tensor_parallel
-            .as_ref()
-            .is_some_and(|t| t.splits.is_empty())
-        {
-            errln!(
-                "{}: error: --strategy: tensor parallelism splits Attention and Mlp layers, and this model has none",
-                file.display()
-            );
-            errln!(
-                "  = hint: use data or pipeline parallelism (`dp{}`, `pp2`)",
-                s.grid.devices()
-            );
-            return Err(Exit(1));
-        }
-    }
+    let simulated = simulated.map(|(s, _)| s);
     let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&source.experiment.name));
     // Simulated devices exist only without CUDA (several GPUs were refused above).
     let device = match (simulated, cuda) {
@@ -430,7 +330,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
             s.grid.dp,
             s.grid.tp,
             s.grid.pp,
-            options.shards.map_or(1, |s| s.shards)
+            plan.sharding.map_or(1, |s| s.shards)
         ),
         Device::Cpu => "CPU backend".to_string(),
     };
