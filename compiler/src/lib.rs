@@ -10,7 +10,7 @@ pub mod ir;
 pub mod partition;
 pub mod passes;
 pub mod plan;
-pub mod schedule;
+pub mod lr_schedule;
 pub mod target;
 // Sharding is part of what a plan says; the old path stays for callers.
 pub use plan::shards;

@@ -24,7 +24,7 @@ pub const KERNEL_LAUNCH_S: f64 = 4e-6;
 pub const BACKWARD_SHARE: f64 = 2.0 / 3.0;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub enum Schedule {
+pub enum PipelineSchedule {
     /// No pipeline: micro-batches (if more than one) accumulate gradients one after another.
     #[serde(rename = "none")]
     Sequential,
@@ -36,12 +36,12 @@ pub enum Schedule {
     OneFOneB,
 }
 
-impl Schedule {
+impl PipelineSchedule {
     pub fn name(self) -> &'static str {
         match self {
-            Schedule::Sequential => "-",
-            Schedule::GPipe => "gpipe",
-            Schedule::OneFOneB => "1f1b",
+            PipelineSchedule::Sequential => "-",
+            PipelineSchedule::GPipe => "gpipe",
+            PipelineSchedule::OneFOneB => "1f1b",
         }
     }
 }
@@ -287,7 +287,7 @@ pub struct Options {
     pub pp: u32,
     /// 0: replicated; 1: optimizer state sharded over dp; 2: and gradients; 3: and parameters.
     pub zero: u8,
-    pub schedule: Schedule,
+    pub schedule: PipelineSchedule,
     /// Micro-batches per replica per step (pipeline micro-batches, or gradient accumulation).
     pub micro_batches: u64,
 }
@@ -336,9 +336,9 @@ pub fn estimate(m: &ModelCost, c: &Cluster, stages: &[Stage], o: &Options) -> Es
     let (mut dp_exposed, mut optimizer, mut sent) = (0.0f64, 0.0f64, 0.0f64);
     for (i, s) in stages.iter().enumerate() {
         let in_flight = match o.schedule {
-            Schedule::Sequential => 1.0,
-            Schedule::GPipe => micro,
-            Schedule::OneFOneB => (pp as f64 - i as f64).min(micro),
+            PipelineSchedule::Sequential => 1.0,
+            PipelineSchedule::GPipe => micro,
+            PipelineSchedule::OneFOneB => (pp as f64 - i as f64).min(micro),
         };
         let params = shard(s.param_bytes, o.zero >= 3);
         let grads = shard(s.param_bytes, o.zero >= 2);

@@ -9,7 +9,7 @@ pub mod model;
 #[cfg(test)]
 mod tests;
 
-pub use cost::{Cluster, DeviceMemory, Options, Schedule, StepTime};
+pub use cost::{Cluster, DeviceMemory, Options, PipelineSchedule, StepTime};
 pub use model::{model_cost, ModelCost};
 
 use crate::devices::Profile;
@@ -83,7 +83,7 @@ pub struct Smallest {
 pub struct Candidate {
     pub strategy: Strategy,
     pub zero: u8,
-    pub schedule: Schedule,
+    pub schedule: PipelineSchedule,
     pub micro_batches: u64,
     pub micro_batch_size: u64,
     /// The fullest device.
@@ -132,7 +132,7 @@ pub struct Partition {
     pub precision: &'static str,
     pub strategy: Strategy,
     pub zero: u8,
-    pub schedule: Schedule,
+    pub schedule: PipelineSchedule,
     pub micro_batches: u64,
     pub micro_batch_size: u64,
     pub per_device_peak_bytes: u64,
@@ -393,10 +393,10 @@ fn candidates(m: &ModelCost, t: &Target, r: &Rules) -> Result<Vec<Candidate>, Er
             .entry((s.tp, s.pp))
             .or_insert_with(|| cost::stages(m, &cluster, s.tp, s.pp));
         let zeros: &[u8] = if s.dp > 1 { &[0, 1, 2, 3] } else { &[0] };
-        let schedules: &[Schedule] = if s.pp > 1 {
-            &[Schedule::OneFOneB, Schedule::GPipe]
+        let schedules: &[PipelineSchedule] = if s.pp > 1 {
+            &[PipelineSchedule::OneFOneB, PipelineSchedule::GPipe]
         } else {
-            &[Schedule::Sequential]
+            &[PipelineSchedule::Sequential]
         };
         let replica_batch = m.batch.div_ceil(s.dp as u64).max(1);
         let counts = micro_batch_counts(replica_batch);

@@ -278,7 +278,7 @@ fn stages_are_contiguous_balanced_and_non_empty() {
 fn pipeline_memory_follows_the_schedule() {
     let m = model("gpt-large.ron");
     let p = plan(m, &target(8, "h100")).unwrap();
-    let by = |sched: Schedule, strat: &str| {
+    let by = |sched: PipelineSchedule, strat: &str| {
         p.candidates
             .iter()
             .find(|c| c.schedule == sched && c.strategy_name() == strat && c.zero == 0)
@@ -286,7 +286,7 @@ fn pipeline_memory_follows_the_schedule() {
             .clone()
     };
     // GPipe keeps every micro-batch's activations; 1F1B at most pp of them.
-    let (g, f) = (by(Schedule::GPipe, "pp8"), by(Schedule::OneFOneB, "pp8"));
+    let (g, f) = (by(PipelineSchedule::GPipe, "pp8"), by(PipelineSchedule::OneFOneB, "pp8"));
     assert!(g.memory.activations > f.memory.activations);
     // The bubble is (pp-1)/(M+pp-1) of the pipeline.
     let t = f.time;
@@ -313,7 +313,7 @@ fn one_device_estimate_is_close_to_the_exact_schedule_peak() {
             tp: 1,
             pp: 1,
             zero: 0,
-            schedule: Schedule::Sequential,
+            schedule: PipelineSchedule::Sequential,
             micro_batches: 1,
         };
         let e = cost::estimate(m, &cluster, &stages, &o);
