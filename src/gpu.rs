@@ -186,9 +186,11 @@ pub fn gpu_check(file: &Path, a: &CheckArgs) -> Result<(), Exit> {
                 .and_then(|_| gpu_exec.synchronize())
                 .map_err(|e| cuda_err(file, e))?;
         }
-        let cpu_loss = cpu.output("loss").map_or(f32::NAN, |t| t.f32()[0]);
+        let cpu_loss = cpu
+            .output(parallax_compiler::plan::LOSS)
+            .map_or(f32::NAN, |t| t.f32()[0]);
         let gpu_loss = gpu_exec
-            .output("loss", b.size)
+            .output(parallax_compiler::plan::LOSS, b.size)
             .map_err(|e| cuda_err(file, e))?[0];
         let d = rel_diff(&[cpu_loss], &[gpu_loss]);
         loss_diff = loss_diff.max(d);

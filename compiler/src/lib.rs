@@ -7,10 +7,10 @@ pub mod devices;
 pub mod diag;
 pub mod dsl;
 pub mod ir;
+pub mod lr_schedule;
 pub mod partition;
 pub mod passes;
 pub mod plan;
-pub mod lr_schedule;
 pub mod target;
 // Sharding is part of what a plan says; the old path stays for callers.
 pub use plan::shards;

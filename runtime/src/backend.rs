@@ -68,7 +68,9 @@ impl Backend for Executor {
         Executor::run(self, batch, mode, step, first)
     }
     fn loss(&self, _batch: usize) -> Result<f32, ExecError> {
-        Ok(self.output("loss").map_or(f32::NAN, |t| t.f32()[0]))
+        Ok(self
+            .output(parallax_compiler::plan::LOSS)
+            .map_or(f32::NAN, |t| t.f32()[0]))
     }
     fn output_values(&self, name: &str, _batch: usize) -> Result<Option<Tensor>, ExecError> {
         Ok(self.output(name).cloned())

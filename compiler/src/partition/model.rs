@@ -268,7 +268,7 @@ pub fn model_cost(g: &Graph, name: &str, batch: u64) -> ModelCost {
         }
     }
     // The loss group runs last whatever its creation order.
-    if let Some(i) = order.iter().position(|g| g == "loss") {
+    if let Some(i) = order.iter().position(|g| g == crate::plan::LOSS) {
         let l = order.remove(i);
         order.push(l);
     }
@@ -308,7 +308,7 @@ pub fn model_cost(g: &Graph, name: &str, batch: u64) -> ModelCost {
     let last_linear = order
         .iter()
         .rev()
-        .find(|name| name.as_str() != "loss")
+        .find(|name| name.as_str() != crate::plan::LOSS)
         .cloned();
     let mut groups = Vec::with_capacity(order.len());
     for name in &order {
@@ -343,8 +343,8 @@ pub fn model_cost(g: &Graph, name: &str, batch: u64) -> ModelCost {
         let has_weight = nodes
             .iter()
             .any(|&n| g.g[n].op.kind() == OpKind::Param && g.g[n].ty.shape.len() == 2);
-        let vocab_parallel =
-            name == "loss" || (Some(name) == last_linear.as_ref() && has_weight && !has_units);
+        let vocab_parallel = name == crate::plan::LOSS
+            || (Some(name) == last_linear.as_ref() && has_weight && !has_units);
         let mut c = GroupCost::default();
         let mut last_forward: Option<NodeIndex> = None;
         for &n in nodes {

@@ -286,7 +286,10 @@ fn pipeline_memory_follows_the_schedule() {
             .clone()
     };
     // GPipe keeps every micro-batch's activations; 1F1B at most pp of them.
-    let (g, f) = (by(PipelineSchedule::GPipe, "pp8"), by(PipelineSchedule::OneFOneB, "pp8"));
+    let (g, f) = (
+        by(PipelineSchedule::GPipe, "pp8"),
+        by(PipelineSchedule::OneFOneB, "pp8"),
+    );
     assert!(g.memory.activations > f.memory.activations);
     // The bubble is (pp-1)/(M+pp-1) of the pipeline.
     let t = f.time;

@@ -15,7 +15,12 @@ pub fn run(g: &mut Graph, _: &Ctx) -> Result<(), Error> {
     let internal = |m: String| Error::Model(Diagnostic::new(m, None));
     let loss = g
         .objective
-        .or_else(|| g.outputs.iter().find(|(k, _)| k == "loss").map(|(_, n)| *n))
+        .or_else(|| {
+            g.outputs
+                .iter()
+                .find(|(k, _)| k == crate::plan::LOSS)
+                .map(|(_, n)| *n)
+        })
         .ok_or_else(|| internal("the graph has no `loss` output to differentiate".into()))?;
     let order = g
         .topo_order()

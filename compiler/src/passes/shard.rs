@@ -13,7 +13,7 @@ pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
     if ctx.options.shards.is_none() {
         return Ok(());
     }
-    let Some(at) = g.outputs.iter().position(|(k, _)| k == "loss") else {
+    let Some(at) = g.outputs.iter().position(|(k, _)| k == crate::plan::LOSS) else {
         return Ok(());
     };
     let loss = g.outputs[at].1;

@@ -9,6 +9,13 @@ use crate::ir::{Buffer, KernelKind, Memory};
 use crate::ir::{Graph, Op, Phase, TensorType};
 use serde::Serialize;
 
+/// The plan's output that is the loss (a per-shard plan's is the sum over every shard).
+pub const LOSS: &str = "loss";
+/// The class labels input of a cross-entropy loss (-100: a position that does not count).
+pub const LABELS: &str = "labels";
+/// The target input of an MSE loss.
+pub const TARGET: &str = "target";
+
 /// The version of `plan.json`; raised whenever a field changes meaning or appears.
 pub const PLAN_FORMAT: u32 = 1;
 

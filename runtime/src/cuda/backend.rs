@@ -29,7 +29,9 @@ impl Backend for CudaExecutor {
         CudaExecutor::run(self, batch, mode, step, first).map_err(device)
     }
     fn loss(&self, batch: usize) -> Result<f32, ExecError> {
-        Ok(self.output("loss", batch).map_err(device)?[0])
+        Ok(self
+            .output(parallax_compiler::plan::LOSS, batch)
+            .map_err(device)?[0])
     }
     fn output_values(&self, name: &str, batch: usize) -> Result<Option<Tensor>, ExecError> {
         let Some(shape) = self.output_shape(name, batch) else {

@@ -10,7 +10,7 @@ use crate::cpu::{ExecError, Mode};
 use crate::data::Values;
 use crate::finite::{all_finite, Count, NonFinite};
 use crate::loss_share::shard_weights;
-use parallax_compiler::passes::lower::LABELS;
+use parallax_compiler::plan::{LABELS, LOSS};
 use parallax_compiler::shards::{assign, INV_BATCH, SHARD_WEIGHT};
 
 impl Backend for SimulatedDevices {
@@ -105,7 +105,7 @@ impl Backend for SimulatedDevices {
     }
 
     fn loss(&self, _batch: usize) -> Result<f32, ExecError> {
-        let Some(step) = self.plan.output_steps.iter().find(|o| o.name == "loss") else {
+        let Some(step) = self.plan.output_steps.iter().find(|o| o.name == LOSS) else {
             return Ok(f32::NAN);
         };
         let t = self

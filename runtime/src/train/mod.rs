@@ -117,7 +117,7 @@ fn train_in(
     let output = plan
         .output_steps
         .iter()
-        .find(|o| o.name != "loss")
+        .find(|o| o.name != parallax_compiler::plan::LOSS)
         .map(|o| o.name.clone())
         .unwrap_or_default();
     let parameters = plan.parameters;

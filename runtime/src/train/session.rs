@@ -7,7 +7,7 @@ use crate::cpu::{ExecError, Executor};
 use crate::data::{self, Dataset, Loader, ModelIo, TensorSpec, Values};
 use parallax_compiler::dsl::ast::{Loss, Optimizer};
 use parallax_compiler::ir::{Dim, Op};
-use parallax_compiler::passes::lower::{LABELS, TARGET};
+use parallax_compiler::plan::{LABELS, LOSS, TARGET};
 use parallax_compiler::{Plan, Source};
 use sha2::Digest;
 use std::path::Path;
@@ -61,7 +61,7 @@ pub fn model_io(plan: &Plan, loss: &Loss) -> Result<(ModelIo, String, String), T
     let output = plan
         .output_steps
         .iter()
-        .find(|o| o.name != "loss")
+        .find(|o| o.name != LOSS)
         .map(|o| &plan.steps[o.step].ty);
     let classes = match (loss, output) {
         (Loss::CrossEntropy { .. }, Some(t)) => t

@@ -2,10 +2,7 @@
 
 use super::*;
 
-/// The class labels input of a cross-entropy loss (-100: a position that does not count).
-pub const LABELS: &str = "labels";
-/// The target input of an MSE loss.
-pub const TARGET: &str = "target";
+use crate::plan::{LABELS, LOSS, TARGET};
 
 impl Lowerer<'_> {
     pub(super) fn loss(&mut self) -> Result<(), Error> {
@@ -54,7 +51,7 @@ impl Lowerer<'_> {
                         ty: labels_ty,
                     },
                     &[],
-                    "loss",
+                    LOSS,
                     span,
                 )?;
                 self.add(
@@ -62,7 +59,7 @@ impl Lowerer<'_> {
                         smoothing: *label_smoothing,
                     },
                     &[out, labels],
-                    "loss",
+                    LOSS,
                     span,
                 )?
             }
@@ -82,19 +79,19 @@ impl Lowerer<'_> {
                         ty: t.clone(),
                     },
                     &[],
-                    "loss",
+                    LOSS,
                     span,
                 )?;
-                let diff = self.add(Op::Sub, &[out, target], "loss", span)?;
-                let sq = self.add(Op::Mul, &[diff, diff], "loss", span)?;
+                let diff = self.add(Op::Sub, &[out, target], LOSS, span)?;
+                let sq = self.add(Op::Mul, &[diff, diff], LOSS, span)?;
                 let axes = (0..t.rank()).collect();
-                self.add(Op::ReduceMean { axes }, &[sq], "loss", span)?
+                self.add(Op::ReduceMean { axes }, &[sq], LOSS, span)?
             }
         };
-        if self.g.outputs.iter().any(|(k, _)| k == "loss") {
+        if self.g.outputs.iter().any(|(k, _)| k == LOSS) {
             return Err(model_err("a model output may not be named `loss`", span));
         }
-        self.g.outputs.push(("loss".into(), loss));
+        self.g.outputs.push((LOSS.into(), loss));
         Ok(())
     }
 

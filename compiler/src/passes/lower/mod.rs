@@ -8,7 +8,6 @@ mod loss;
 mod models;
 
 pub use batch_norm::is_running_statistic;
-pub use loss::{LABELS, TARGET};
 
 use super::Ctx;
 use crate::diag::{suggest, Diagnostic, Span};
