@@ -25,3 +25,25 @@ pub struct Kernel {
     /// In execution order; the last is the kernel's main result.
     pub nodes: Vec<NodeIndex>,
 }
+
+impl KernelKind {
+    /// A short name for the IR text: `elementwise`, `gemm+bias+gelu`, ...
+    pub fn name(&self) -> String {
+        match self {
+            KernelKind::Single => "single".into(),
+            KernelKind::Elementwise => "elementwise".into(),
+            KernelKind::ElementwiseReduce => "elementwise+reduce".into(),
+            KernelKind::Gemm { bias, activation } => {
+                let mut s = String::from("gemm");
+                if *bias {
+                    s.push_str("+bias");
+                }
+                if let Some(a) = activation {
+                    s.push('+');
+                    s.push_str(&format!("{a:?}").to_lowercase());
+                }
+                s
+            }
+        }
+    }
+}

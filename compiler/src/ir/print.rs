@@ -63,7 +63,50 @@ pub fn to_text(g: &Graph, title: &str) -> String {
             super::graph::Phase::Backward => out.push_str("  [backward]"),
             super::graph::Phase::Update => out.push_str("  [update]"),
         }
+        // What the partitioning and schedule passes decided, once they have run.
+        if let Some(stage) = g.stages.as_ref().and_then(|s| s.get(&n)) {
+            let _ = write!(out, "  stage {stage}");
+        }
+        if let Some(owner) = g.owners.get(&n) {
+            let _ = write!(out, "  owner {owner}");
+        }
+        if let Some(b) = g.schedule.as_ref().and_then(|s| s.buffer_of.get(&n)) {
+            let _ = write!(out, "  -> b{b}");
+        }
         out.push('\n');
+    }
+    for (k, kernel) in g.kernels.iter().enumerate() {
+        let nodes: Vec<String> = kernel
+            .nodes
+            .iter()
+            .map(|n| format!("%{}", ids[n]))
+            .collect();
+        let _ = writeln!(
+            out,
+            "  kernel {k} {}: {}",
+            kernel.kind.name(),
+            nodes.join(" ")
+        );
+    }
+    if let Some(s) = &g.schedule {
+        for (b, buf) in s.buffers.iter().enumerate() {
+            let dedicated = if buf.dedicated { " dedicated" } else { "" };
+            let _ = writeln!(
+                out,
+                "  buffer b{b} {} x {}{dedicated}",
+                buf.dtype.name(),
+                buf.elements
+            );
+        }
+        let m = &s.memory;
+        let _ = writeln!(
+            out,
+            "  memory at batch {}: peak {} bytes, activations {}, dedicated {}",
+            s.batch,
+            m.peak_bytes,
+            m.activation_bytes,
+            m.dedicated_bytes()
+        );
     }
     for (name, n) in &g.outputs {
         let _ = writeln!(out, "  output {name} = %{}", ids[n]);

@@ -1,9 +1,10 @@
 //! The IR's invariants, checked after every pass in tests and debug builds.
 
 use super::graph::Graph;
-use super::ops::{Arity, OpKind};
+use super::ops::{Arity, Op, OpClass, OpKind};
+use super::{BufferSchedule, KernelKind, NodeIndex};
 use petgraph::Direction;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// Checks that the graph is well formed; the message names the first broken invariant.
 pub fn verify(g: &Graph) -> Result<(), String> {
@@ -106,5 +107,262 @@ pub fn verify(g: &Graph) -> Result<(), String> {
     if g.outputs.is_empty() {
         return Err("the graph has no outputs".into());
     }
+    if !g.kernels.is_empty() {
+        verify_kernels(g)?;
+    }
+    if let Some(schedule) = &g.schedule {
+        verify_buffers(g, schedule)?;
+    }
     Ok(())
+}
+
+/// Where a node runs: its pipeline stage and ZeRO owner.
+fn place(g: &Graph, n: NodeIndex) -> (Option<u32>, Option<u32>) {
+    let stage = g.stages.as_ref().and_then(|s| s.get(&n).copied());
+    (stage, g.owners.get(&n).copied())
+}
+
+/// The fuse pass's kernels partition the computing ops (sources in none), in an order that
+/// computes every operand first, each kernel on one stage for one owner.
+fn verify_kernels(g: &Graph) -> Result<(), String> {
+    let mut kernel_of: HashMap<NodeIndex, (usize, usize)> = HashMap::new();
+    for (k, kernel) in g.kernels.iter().enumerate() {
+        let first = *kernel
+            .nodes
+            .first()
+            .ok_or(format!("kernel {k} has no ops"))?;
+        for (i, &n) in kernel.nodes.iter().enumerate() {
+            if !g.g.contains_node(n) {
+                return Err(format!("kernel {k} holds a removed node"));
+            }
+            let node = &g.g[n];
+            if node.op.is_source() {
+                return Err(format!("kernel {k} holds the source `{}`", node.layer));
+            }
+            if kernel_of.insert(n, (k, i)).is_some() {
+                return Err(format!(
+                    "`{}` ({}) is in two kernels",
+                    node.layer,
+                    node.op.name()
+                ));
+            }
+            if place(g, n) != place(g, first) {
+                return Err(format!(
+                    "kernel {k} mixes stages or owners (`{}` and `{}`)",
+                    g.g[first].layer, node.layer
+                ));
+            }
+        }
+    }
+    for n in g.g.node_indices() {
+        let node = &g.g[n];
+        let Some(&(k, i)) = kernel_of.get(&n) else {
+            if node.op.is_source() {
+                continue;
+            }
+            return Err(format!(
+                "`{}` ({}) is in no kernel",
+                node.layer,
+                node.op.name()
+            ));
+        };
+        for o in g.operands(n) {
+            if g.g[o].op.is_source() {
+                continue;
+            }
+            let (ko, io) = kernel_of[&o];
+            if (ko, io) >= (k, i) {
+                return Err(format!(
+                    "kernel {k} reads `{}` ({}) before kernel {ko} computes it",
+                    g.g[o].layer,
+                    g.g[o].op.name()
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The schedule pass's buffers: each value's buffer is of its type and large enough, and no
+/// two values are live in one buffer at once, except where the schedule documents it: an
+/// update written over its parameter or state, an elementwise result written over an operand
+/// its kernel reads last, and a reshape viewing its operand's buffer.
+fn verify_buffers(g: &Graph, s: &BufferSchedule) -> Result<(), String> {
+    let value = g.sym_value(s.batch);
+    let end = g.kernels.len();
+    let kernel_of: HashMap<NodeIndex, usize> = g
+        .kernels
+        .iter()
+        .enumerate()
+        .flat_map(|(k, kern)| kern.nodes.iter().map(move |&n| (n, k)))
+        .collect();
+    let roots: HashSet<NodeIndex> = g.roots().into_iter().collect();
+    // A reshape sharing its operand's buffer is one value with it.
+    let owner = |mut n: NodeIndex| {
+        while let (Op::Reshape { .. }, [o]) = (&g.g[n].op, g.operands(n).as_slice()) {
+            if s.buffer_of.get(o) != s.buffer_of.get(&n) {
+                break;
+            }
+            n = *o;
+        }
+        n
+    };
+    // Each value's life, in kernel order: made (sources before the first kernel), last read.
+    let mut life: HashMap<NodeIndex, (usize, usize)> = HashMap::new();
+    let mut by_buffer: HashMap<usize, HashSet<NodeIndex>> = HashMap::new();
+    for (&n, &b) in &s.buffer_of {
+        if !g.g.contains_node(n) {
+            return Err(format!("buffer b{b} holds a removed node"));
+        }
+        let node = &g.g[n];
+        let buf = s.buffers.get(b).ok_or(format!(
+            "`{}` has buffer b{b}, which does not exist",
+            node.layer
+        ))?;
+        let elements = node
+            .ty
+            .shape
+            .iter()
+            .fold(1u64, |a, d| a.saturating_mul(d.eval(&value)));
+        if buf.dtype != node.ty.dtype || buf.elements < elements {
+            return Err(format!(
+                "`{}` ({}, {elements} elements) is in buffer b{b} ({}, {} elements)",
+                node.layer,
+                node.ty.dtype.name(),
+                buf.dtype.name(),
+                buf.elements
+            ));
+        }
+        let made = if node.op.is_source() {
+            0
+        } else {
+            kernel_of.get(&n).map_or(0, |k| k + 1)
+        };
+        let read = if roots.contains(&n) || node.op.is_source() {
+            end + 1
+        } else {
+            g.users(n)
+                .iter()
+                .filter_map(|u| kernel_of.get(u))
+                .map(|k| k + 1)
+                .max()
+                .unwrap_or(made)
+        };
+        let v = owner(n);
+        let e = life.entry(v).or_insert((made, read));
+        *e = (e.0.min(made), e.1.max(read));
+        by_buffer.entry(b).or_default().insert(v);
+    }
+    let updated: HashSet<(NodeIndex, NodeIndex)> = g.updates.iter().copied().collect();
+    // Whether the kernel numbered `made` (from 1) works element by element, so that it may
+    // write over a value it reads.
+    let elementwise = |made: usize| {
+        made >= 1 && {
+            let k = &g.kernels[made - 1];
+            matches!(
+                k.kind,
+                KernelKind::Elementwise | KernelKind::ElementwiseReduce
+            ) || k.kind == KernelKind::Single
+                && g.g[k.nodes[0]].op.def().class == OpClass::Elementwise
+        }
+    };
+    // Every reader of `old` runs at or before the kernel numbered `at`.
+    let read_by = |old: NodeIndex, at: usize| {
+        g.users(old)
+            .iter()
+            .filter_map(|u| kernel_of.get(u))
+            .all(|&k| k < at)
+    };
+    for (b, values) in by_buffer {
+        let mut values: Vec<NodeIndex> = values.into_iter().collect();
+        values.sort_by_key(|v| (life[v], v.index()));
+        for (i, &a) in values.iter().enumerate() {
+            for &c in &values[i + 1..] {
+                let (read_a, made_c) = (life[&a].1, life[&c].0);
+                let clash = if updated.contains(&(a, c)) {
+                    !read_by(a, made_c)
+                } else {
+                    made_c < read_a || made_c == read_a && !elementwise(made_c)
+                };
+                if clash {
+                    return Err(format!(
+                        "buffer b{b} holds `{}` ({}) while `{}` ({}) still needs it",
+                        g.g[c].layer,
+                        g.g[c].op.name(),
+                        g.g[a].layer,
+                        g.g[a].op.name()
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The MLP's training graph after the whole pipeline (fused and scheduled).
+    fn scheduled() -> Graph {
+        let source =
+            crate::parse_bytes(include_str!("../../../models/mlp.ron").as_bytes()).unwrap();
+        crate::compile(&source, &crate::Options::default(), &mut |_, _| {})
+            .unwrap()
+            .graph
+    }
+
+    #[test]
+    fn kernels_out_of_order_or_missing_are_caught() {
+        let g = scheduled();
+        assert_eq!(verify(&g), Ok(()));
+        let mut swapped = g.clone();
+        let last = swapped.kernels.len() - 1;
+        swapped.kernels.swap(0, last);
+        let err = verify(&swapped).unwrap_err();
+        assert!(err.contains("before kernel"), "{err}");
+        let mut dropped = g.clone();
+        dropped.kernels.remove(1);
+        let err = verify(&dropped).unwrap_err();
+        assert!(err.contains("is in no kernel"), "{err}");
+        let mut twice = g;
+        let again = twice.kernels[0].clone();
+        twice.kernels.push(again);
+        let err = verify(&twice).unwrap_err();
+        assert!(err.contains("in two kernels"), "{err}");
+    }
+
+    #[test]
+    fn two_live_values_in_one_buffer_are_caught() {
+        let g = scheduled();
+        let s = g.schedule.clone().unwrap();
+        // A parameter's buffer given to the first value a kernel stores: both live at once.
+        let param =
+            g.g.node_indices()
+                .find(|&n| g.g[n].op.kind() == OpKind::Param)
+                .unwrap();
+        let made = g
+            .kernels
+            .iter()
+            .flat_map(|k| k.nodes.iter().copied())
+            .find(|n| s.buffer_of.contains_key(n))
+            .unwrap();
+        let mut clash = g.clone();
+        let mut sched = s.clone();
+        let b = sched.buffer_of[&param];
+        sched.buffers[b].elements = u64::MAX;
+        sched.buffers[b].dtype = g.g[made].ty.dtype;
+        sched.buffer_of.insert(made, b);
+        clash.schedule = Some(sched);
+        let err = verify(&clash).unwrap_err();
+        assert!(err.contains("still needs it"), "{err}");
+        // A buffer too small for its value.
+        let mut small = g.clone();
+        let mut sched = s;
+        let b = sched.buffer_of[&made];
+        sched.buffers[b].elements = 0;
+        small.schedule = Some(sched);
+        let err = verify(&small).unwrap_err();
+        assert!(err.contains("elements) is in buffer"), "{err}");
+    }
 }
