@@ -87,7 +87,8 @@ fn compile_emits_ir_dot_and_plan() {
 fn compile_emits_one_thing_to_stdout() {
     let o = parallax(&["compile", "models/mlp.ron", "--emit", "ir"]);
     assert!(o.status.success());
-    let golden = std::fs::read_to_string("tests/golden/mlp.ir").unwrap();
+    // The IR after the whole pipeline, with its kernels and buffers.
+    let golden = std::fs::read_to_string("tests/golden/mlp.scheduled.ir").unwrap();
     assert_eq!(stdout(&o), golden);
     // Several things need a folder.
     let o = parallax(&["compile", "models/mlp.ron", "--emit", "ir,dot"]);
