@@ -181,6 +181,15 @@ impl Plan {
             .collect()
     }
 
+    /// Whether input `name` holds one row per sample (its first axis is the batch's symbol).
+    pub fn is_batched(&self, name: &str) -> bool {
+        let batch = crate::ir::Dim::sym(crate::ir::dim::BATCH);
+        self.steps.iter().any(|s| {
+            matches!(&s.op, Op::Input { name: n, .. } if n == name)
+                && s.ty.shape.first() == Some(&batch)
+        })
+    }
+
     /// The plan as `plan.json` holds it.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a plan serialises") + "\n"

@@ -19,7 +19,7 @@ impl Backend for SimulatedDevices {
     }
 
     fn set_input(&mut self, name: &str, batch: usize, v: &Values) -> Result<(), ExecError> {
-        if self.is_batched(name) {
+        if self.plan.is_batched(name) {
             self.batched.insert(name.to_string(), (batch, v.clone()));
             return Ok(());
         }

@@ -188,13 +188,6 @@ impl SimulatedDevices {
         &self.devices[self.device(r, t, stage)].shards[j]
     }
 
-    fn is_batched(&self, name: &str) -> bool {
-        self.plan
-            .inputs
-            .iter()
-            .any(|t| t.name == name && t.shape.first().is_some_and(|d| d == "B"))
-    }
-
     fn stage_of_step(&self, step: usize) -> usize {
         self.plan.steps[step].stage as usize
     }
