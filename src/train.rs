@@ -199,6 +199,11 @@ pub fn run(args: Args) -> Result<(), Exit> {
         backend,
         precision,
     } = args;
+    // clap's `requires` does not hold a bool flag to it.
+    if accept_changes && resume.is_none() {
+        errln!("error: --accept-changes continues a run with --resume RUN_DIR; a new run has nothing to accept");
+        return Err(Exit(2));
+    }
     // A resumed run reads the experiment it recorded (every default and override resolved).
     let file = match (&resume, file) {
         (Some(dir), _) => dir.join("experiment.ron"),

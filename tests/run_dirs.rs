@@ -86,6 +86,17 @@ fn a_file_a_foreign_folder_and_another_run_are_refused() {
         &["already holds a run", "--resume"],
     );
 
+    // --accept-changes belongs to --resume.
+    let o = parallax(&[
+        "train",
+        "models/mlp.ron",
+        "--steps",
+        "1",
+        "--accept-changes",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--accept-changes continues a run with --resume"));
+
     // A run that cannot start leaves no folder behind.
     let never = base.join("never");
     refused(

@@ -15,13 +15,15 @@ const LOCK: &str = ".lock";
 pub enum RunDirError {
     #[error("--run-dir {path}: is a file, not a folder; choose a new or empty folder")]
     NotAFolder { path: String },
+    #[error("--run-dir {path}: is a link to {target}, which does not exist; choose a new or empty folder, or create the one it names")]
+    DanglingLink { path: String, target: String },
     #[error("--run-dir {path}: holds files that are not a Parallax run (`{example}`), which a run would overwrite; choose a new or empty folder")]
     Foreign { path: String, example: String },
     #[error(
         "{path} already holds a run; choose another --run-dir, or continue it with --resume {path}"
     )]
     HoldsARun { path: String },
-    #[error("{path} is not a Parallax run (it has no {RECORD}); --resume continues a folder that `parallax train` wrote")]
+    #[error("{path} is not a Parallax run (it has no {RECORD} with a run_id); --resume continues a folder that `parallax train` wrote")]
     NotARun { path: String },
     #[error("{path} is in use by another `parallax train` ({holder}); wait for it to finish or choose another --run-dir")]
     Locked { path: String, holder: String },
@@ -63,6 +65,13 @@ impl RunDir {
         let shown = || path.display().to_string();
         if path.exists() && !path.is_dir() {
             return Err(RunDirError::NotAFolder { path: shown() });
+        }
+        // A link to nowhere: `exists` says no, and creating the folder fails with EEXIST.
+        if let (false, Ok(target)) = (path.exists(), std::fs::read_link(path)) {
+            return Err(RunDirError::DanglingLink {
+                path: shown(),
+                target: target.display().to_string(),
+            });
         }
         if resume && !is_run(path) {
             return Err(RunDirError::NotARun { path: shown() });
@@ -205,6 +214,11 @@ mod tests {
         assert!(err.contains("not a Parallax run (`a-file`)"), "{err}");
         let err = RunDir::open(&d, true).unwrap_err().to_string();
         assert!(err.contains("has no run.json"), "{err}");
+        let dangling = d.join("dangling");
+        std::os::unix::fs::symlink(d.join("nowhere"), &dangling).unwrap();
+        let err = RunDir::open(&dangling, false).unwrap_err().to_string();
+        assert!(err.contains("is a link to"), "{err}");
+        std::fs::remove_file(&dangling).unwrap();
         std::fs::remove_file(&file).unwrap();
         std::fs::write(d.join(RECORD), r#"{"run_id": "abc"}"#).unwrap();
         let err = RunDir::open(&d, false).unwrap_err().to_string();
