@@ -22,7 +22,7 @@ pub enum TrainError {
     /// A NaN or an infinity in the loss, a gradient, a parameter or a state after step
     /// `step` (or in the validation loss after epoch `epoch`). The data are checked finite
     /// when loaded, so the model diverged.
-    #[error("{}: {what}; the data were checked finite when loaded, so the model diverged: lower the learning rate (now {lr}) or clip gradients (set `clip_norm`)", at(*.step, *.epoch))]
+    #[error("{}: {what}; the data were checked finite when loaded, so the model diverged: lower the learning rate (now {}) or clip gradients (set `clip_norm`)", at(*.step, *.epoch), number(*.lr))]
     NonFinite {
         step: u64,
         epoch: Option<u64>,
@@ -60,6 +60,15 @@ pub fn signal_name(signal: usize) -> String {
     }
 }
 
+/// A learning rate as the user would write it: `0.005`, `100`, `1e38`.
+fn number(x: f32) -> String {
+    if x != 0.0 && !(1e-4..1e6).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
 /// Where a [`TrainError::NonFinite`] was found.
 fn at(step: u64, epoch: Option<u64>) -> String {
     match epoch {
@@ -72,7 +81,10 @@ fn at(step: u64, epoch: Option<u64>) -> String {
 /// holding a non-finite value.
 pub(super) fn non_finite(loss: f32, tensor: Option<crate::finite::NonFinite>) -> String {
     match (loss.is_finite(), tensor) {
-        (true, Some(t)) => format!("{t} went non-finite, which the loss ({loss}) does not show"),
+        (true, Some(t)) => format!(
+            "{t} went non-finite, which the loss ({}) does not show",
+            number(loss)
+        ),
         (false, Some(t)) => format!("the loss is {loss}, and {t} went non-finite"),
         (_, None) => format!("the loss is {loss}"),
     }
