@@ -263,3 +263,34 @@ fn gpus_no_split_can_use_are_refused_with_the_reasons() {
         );
     }
 }
+
+/// A file larger than the memory left (here under `ulimit -v`) is refused with both sizes
+/// before it is read.
+#[test]
+fn a_file_larger_than_the_memory_left_is_refused_with_its_size() {
+    let dir = temp("huge-init");
+    std::fs::create_dir_all(&dir).unwrap();
+    let huge = dir.join("huge.safetensors");
+    // Sparse: no disk is used.
+    std::fs::File::create(&huge)
+        .unwrap()
+        .set_len(1 << 30)
+        .unwrap();
+    let o = std::process::Command::new("bash")
+        .arg("-c")
+        .arg("ulimit -v 600000; exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_parallax"))
+        .args(["train", "models/mlp.ron", "--steps", "1", "--init"])
+        .arg(&huge)
+        .args(["--run-dir", dir.join("run").to_str().unwrap()])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the file is 1.00 GiB, more than the") && err.contains("available"),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -199,7 +199,7 @@ pub fn load(
     files: &FileShapes,
 ) -> Result<Meta, CheckpointError> {
     let p = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(io(path))?;
+    let bytes = crate::host_memory::read_whole(path).map_err(io(path))?;
     let format_err = |message: String| CheckpointError::Format {
         path: p.clone(),
         message,

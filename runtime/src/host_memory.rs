@@ -48,6 +48,23 @@ pub fn needed_bytes(plan: &Plan, grid: Option<Grid>) -> u64 {
     }
 }
 
+/// A whole file's bytes, refused (as an out-of-memory I/O error naming both sizes) when the
+/// file is larger than the memory the machine has available, rather than aborting halfway.
+pub fn read_whole(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    let len = std::fs::metadata(path)?.len();
+    if let Some(available) = available_bytes().filter(|&a| len > a) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::OutOfMemory,
+            format!(
+                "the file is {}, more than the {} of memory this machine has available",
+                bytes(len),
+                bytes(available)
+            ),
+        ));
+    }
+    std::fs::read(path)
+}
+
 /// Bytes the machine can still give this process: the least of Linux's `MemAvailable`, what
 /// is left under the process's address-space limit (`ulimit -v`) and under its cgroup's
 /// memory limit (a container's). `None` where none can be read, and then nothing is checked.

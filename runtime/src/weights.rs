@@ -139,7 +139,7 @@ pub fn save(e: &dyn Backend, files: &FileShapes, path: &Path) -> Result<(), Weig
 /// not use). Nothing is changed unless everything fits.
 pub fn load(e: &mut dyn Backend, files: &FileShapes, path: &Path) -> Result<(), WeightsError> {
     let p = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| WeightsError::Read {
+    let bytes = crate::host_memory::read_whole(path).map_err(|source| WeightsError::Read {
         path: p.clone(),
         source,
     })?;
