@@ -182,6 +182,7 @@ fn elementwise_ops() {
         Op::Tanh,
         Op::Sigmoid,
         Op::Gelu,
+        Op::Silu,
         Op::Relu,
         Op::Scale { by: -1.5 },
         Op::AddScalar { value: 2.0 },

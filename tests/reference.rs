@@ -186,6 +186,13 @@ fn attention() {
 }
 
 /// Each case is a test above, and each test's fixture is complete.
+/// The gated Mlp (SwiGLU: LLaMA's MLP, its parameter names) with and without biases and a
+/// standalone SiLU; AdamW with active clipping and a linear schedule; also tensor parallel.
+#[test]
+fn swiglu() {
+    check("swiglu", true);
+}
+
 #[test]
 fn every_fixture_is_tested() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/reference");
@@ -196,7 +203,7 @@ fn every_fixture_is_tested() {
         .map(|e| e.file_name().to_string_lossy().to_string())
         .collect();
     cases.sort();
-    assert_eq!(cases, ["attention", "cnn", "gpt", "mlp", "mse"]);
+    assert_eq!(cases, ["attention", "cnn", "gpt", "mlp", "mse", "swiglu"]);
     for c in &cases {
         for f in [
             "experiment.ron",

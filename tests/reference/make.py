@@ -68,7 +68,13 @@ class Attention(nn.Module):
         return self.out(ctx.permute(0, 2, 1, 3).reshape(b, s, d))
 
 
-ACTS = {"Relu": nn.ReLU, "Gelu": nn.GELU, "Tanh": nn.Tanh, "Sigmoid": nn.Sigmoid}
+ACTS = {
+    "Relu": nn.ReLU,
+    "Gelu": nn.GELU,
+    "Tanh": nn.Tanh,
+    "Sigmoid": nn.Sigmoid,
+    "Silu": nn.SiLU,
+}
 
 
 class Mlp(nn.Module):
@@ -80,6 +86,20 @@ class Mlp(nn.Module):
 
     def forward(self, x):
         return self.fc2(self.act(self.fc1(x)))
+
+
+class GatedMlp(nn.Module):
+    """Parallax's `Mlp(gated: true)`: LLaMA's MLP (SwiGLU with SiLU), its parameter names."""
+
+    def __init__(self, d, hidden, act="Silu", bias=True):
+        super().__init__()
+        self.gate_proj = nn.Linear(d, hidden, bias=bias)
+        self.up_proj = nn.Linear(d, hidden, bias=bias)
+        self.down_proj = nn.Linear(hidden, d, bias=bias)
+        self.act = ACTS[act]()
+
+    def forward(self, x):
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class PositionalEmbedding(nn.Module):
@@ -477,12 +497,47 @@ def case_attention(rng):
     )
 
 
+def case_swiglu(rng):
+    # A gated Mlp with SiLU as LLaMA's (no biases), a standalone SiLU, then one with biases;
+    # AdamW with active clipping and a linear schedule.
+    model = nn.Sequential(
+        GatedMlp(8, 16, "Silu", bias=False),
+        nn.SiLU(),
+        GatedMlp(8, 12, "Silu", bias=True),
+        nn.Flatten(),
+        nn.Linear(48, 4),
+    )
+    layers = """[
+            Mlp(hidden: 16, act: Silu, gated: true, bias: false),
+            Silu,
+            Mlp(hidden: 12, act: Silu, gated: true),
+            Flatten,
+            Linear(out: 4),
+        ]"""
+    x, y = class_data(rng, 24, (6, 8), 4)
+    return dict(
+        model=model,
+        ron_model=f"Sequential(\n        input: (shape: [6, 8]),\n        layers: {layers},\n    )",
+        x=x,
+        y=y,
+        loss=dict(kind="CrossEntropy"),
+        optimizer=dict(
+            kind="AdamW",
+            lr=0.02,
+            weight_decay=0.01,
+            clip_norm=0.05,
+            schedule=dict(kind="Linear", warmup=1, end_lr=0.002),
+        ),
+    )
+
+
 CASES = {
     "mlp": case_mlp,
     "cnn": case_cnn,
     "gpt": case_gpt,
     "mse": case_mse,
     "attention": case_attention,
+    "swiglu": case_swiglu,
 }
 BATCH = 8
 STEPS = 5

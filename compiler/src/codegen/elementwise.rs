@@ -95,6 +95,10 @@ pub(super) fn apply(
         Op::Gelu => k.gelu(a),
         Op::Tanh => k.tanh(a),
         Op::Sigmoid => k.sigmoid(a),
+        Op::Silu => {
+            let s = k.sigmoid(a);
+            k.mul(a, s)
+        }
         Op::ReluGrad => {
             let dy = two(b)?;
             let z = k.fc(0.0);
@@ -119,6 +123,17 @@ pub(super) fn apply(
             let one = k.fc(1.0);
             let c = k.sub(one, a);
             k.mul(t, c)
+        }
+        Op::SiluGrad => {
+            // dy * (s * (1 + x * (1 - s))), as the CPU kernel.
+            let dy = two(b)?;
+            let s = k.sigmoid(a);
+            let one = k.fc(1.0);
+            let c = k.sub(one, s);
+            let xc = k.mul(a, c);
+            let t = k.addc(xc, 1.0);
+            let g = k.mul(s, t);
+            k.mul(dy, g)
         }
         Op::Dropout { p, stream } => {
             let (threshold, scale, index) = dropout(k, *p, *stream);
@@ -312,6 +327,8 @@ mod tests {
             Op::GeluGrad,
             Op::TanhGrad,
             Op::SigmoidGrad,
+            Op::Silu,
+            Op::SiluGrad,
             Op::Dropout { p: 0.1, stream: 3 },
         ];
         let mut g = Gen::new();

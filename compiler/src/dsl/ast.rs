@@ -214,6 +214,11 @@ pub enum Activation {
     Gelu,
     Tanh,
     Sigmoid,
+    Silu,
+}
+
+fn is_false(b: &bool) -> bool {
+    !b
 }
 
 fn gelu() -> Activation {
@@ -270,6 +275,7 @@ pub enum Layer {
     Gelu,
     Tanh,
     Sigmoid,
+    Silu,
     Softmax {
         #[serde(default = "minus_one")]
         axis: i64,
@@ -311,13 +317,17 @@ pub enum Layer {
         #[serde(default = "yes")]
         bias: bool,
     },
-    /// Linear to `hidden`, activation, Linear back to the input's width.
+    /// Linear to `hidden`, activation, Linear back to the input's width (`fc1`, `fc2`).
+    /// Gated (SwiGLU with `act: Silu`, as LLaMA): `down_proj(act(gate_proj(x)) * up_proj(x))`.
     Mlp {
         hidden: DimExpr,
         #[serde(default = "gelu")]
         act: Activation,
         #[serde(default = "yes")]
         bias: bool,
+        /// Written out only when set, so ungated experiments keep their text (and run ids).
+        #[serde(default, skip_serializing_if = "is_false")]
+        gated: bool,
     },
     /// A named block of the graph, `times` copies in a row; `args` override parameters.
     Repeat {
@@ -348,6 +358,7 @@ impl Layer {
             Layer::Gelu => "Gelu",
             Layer::Tanh => "Tanh",
             Layer::Sigmoid => "Sigmoid",
+            Layer::Silu => "Silu",
             Layer::Softmax { .. } => "Softmax",
             Layer::LayerNorm { .. } => "LayerNorm",
             Layer::RmsNorm { .. } => "RmsNorm",

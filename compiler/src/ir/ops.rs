@@ -161,6 +161,8 @@ pub enum Op {
     Gelu,
     Tanh,
     Sigmoid,
+    /// `x * sigmoid(x)` (SiLU, or swish), as PyTorch's `F.silu`.
+    Silu,
     /// `(x, dy)`: `dy * (x > 0)`.
     ReluGrad,
     /// `(x, dy)`: `dy * gelu'(x)`.
@@ -169,6 +171,8 @@ pub enum Op {
     TanhGrad,
     /// `(y, dy)` with `y = sigmoid(x)`: `dy * y * (1 - y)`.
     SigmoidGrad,
+    /// `(x, dy)`: `dy * s * (1 + x * (1 - s))` with `s = sigmoid(x)`.
+    SiluGrad,
     /// Zeroes elements with probability `p` and scales the rest by `1/(1-p)`; the mask is keyed
     /// by (seed, step, `stream`, sample, element), so it is the same on any device count and
     /// the same op applied to the gradient uses the same mask.
@@ -298,10 +302,12 @@ pub enum OpKind {
     Gelu,
     Tanh,
     Sigmoid,
+    Silu,
     ReluGrad,
     GeluGrad,
     TanhGrad,
     SigmoidGrad,
+    SiluGrad,
     Dropout,
     Softmax,
     SoftmaxGrad,
@@ -391,7 +397,7 @@ use OpKind as K;
 
 /// The table, in `OpKind` order (a test checks it).
 #[rustfmt::skip]
-pub static OPS: [OpDef; 52] = [
+pub static OPS: [OpDef; 54] = [
     row(K::Input, "input", 0, Source, declared, free, vjp::source),
     row(K::Param, "param", 0, Source, declared, free, vjp::source),
     row(K::State, "state", 0, Source, declared, free, vjp::source),
@@ -422,10 +428,12 @@ pub static OPS: [OpDef; 52] = [
     row(K::Gelu, "gelu", 1, Elementwise, float_same, per_out::<8>, vjp::gelu),
     row(K::Tanh, "tanh", 1, Elementwise, float_same, per_out::<4>, vjp::tanh),
     row(K::Sigmoid, "sigmoid", 1, Elementwise, float_same, per_out::<4>, vjp::sigmoid),
+    row(K::Silu, "silu", 1, Elementwise, float_same, per_out::<5>, vjp::silu),
     row(K::ReluGrad, "relu_grad", 2, Elementwise, same_pair, per_out::<1>, vjp::none),
     row(K::GeluGrad, "gelu_grad", 2, Elementwise, same_pair, per_out::<12>, vjp::none),
     row(K::TanhGrad, "tanh_grad", 2, Elementwise, same_pair, per_out::<3>, vjp::none),
     row(K::SigmoidGrad, "sigmoid_grad", 2, Elementwise, same_pair, per_out::<3>, vjp::none),
+    row(K::SiluGrad, "silu_grad", 2, Elementwise, same_pair, per_out::<8>, vjp::none),
     row(K::Dropout, "dropout", 1, Elementwise, float_same, per_out::<2>, vjp::dropout),
     row(K::Softmax, "softmax", 1, Reduction, softmax_shape, per_out::<5>, vjp::softmax),
     row(K::SoftmaxGrad, "softmax_grad", 2, Reduction, same_pair, per_out::<4>, vjp::none),
@@ -479,10 +487,12 @@ impl Op {
             Op::Gelu => K::Gelu,
             Op::Tanh => K::Tanh,
             Op::Sigmoid => K::Sigmoid,
+            Op::Silu => K::Silu,
             Op::ReluGrad => K::ReluGrad,
             Op::GeluGrad => K::GeluGrad,
             Op::TanhGrad => K::TanhGrad,
             Op::SigmoidGrad => K::SigmoidGrad,
+            Op::SiluGrad => K::SiluGrad,
             Op::Dropout { .. } => K::Dropout,
             Op::Softmax { .. } => K::Softmax,
             Op::SoftmaxGrad => K::SoftmaxGrad,
@@ -630,10 +640,12 @@ impl Op {
             | Op::Gelu
             | Op::Tanh
             | Op::Sigmoid
+            | Op::Silu
             | Op::ReluGrad
             | Op::GeluGrad
             | Op::TanhGrad
             | Op::SigmoidGrad
+            | Op::SiluGrad
             | Op::SoftmaxGrad
             | Op::Training => String::new(),
         }

@@ -319,6 +319,10 @@ pub fn sigmoid(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Gra
     Ok(vec![Some(v.add(Op::SigmoidGrad, &[n, dy])?)])
 }
 
+pub fn silu(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    Ok(vec![Some(v.add(Op::SiluGrad, &[ins[0], dy])?)])
+}
+
 /// The same keyed mask applied to the gradient.
 pub fn dropout(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
     let op = v.op(n);

@@ -193,6 +193,16 @@ impl Units {
                 u.column.insert(join(p, "fc1"));
                 u.row.insert(join(p, "fc2"));
             }
+            // A gated Mlp (SwiGLU): gate and up by columns, down by rows.
+            let gated = ["gate_proj", "up_proj", "down_proj"]
+                .iter()
+                .all(|s| paths.contains(join(p, s).as_str()));
+            if gated {
+                u.inner.insert(p.to_string());
+                u.column.insert(join(p, "gate_proj"));
+                u.column.insert(join(p, "up_proj"));
+                u.row.insert(join(p, "down_proj"));
+            }
         }
         u
     }

@@ -213,6 +213,7 @@ impl Lowerer<'_> {
             Layer::Gelu => self.activation(x, Activation::Gelu, name, span),
             Layer::Tanh => self.activation(x, Activation::Tanh, name, span),
             Layer::Sigmoid => self.activation(x, Activation::Sigmoid, name, span),
+            Layer::Silu => self.activation(x, Activation::Silu, name, span),
             Layer::Softmax { axis } => {
                 let a = self.axis(x, *axis, p)?;
                 let last = self.ty(x).rank() - 1;
@@ -352,7 +353,38 @@ impl Lowerer<'_> {
                 causal,
                 bias,
             } => self.attention(x, heads, *causal, *bias, name, p),
-            Layer::Mlp { hidden, act, bias } => {
+            Layer::Mlp {
+                hidden,
+                act,
+                bias,
+                gated: true,
+            } => {
+                let d = self.features(x, name, kind, span)?;
+                let h = self.known(hidden, &p.join("hidden"), "`hidden`")?;
+                let (gate, up, down) = (
+                    format!("{name}.gate_proj"),
+                    format!("{name}.up_proj"),
+                    format!("{name}.down_proj"),
+                );
+                if self.tensor_parallel > 1 {
+                    // gate and up by columns, down by rows: one all-reduce each way.
+                    self.splits(h, "hidden features", name, span)?;
+                    let x = self.add(Op::TensorParallelCopy, &[x], name, span)?;
+                    let g = self.linear_split(x, h, *bias, Split::Column, &gate, span)?;
+                    let u = self.linear_split(x, h, *bias, Split::Column, &up, span)?;
+                    let g = self.activation(g, *act, name, span)?;
+                    let y = self.add(Op::Mul, &[g, u], name, span)?;
+                    return self.linear_split(y, d, *bias, Split::Row, &down, span);
+                }
+                let g = self.linear(x, h, *bias, &gate, span)?;
+                let u = self.linear(x, h, *bias, &up, span)?;
+                let g = self.activation(g, *act, name, span)?;
+                let y = self.add(Op::Mul, &[g, u], name, span)?;
+                self.linear(y, d, *bias, &down, span)
+            }
+            Layer::Mlp {
+                hidden, act, bias, ..
+            } => {
                 let d = self.features(x, name, kind, span)?;
                 let h = self.known(hidden, &p.join("hidden"), "`hidden`")?;
                 if self.tensor_parallel > 1 {

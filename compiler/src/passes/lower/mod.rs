@@ -392,6 +392,7 @@ impl Lowerer<'_> {
             Activation::Gelu => Op::Gelu,
             Activation::Tanh => Op::Tanh,
             Activation::Sigmoid => Op::Sigmoid,
+            Activation::Silu => Op::Silu,
         };
         self.add(op, &[x], layer, span)
     }

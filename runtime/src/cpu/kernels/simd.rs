@@ -60,6 +60,7 @@ pub enum Unary {
     Gelu,
     Tanh,
     Sigmoid,
+    Silu,
 }
 
 /// An elementwise op of two operands.
@@ -77,6 +78,8 @@ pub enum Binary {
     TanhGrad,
     /// `(y, dy)` from `y = sigmoid(x)`.
     SigmoidGrad,
+    /// `(x, dy)`: `dy * silu'(x)`.
+    SiluGrad,
 }
 
 impl Unary {
@@ -91,6 +94,7 @@ impl Unary {
             Unary::Gelu => math::gelu(x),
             Unary::Tanh => math::tanh(x),
             Unary::Sigmoid => math::sigmoid(x),
+            Unary::Silu => math::silu(x),
         }
     }
 }
@@ -107,6 +111,7 @@ impl Binary {
             Binary::GeluGrad => y * math::gelu_grad(x),
             Binary::TanhGrad => math::tanh_grad(x, y),
             Binary::SigmoidGrad => math::sigmoid_grad(x, y),
+            Binary::SiluGrad => math::silu_grad(x, y),
         }
     }
 }
@@ -135,10 +140,12 @@ impl Elementwise {
             Op::Gelu => U(Unary::Gelu),
             Op::Tanh => U(Unary::Tanh),
             Op::Sigmoid => U(Unary::Sigmoid),
+            Op::Silu => U(Unary::Silu),
             Op::ReluGrad => B(Binary::ReluGrad),
             Op::GeluGrad => B(Binary::GeluGrad),
             Op::TanhGrad => B(Binary::TanhGrad),
             Op::SigmoidGrad => B(Binary::SigmoidGrad),
+            Op::SiluGrad => B(Binary::SiluGrad),
             _ => return None,
         })
     }
@@ -171,6 +178,7 @@ fn unary_loop(op: Unary, out: &mut [f32], a: &[f32]) {
         Unary::Gelu => each!(math::gelu),
         Unary::Tanh => each!(math::tanh),
         Unary::Sigmoid => each!(math::sigmoid),
+        Unary::Silu => each!(math::silu),
     }
 }
 
@@ -211,6 +219,7 @@ fn binary_loop(op: Binary, out: &mut [f32], a: &[f32], b: Operand, swap: bool) {
         Binary::GeluGrad => each!(|x, dy| dy * math::gelu_grad(x)),
         Binary::TanhGrad => each!(math::tanh_grad),
         Binary::SigmoidGrad => each!(math::sigmoid_grad),
+        Binary::SiluGrad => each!(math::silu_grad),
     }
 }
 
@@ -324,6 +333,7 @@ mod tests {
             Unary::Gelu,
             Unary::Tanh,
             Unary::Sigmoid,
+            Unary::Silu,
         ];
         let binaries = [
             Binary::Add,
@@ -334,6 +344,7 @@ mod tests {
             Binary::GeluGrad,
             Binary::TanhGrad,
             Binary::SigmoidGrad,
+            Binary::SiluGrad,
         ];
         for n in [0, 1, 7, 8, 15, 16, 17, 1037] {
             let mut out = vec![0f32; n];
