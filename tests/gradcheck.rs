@@ -197,6 +197,27 @@ fn elementwise_ops() {
     }
 }
 
+/// Sqrt and Div, whose derivatives blow up at 0: taken of `p * p + 1` (at least 1).
+#[test]
+fn sqrt_and_div_away_from_zero() {
+    let positive = |g: &mut OpGraph, shape: &[u64]| {
+        let p = g.param(shape);
+        let sq = g.op(Op::Mul, &[p, p]);
+        g.op(Op::AddScalar { value: 1.0 }, &[sq])
+    };
+    let mut g = OpGraph::new();
+    let x = positive(&mut g, &[3, 5]);
+    let y = g.op(Op::Sqrt, &[x]);
+    g.check_through(y, "sqrt", &|_| {});
+    for (a, b) in [([3, 4].as_slice(), [3, 4].as_slice()), (&[2, 3, 4], &[4])] {
+        let mut g = OpGraph::new();
+        let x = g.param(a);
+        let z = positive(&mut g, b);
+        let y = g.op(Op::Div, &[x, z]);
+        g.check_through(y, &format!("div {a:?} {b:?}"), &|_| {});
+    }
+}
+
 #[test]
 fn matmuls() {
     let mm = |ta, tb| Op::MatMul {
@@ -243,6 +264,15 @@ fn layout_ops() {
         &[2, 4, 3],
     );
     binary(Op::Concat { axis: 1 }, &[2, 3], &[2, 2]);
+    // Pad (slice's adjoint) places its operand at `start` in zeros of `size`.
+    unary(
+        Op::Pad {
+            axis: 1,
+            start: 1,
+            size: Dim::known(5),
+        },
+        &[2, 3, 4],
+    );
 }
 
 #[test]

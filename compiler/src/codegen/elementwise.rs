@@ -310,27 +310,7 @@ mod tests {
 
     #[test]
     fn every_elementwise_op_assembles() {
-        let ops = [
-            Op::Add,
-            Op::Sub,
-            Op::Mul,
-            Op::Div,
-            Op::Scale { by: 0.5 },
-            Op::AddScalar { value: 1.0 },
-            Op::ClampMax { value: 2.0 },
-            Op::Sqrt,
-            Op::Relu,
-            Op::Gelu,
-            Op::Tanh,
-            Op::Sigmoid,
-            Op::ReluGrad,
-            Op::GeluGrad,
-            Op::TanhGrad,
-            Op::SigmoidGrad,
-            Op::Silu,
-            Op::SiluGrad,
-            Op::Dropout { p: 0.1, stream: 3 },
-        ];
+        let ops = crate::ir::ops::elementwise_examples();
         let mut g = Gen::new();
         let mut k = Kernel::new("t");
         let x = k.param_ptr(Arg::Value(0));

@@ -454,6 +454,33 @@ pub static OPS: [OpDef; 54] = [
     row(K::Reduce, "reduce", 1, Collective, float_same, per_out::<1>, vjp::none),
 ];
 
+/// One op of each elementwise row of the table, with sample attributes, in table order: what
+/// the backends' tests walk, so an elementwise row without a CPU map or a PTX arm fails a
+/// test (a unit test checks that it covers the table).
+pub fn elementwise_examples() -> Vec<Op> {
+    vec![
+        Op::Add,
+        Op::Sub,
+        Op::Mul,
+        Op::Div,
+        Op::Scale { by: 0.5 },
+        Op::AddScalar { value: 1.0 },
+        Op::ClampMax { value: 2.0 },
+        Op::Sqrt,
+        Op::Relu,
+        Op::Gelu,
+        Op::Tanh,
+        Op::Sigmoid,
+        Op::Silu,
+        Op::ReluGrad,
+        Op::GeluGrad,
+        Op::TanhGrad,
+        Op::SigmoidGrad,
+        Op::SiluGrad,
+        Op::Dropout { p: 0.1, stream: 3 },
+    ]
+}
+
 impl Op {
     pub fn kind(&self) -> OpKind {
         match self {
@@ -667,6 +694,20 @@ mod tests {
         for (i, d) in OPS.iter().enumerate() {
             assert_eq!(d.kind as usize, i, "row {} is out of order", d.name);
         }
+    }
+
+    #[test]
+    fn the_elementwise_examples_cover_the_table() {
+        let rows: Vec<OpKind> = OPS
+            .iter()
+            .filter(|d| d.class == OpClass::Elementwise)
+            .map(|d| d.kind)
+            .collect();
+        let examples: Vec<OpKind> = elementwise_examples().iter().map(Op::kind).collect();
+        assert_eq!(
+            examples, rows,
+            "add the new elementwise op to `elementwise_examples`"
+        );
     }
 
     #[test]

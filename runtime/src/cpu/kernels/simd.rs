@@ -324,6 +324,15 @@ mod tests {
     fn vector_loops_match_the_scalar_function() {
         let xs: Vec<f32> = (0..1037).map(|i| (i as f32 - 500.0) * 0.0173).collect();
         let ys: Vec<f32> = xs.iter().map(|x| 1.0 - x * 0.5).collect();
+        // Every elementwise row of the op table but dropout (its own kernel) has a map here.
+        for op in parallax_compiler::ir::ops::elementwise_examples() {
+            let mapped = Elementwise::of(&op);
+            assert_eq!(
+                mapped.is_some(),
+                !matches!(op, Op::Dropout { .. }),
+                "{op:?} has no CPU elementwise map"
+            );
+        }
         let unaries = [
             Unary::Scale(0.3),
             Unary::AddScalar(-1.5),
