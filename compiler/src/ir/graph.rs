@@ -287,6 +287,21 @@ impl Graph {
         (node.op.def().flops)(&node.op, &ins, &out)
     }
 
+    /// Each op's kernel, by index in `kernels` (after the fuse pass; sources are in none).
+    pub fn kernel_of(&self) -> HashMap<NodeIndex, usize> {
+        self.kernels
+            .iter()
+            .enumerate()
+            .flat_map(|(k, kern)| kern.nodes.iter().map(move |&n| (n, k)))
+            .collect()
+    }
+
+    /// Where a node runs: its pipeline stage and ZeRO owner (`None`: no stages, every rank).
+    pub fn place(&self, n: NodeIndex) -> (Option<u32>, Option<u32>) {
+        let stage = self.stages.as_ref().and_then(|s| s.get(&n).copied());
+        (stage, self.owners.get(&n).copied())
+    }
+
     /// Every node that must survive dead-code removal: outputs, gradients, updates.
     pub fn roots(&self) -> Vec<NodeIndex> {
         let mut r: Vec<NodeIndex> = self.outputs.iter().map(|(_, n)| *n).collect();

@@ -116,12 +116,6 @@ pub fn verify(g: &Graph) -> Result<(), String> {
     Ok(())
 }
 
-/// Where a node runs: its pipeline stage and ZeRO owner.
-fn place(g: &Graph, n: NodeIndex) -> (Option<u32>, Option<u32>) {
-    let stage = g.stages.as_ref().and_then(|s| s.get(&n).copied());
-    (stage, g.owners.get(&n).copied())
-}
-
 /// The fuse pass's kernels partition the computing ops (sources in none), in an order that
 /// computes every operand first, each kernel on one stage for one owner.
 fn verify_kernels(g: &Graph) -> Result<(), String> {
@@ -146,7 +140,7 @@ fn verify_kernels(g: &Graph) -> Result<(), String> {
                     node.op.name()
                 ));
             }
-            if place(g, n) != place(g, first) {
+            if g.place(n) != g.place(first) {
                 return Err(format!(
                     "kernel {k} mixes stages or owners (`{}` and `{}`)",
                     g.g[first].layer, node.layer
@@ -190,12 +184,7 @@ fn verify_kernels(g: &Graph) -> Result<(), String> {
 fn verify_buffers(g: &Graph, s: &BufferSchedule) -> Result<(), String> {
     let value = g.sym_value(s.batch);
     let end = g.kernels.len();
-    let kernel_of: HashMap<NodeIndex, usize> = g
-        .kernels
-        .iter()
-        .enumerate()
-        .flat_map(|(k, kern)| kern.nodes.iter().map(move |&n| (n, k)))
-        .collect();
+    let kernel_of = g.kernel_of();
     let roots: HashSet<NodeIndex> = g.roots().into_iter().collect();
     // A reshape sharing its operand's buffer is one value with it.
     let owner = |mut n: NodeIndex| {

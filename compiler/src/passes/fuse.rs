@@ -89,10 +89,6 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
     let mut groups: Vec<Group> = Vec::new();
     let mut group_of: HashMap<NodeIndex, usize> = HashMap::new();
     // Ops fuse only where they run: on one pipeline stage, for one ZeRO owner (or all ranks).
-    let place = |n: NodeIndex| {
-        let stage = g.stages.as_ref().and_then(|s| s.get(&n).copied());
-        (stage, g.owners.get(&n).copied())
-    };
     for &n in &order {
         let node = &g.g[n];
         if node.op.is_source() {
@@ -117,7 +113,7 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
                         && !grp.closed
                         && g.g[grp.nodes[0]].phase == node.phase
                         && g.g[grp.nodes[0]].ty.shape == node.ty.shape
-                        && place(grp.nodes[0]) == place(n)
+                        && g.place(grp.nodes[0]) == g.place(n)
                 })
                 .collect();
             merge.sort_unstable();
@@ -180,7 +176,7 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
                             if o == last
                                 && g.g[o].ty.shape == node.ty.shape
                                 && (is_bias || is_act)
-                                && place(o) == place(n)
+                                && g.place(o) == g.place(n)
                             {
                                 groups[gi].kind = KernelKind::Gemm {
                                     bias: bias || is_bias,
@@ -200,7 +196,7 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
                 if grp.kind == KernelKind::Elementwise
                     && !grp.closed
                     && g.g[grp.nodes[0]].phase == node.phase
-                    && place(grp.nodes[0]) == place(n)
+                    && g.place(grp.nodes[0]) == g.place(n)
                     && reduction_tail(&node.op, &g.g[o].ty)
                     && only_used_by(o, n)
                 {
@@ -317,12 +313,7 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
 /// a gradient or an update.
 pub fn stored(g: &Graph) -> Vec<Vec<NodeIndex>> {
     let roots: HashSet<NodeIndex> = g.roots().into_iter().collect();
-    let kernel_of: HashMap<NodeIndex, usize> = g
-        .kernels
-        .iter()
-        .enumerate()
-        .flat_map(|(k, kern)| kern.nodes.iter().map(move |&n| (n, k)))
-        .collect();
+    let kernel_of = g.kernel_of();
     g.kernels
         .iter()
         .enumerate()

@@ -61,12 +61,7 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> BufferSchedule {
     let dedicated_bytes = s.memory.dedicated_bytes();
     // When each stored value is made and last read, in kernel order.
     let end = g.kernels.len();
-    let kernel_of: HashMap<NodeIndex, usize> = g
-        .kernels
-        .iter()
-        .enumerate()
-        .flat_map(|(k, kern)| kern.nodes.iter().map(move |&n| (n, k)))
-        .collect();
+    let kernel_of = g.kernel_of();
     let roots: std::collections::HashSet<NodeIndex> = g.roots().into_iter().collect();
     let mut frees_after: Vec<Vec<NodeIndex>> = vec![Vec::new(); end + 1];
     let values = stored(g);
