@@ -11,6 +11,7 @@ pub mod lr_schedule;
 pub mod partition;
 pub mod passes;
 pub mod plan;
+pub mod scalar;
 pub mod target;
 // Sharding is part of what a plan says; the old path stays for callers.
 pub use plan::shards;

@@ -6,9 +6,8 @@
 use super::Arg;
 use std::fmt::Write;
 
-/// An f32 register.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct F(u32);
+/// An f32 register (the op table's maps write their PTX bodies in these).
+pub use crate::ir::maps::Reg as F;
 /// A 32-bit integer register.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct R(u32);
@@ -543,4 +542,59 @@ impl Kernel {
 /// The PTX module header for a target (`sm_80`, `sm_90`).
 pub fn header(target: &str) -> String {
     format!(".version 8.0\n.target {target}\n.address_size 64\n\n")
+}
+
+/// The instructions of the op table's map bodies (`ir::maps`), as this builder writes them.
+impl crate::ir::maps::PtxScalar for Kernel {
+    fn constant(&mut self, v: f32) -> F {
+        self.fc(v)
+    }
+    fn add(&mut self, a: F, b: F) -> F {
+        Kernel::add(self, a, b)
+    }
+    fn sub(&mut self, a: F, b: F) -> F {
+        Kernel::sub(self, a, b)
+    }
+    fn mul(&mut self, a: F, b: F) -> F {
+        Kernel::mul(self, a, b)
+    }
+    fn div(&mut self, a: F, b: F) -> F {
+        Kernel::div(self, a, b)
+    }
+    fn add_const(&mut self, a: F, c: f32) -> F {
+        self.addc(a, c)
+    }
+    fn mul_const(&mut self, a: F, c: f32) -> F {
+        self.mulc(a, c)
+    }
+    fn min(&mut self, a: F, b: F) -> F {
+        // `min.f32` returns the number when one operand is NaN, as Rust's `f32::min`.
+        self.bin("min", a, b)
+    }
+    fn max(&mut self, a: F, b: F) -> F {
+        // Plain `max.f32` (not `bin`'s NaN-propagating form): NaN gives the number, as
+        // Rust's `f32::max` does.
+        let d = self.f();
+        self.ins(format!("max.f32 {d}, {a}, {b}"));
+        d
+    }
+    fn select_gt(&mut self, a: F, b: F, then: F, otherwise: F) -> F {
+        let p = self.cmpf("gt", a, b);
+        self.sel(then, otherwise, p)
+    }
+    fn sqrt(&mut self, a: F) -> F {
+        Kernel::sqrt(self, a)
+    }
+    fn tanh(&mut self, a: F) -> F {
+        Kernel::tanh(self, a)
+    }
+    fn sigmoid(&mut self, a: F) -> F {
+        Kernel::sigmoid(self, a)
+    }
+    fn gelu(&mut self, a: F) -> F {
+        Kernel::gelu(self, a)
+    }
+    fn gelu_grad(&mut self, a: F) -> F {
+        Kernel::gelu_grad(self, a)
+    }
 }

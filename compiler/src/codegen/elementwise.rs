@@ -70,72 +70,11 @@ pub(super) fn apply(
             message: "expects two operands".into(),
         })
     };
-    Ok(match op {
-        Op::Add => k.add(a, two(b)?),
-        Op::Sub => k.sub(a, two(b)?),
-        Op::Mul => k.mul(a, two(b)?),
-        Op::Div => k.div(a, two(b)?),
-        Op::Scale { by } => k.mulc(a, *by as f32),
-        Op::AddScalar { value } => k.addc(a, *value as f32),
-        Op::ClampMax { value } => {
-            let v = k.fc(*value as f32);
-            // `min.f32` returns the number when one operand is NaN, as Rust's `f32::min`.
-            let d = k.f();
-            k.ins(format!("min.f32 {d}, {a}, {v}"));
-            d
-        }
-        Op::Sqrt => k.sqrt(a),
-        Op::Relu => {
-            let z = k.fc(0.0);
-            // As the CPU oracle's `f32::max`: NaN becomes 0.
-            let d = k.f();
-            k.ins(format!("max.f32 {d}, {a}, {z}"));
-            d
-        }
-        Op::Gelu => k.gelu(a),
-        Op::Tanh => k.tanh(a),
-        Op::Sigmoid => k.sigmoid(a),
-        Op::Silu => {
-            let s = k.sigmoid(a);
-            k.mul(a, s)
-        }
-        Op::ReluGrad => {
-            let dy = two(b)?;
-            let z = k.fc(0.0);
-            let p = k.cmpf("gt", a, z);
-            k.sel(dy, z, p)
-        }
-        Op::GeluGrad => {
-            let dy = two(b)?;
-            let g = k.gelu_grad(a);
-            k.mul(dy, g)
-        }
-        Op::TanhGrad => {
-            let dy = two(b)?;
-            let y2 = k.mul(a, a);
-            let one = k.fc(1.0);
-            let t = k.sub(one, y2);
-            k.mul(dy, t)
-        }
-        Op::SigmoidGrad => {
-            let dy = two(b)?;
-            let t = k.mul(dy, a);
-            let one = k.fc(1.0);
-            let c = k.sub(one, a);
-            k.mul(t, c)
-        }
-        Op::SiluGrad => {
-            // dy * (s * (1 + x * (1 - s))), as the CPU kernel.
-            let dy = two(b)?;
-            let s = k.sigmoid(a);
-            let one = k.fc(1.0);
-            let c = k.sub(one, s);
-            let xc = k.mul(a, c);
-            let t = k.addc(xc, 1.0);
-            let g = k.mul(s, t);
-            k.mul(dy, g)
-        }
-        Op::Dropout { p, stream } => {
+    use crate::ir::maps::Elementwise;
+    Ok(match (op.map(), op) {
+        (Some(Elementwise::Unary(m)), _) => (m.map.ptx)(k, a, m.p),
+        (Some(Elementwise::Binary(m)), _) => (m.0.ptx)(k, a, two(b)?),
+        (None, Op::Dropout { p, stream }) => {
             let (threshold, scale, index) = dropout(k, *p, *stream);
             // uniform = (bits >> 40) * 2^-24, as `rng::uniform`.
             let bits = k.op64("shr", index, 40);
@@ -146,7 +85,7 @@ pub(super) fn apply(
             let z = k.fc(0.0);
             k.sel(z, kept, drop)
         }
-        other => {
+        (None, other) => {
             return Err(CodegenError::Bad {
                 op: other.name(),
                 message: "is not elementwise".into(),

@@ -407,7 +407,20 @@ fn single(
         | Op::ReduceMean { .. }
         | Op::SumTo { .. }
         | Op::Expand { .. } => layout::generate(g, name, op, ins, out),
-        other => Err(CodegenError::Unsupported { op: other.name() }),
+        // Elementwise ops are chains (`elementwise::chain`); sources hold values the executor
+        // sets; collectives are the collective library's; none is a kernel of its own here.
+        crate::map_ops!()
+        | Op::Dropout { .. }
+        | Op::Input { .. }
+        | Op::Param { .. }
+        | Op::State { .. }
+        | Op::Training
+        | Op::Fill { .. }
+        | Op::AllReduce { .. }
+        | Op::TensorParallelCopy
+        | Op::Transfer { .. }
+        | Op::Broadcast { .. }
+        | Op::Reduce { .. } => Err(CodegenError::Unsupported { op: op.name() }),
     }
 }
 

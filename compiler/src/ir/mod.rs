@@ -6,6 +6,7 @@ pub mod cost;
 pub mod dim;
 pub mod graph;
 pub mod kernels;
+pub mod maps;
 pub mod ops;
 pub mod print;
 pub mod shape_rules;

@@ -1,13 +1,15 @@
 //! The op table: every primitive op of the IR, declared once.
 //!
-//! A row gives the op's name, arity, class, shape rule (`shape_rules.rs`), cost (`cost.rs`)
-//! and VJP (`vjp.rs`). Later stages add their columns to the same row (CPU kernel, PTX
-//! expression), so adding an op touches this table, its rules and a test. Layers
+//! A row gives the op's name, arity, class, shape rule (`shape_rules.rs`), cost (`cost.rs`),
+//! VJP (`vjp.rs`) and, for a plain elementwise map, its backend columns (`maps.rs`: CPU
+//! function and vector loop, f64 reference, PTX body, epilogue flag), so adding an
+//! elementwise op touches this table, its map, its VJP rule and a test. Layers
 //! (`dsl::ast::Layer`) lower into these ops in `passes::lower`; `passes::autodiff` builds the
 //! backward graph from the VJP column alone.
 
 use super::cost::*;
 use super::dim::Dim;
+use super::maps::{self, Map};
 use super::shape_rules::*;
 use super::types::TensorType;
 use super::vjp::{self, VjpRule};
@@ -370,6 +372,8 @@ pub struct OpDef {
     pub flops: CostRule,
     /// The vector-Jacobian product: the gradients of the operands from the output's.
     pub vjp: VjpRule,
+    /// A plain elementwise map's backend columns (`maps`): CPU, f64 reference, PTX.
+    pub map: Option<&'static Map>,
 }
 
 const fn row(
@@ -389,6 +393,23 @@ const fn row(
         shape,
         flops,
         vjp,
+        map: None,
+    }
+}
+
+/// A row of the elementwise family, with its map.
+const fn map_row(
+    kind: OpKind,
+    name: &'static str,
+    arity: usize,
+    shape: ShapeRule,
+    flops: CostRule,
+    vjp: VjpRule,
+    map: &'static Map,
+) -> OpDef {
+    OpDef {
+        map: Some(map),
+        ..row(kind, name, arity, Elementwise, shape, flops, vjp)
     }
 }
 
@@ -416,24 +437,24 @@ pub static OPS: [OpDef; 54] = [
     row(K::Pad, "pad", 1, Layout, pad_shape, free, vjp::pad),
     row(K::Gather, "gather", 2, Layout, gather_shape, free, vjp::gather),
     row(K::ScatterAdd, "scatter_add", 2, Layout, scatter_add_shape, per_in::<1, 1>, vjp::none),
-    row(K::Add, "add", 2, Elementwise, broadcast_shape, per_out::<1>, vjp::add),
-    row(K::Sub, "sub", 2, Elementwise, broadcast_shape, per_out::<1>, vjp::sub),
-    row(K::Mul, "mul", 2, Elementwise, broadcast_shape, per_out::<1>, vjp::mul),
-    row(K::Div, "div", 2, Elementwise, broadcast_shape, per_out::<1>, vjp::div),
-    row(K::Scale, "scale", 1, Elementwise, float_same, per_out::<1>, vjp::scale),
-    row(K::AddScalar, "add_scalar", 1, Elementwise, float_same, per_out::<1>, vjp::identity),
-    row(K::ClampMax, "clamp_max", 1, Elementwise, float_same, per_out::<1>, vjp::none),
-    row(K::Sqrt, "sqrt", 1, Elementwise, float_same, per_out::<1>, vjp::sqrt),
-    row(K::Relu, "relu", 1, Elementwise, float_same, per_out::<1>, vjp::relu),
-    row(K::Gelu, "gelu", 1, Elementwise, float_same, per_out::<8>, vjp::gelu),
-    row(K::Tanh, "tanh", 1, Elementwise, float_same, per_out::<4>, vjp::tanh),
-    row(K::Sigmoid, "sigmoid", 1, Elementwise, float_same, per_out::<4>, vjp::sigmoid),
-    row(K::Silu, "silu", 1, Elementwise, float_same, per_out::<5>, vjp::silu),
-    row(K::ReluGrad, "relu_grad", 2, Elementwise, same_pair, per_out::<1>, vjp::none),
-    row(K::GeluGrad, "gelu_grad", 2, Elementwise, same_pair, per_out::<12>, vjp::none),
-    row(K::TanhGrad, "tanh_grad", 2, Elementwise, same_pair, per_out::<3>, vjp::none),
-    row(K::SigmoidGrad, "sigmoid_grad", 2, Elementwise, same_pair, per_out::<3>, vjp::none),
-    row(K::SiluGrad, "silu_grad", 2, Elementwise, same_pair, per_out::<8>, vjp::none),
+    map_row(K::Add, "add", 2, broadcast_shape, per_out::<1>, vjp::add, &maps::ADD),
+    map_row(K::Sub, "sub", 2, broadcast_shape, per_out::<1>, vjp::sub, &maps::SUB),
+    map_row(K::Mul, "mul", 2, broadcast_shape, per_out::<1>, vjp::mul, &maps::MUL),
+    map_row(K::Div, "div", 2, broadcast_shape, per_out::<1>, vjp::div, &maps::DIV),
+    map_row(K::Scale, "scale", 1, float_same, per_out::<1>, vjp::scale, &maps::SCALE),
+    map_row(K::AddScalar, "add_scalar", 1, float_same, per_out::<1>, vjp::identity, &maps::ADD_SCALAR),
+    map_row(K::ClampMax, "clamp_max", 1, float_same, per_out::<1>, vjp::none, &maps::CLAMP_MAX),
+    map_row(K::Sqrt, "sqrt", 1, float_same, per_out::<1>, vjp::sqrt, &maps::SQRT),
+    map_row(K::Relu, "relu", 1, float_same, per_out::<1>, vjp::relu, &maps::RELU),
+    map_row(K::Gelu, "gelu", 1, float_same, per_out::<8>, vjp::gelu, &maps::GELU),
+    map_row(K::Tanh, "tanh", 1, float_same, per_out::<4>, vjp::tanh, &maps::TANH),
+    map_row(K::Sigmoid, "sigmoid", 1, float_same, per_out::<4>, vjp::sigmoid, &maps::SIGMOID),
+    map_row(K::Silu, "silu", 1, float_same, per_out::<5>, vjp::silu, &maps::SILU),
+    map_row(K::ReluGrad, "relu_grad", 2, same_pair, per_out::<1>, vjp::none, &maps::RELU_GRAD),
+    map_row(K::GeluGrad, "gelu_grad", 2, same_pair, per_out::<12>, vjp::none, &maps::GELU_GRAD),
+    map_row(K::TanhGrad, "tanh_grad", 2, same_pair, per_out::<3>, vjp::none, &maps::TANH_GRAD),
+    map_row(K::SigmoidGrad, "sigmoid_grad", 2, same_pair, per_out::<3>, vjp::none, &maps::SIGMOID_GRAD),
+    map_row(K::SiluGrad, "silu_grad", 2, same_pair, per_out::<8>, vjp::none, &maps::SILU_GRAD),
     row(K::Dropout, "dropout", 1, Elementwise, float_same, per_out::<2>, vjp::dropout),
     row(K::Softmax, "softmax", 1, Reduction, softmax_shape, per_out::<5>, vjp::softmax),
     row(K::SoftmaxGrad, "softmax_grad", 2, Reduction, same_pair, per_out::<4>, vjp::none),
@@ -453,6 +474,34 @@ pub static OPS: [OpDef; 54] = [
     row(K::Broadcast, "broadcast", 1, Collective, any_same, free, vjp::none),
     row(K::Reduce, "reduce", 1, Collective, float_same, per_out::<1>, vjp::none),
 ];
+
+/// The ops with a map (`maps`), as a pattern: a backend's match over ops covers the whole
+/// elementwise family in one arm (`map_ops!() => ..op.map()..`) and names every other op, so
+/// it needs no wildcard and a new op without a backend piece does not compile. A test checks
+/// the pattern against the table.
+#[macro_export]
+macro_rules! map_ops {
+    () => {
+        $crate::ir::Op::Add
+            | $crate::ir::Op::Sub
+            | $crate::ir::Op::Mul
+            | $crate::ir::Op::Div
+            | $crate::ir::Op::Scale { .. }
+            | $crate::ir::Op::AddScalar { .. }
+            | $crate::ir::Op::ClampMax { .. }
+            | $crate::ir::Op::Sqrt
+            | $crate::ir::Op::Relu
+            | $crate::ir::Op::Gelu
+            | $crate::ir::Op::Tanh
+            | $crate::ir::Op::Sigmoid
+            | $crate::ir::Op::Silu
+            | $crate::ir::Op::ReluGrad
+            | $crate::ir::Op::GeluGrad
+            | $crate::ir::Op::TanhGrad
+            | $crate::ir::Op::SigmoidGrad
+            | $crate::ir::Op::SiluGrad
+    };
+}
 
 /// One op of each elementwise row of the table, with sample attributes, in table order: what
 /// the backends' tests walk, so an elementwise row without a CPU map or a PTX arm fails a
@@ -693,6 +742,17 @@ mod tests {
     fn table_is_in_kind_order() {
         for (i, d) in OPS.iter().enumerate() {
             assert_eq!(d.kind as usize, i, "row {} is out of order", d.name);
+        }
+    }
+
+    #[test]
+    fn the_map_pattern_is_the_ops_with_a_map() {
+        for op in elementwise_examples() {
+            assert_eq!(
+                matches!(op, crate::map_ops!()),
+                op.map().is_some(),
+                "{op:?}: `map_ops!` and the table disagree"
+            );
         }
     }
 

@@ -6,6 +6,7 @@
 //! in execution order.
 
 use super::Ctx;
+use crate::ir::maps::Elementwise;
 use crate::ir::ops::OpClass;
 use crate::ir::{Graph, Kernel, KernelKind, NodeIndex, Op, OpKind, TensorType};
 use crate::Error;
@@ -171,8 +172,10 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
                                 && other.is_some_and(|&b| {
                                     g.g[b].op.is_source() && g.g[b].ty.rank() == 1
                                 });
-                            let is_act =
-                                matches!(node.op, Op::Relu | Op::Gelu | Op::Tanh | Op::Sigmoid);
+                            let is_act = matches!(
+                                node.op.map(),
+                                Some(Elementwise::Unary(m)) if m.map.epilogue
+                            );
                             if o == last
                                 && g.g[o].ty.shape == node.ty.shape
                                 && (is_bias || is_act)

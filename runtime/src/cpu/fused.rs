@@ -5,7 +5,7 @@
 
 use super::kernels::elementwise::DropoutMask;
 use super::kernels::layout::offset_of;
-use super::kernels::simd::{binary, unary, Elementwise, Operand};
+use super::kernels::simd::{Elementwise, Operand};
 use super::kernels::Small;
 use super::kernels::{Ctx, KernelError};
 use parallax_compiler::ir::Op;
@@ -39,7 +39,7 @@ impl Kind {
     pub fn of(op: &Op) -> Option<Kind> {
         match *op {
             Op::Dropout { p, stream } => Some(Kind::Dropout { p, stream }),
-            _ => Elementwise::of(op).map(Kind::Map),
+            _ => op.map().map(Kind::Map),
         }
     }
 }
@@ -130,22 +130,22 @@ pub fn run(ops: &[FusedOp], n: usize, per_sample: usize, ctx: &Ctx) -> Result<()
             let out = &mut out[..len];
             match f.kind {
                 Kind::Map(Elementwise::Unary(u)) => {
-                    unary(u, out, view(f.operands[0], done, ta, start, len))
+                    u.run(out, view(f.operands[0], done, ta, start, len))
                 }
                 // A one-value operand (a learning rate, a scalar) is passed as such.
                 Kind::Map(Elementwise::Binary(op)) => match f.operands.map(scalar) {
                     [_, Some(y)] => {
                         let a = view(f.operands[0], done, ta, start, len);
-                        binary(op, out, a, Operand::All(y), false)
+                        op.run(out, a, Operand::All(y), false)
                     }
                     [Some(x), None] => {
                         let b = view(f.operands[1], done, tb, start, len);
-                        binary(op, out, b, Operand::All(x), true)
+                        op.run(out, b, Operand::All(x), true)
                     }
                     [None, None] => {
                         let a = view(f.operands[0], done, ta, start, len);
                         let b = view(f.operands[1], done, tb, start, len);
-                        binary(op, out, a, Operand::Each(b), false)
+                        op.run(out, a, Operand::Each(b), false)
                     }
                 },
                 Kind::Dropout { p, stream } => {

@@ -2,7 +2,7 @@
 //! and dropout. Large tensors are split across threads by contiguous chunks; every element
 //! is computed the same way whatever the split, so results do not depend on thread count.
 
-use super::simd::{self, Binary, Operand, Unary};
+use super::simd::{Binary, Operand, Unary};
 use super::{Ctx, KernelError, Small};
 use crate::cpu::tensor::Tensor;
 use crate::rng;
@@ -36,9 +36,9 @@ pub fn unary(x: &Tensor, out: &mut Tensor, op: Unary) -> Result<(), KernelError>
     if o.len() >= PARALLEL_MIN {
         o.par_chunks_mut(CHUNK)
             .zip(x.par_chunks(CHUNK))
-            .for_each(|(o, x)| simd::unary(op, o, x));
+            .for_each(|(o, x)| op.run(o, x));
     } else {
-        simd::unary(op, o, x);
+        op.run(o, x);
     }
     Ok(())
 }
@@ -53,9 +53,7 @@ pub fn same_shape(a: &Tensor, b: &Tensor, out: &mut Tensor, op: Binary) -> Resul
     }
     let (a, b) = (f32s(a, "elementwise")?, f32s(b, "elementwise")?);
     let o = out.f32_mut();
-    let body = |(o, (a, b)): (&mut [f32], (&[f32], &[f32]))| {
-        simd::binary(op, o, a, Operand::Each(b), false)
-    };
+    let body = |(o, (a, b)): (&mut [f32], (&[f32], &[f32]))| op.run(o, a, Operand::Each(b), false);
     if o.len() >= PARALLEL_MIN {
         o.par_chunks_mut(CHUNK)
             .zip(a.par_chunks(CHUNK).zip(b.par_chunks(CHUNK)))
@@ -88,9 +86,9 @@ fn with_scalar(op: Binary, o: &mut [f32], a: &[f32], y: f32, swap: bool) {
     if o.len() >= PARALLEL_MIN {
         o.par_chunks_mut(CHUNK)
             .zip(a.par_chunks(CHUNK))
-            .for_each(|(o, a)| simd::binary(op, o, a, Operand::All(y), swap));
+            .for_each(|(o, a)| op.run(o, a, Operand::All(y), swap));
     } else {
-        simd::binary(op, o, a, Operand::All(y), swap);
+        op.run(o, a, Operand::All(y), swap);
     }
 }
 
@@ -120,7 +118,7 @@ pub fn binary(a: &Tensor, b: &Tensor, out: &mut Tensor, op: Binary) -> Result<()
         let m = bv.len();
         let body = |(o, a): (&mut [f32], &[f32])| {
             for (o, a) in o.chunks_mut(m).zip(a.chunks(m)) {
-                simd::binary(op, o, a, Operand::Each(bv), false);
+                op.run(o, a, Operand::Each(bv), false);
             }
         };
         // Chunks are whole rows, so each element is computed the same way.
@@ -178,7 +176,7 @@ fn runs(a: &[f32], b: &[f32], run: usize, o: &mut [f32], op: Binary, swap: bool)
     let body = |first: usize, o: &mut [f32], a: &[f32]| {
         for (r, (o, a)) in o.chunks_mut(run).zip(a.chunks(run)).enumerate() {
             let y = b[(first + r) % m];
-            simd::binary(op, o, a, Operand::All(y), swap);
+            op.run(o, a, Operand::All(y), swap);
         }
     };
     if o.len() >= PARALLEL_MIN {
@@ -281,7 +279,7 @@ pub fn dropout(
 ) -> Result<(), KernelError> {
     let per_sample = x.shape.iter().skip(1).product::<usize>();
     let Some(mask) = DropoutMask::new(p, stream, ctx, per_sample) else {
-        return unary(x, out, Unary::Scale(1.0));
+        return super::layout::copy(x, out);
     };
     let xv = f32s(x, "dropout")?;
     let body = |(start, o): (usize, &mut [f32])| {
@@ -303,6 +301,7 @@ pub fn dropout(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use parallax_compiler::ir::Op;
 
     fn t(shape: &[usize], v: Vec<f32>) -> Tensor {
         Tensor::from_f32(shape.to_vec(), v)
@@ -366,7 +365,7 @@ mod tests {
             };
             let (a, b) = (gen(sa), gen(sb));
             let mut out = Tensor::from_f32(so.to_vec(), vec![0.0; so.iter().product()]);
-            binary(&a, &b, &mut out, Binary::Div).unwrap();
+            binary(&a, &b, &mut out, Binary::of(&Op::Div).unwrap()).unwrap();
             let want = reference_broadcast(&a, &b, so, |x, y| x / y);
             for (g, w) in out.f32().iter().zip(&want) {
                 assert!(
@@ -419,7 +418,7 @@ mod tests {
             let (a, b) = (gen(big), gen(small));
             assert!(repeat_run(small, big).is_some(), "{small:?} {big:?}");
             let n: usize = big.iter().product();
-            let op = Binary::Div;
+            let op = Binary::of(&Op::Div).unwrap();
             for (l, r) in [(&a, &b), (&b, &a)] {
                 let mut want = vec![0f32; n];
                 general(
@@ -522,9 +521,9 @@ mod tests {
                 .unwrap()
                 .install(|| {
                     let mut out = t(&[400, 300], vec![0.0; 120_000]);
-                    binary(&a, &b, &mut out, Binary::Mul).unwrap();
+                    binary(&a, &b, &mut out, Binary::of(&Op::Mul).unwrap()).unwrap();
                     let mut g = t(&[400, 300], vec![0.0; 120_000]);
-                    unary(&out, &mut g, Unary::Gelu).unwrap();
+                    unary(&out, &mut g, Unary::of(&Op::Gelu).unwrap()).unwrap();
                     g
                 })
         };

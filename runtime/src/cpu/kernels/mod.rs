@@ -10,7 +10,8 @@ pub mod conv;
 pub mod elementwise;
 pub mod gemm;
 pub mod layout;
-pub mod math;
+/// The transcendental functions, shared with the op table's CPU column.
+pub use parallax_compiler::scalar::math;
 pub mod pool;
 pub mod reduce;
 pub mod rows;
@@ -153,8 +154,8 @@ pub fn execute(op: &Op, ins: &[&Tensor], out: &mut Tensor, ctx: &Ctx) -> Result<
         Op::CrossEntropyGrad { smoothing } => {
             rows::cross_entropy_grad(ins[0], ins[1], ins[2], *smoothing as f32, out)
         }
-        // The plain elementwise maps, as vector loops.
-        _ => match simd::Elementwise::of(op) {
+        // The plain elementwise maps, as the op table's vector loops.
+        parallax_compiler::map_ops!() => match op.map() {
             Some(simd::Elementwise::Unary(u)) => ew::unary(ins[0], out, u),
             Some(simd::Elementwise::Binary(b)) => ew::binary(ins[0], ins[1], out, b),
             None => Err(KernelError::Unsupported(op.name())),

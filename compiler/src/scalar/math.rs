@@ -126,41 +126,6 @@ pub fn gelu_grad(x: f32) -> f32 {
     cdf + x * exp(-a * a) * 0.398_942_3
 }
 
-/// `dy` where `x > 0`.
-#[inline(always)]
-pub fn relu_grad(x: f32, dy: f32) -> f32 {
-    if x > 0.0 {
-        dy
-    } else {
-        0.0
-    }
-}
-
-/// `dy * (1 - y^2)` from the output `y = tanh(x)`.
-#[inline(always)]
-pub fn tanh_grad(y: f32, dy: f32) -> f32 {
-    dy * (1.0 - y * y)
-}
-
-/// `x * sigmoid(x)`, as PyTorch's `F.silu`.
-#[inline(always)]
-pub fn silu(x: f32) -> f32 {
-    x * sigmoid(x)
-}
-
-/// `dy * s * (1 + x * (1 - s))` with `s = sigmoid(x)`: silu's derivative.
-#[inline(always)]
-pub fn silu_grad(x: f32, dy: f32) -> f32 {
-    let s = sigmoid(x);
-    dy * (s * (1.0 + x * (1.0 - s)))
-}
-
-/// `dy * y * (1 - y)` from the output `y = sigmoid(x)`.
-#[inline(always)]
-pub fn sigmoid_grad(y: f32, dy: f32) -> f32 {
-    dy * y * (1.0 - y)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,22 +165,6 @@ mod tests {
         let x = -95.0f32;
         let want = (x as f64).exp();
         assert!((exp(x) as f64 - want).abs() < 1e-44, "{}", exp(x));
-    }
-
-    #[test]
-    fn silu_and_its_gradient() {
-        for i in -400..=400 {
-            let x = i as f64 / 40.0;
-            let want = x / (1.0 + (-x).exp());
-            assert!(
-                (silu(x as f32) as f64 - want).abs() < 2e-6 * want.abs().max(1.0),
-                "{x}"
-            );
-            let h = 1e-4;
-            let f = |x: f64| x / (1.0 + (-x).exp());
-            let fd = (f(x + h) - f(x - h)) / (2.0 * h);
-            assert!((silu_grad(x as f32, 1.0) as f64 - fd).abs() < 1e-5, "{x}");
-        }
     }
 
     #[test]
