@@ -253,7 +253,7 @@ fn buffers_are_reused_but_never_shared_by_live_values() {
 #[test]
 fn permutes_folded_into_their_operands_kernels_change_no_bits() {
     // `run` folds attention's permutes into the matmuls and epilogues that compute their
-    // operands; `run_observed` runs every kernel as the plan says. Two layers: the forward
+    // operands, as the plan allows; `run_observed` runs every kernel as it is. Two layers: the forward
     // q, k, v and output permutes of each, and one backward permute of each whose buffer is
     // free from its operand's kernel on.
     let s = source("transformer");
@@ -261,6 +261,18 @@ fn permutes_folded_into_their_operands_kernels_change_no_bits() {
     let plan = compile(&s, &options, &mut |_, _| {})
         .unwrap()
         .plan(&s, &options);
+    // The plan records the rewrites (`plan::views`), and the CPU executor takes each: the
+    // folds, and one scaled softmax per layer's attention scores.
+    assert_eq!(plan.views.folds.len(), 10);
+    assert_eq!(plan.views.scaled_softmax.len(), 2);
+    for &k in &plan.views.scaled_softmax {
+        let ops: Vec<&str> = plan.kernels[k]
+            .steps
+            .iter()
+            .map(|&s| plan.steps[s].op.name())
+            .collect();
+        assert_eq!(ops, ["scale", "softmax"]);
+    }
     let mut a = Session::new(&s, plan.clone(), 8, 1, std::path::Path::new(".")).unwrap();
     let mut b = Session::new(&s, plan, 8, 1, std::path::Path::new(".")).unwrap();
     let batch = a.next_batch().unwrap().size;

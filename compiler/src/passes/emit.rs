@@ -129,7 +129,7 @@ impl Plan {
             .iter()
             .map(|(k, n)| TensorInfo::of(g, k, *n))
             .collect();
-        Plan {
+        let mut plan = Plan {
             format: PLAN_FORMAT,
             name: e.name.clone(),
             gpus_requested: options.gpus.unwrap_or(e.devices.gpus),
@@ -176,6 +176,9 @@ impl Plan {
             grads: g.grads.iter().map(|(p, d)| (ids[p], ids[d])).collect(),
             updates: g.updates.iter().map(|(p, u)| (ids[p], ids[u])).collect(),
             file_shapes: file_shapes(g),
-        }
+            views: Default::default(),
+        };
+        plan.views = crate::plan::views::find(&plan);
+        plan
     }
 }

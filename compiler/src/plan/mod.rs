@@ -3,6 +3,7 @@
 //! pipeline stages, tensor-parallel splits and ZeRO owners say which).
 
 pub mod shards;
+pub mod views;
 
 use crate::dsl::Source;
 use crate::ir::{Buffer, KernelKind, Memory};
@@ -153,6 +154,9 @@ pub struct Plan {
     /// elements in the same order (read by the runtime's `weights::FileShapes`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub file_shapes: Vec<(String, Vec<u64>)>,
+    /// Rewrites a backend may take, with the same bits (folded permutes, scaled softmax).
+    #[serde(default, skip_serializing_if = "views::Views::is_empty")]
+    pub views: views::Views,
 }
 
 /// The named sources of a plan: `(name, step)` in plan order.

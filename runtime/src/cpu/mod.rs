@@ -181,7 +181,7 @@ impl Executor {
             .collect();
         // A pipeline stage's kernels are a part of the plan: fold nothing.
         let folds = match owned {
-            None => views::Folds::of(&plan, &slot, &needed),
+            None => views::Folds::of(&plan),
             Some(_) => views::Folds::none(&plan),
         };
         let mut e = Executor {

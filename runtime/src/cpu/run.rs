@@ -260,7 +260,7 @@ impl Executor {
                 }
                 Ok(())
             }
-            KernelKind::ElementwiseReduce => match self.scaled_softmax(steps) {
+            KernelKind::ElementwiseReduce => match self.scaled_softmax(k) {
                 Some((x, by, causal)) => self.run_scaled_softmax(x, by, causal, steps[1]),
                 None => self.run_chain_then_reduce(steps, ctx),
             },
@@ -298,19 +298,21 @@ impl Executor {
         r.map_err(|e| self.kernel_err(red, e))
     }
 
-    /// `(x, by, causal)` when the kernel is `softmax(scale(x, by))` with `x` stored and the
-    /// scaled values read by nothing else (attention's scores): one pass, no staging.
-    fn scaled_softmax(&self, steps: &[usize]) -> Option<(usize, f32, bool)> {
-        let [scale, red] = *steps else { return None };
+    /// `(x, by, causal)` when the plan runs kernel `k`, `softmax(scale(x, by))`, in one pass
+    /// (see `parallax_compiler::plan::views`).
+    fn scaled_softmax(&self, k: usize) -> Option<(usize, f32, bool)> {
+        if !self.plan.views.scaled_softmax.contains(&k) {
+            return None;
+        }
+        let [scale, red] = self.plan.kernels[k].steps[..] else {
+            return None;
+        };
         let (Op::Scale { by }, Op::Softmax { causal }) =
             (&self.plan.steps[scale].op, &self.plan.steps[red].op)
         else {
             return None;
         };
-        let x = self.plan.steps[scale].operands[0];
-        let stored =
-            self.slot[x].is_some() && self.slot[scale].is_none() && self.slot[x] != self.slot[red];
-        stored.then_some((x, *by as f32, *causal))
+        Some((self.plan.steps[scale].operands[0], *by as f32, *causal))
     }
 
     /// Gives the operands' buffers their values' shapes: a buffer shared by a value and its

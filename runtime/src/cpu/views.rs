@@ -1,20 +1,11 @@
-//! Permutes folded into the kernel that computes their operand. Attention permutes
-//! `[B, S, H, D]` to `[B, H, S, D]` and back around its batched products; as kernels of their
-//! own, those permutes are a pass over memory each (eight per transformer block and step).
-//! When a permute's operand (through reshapes that share its buffer) is read by nothing else
-//! and comes out of a matmul or a matmul's epilogue, that kernel writes the permuted tensor
-//! directly (strided output, or a strided store of the epilogue's last value), and the
-//! permute's kernel does nothing. The plan is unchanged: this is how the CPU runs it, every
-//! element computed by the same operations, so the bits are the same.
-//!
-//! The permuted tensor is written earlier than the plan says (when its operand is), so a
-//! fold needs the permute's buffer free from the operand's kernel on: no other value may live
-//! in it in between.
+//! Permutes folded into the kernel that computes their operand, as the plan records them
+//! (`parallax_compiler::plan::views` finds them and says why they are safe): the matmul
+//! writes strided output, or its epilogue's last value is stored run by run, and the
+//! permute's kernel does nothing. Every element is computed by the same operations, so the
+//! bits are the same.
 
 use super::kernels::layout::{merged_dims, strides};
 use super::kernels::Small;
-use parallax_compiler::ir::KernelKind;
-use parallax_compiler::ir::{DType, Op};
 use parallax_compiler::Plan;
 
 /// A permute whose operand is written permuted by the kernel that computes it.
@@ -41,87 +32,16 @@ impl Folds {
         }
     }
 
-    /// The folds of `plan` with buffers `slot`, for an executor holding `needed`.
-    pub fn of(plan: &Plan, slot: &[Option<usize>], needed: &[bool]) -> Folds {
+    /// The folds the plan records (`parallax_compiler::plan::views`).
+    pub fn of(plan: &Plan) -> Folds {
         let mut folds = Folds::none(plan);
-        let n = plan.steps.len();
-        let mut kernel_of = vec![usize::MAX; n];
-        for (k, kern) in plan.kernels.iter().enumerate() {
-            for &s in &kern.steps {
-                kernel_of[s] = k;
-            }
-        }
-        // Readers of each value, and the last kernel that reads it (`MAX`: read after the
-        // step, as an output, a gradient or an update).
-        let mut readers = vec![0usize; n];
-        let mut last_read = vec![0usize; n];
-        for s in &plan.steps {
-            for &o in &s.operands {
-                readers[o] += 1;
-                last_read[o] = last_read[o].max(kernel_of[s.id]);
-            }
-        }
-        let kept = plan.output_steps.iter().map(|o| o.step);
-        let kept = kept.chain(plan.grads.iter().map(|g| g.1));
-        let kept = kept.chain(plan.updates.iter().flat_map(|u| [u.0, u.1]));
-        for s in kept {
-            readers[s] += 1;
-            last_read[s] = usize::MAX;
-        }
-        for p in &plan.steps {
-            let Op::Permute { perm } = &p.op else {
-                continue;
-            };
-            let kp = kernel_of[p.id];
-            let single = kp != usize::MAX && plan.kernels[kp].steps == [p.id];
-            // The innermost axis stays innermost: rows are written whole.
-            let rows_kept = perm.last() == Some(&(perm.len() - 1));
-            if !single || !rows_kept || p.ty.dtype != DType::F32 || !needed[p.id] {
-                continue;
-            }
-            let Some(out) = slot[p.id] else { continue };
-            let value = p.operands[0];
-            let mut q = value;
-            let mut ok = readers[q] == 1;
-            while ok {
-                let s = &plan.steps[q];
-                match (&s.op, s.operands.first()) {
-                    (Op::Reshape { .. }, Some(&src))
-                        if slot[q].is_some() && slot[q] == slot[src] =>
-                    {
-                        q = src;
-                        ok = readers[q] == 1;
-                    }
-                    _ => break,
-                }
-            }
-            let kq = kernel_of[q];
-            if !ok || kq == usize::MAX || !needed[q] || slot[q].is_none() || slot[q] == Some(out) {
-                continue;
-            }
-            let kern = &plan.kernels[kq];
-            // A matmul alone writes strided rows (its value unreshaped: a reshape could split
-            // its rows); an epilogue's last value is stored run by run.
-            let producer = match kern.kind {
-                KernelKind::Single | KernelKind::Gemm { .. } if kern.steps == [q] => {
-                    q == value && matches!(plan.steps[q].op, Op::MatMul { .. })
-                }
-                KernelKind::Gemm { .. } => kern.steps.last() == Some(&q),
-                _ => false,
-            };
-            // No other value lives in the permute's buffer from the producer's kernel on.
-            let free = plan.steps.iter().all(|s| {
-                let k = kernel_of[s.id];
-                s.id == p.id
-                    || slot[s.id] != Some(out)
-                    || (k != usize::MAX && (k > kp || (k < kq && last_read[s.id] < kq)))
+        for f in &plan.views.folds {
+            folds.by_producer[f.producer] = Some(Fold {
+                permute: f.permute,
+                value: f.value,
             });
-            if producer && free && folds.by_producer[q].is_none() {
-                folds.by_producer[q] = Some(Fold {
-                    permute: p.id,
-                    value,
-                });
-                folds.skipped[kp] = true;
+            if let Some(k) = plan.kernels.iter().position(|k| k.steps == [f.permute]) {
+                folds.skipped[k] = true;
             }
         }
         folds
