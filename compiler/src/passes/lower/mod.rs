@@ -3,6 +3,7 @@
 //! shape rules as they go, so a mismatch is caught at the layer that causes it.
 
 mod batch_norm;
+mod blocks;
 mod layers;
 mod loss;
 mod models;
