@@ -1,7 +1,10 @@
-//! Nanoseconds per element of the vectorised elementwise loops, at the level this CPU
-//! supports (`PARALLAX_NO_SIMD=1` forces the baseline): `cargo run --release --example vec_speed`.
+//! Nanoseconds per element of the op table's vectorised elementwise loops, at the level this
+//! CPU supports (`PARALLAX_NO_SIMD=1` forces the baseline):
+//! `cargo run --release --example vec_speed`.
 
-use parallax_runtime::cpu::kernels::simd::{self, Binary, Operand, Unary};
+use parallax_compiler::ir::maps::Elementwise;
+use parallax_compiler::ir::ops::elementwise_examples;
+use parallax_runtime::cpu::kernels::simd::{self, Operand};
 use std::time::Instant;
 
 fn time(name: &str, n: usize, mut f: impl FnMut()) {
@@ -23,19 +26,14 @@ fn main() {
         .collect();
     let mut out = vec![0f32; n];
     println!("vector level {:?}", simd::level());
-    for op in [
-        Unary::Scale(3.0),
-        Unary::Relu,
-        Unary::Gelu,
-        Unary::Tanh,
-        Unary::Sigmoid,
-    ] {
-        time(&format!("{op:?}"), n, || simd::unary(op, &mut out, &xs));
-    }
-    for op in [Binary::Add, Binary::GeluGrad, Binary::TanhGrad] {
-        time(&format!("{op:?}"), n, || {
-            simd::binary(op, &mut out, &xs, Operand::Each(&xs), false)
-        });
+    for op in elementwise_examples() {
+        match op.map() {
+            Some(Elementwise::Unary(u)) => time(op.name(), n, || u.run(&mut out, &xs)),
+            Some(Elementwise::Binary(b)) => time(op.name(), n, || {
+                b.run(&mut out, &xs, Operand::Each(&xs), false)
+            }),
+            None => {}
+        }
     }
     std::hint::black_box(&out);
 }

@@ -11,6 +11,7 @@ pub mod files;
 pub mod finite;
 pub mod grid;
 pub mod host_memory;
+pub mod launch;
 pub mod loss_share;
 pub mod resume;
 pub mod rng;

@@ -52,7 +52,7 @@ fn read(dir: &Path) -> Vec<(String, u64, f32)> {
             (f[0].to_string(), f[1].parse().unwrap(), value as f32)
         })
         .collect();
-    v.sort_by(|a, b| (a.0.clone(), a.1).cmp(&(b.0.clone(), b.1)));
+    v.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
     v
 }
 
