@@ -249,7 +249,7 @@ fn main() -> ExitCode {
         } => precision.runtime().and_then(|precision| {
             gpu::gpu_check(
                 &file,
-                &gpu::CheckArgs {
+                &parallax_runtime::gpu_check::CheckArgs {
                     profile,
                     steps,
                     precision,

@@ -9,6 +9,7 @@ pub mod cuda;
 pub mod data;
 pub mod files;
 pub mod finite;
+pub mod gpu_check;
 pub mod grid;
 pub mod host_memory;
 pub mod loss_share;
