@@ -4,6 +4,7 @@
 use crate::{apply_set, load, run_pipeline, Emit, Exit, Format};
 use parallax_compiler::ir::print::{to_dot, to_text};
 use parallax_compiler::plan::{bytes, si, thousands};
+use parallax_compiler::target::simulated_device_bytes;
 use parallax_compiler::{partition, Options};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -75,44 +76,22 @@ pub(crate) fn compile_cmd(
     pass_times.push(("plan", t.elapsed()));
     let capacity = gpu_memory.unwrap_or(profile.memory);
     let t = Instant::now();
-    let model = partition::model_cost(
-        &compiled.graph,
-        &source.experiment.name,
-        source.experiment.train.batch_size,
-    );
-    let forced = match strategy
-        .as_deref()
-        .map(|s| partition::parse_strategy(s, plan.gpus_requested))
-    {
-        Some(Err(e)) => {
-            errln!("error: {e}");
-            return Err(Exit(1));
-        }
-        Some(Ok(s)) => Some(s),
-        None => None,
-    };
     let target = partition::Target {
         gpus: plan.gpus_requested,
         profile,
         capacity,
         nodes,
-        strategy: forced,
+        strategy: None,
     };
-    let partitioned = partition::plan(&model, &target);
+    let partitioned =
+        parallax_compiler::target::partition(&compiled, &source, target, strategy.as_deref())
+            .map_err(|e| {
+                errln!("error: {e}");
+                Exit(1)
+            })?;
     pass_times.push(("partition", t.elapsed()));
-    match &partitioned {
-        Ok(p) => plan.strategy = p.strategy,
-        Err(
-            e @ (partition::Error::NoGpus
-            | partition::Error::NoStrategy { .. }
-            | partition::Error::BadStrategy { .. }
-            | partition::Error::StrategyProduct { .. }
-            | partition::Error::Infeasible { .. }),
-        ) => {
-            errln!("error: {e}");
-            return Err(Exit(1));
-        }
-        Err(_) => {}
+    if let Ok(p) = &partitioned.partition {
+        plan.strategy = p.strategy;
     }
     if timings {
         let mut err = std::io::stderr().lock();
@@ -165,16 +144,23 @@ pub(crate) fn compile_cmd(
         "memory_bytes": capacity,
         "fits_one_device": fits,
     });
-    let simulated = match &partitioned {
-        Ok(p) if p.gpus > 1 => simulated_bytes(&source, p.strategy, p.zero),
+    let simulated = match &partitioned.partition {
+        Ok(p) if p.gpus > 1 => simulated_device_bytes(&source, p.strategy, p.zero),
         _ => None,
     };
-    print_plan(&plan, &pass_times, format, device, &partitioned, simulated)?;
+    print_plan(
+        &plan,
+        &pass_times,
+        format,
+        device,
+        &partitioned.partition,
+        simulated,
+    )?;
     if plan.gpus_requested > 1 {
-        return partition_fit(&partitioned, format, explain);
+        return partition_fit(&partitioned.partition, format, explain);
     }
     if explain && format == Format::Text {
-        match &partitioned {
+        match &partitioned.partition {
             Ok(p) => out!("{}", partition::explain::explain(p))?,
             Err(partition::Error::NoFit { candidates, .. }) => {
                 err!(
@@ -187,44 +173,19 @@ pub(crate) fn compile_cmd(
     }
     // Only computed when one device does not fit: what to do instead.
     let hint = || {
-        match &partitioned {
+        match &partitioned.partition {
         Err(partition::Error::NoFit { smallest, .. }) => smallest_hint(smallest.as_ref()),
         Ok(p) => format!(
             "the planner fits it on one GPU with gradient accumulation ({} micro-batches of {}, peak {}), which single-device plans do not do yet; {}",
             p.micro_batches,
             p.micro_batch_size,
             bytes(p.per_device_peak_bytes),
-            smallest_hint(partition::smallest_fitting(&model, &target).as_ref())
+            smallest_hint(partitioned.smallest_fitting().as_ref())
         ),
-        Err(_) => smallest_hint(partition::smallest_fitting(&model, &target).as_ref()),
+        Err(_) => smallest_hint(partitioned.smallest_fitting().as_ref()),
     }
     };
     memory_fit(&plan, profile, capacity, format, hint)
-}
-
-/// What each simulated device allocates (exact, in grid order: data rank, tensor rank,
-/// stage) when `train --backend cpu` runs `strategy`; `None` where the simulation cannot run
-/// it (more data-parallel ranks than micro-shards, nothing to split for tensor parallelism).
-fn simulated_bytes(
-    source: &parallax_compiler::Source,
-    strategy: parallax_compiler::plan::Strategy,
-    zero: u8,
-) -> Option<Vec<u64>> {
-    use parallax_compiler::shards::{grid_bytes, Sharding};
-    let e = &source.experiment;
-    let sharding = Sharding::new(e.devices.micro_shards, e.train.batch_size);
-    if strategy.dp > sharding.shards {
-        return None;
-    }
-    let split = parallax_compiler::target::Split {
-        strategy,
-        zero,
-        capacity: u64::MAX,
-        chosen: false,
-    };
-    let (_, plan) =
-        parallax_compiler::target::compile_split(source, &split, &mut |_, _| {}).ok()?;
-    Some(grid_bytes(&plan, strategy.dp, strategy.tp))
 }
 
 /// The partition's verdict for more than one GPU: the choice (and with `--explain` the

@@ -82,6 +82,21 @@ pub struct Simulated {
     pub capacity: u64,
 }
 
+impl From<&parallax_compiler::target::Split> for Simulated {
+    fn from(split: &parallax_compiler::target::Split) -> Simulated {
+        let s = split.strategy;
+        Simulated {
+            grid: crate::sim::Grid {
+                dp: s.dp as usize,
+                tp: s.tp as usize,
+                pp: s.pp as usize,
+            },
+            zero: split.zero,
+            capacity: split.capacity,
+        }
+    }
+}
+
 /// The experiment as run: the file with the command line's overrides.
 pub fn resolved(e: &Experiment, cfg: &TrainConfig) -> Experiment {
     let mut e = e.clone();
