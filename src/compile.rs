@@ -51,17 +51,10 @@ pub(crate) fn compile_cmd(
         ..Options::default()
     };
     let kind = device.unwrap_or_else(|| source.experiment.devices.kind.clone());
-    let Some(profile) = parallax_compiler::devices::profile(&kind) else {
-        let kinds: Vec<&str> = parallax_compiler::devices::PROFILES
-            .iter()
-            .map(|p| p.kind)
-            .collect();
-        errln!(
-            "error: unknown device kind `{kind}`; {}",
-            parallax_compiler::diag::suggest(&kind, "device kinds", kinds.iter().copied())
-        );
-        return Err(Exit(2));
-    };
+    let profile = parallax_compiler::devices::find(&kind).map_err(|e| {
+        errln!("error: {e}");
+        Exit(2)
+    })?;
     let title = source.experiment.name.clone();
     let mut dump = |pass: &str, g: &parallax_compiler::ir::Graph| {
         if dump_ir.iter().any(|d| d == pass || d == "all") {
@@ -343,13 +336,7 @@ fn emit_ptx(plan: &parallax_compiler::Plan, dir: &Path, file: &Path) -> Result<(
         let text = module.entry_text(name).unwrap_or_default();
         write(dir.join(format!("{name}.ptx")), text)?;
     }
-    let manifest = serde_json::json!({
-        "target": module.target,
-        "batch": module.batch,
-        "scratch_elements": module.scratch,
-        "entries": module.entries.iter().map(|(n, _)| format!("{n}.ptx")).collect::<Vec<_>>(),
-        "kernels": module.kernels,
-    });
+    let manifest = module.manifest();
     write(
         dir.join("manifest.json"),
         serde_json::to_string_pretty(&manifest).expect("serialisable") + "\n",

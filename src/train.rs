@@ -6,7 +6,9 @@ use parallax_compiler::partition;
 use parallax_compiler::target;
 use parallax_compiler::Options;
 use parallax_runtime::run_record::RunRecord;
-use parallax_runtime::train::{train, Device, Event, Simulated, TrainConfig, TrainError};
+use parallax_runtime::train::{
+    parallel_devices, train, Device, Event, Simulated, TrainConfig, TrainError, UnsplitRun,
+};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -153,28 +155,13 @@ pub fn run(args: Args) -> Result<(), Exit> {
     let (source, _) = load(file, Format::Text)?;
     let source = apply_set(file, source, &set, Format::Text)?;
     let devices = &source.experiment.devices;
-    // Data parallel when asked on the command line or the file wants several GPUs; a resumed
-    // run continues as it was split (on any device count: the bits do not depend on it).
-    let mut strategy = strategy;
-    let parallel = match &resume {
-        None => gpus.or((devices.gpus > 1).then_some(devices.gpus)),
-        Some(dir) => match (RunRecord::grid_of(dir), gpus) {
-            (Some(g), None) => {
-                strategy = Some(format!("dp{}.tp{}.pp{}", g.dp, g.tp, g.pp));
-                Some(g.devices() as u32)
-            }
-            (Some(_), Some(m)) => Some(m),
-            (None, None) => None,
-            (None, Some(m)) => {
-                errln!(
-                    "{}: error: --gpus {m}: this run trained on one device with its batches unsplit, so it cannot continue data parallel with the same bits",
-                    dir.display()
-                );
-                errln!("  = hint: resume without --gpus, or start a new run with --gpus (any count then resumes on any other)");
-                return Err(Exit(1));
-            }
-        },
-    };
+    let (parallel, strategy) = parallel_devices(resume.as_deref(), gpus, devices.gpus, strategy)
+        .map_err(|e| {
+            let dir = resume.as_deref().unwrap_or(file);
+            errln!("{}: error: {e}", dir.display());
+            errln!("  = hint: {}", UnsplitRun::HINT);
+            Exit(1)
+        })?;
     let cuda = match backend {
         Backend::Cpu => false,
         Backend::Cuda => match parallax_runtime::cuda::probe() {
