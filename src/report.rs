@@ -1,12 +1,11 @@
-//! `parallax report` and `parallax diff`: reading the run directories `parallax train` writes
-//! (`experiment.ron`, `metrics.jsonl`, `summary.json`).
-//!
-//! A bad input is reported as `error: <path>: <what>` with exit code 1; nothing here panics on
-//! a malformed file. Summaries are read as untyped JSON so that fields added by later versions
-//! (or missing from older ones) only add (or blank) rows.
+//! `parallax report` and `parallax diff`: the plots, page and tables of the run directories
+//! `parallax train` writes (read by `parallax_runtime::run_files`, compared by
+//! `parallax_compiler::dsl::compare`). A bad input is reported as `error: <path>: <what>`
+//! with exit code 1.
 
 use crate::Exit;
 use parallax_compiler::dsl::compare::{self, Written};
+use parallax_runtime::run_files::{self, Points, ReadError};
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 use serde_json::{Map, Value};
@@ -28,12 +27,19 @@ fn fail(path: &Path, what: impl Display) -> Exit {
 }
 
 fn read(path: &Path) -> Result<String, Exit> {
-    std::fs::read_to_string(path).map_err(|e| fail(path, e))
+    run_files::read(path).map_err(unreadable)
+}
+
+fn unreadable(e: ReadError) -> Exit {
+    errln!("error: {e}");
+    Exit(1)
+}
+
+fn load_summary(dir: &Path) -> Result<Map<String, Value>, Exit> {
+    run_files::summary(dir).map_err(unreadable)
 }
 
 use crate::out::emit;
-
-type Points = Vec<(f64, f64)>;
 
 /// One run directory, read.
 struct Run {
@@ -42,71 +48,6 @@ struct Run {
     summary: Map<String, Value>,
     /// `(step, value)` points of the training loss, validation loss and validation accuracy.
     curves: [Points; 3],
-}
-
-const CURVES: [&str; 3] = ["loss", "val_loss", "val_accuracy"];
-
-fn load_summary(dir: &Path) -> Result<Map<String, Value>, Exit> {
-    if !dir.is_dir() {
-        let what = if dir.exists() {
-            "not a folder"
-        } else {
-            "no such run folder"
-        };
-        return Err(fail(dir, what));
-    }
-    let path = dir.join("summary.json");
-    // A run stopped by a signal, a crash or a full disk has its record but no summary: its
-    // curves so far are still worth a report.
-    if !path.exists() && dir.join("run.json").exists() {
-        let mut map = Map::new();
-        map.insert("finished".into(), Value::Bool(false));
-        return Ok(map);
-    }
-    match serde_json::from_str(&read(&path)?) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(fail(&path, "expected a JSON object")),
-        Err(e) => Err(fail(&path, format_args!("invalid JSON: {e}"))),
-    }
-}
-
-fn load_curves(dir: &Path) -> Result<[Points; 3], Exit> {
-    let path = dir.join("metrics.jsonl");
-    let mut curves: [Points; 3] = Default::default();
-    let text = read(&path)?;
-    // A run that did not finish (no summary) may have been cut off mid-line: that last line
-    // is not part of it. In a finished run every line is whole, so a torn one is damage.
-    let unfinished = !dir.join("summary.json").exists();
-    let whole = match text.rfind('\n') {
-        _ if !unfinished || text.ends_with('\n') => &text,
-        Some(end) => &text[..=end],
-        None => "",
-    };
-    for (i, line) in whole.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let bad = |what: &dyn Display| fail(&path, format_args!("line {}: {what}", i + 1));
-        let obj: Value = serde_json::from_str(line).map_err(|e| {
-            // serde_json counts lines within the one line it was given: keep the column only.
-            let msg = e.to_string();
-            let msg = msg
-                .rsplit_once(" at line ")
-                .map_or(msg.as_str(), |(m, _)| m);
-            bad(&format_args!("column {}: {msg}", e.column()))
-        })?;
-        let Some(step) = obj.get("step").and_then(Value::as_f64) else {
-            return Err(bad(&"no numeric \"step\""));
-        };
-        // Lines of other kinds (from later versions) add nothing, and a null (a regression
-        // loss has no accuracy) is no point.
-        for (key, curve) in CURVES.iter().zip(&mut curves) {
-            if let Some(v) = obj.get(*key).and_then(Value::as_f64) {
-                curve.push((step, v));
-            }
-        }
-    }
-    Ok(curves)
 }
 
 /// Names runs by their folder; when two folders share a name, by the experiment name and
@@ -361,7 +302,7 @@ pub fn report(runs: &[PathBuf], out: Option<&Path>) -> Result<(), Exit> {
     let labels = labels(&dirs, &summaries);
     let mut loaded = Vec::new();
     for ((dir, summary), label) in runs.iter().zip(summaries).zip(labels) {
-        let (dir, curves) = (dir.clone(), load_curves(dir)?);
+        let (dir, curves) = (dir.clone(), run_files::curves(dir).map_err(unreadable)?);
         loaded.push(Run {
             dir,
             label,

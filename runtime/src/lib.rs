@@ -16,6 +16,7 @@ pub mod loss_share;
 pub mod resume;
 pub mod rng;
 pub mod run_dir;
+pub mod run_files;
 pub mod run_record;
 pub mod sim;
 pub mod tensorboard;
