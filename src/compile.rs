@@ -3,6 +3,7 @@
 
 use crate::{apply_set, load, run_pipeline, Emit, Exit, Format};
 use parallax_compiler::ir::print::{to_dot, to_text};
+use parallax_compiler::partition::explain::smallest_hint;
 use parallax_compiler::plan::{bytes, si, thousands};
 use parallax_compiler::target::simulated_device_bytes;
 use parallax_compiler::{partition, Options};
@@ -246,27 +247,6 @@ fn partition_fit(
     Err(Exit(1))
 }
 
-fn smallest_hint(smallest: Option<&partition::Smallest>) -> String {
-    match smallest {
-        Some(s) => {
-            let c = &s.candidate;
-            format!(
-                "the smallest GPU count that fits is {n} (--gpus {n}: {}, zero {}, schedule {}, {} per GPU, est. step {:.3} s)",
-                c.strategy_name(),
-                c.zero,
-                c.schedule.name(),
-                bytes(c.memory.total),
-                c.step_time_s,
-                n = s.gpus
-            )
-        }
-        None => format!(
-            "no GPU count up to {} fits; a smaller batch_size or model lowers the memory",
-            partition::SEARCH_BOUND
-        ),
-    }
-}
-
 /// Whether the plan's peak memory fits one device; a plan for one GPU that does not fit is
 /// refused with its memory table (exit 1) before anything runs.
 fn memory_fit(
@@ -297,7 +277,7 @@ fn memory_fit(
     if fits {
         return Ok(());
     }
-    let activations = m.peak_bytes.saturating_sub(m.dedicated_bytes());
+    let activations = m.activation_bytes_at_peak();
     errln!(
         "error: `{}` needs {} at its peak, more than the {} of one {}",
         p.name,
@@ -372,25 +352,7 @@ fn print_plan(
             };
             let partition = match partitioned {
                 Ok(part) => serde_json::to_value(part).expect("a partition serialises"),
-                Err(e) => {
-                    let (smallest, candidates) = match e {
-                        partition::Error::NoFit {
-                            smallest,
-                            candidates,
-                            ..
-                        } => (smallest.as_ref(), candidates.as_slice()),
-                        partition::Error::ForcedNoFit { candidates, .. } => {
-                            (None, candidates.as_slice())
-                        }
-                        _ => (None, &[][..]),
-                    };
-                    serde_json::json!({
-                        "error": e.to_string(),
-                        "smallest_fitting_gpus": smallest.map(|s| s.gpus),
-                        "smallest_fitting": smallest,
-                        "candidates": candidates,
-                    })
-                }
+                Err(e) => partition::explain::failure_json(e),
             };
             let v = serde_json::json!({
                 "ok": ok,
@@ -478,7 +440,7 @@ fn print_plan(
                 bytes(m.parameter_bytes),
                 bytes(m.optimizer_state_bytes),
                 bytes(m.input_bytes),
-                bytes(m.peak_bytes.saturating_sub(m.dedicated_bytes())),
+                bytes(m.activation_bytes_at_peak()),
                 bytes(m.activation_bytes_without_reuse)
             )?;
         }
