@@ -3,7 +3,9 @@
 
 use crate::{apply_set, load, run_pipeline, Emit, Exit, Format};
 use parallax_compiler::ir::print::{to_dot, to_text};
+use parallax_compiler::partition::explain::smallest_hint;
 use parallax_compiler::plan::{bytes, si, thousands};
+use parallax_compiler::target::simulated_device_bytes;
 use parallax_compiler::{partition, Options};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -50,17 +52,10 @@ pub(crate) fn compile_cmd(
         ..Options::default()
     };
     let kind = device.unwrap_or_else(|| source.experiment.devices.kind.clone());
-    let Some(profile) = parallax_compiler::devices::profile(&kind) else {
-        let kinds: Vec<&str> = parallax_compiler::devices::PROFILES
-            .iter()
-            .map(|p| p.kind)
-            .collect();
-        errln!(
-            "error: unknown device kind `{kind}`; {}",
-            parallax_compiler::diag::suggest(&kind, "device kinds", kinds.iter().copied())
-        );
-        return Err(Exit(2));
-    };
+    let profile = parallax_compiler::devices::find(&kind).map_err(|e| {
+        errln!("error: {e}");
+        Exit(2)
+    })?;
     let title = source.experiment.name.clone();
     let mut dump = |pass: &str, g: &parallax_compiler::ir::Graph| {
         if dump_ir.iter().any(|d| d == pass || d == "all") {
@@ -75,44 +70,22 @@ pub(crate) fn compile_cmd(
     pass_times.push(("plan", t.elapsed()));
     let capacity = gpu_memory.unwrap_or(profile.memory);
     let t = Instant::now();
-    let model = partition::model_cost(
-        &compiled.graph,
-        &source.experiment.name,
-        source.experiment.train.batch_size,
-    );
-    let forced = match strategy
-        .as_deref()
-        .map(|s| partition::parse_strategy(s, plan.gpus_requested))
-    {
-        Some(Err(e)) => {
-            errln!("error: {e}");
-            return Err(Exit(1));
-        }
-        Some(Ok(s)) => Some(s),
-        None => None,
-    };
     let target = partition::Target {
         gpus: plan.gpus_requested,
         profile,
         capacity,
         nodes,
-        strategy: forced,
+        strategy: None,
     };
-    let partitioned = partition::plan(&model, &target);
+    let partitioned =
+        parallax_compiler::target::partition(&compiled, &source, target, strategy.as_deref())
+            .map_err(|e| {
+                errln!("error: {e}");
+                Exit(1)
+            })?;
     pass_times.push(("partition", t.elapsed()));
-    match &partitioned {
-        Ok(p) => plan.strategy = p.strategy,
-        Err(
-            e @ (partition::Error::NoGpus
-            | partition::Error::NoStrategy { .. }
-            | partition::Error::BadStrategy { .. }
-            | partition::Error::StrategyProduct { .. }
-            | partition::Error::Infeasible { .. }),
-        ) => {
-            errln!("error: {e}");
-            return Err(Exit(1));
-        }
-        Err(_) => {}
+    if let Ok(p) = &partitioned.partition {
+        plan.strategy = p.strategy;
     }
     if timings {
         let mut err = std::io::stderr().lock();
@@ -165,16 +138,23 @@ pub(crate) fn compile_cmd(
         "memory_bytes": capacity,
         "fits_one_device": fits,
     });
-    let simulated = match &partitioned {
-        Ok(p) if p.gpus > 1 => simulated_bytes(&source, p.strategy, p.zero),
+    let simulated = match &partitioned.partition {
+        Ok(p) if p.gpus > 1 => simulated_device_bytes(&source, p.strategy, p.zero),
         _ => None,
     };
-    print_plan(&plan, &pass_times, format, device, &partitioned, simulated)?;
+    print_plan(
+        &plan,
+        &pass_times,
+        format,
+        device,
+        &partitioned.partition,
+        simulated,
+    )?;
     if plan.gpus_requested > 1 {
-        return partition_fit(&partitioned, format, explain);
+        return partition_fit(&partitioned.partition, format, explain);
     }
     if explain && format == Format::Text {
-        match &partitioned {
+        match &partitioned.partition {
             Ok(p) => out!("{}", partition::explain::explain(p))?,
             Err(partition::Error::NoFit { candidates, .. }) => {
                 err!(
@@ -187,44 +167,19 @@ pub(crate) fn compile_cmd(
     }
     // Only computed when one device does not fit: what to do instead.
     let hint = || {
-        match &partitioned {
+        match &partitioned.partition {
         Err(partition::Error::NoFit { smallest, .. }) => smallest_hint(smallest.as_ref()),
         Ok(p) => format!(
             "the planner fits it on one GPU with gradient accumulation ({} micro-batches of {}, peak {}), which single-device plans do not do yet; {}",
             p.micro_batches,
             p.micro_batch_size,
             bytes(p.per_device_peak_bytes),
-            smallest_hint(partition::smallest_fitting(&model, &target).as_ref())
+            smallest_hint(partitioned.smallest_fitting().as_ref())
         ),
-        Err(_) => smallest_hint(partition::smallest_fitting(&model, &target).as_ref()),
+        Err(_) => smallest_hint(partitioned.smallest_fitting().as_ref()),
     }
     };
     memory_fit(&plan, profile, capacity, format, hint)
-}
-
-/// What each simulated device allocates (exact, in grid order: data rank, tensor rank,
-/// stage) when `train --backend cpu` runs `strategy`; `None` where the simulation cannot run
-/// it (more data-parallel ranks than micro-shards, nothing to split for tensor parallelism).
-fn simulated_bytes(
-    source: &parallax_compiler::Source,
-    strategy: parallax_compiler::plan::Strategy,
-    zero: u8,
-) -> Option<Vec<u64>> {
-    use parallax_compiler::shards::{grid_bytes, Sharding};
-    let e = &source.experiment;
-    let sharding = Sharding::new(e.devices.micro_shards, e.train.batch_size);
-    if strategy.dp > sharding.shards {
-        return None;
-    }
-    let split = parallax_compiler::target::Split {
-        strategy,
-        zero,
-        capacity: u64::MAX,
-        chosen: false,
-    };
-    let (_, plan) =
-        parallax_compiler::target::compile_split(source, &split, &mut |_, _| {}).ok()?;
-    Some(grid_bytes(&plan, strategy.dp, strategy.tp))
 }
 
 /// The partition's verdict for more than one GPU: the choice (and with `--explain` the
@@ -292,27 +247,6 @@ fn partition_fit(
     Err(Exit(1))
 }
 
-fn smallest_hint(smallest: Option<&partition::Smallest>) -> String {
-    match smallest {
-        Some(s) => {
-            let c = &s.candidate;
-            format!(
-                "the smallest GPU count that fits is {n} (--gpus {n}: {}, zero {}, schedule {}, {} per GPU, est. step {:.3} s)",
-                c.strategy_name(),
-                c.zero,
-                c.schedule.name(),
-                bytes(c.memory.total),
-                c.step_time_s,
-                n = s.gpus
-            )
-        }
-        None => format!(
-            "no GPU count up to {} fits; a smaller batch_size or model lowers the memory",
-            partition::SEARCH_BOUND
-        ),
-    }
-}
-
 /// Whether the plan's peak memory fits one device; a plan for one GPU that does not fit is
 /// refused with its memory table (exit 1) before anything runs.
 fn memory_fit(
@@ -343,7 +277,7 @@ fn memory_fit(
     if fits {
         return Ok(());
     }
-    let activations = m.peak_bytes.saturating_sub(m.dedicated_bytes());
+    let activations = m.activation_bytes_at_peak();
     errln!(
         "error: `{}` needs {} at its peak, more than the {} of one {}",
         p.name,
@@ -382,13 +316,7 @@ fn emit_ptx(plan: &parallax_compiler::Plan, dir: &Path, file: &Path) -> Result<(
         let text = module.entry_text(name).unwrap_or_default();
         write(dir.join(format!("{name}.ptx")), text)?;
     }
-    let manifest = serde_json::json!({
-        "target": module.target,
-        "batch": module.batch,
-        "scratch_elements": module.scratch,
-        "entries": module.entries.iter().map(|(n, _)| format!("{n}.ptx")).collect::<Vec<_>>(),
-        "kernels": module.kernels,
-    });
+    let manifest = module.manifest();
     write(
         dir.join("manifest.json"),
         serde_json::to_string_pretty(&manifest).expect("serialisable") + "\n",
@@ -424,25 +352,7 @@ fn print_plan(
             };
             let partition = match partitioned {
                 Ok(part) => serde_json::to_value(part).expect("a partition serialises"),
-                Err(e) => {
-                    let (smallest, candidates) = match e {
-                        partition::Error::NoFit {
-                            smallest,
-                            candidates,
-                            ..
-                        } => (smallest.as_ref(), candidates.as_slice()),
-                        partition::Error::ForcedNoFit { candidates, .. } => {
-                            (None, candidates.as_slice())
-                        }
-                        _ => (None, &[][..]),
-                    };
-                    serde_json::json!({
-                        "error": e.to_string(),
-                        "smallest_fitting_gpus": smallest.map(|s| s.gpus),
-                        "smallest_fitting": smallest,
-                        "candidates": candidates,
-                    })
-                }
+                Err(e) => partition::explain::failure_json(e),
             };
             let v = serde_json::json!({
                 "ok": ok,
@@ -530,7 +440,7 @@ fn print_plan(
                 bytes(m.parameter_bytes),
                 bytes(m.optimizer_state_bytes),
                 bytes(m.input_bytes),
-                bytes(m.peak_bytes.saturating_sub(m.dedicated_bytes())),
+                bytes(m.activation_bytes_at_peak()),
                 bytes(m.activation_bytes_without_reuse)
             )?;
         }

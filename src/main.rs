@@ -249,7 +249,7 @@ fn main() -> ExitCode {
         } => precision.runtime().and_then(|precision| {
             gpu::gpu_check(
                 &file,
-                &gpu::CheckArgs {
+                &parallax_runtime::gpu_check::CheckArgs {
                     profile,
                     steps,
                     precision,
@@ -327,19 +327,7 @@ pub(crate) fn report(file: &str, src: &str, diags: &[Diagnostic], format: Format
         let _ = writeln!(err, "{file}: {} errors", diags.len());
     }
     if format == Format::Json {
-        let errors: Vec<serde_json::Value> = diags
-            .iter()
-            .map(|d| {
-                let loc = d.loc(src);
-                serde_json::json!({
-                    "file": file,
-                    "line": loc.map(|l| l.line),
-                    "col": loc.map(|l| l.col),
-                    "message": d.message,
-                    "hint": d.hint,
-                })
-            })
-            .collect();
+        let errors: Vec<serde_json::Value> = diags.iter().map(|d| d.to_json(file, src)).collect();
         // Already failing: a write error here changes nothing about the exit code.
         let _ = outln!("{}", serde_json::json!({ "ok": false, "errors": errors }));
     }

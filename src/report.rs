@@ -1,11 +1,11 @@
-//! `parallax report` and `parallax diff`: reading the run directories `parallax train` writes
-//! (`experiment.ron`, `metrics.jsonl`, `summary.json`).
-//!
-//! A bad input is reported as `error: <path>: <what>` with exit code 1; nothing here panics on
-//! a malformed file. Summaries are read as untyped JSON so that fields added by later versions
-//! (or missing from older ones) only add (or blank) rows.
+//! `parallax report` and `parallax diff`: the plots, page and tables of the run directories
+//! `parallax train` writes (read by `parallax_runtime::run_files`, compared by
+//! `parallax_compiler::dsl::compare`). A bad input is reported as `error: <path>: <what>`
+//! with exit code 1.
 
 use crate::Exit;
+use parallax_compiler::dsl::compare::{self, Written};
+use parallax_runtime::run_files::{self, Points, ReadError};
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
 use serde_json::{Map, Value};
@@ -27,12 +27,19 @@ fn fail(path: &Path, what: impl Display) -> Exit {
 }
 
 fn read(path: &Path) -> Result<String, Exit> {
-    std::fs::read_to_string(path).map_err(|e| fail(path, e))
+    run_files::read(path).map_err(unreadable)
+}
+
+fn unreadable(e: ReadError) -> Exit {
+    errln!("error: {e}");
+    Exit(1)
+}
+
+fn load_summary(dir: &Path) -> Result<Map<String, Value>, Exit> {
+    run_files::summary(dir).map_err(unreadable)
 }
 
 use crate::out::emit;
-
-type Points = Vec<(f64, f64)>;
 
 /// One run directory, read.
 struct Run {
@@ -41,71 +48,6 @@ struct Run {
     summary: Map<String, Value>,
     /// `(step, value)` points of the training loss, validation loss and validation accuracy.
     curves: [Points; 3],
-}
-
-const CURVES: [&str; 3] = ["loss", "val_loss", "val_accuracy"];
-
-fn load_summary(dir: &Path) -> Result<Map<String, Value>, Exit> {
-    if !dir.is_dir() {
-        let what = if dir.exists() {
-            "not a folder"
-        } else {
-            "no such run folder"
-        };
-        return Err(fail(dir, what));
-    }
-    let path = dir.join("summary.json");
-    // A run stopped by a signal, a crash or a full disk has its record but no summary: its
-    // curves so far are still worth a report.
-    if !path.exists() && dir.join("run.json").exists() {
-        let mut map = Map::new();
-        map.insert("finished".into(), Value::Bool(false));
-        return Ok(map);
-    }
-    match serde_json::from_str(&read(&path)?) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(fail(&path, "expected a JSON object")),
-        Err(e) => Err(fail(&path, format_args!("invalid JSON: {e}"))),
-    }
-}
-
-fn load_curves(dir: &Path) -> Result<[Points; 3], Exit> {
-    let path = dir.join("metrics.jsonl");
-    let mut curves: [Points; 3] = Default::default();
-    let text = read(&path)?;
-    // A run that did not finish (no summary) may have been cut off mid-line: that last line
-    // is not part of it. In a finished run every line is whole, so a torn one is damage.
-    let unfinished = !dir.join("summary.json").exists();
-    let whole = match text.rfind('\n') {
-        _ if !unfinished || text.ends_with('\n') => &text,
-        Some(end) => &text[..=end],
-        None => "",
-    };
-    for (i, line) in whole.lines().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        let bad = |what: &dyn Display| fail(&path, format_args!("line {}: {what}", i + 1));
-        let obj: Value = serde_json::from_str(line).map_err(|e| {
-            // serde_json counts lines within the one line it was given: keep the column only.
-            let msg = e.to_string();
-            let msg = msg
-                .rsplit_once(" at line ")
-                .map_or(msg.as_str(), |(m, _)| m);
-            bad(&format_args!("column {}: {msg}", e.column()))
-        })?;
-        let Some(step) = obj.get("step").and_then(Value::as_f64) else {
-            return Err(bad(&"no numeric \"step\""));
-        };
-        // Lines of other kinds (from later versions) add nothing, and a null (a regression
-        // loss has no accuracy) is no point.
-        for (key, curve) in CURVES.iter().zip(&mut curves) {
-            if let Some(v) = obj.get(*key).and_then(Value::as_f64) {
-                curve.push((step, v));
-            }
-        }
-    }
-    Ok(curves)
 }
 
 /// Names runs by their folder; when two folders share a name, by the experiment name and
@@ -360,7 +302,7 @@ pub fn report(runs: &[PathBuf], out: Option<&Path>) -> Result<(), Exit> {
     let labels = labels(&dirs, &summaries);
     let mut loaded = Vec::new();
     for ((dir, summary), label) in runs.iter().zip(summaries).zip(labels) {
-        let (dir, curves) = (dir.clone(), load_curves(dir)?);
+        let (dir, curves) = (dir.clone(), run_files::curves(dir).map_err(unreadable)?);
         loaded.push(Run {
             dir,
             label,
@@ -408,267 +350,16 @@ pub fn report(runs: &[PathBuf], out: Option<&Path>) -> Result<(), Exit> {
     emit(&format!("{written}{}\n", path.display()))
 }
 
-/// A RON value that keeps struct and enum variant names: `ron::Value` drops them, and `diff`
-/// has to say when, say, the optimizer changed from `Sgd` to `AdamW`.
-enum Ron {
-    /// A number, string, char or bare identifier (`true`, `None`, `Relu`), as written.
-    Atom(String),
-    Group(Group),
-}
-
-/// `[..]`, `{..}`, or `(..)` after an optional name (structs, tuples, `Some(..)`).
-struct Group {
-    /// The opening bracket, which tells the kinds apart.
-    open: u8,
-    name: Option<String>,
-    /// Whether items are keyed by field name or map key (as written), or by position.
-    keyed: bool,
-    items: Vec<(String, Ron)>,
-}
-
-fn closing(open: u8) -> char {
-    match open {
-        b'[' => ']',
-        b'{' => '}',
-        _ => ')',
-    }
-}
-
-fn is_ident(_: u8, c: u8) -> bool {
-    c.is_ascii_alphanumeric() || c == b'_'
-}
-
-/// Digits, `.`, `_`, suffixes and hex (`1_000`, `0x1F`, `2f32`), and exponents (`1e-8`).
-fn is_number(prev: u8, c: u8) -> bool {
-    is_ident(prev, c) || c == b'.' || (b"eE".contains(&prev) && b"+-".contains(&c))
-}
-
-/// A recursive-descent reader for RON text (comments, trailing commas and all) into [`Ron`].
-struct Reader<'a> {
-    src: &'a str,
-    pos: usize,
-    /// Nesting depth, bounded so that a hostile file cannot overflow the stack.
-    depth: usize,
-}
-
-impl<'a> Reader<'a> {
-    fn error(&self, what: &str) -> String {
-        let before = &self.src[..self.pos];
-        let line = before.matches('\n').count() + 1;
-        let col = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
-        format!("{line}:{col}: {what}")
-    }
-
-    /// The next significant byte, after whitespace and comments.
-    fn peek(&mut self) -> Option<u8> {
-        loop {
-            let rest = &self.src[self.pos..];
-            let trimmed = rest.trim_start();
-            self.pos += rest.len() - trimmed.len();
-            if trimmed.starts_with("//") {
-                self.pos += trimmed.find('\n').unwrap_or(trimmed.len());
-            } else if let Some(body) = trimmed.strip_prefix("/*") {
-                self.pos += body.find("*/").map_or(trimmed.len(), |i| i + 4);
-            } else {
-                return trimmed.bytes().next();
-            }
-        }
-    }
-
-    fn eat(&mut self, c: u8) -> bool {
-        let found = self.peek() == Some(c);
-        self.pos += usize::from(found);
-        found
-    }
-
-    /// Consumes a token: its first byte, then the bytes `keep` accepts after the previous.
-    fn token(&mut self, keep: fn(u8, u8) -> bool) -> String {
-        let bytes = &self.src.as_bytes()[self.pos..];
-        let n = 1 + bytes.windows(2).take_while(|w| keep(w[0], w[1])).count();
-        self.pos += n;
-        self.src[self.pos - n..self.pos].to_string()
-    }
-
-    /// A quoted string or char, escapes kept as written.
-    fn quoted(&mut self, quote: u8) -> Result<String, String> {
-        let bytes = &self.src.as_bytes()[self.pos..];
-        let mut i = 1;
-        while i < bytes.len() && bytes[i] != quote {
-            i += if bytes[i] == b'\\' { 2 } else { 1 };
-        }
-        if i >= bytes.len() {
-            return Err(self.error("unterminated string"));
-        }
-        self.pos += i + 1;
-        Ok(self.src[self.pos - i - 1..self.pos].to_string())
-    }
-
-    fn value(&mut self) -> Result<Ron, String> {
-        if self.depth == 128 {
-            return Err(self.error("nested too deeply"));
-        }
-        self.depth += 1;
-        let value = match self.peek() {
-            Some(open @ (b'[' | b'{' | b'(')) => self.group(open, None),
-            Some(q @ (b'"' | b'\'')) => self.quoted(q).map(Ron::Atom),
-            Some(c) if c.is_ascii_alphabetic() || c == b'_' => {
-                let name = self.token(is_ident);
-                match self.peek() {
-                    Some(b'(') => self.group(b'(', Some(name)),
-                    _ => Ok(Ron::Atom(name)),
-                }
-            }
-            Some(c) if c.is_ascii_digit() || b"+-.".contains(&c) => {
-                Ok(Ron::Atom(self.token(is_number)))
-            }
-            Some(_) => Err(self.error("unexpected character")),
-            None => Err(self.error("unexpected end of file")),
-        };
-        self.depth -= 1;
-        value
-    }
-
-    /// Comma-separated items from `open` (the next byte) to its closing bracket, a trailing
-    /// comma allowed.
-    fn group(&mut self, open: u8, name: Option<String>) -> Result<Ron, String> {
-        self.pos += 1;
-        let close = closing(open) as u8;
-        // Parentheses hold fields when they open with `ident:` (else a tuple's values).
-        let start = self.pos;
-        let keyed = open == b'{'
-            || (open == b'('
-                && matches!(self.peek(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
-                && !self.token(is_ident).is_empty()
-                && self.peek() == Some(b':'));
-        self.pos = start;
-        let mut items = Vec::new();
-        while !self.eat(close) {
-            let key = if keyed {
-                let key = render(&self.value()?);
-                if !self.eat(b':') {
-                    return Err(self.error("expected `:`"));
-                }
-                key
-            } else {
-                items.len().to_string()
-            };
-            items.push((key, self.value()?));
-            if !self.eat(b',') && self.peek() != Some(close) {
-                return Err(self.error(&format!("expected `,` or `{}`", close as char)));
-            }
-        }
-        Ok(Ron::Group(Group {
-            open,
-            name,
-            keyed,
-            items,
-        }))
-    }
-}
-
-fn parse_ron(path: &Path) -> Result<Ron, Exit> {
-    let src = read(path)?;
-    let mut reader = Reader {
-        src: &src,
-        pos: 0,
-        depth: 0,
-    };
-    let value = reader.value().map_err(|e| fail(path, e))?;
-    match reader.peek() {
-        None => Ok(value),
-        Some(_) => Err(fail(path, reader.error("unexpected text after the value"))),
-    }
-}
-
-/// The value on one line, as RON.
-fn render(v: &Ron) -> String {
-    let g = match v {
-        Ron::Atom(a) => return a.clone(),
-        Ron::Group(g) => g,
-    };
-    let name = g.name.as_deref().unwrap_or("");
-    if g.items.is_empty() && !name.is_empty() {
-        return name.to_string(); // a unit variant
-    }
-    let items: Vec<String> = (g.items.iter())
-        .map(|(k, v)| match g.keyed {
-            true => format!("{k}: {}", render(v)),
-            false => render(v),
-        })
-        .collect();
-    let (open, close) = (g.open as char, closing(g.open));
-    format!("{name}{open}{}{close}", items.join(", "))
-}
-
-/// [`render`], shortened to `Name(..)` (or `[..]`, `{..}`) when longer than 60 characters.
-fn brief(v: &Ron) -> String {
-    match (render(v), v) {
-        (full, Ron::Group(g)) if full.len() > 60 => {
-            let name = g.name.as_deref().unwrap_or("");
-            format!("{name}{}..{}", g.open as char, closing(g.open))
-        }
-        (full, _) => full,
-    }
-}
-
-fn find<'a>(items: &'a [(String, Ron)], key: &str) -> Option<&'a Ron> {
-    items.iter().find(|i| i.0 == key).map(|i| &i.1)
-}
-
-/// Collects `path: a -> b` for every field that differs between `a` and `b`.
-fn walk(path: &str, a: &Ron, b: &Ron, out: &mut Vec<String>) {
-    let changed = || {
-        let at = if path.is_empty() { "experiment" } else { path };
-        format!("{at}: {} -> {}", brief(a), brief(b))
-    };
-    let (ga, gb) = match (a, b) {
-        (Ron::Atom(x), Ron::Atom(y)) => {
-            // `5e-3` and `0.005` are the same number.
-            let num = |s: &str| s.replace('_', "").parse::<f64>().ok();
-            if x != y && (num(x).is_none() || num(x) != num(y)) {
-                out.push(changed());
-            }
-            return;
-        }
-        (Ron::Group(ga), Ron::Group(gb))
-            if (ga.open, &ga.name, ga.keyed) == (gb.open, &gb.name, gb.keyed) =>
-        {
-            (ga, gb)
-        }
-        _ => return out.push(changed()),
-    };
-    let (ia, ib) = (&ga.items, &gb.items);
-    // Items by key (or position); those only on one side shown against `(absent)`.
-    let mut inner = Vec::new();
-    let at = |k: &str| match path {
-        "" => k.trim_matches('"').to_string(),
-        _ => format!("{path}.{}", k.trim_matches('"')),
-    };
-    for (k, va) in ia {
-        match find(ib, k) {
-            Some(vb) => walk(&at(k), va, vb, &mut inner),
-            None => inner.push(format!("{}: {} -> (absent)", at(k), brief(va))),
-        }
-    }
-    for (k, vb) in ib.iter().filter(|(k, _)| find(ia, k).is_none()) {
-        inner.push(format!("{}: (absent) -> {}", at(k), brief(vb)));
-    }
-    // A one-value tuple (`Some(30)`, `Dropout(0.1)`) reads best whole.
-    if !inner.is_empty() && ga.open == b'(' && !ga.keyed && ia.len() == 1 && ib.len() == 1 {
-        out.push(changed());
-    } else {
-        out.extend(inner);
-    }
-}
-
 pub fn diff(a: &Path, b: &Path) -> Result<(), Exit> {
     // Summaries first: they also check that each folder exists, which names the folder
     // rather than a file in it when a path is wrong.
     let summaries = [load_summary(a)?, load_summary(b)?];
-    let exp_a = parse_ron(&a.join("experiment.ron"))?;
-    let exp_b = parse_ron(&b.join("experiment.ron"))?;
-    let mut lines = Vec::new();
-    walk("", &exp_a, &exp_b, &mut lines);
+    let (path_a, path_b) = (a.join("experiment.ron"), b.join("experiment.ron"));
+    let (text_a, text_b) = (read(&path_a)?, read(&path_b)?);
+    let exp_a = Written::scan(&text_a).map_err(|e| fail(&path_a, e))?;
+    let exp_b = Written::scan(&text_b).map_err(|e| fail(&path_b, e))?;
+    let changes = compare::changes(&exp_a, &exp_b);
+    let mut lines: Vec<String> = changes.iter().map(ToString::to_string).collect();
     if lines.is_empty() {
         lines.push("experiments are identical".into());
     }

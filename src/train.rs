@@ -3,60 +3,16 @@
 use crate::{apply_set, load, run_pipeline, Backend, Exit, Format, PrecisionArg};
 use indicatif::{ProgressBar, ProgressStyle};
 use parallax_compiler::partition;
-use parallax_compiler::plan::Strategy;
 use parallax_compiler::target;
 use parallax_compiler::Options;
-use parallax_runtime::sim::Grid;
-use parallax_runtime::train::{train, Device, Event, Simulated, TrainConfig, TrainError};
+use parallax_runtime::run_record::RunRecord;
+use parallax_runtime::train::{
+    parallel_devices, train, Device, Event, Simulated, TrainConfig, TrainError, UnsplitRun,
+};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
-
-/// `YYYYMMDD-HHMMSS` in UTC, from the system clock (names the run directory only).
-fn timestamp() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
-        rem / 3600,
-        rem / 60 % 60,
-        rem % 60
-    )
-}
-
-fn default_run_dir(name: &str) -> PathBuf {
-    let safe: String = name
-        .chars()
-        .map(|c| {
-            if c.is_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let base = PathBuf::from("runs").join(format!("{safe}-{}", timestamp()));
-    let mut dir = base.clone();
-    let mut k = 2;
-    while dir.exists() {
-        dir = PathBuf::from(format!("{}-{k}", base.display()));
-        k += 1;
-    }
-    dir
-}
 
 /// `parallax train`'s arguments.
 #[derive(clap::Args)]
@@ -123,13 +79,6 @@ pub struct Args {
     pub precision: PrecisionArg,
 }
 
-/// The device grid a run in `dir` trained on, when it was partitioned (its `run.json`).
-fn recorded_grid(dir: &Path) -> Option<Grid> {
-    parallax_runtime::run_record::RunRecord::read(dir)
-        .ok()?
-        .grid()
-}
-
 /// The split for `--gpus n` (the library's choice, said when the cost model made it) as
 /// simulated devices.
 fn simulated_devices(
@@ -138,7 +87,7 @@ fn simulated_devices(
     request: &target::Request,
 ) -> Result<(Simulated, target::Split), Exit> {
     let split = target::split(source, request).map_err(|e| refuse(file, source, e))?;
-    let Strategy { dp, tp, pp } = split.strategy;
+    let dp = split.strategy.dp;
     if split.chosen {
         // What the devices will run: `--zero` wins, but needs data-parallel ranks.
         let zero_said = match request.zero {
@@ -153,16 +102,7 @@ fn simulated_devices(
             partition::strategy_name(&split.strategy)
         );
     }
-    let simulated = Simulated {
-        grid: Grid {
-            dp: dp as usize,
-            tp: tp as usize,
-            pp: pp as usize,
-        },
-        zero: split.zero,
-        capacity: split.capacity,
-    };
-    Ok((simulated, split))
+    Ok((Simulated::from(&split), split))
 }
 
 /// A refusal of the split or its plan, printed (a compile error with its line of the file).
@@ -215,28 +155,13 @@ pub fn run(args: Args) -> Result<(), Exit> {
     let (source, _) = load(file, Format::Text)?;
     let source = apply_set(file, source, &set, Format::Text)?;
     let devices = &source.experiment.devices;
-    // Data parallel when asked on the command line or the file wants several GPUs; a resumed
-    // run continues as it was split (on any device count: the bits do not depend on it).
-    let mut strategy = strategy;
-    let parallel = match &resume {
-        None => gpus.or((devices.gpus > 1).then_some(devices.gpus)),
-        Some(dir) => match (recorded_grid(dir), gpus) {
-            (Some(g), None) => {
-                strategy = Some(format!("dp{}.tp{}.pp{}", g.dp, g.tp, g.pp));
-                Some(g.devices() as u32)
-            }
-            (Some(_), Some(m)) => Some(m),
-            (None, None) => None,
-            (None, Some(m)) => {
-                errln!(
-                    "{}: error: --gpus {m}: this run trained on one device with its batches unsplit, so it cannot continue data parallel with the same bits",
-                    dir.display()
-                );
-                errln!("  = hint: resume without --gpus, or start a new run with --gpus (any count then resumes on any other)");
-                return Err(Exit(1));
-            }
-        },
-    };
+    let (parallel, strategy) = parallel_devices(resume.as_deref(), gpus, devices.gpus, strategy)
+        .map_err(|e| {
+            let dir = resume.as_deref().unwrap_or(file);
+            errln!("{}: error: {e}", dir.display());
+            errln!("  = hint: {}", UnsplitRun::HINT);
+            Exit(1)
+        })?;
     let cuda = match backend {
         Backend::Cpu => false,
         Backend::Cuda => match parallax_runtime::cuda::probe() {
@@ -278,7 +203,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
     // Data and pipeline degrees never change the bits; the tensor-parallel degree changes
     // the rounding of the row-parallel sums (checkpoints are whole tensors, so the state is
     // re-sliced for any degree).
-    let recorded = resume.as_deref().and_then(recorded_grid);
+    let recorded = resume.as_deref().and_then(RunRecord::grid_of);
     if let (Some(old), Some((new, _))) = (recorded, simulated) {
         if old.tp != new.grid.tp {
             errln!(
@@ -305,7 +230,8 @@ pub fn run(args: Args) -> Result<(), Exit> {
         }
     };
     let simulated = simulated.map(|(s, _)| s);
-    let run_dir = run_dir.unwrap_or_else(|| default_run_dir(&source.experiment.name));
+    let run_dir =
+        run_dir.unwrap_or_else(|| parallax_runtime::run_dir::default_path(&source.experiment.name));
     // Simulated devices exist only without CUDA (several GPUs were refused above).
     let device = match (simulated, cuda) {
         (Some(s), _) => Device::Simulated(s),

@@ -150,6 +150,22 @@ pub fn profile(kind: &str) -> Option<&'static Profile> {
     PROFILES.iter().find(|p| p.kind == kind)
 }
 
+/// A device kind no profile has, with the nearest kinds that exist.
+#[derive(Debug, thiserror::Error)]
+#[error("unknown device kind `{kind}`; {suggestion}")]
+pub struct UnknownKind {
+    pub kind: String,
+    suggestion: String,
+}
+
+/// [`profile`], or why there is none.
+pub fn find(kind: &str) -> Result<&'static Profile, UnknownKind> {
+    profile(kind).ok_or_else(|| UnknownKind {
+        kind: kind.to_string(),
+        suggestion: crate::diag::suggest(kind, "device kinds", PROFILES.iter().map(|p| p.kind)),
+    })
+}
+
 /// The profile for a GPU as the driver names it (`NVIDIA H200`, `NVIDIA A100-SXM4-40GB`).
 pub fn for_gpu_name(name: &str) -> Option<&'static Profile> {
     let n = name.to_lowercase();

@@ -92,6 +92,18 @@ impl Diagnostic {
         self.span.map(|s| Loc::of(src, s.start))
     }
 
+    /// The diagnostic as `--format json` reports it.
+    pub fn to_json(&self, file: &str, src: &str) -> serde_json::Value {
+        let loc = self.loc(src);
+        serde_json::json!({
+            "file": file,
+            "line": loc.map(|l| l.line),
+            "col": loc.map(|l| l.col),
+            "message": self.message,
+            "hint": self.hint,
+        })
+    }
+
     /// `FILE:LINE:COL: error: MESSAGE`, the source line, a caret under the spot, then the hint.
     pub fn render(&self, file: &str, src: &str) -> String {
         let mut out = String::new();

@@ -167,6 +167,69 @@ pub fn compile_split(
     Ok((compiled, plan))
 }
 
+/// What each simulated device allocates (exact, in grid order: data rank, tensor rank,
+/// stage) when `train --backend cpu` runs `strategy`; `None` where the simulation cannot run
+/// it (more data-parallel ranks than micro-shards, nothing to split for tensor parallelism).
+pub fn simulated_device_bytes(source: &Source, strategy: Strategy, zero: u8) -> Option<Vec<u64>> {
+    let e = &source.experiment;
+    let sharding = Sharding::new(e.devices.micro_shards, e.train.batch_size);
+    if strategy.dp > sharding.shards {
+        return None;
+    }
+    let split = Split {
+        strategy,
+        zero,
+        capacity: u64::MAX,
+        chosen: false,
+    };
+    let (_, plan) = compile_split(source, &split, &mut |_, _| {}).ok()?;
+    Some(crate::shards::grid_bytes(&plan, strategy.dp, strategy.tp))
+}
+
+/// A compiled experiment partitioned for its GPUs (`parallax compile`).
+pub struct Partitioned {
+    pub model: partition::ModelCost,
+    pub target: partition::Target,
+    /// The partition, or why nothing fits (the candidates and their memory, to show).
+    pub partition: Result<partition::Partition, partition::Error>,
+}
+
+impl Partitioned {
+    /// The smallest GPU count above the target's that fits.
+    pub fn smallest_fitting(&self) -> Option<partition::Smallest> {
+        partition::smallest_fitting(&self.model, &self.target)
+    }
+}
+
+/// Partitions `compiled` for `gpus` devices of `profile` with `capacity` bytes each, over
+/// `nodes`, with `strategy` forced when given. Errors are those that leave nothing to show
+/// (a bad strategy, no strategy for the count); a partition that does not fit is returned.
+pub fn partition(
+    compiled: &Compiled,
+    source: &Source,
+    target: partition::Target,
+    strategy: Option<&str>,
+) -> Result<Partitioned, partition::Error> {
+    let e = &source.experiment;
+    let model = partition::model_cost(&compiled.graph, &e.name, e.train.batch_size);
+    let forced = strategy.map(|s| partition::parse_strategy(s, target.gpus));
+    let target = partition::Target {
+        strategy: forced.transpose()?,
+        ..target
+    };
+    let partition = partition::plan(&model, &target);
+    match partition {
+        Err(partition::Error::NoFit { .. } | partition::Error::ForcedNoFit { .. }) | Ok(_) => {
+            Ok(Partitioned {
+                model,
+                target,
+                partition,
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -175,6 +175,53 @@ fn remove_temporaries(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `YYYYMMDD-HHMMSS` in UTC, from the system clock (names the run directory only).
+fn timestamp() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}{m:02}{d:02}-{:02}{:02}{:02}",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// `runs/<name>-<timestamp>` (a suffix `-2`, `-3`, ... when taken), for a run given no
+/// `--run-dir`.
+pub fn default_path(name: &str) -> PathBuf {
+    let safe: String = name
+        .chars()
+        .map(|c| {
+            if c.is_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let base = PathBuf::from("runs").join(format!("{safe}-{}", timestamp()));
+    let mut dir = base.clone();
+    let mut k = 2;
+    while dir.exists() {
+        dir = PathBuf::from(format!("{}-{k}", base.display()));
+        k += 1;
+    }
+    dir
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

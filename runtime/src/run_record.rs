@@ -101,6 +101,11 @@ impl RunRecord {
         }
     }
 
+    /// The device grid the run in `dir` trained on, when it was partitioned.
+    pub fn grid_of(dir: &Path) -> Option<crate::grid::Grid> {
+        RunRecord::read(dir).ok()?.grid()
+    }
+
     /// The device grid, when the plan was partitioned (ran on simulated devices).
     pub fn grid(&self) -> Option<crate::grid::Grid> {
         self.plan.micro_shards?;

@@ -117,6 +117,18 @@ pub const FILL: &str = "px_fill";
 pub const COPY: &str = "px_copy";
 
 impl Module {
+    /// `manifest.json` of `compile --emit ptx`: each kernel's launches and fused ops, and the
+    /// `<entry>.ptx` files.
+    pub fn manifest(&self) -> serde_json::Value {
+        serde_json::json!({
+            "target": self.target,
+            "batch": self.batch,
+            "scratch_elements": self.scratch,
+            "entries": self.entries.iter().map(|(n, _)| format!("{n}.ptx")).collect::<Vec<_>>(),
+            "kernels": self.kernels,
+        })
+    }
+
     /// The whole module as one PTX text.
     pub fn text(&self) -> String {
         let mut s = builder::header(&self.target);

@@ -2,6 +2,7 @@
 //! spans that let every later error point at the user's line.
 
 pub mod ast;
+pub mod compare;
 pub mod expr;
 pub mod overrides;
 pub mod spans;

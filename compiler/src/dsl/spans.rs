@@ -14,7 +14,7 @@ use logos::Logos;
 #[logos(skip r"[ \t\r\n\f]+")]
 // Line comments, and `#![enable(...)]` attributes (not values), are skipped alike.
 #[logos(skip(r"//[^\n]*|#!\[[^\]]*\]", allow_greedy = true))]
-enum Tok {
+pub(super) enum Tok {
     #[token("(")]
     LParen,
     #[token(")")]
@@ -121,13 +121,13 @@ macro_rules! path {
 }
 
 #[derive(Debug, Clone)]
-struct Node {
-    span: Span,
-    kind: Kind,
+pub(super) struct Node {
+    pub(super) span: Span,
+    pub(super) kind: Kind,
 }
 
 #[derive(Debug, Clone)]
-enum Kind {
+pub(super) enum Kind {
     Leaf,
     /// Struct fields or map entries, by name (map keys unquoted).
     Named(Vec<(String, Node)>),
@@ -138,7 +138,7 @@ enum Kind {
 /// The spans of a parsed file, looked up by path.
 #[derive(Debug, Clone)]
 pub struct SpanTree {
-    root: Option<Node>,
+    pub(super) root: Option<Node>,
 }
 
 const MAX_DEPTH: usize = 512;

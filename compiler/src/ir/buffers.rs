@@ -37,6 +37,11 @@ impl Memory {
             .saturating_add(self.statistics_bytes)
             .saturating_add(self.input_bytes)
     }
+
+    /// What the peak holds beyond the dedicated bytes: activations and workspace.
+    pub fn activation_bytes_at_peak(&self) -> u64 {
+        self.peak_bytes.saturating_sub(self.dedicated_bytes())
+    }
 }
 
 #[derive(Debug, Clone, Default)]

@@ -1,6 +1,6 @@
 //! The `--explain` text: the candidate table, the choice and each pipeline stage.
 
-use super::{strategy_name, Candidate, Partition};
+use super::{strategy_name, Candidate, Error, Partition, Smallest};
 use crate::plan::bytes;
 use std::fmt::Write;
 
@@ -140,4 +140,46 @@ pub fn explain(p: &Partition) -> String {
         );
     }
     out
+}
+
+/// What to try when nothing fits: the smallest GPU count that does, or that none does.
+pub fn smallest_hint(smallest: Option<&Smallest>) -> String {
+    match smallest {
+        Some(s) => {
+            let c = &s.candidate;
+            format!(
+                "the smallest GPU count that fits is {n} (--gpus {n}: {}, zero {}, schedule {}, {} per GPU, est. step {:.3} s)",
+                c.strategy_name(),
+                c.zero,
+                c.schedule.name(),
+                bytes(c.memory.total),
+                c.step_time_s,
+                n = s.gpus
+            )
+        }
+        None => format!(
+            "no GPU count up to {} fits; a smaller batch_size or model lowers the memory",
+            super::SEARCH_BOUND
+        ),
+    }
+}
+
+/// A partition that failed, as `compile --format json` reports it: the error, and where
+/// nothing fits the smallest GPU count that does and the candidates.
+pub fn failure_json(e: &Error) -> serde_json::Value {
+    let (smallest, candidates) = match e {
+        Error::NoFit {
+            smallest,
+            candidates,
+            ..
+        } => (smallest.as_ref(), candidates.as_slice()),
+        Error::ForcedNoFit { candidates, .. } => (None, candidates.as_slice()),
+        _ => (None, &[][..]),
+    };
+    serde_json::json!({
+        "error": e.to_string(),
+        "smallest_fitting_gpus": smallest.map(|s| s.gpus),
+        "smallest_fitting": smallest,
+        "candidates": candidates,
+    })
 }

@@ -82,6 +82,56 @@ pub struct Simulated {
     pub capacity: u64,
 }
 
+impl From<&parallax_compiler::target::Split> for Simulated {
+    fn from(split: &parallax_compiler::target::Split) -> Simulated {
+        let s = split.strategy;
+        Simulated {
+            grid: crate::sim::Grid {
+                dp: s.dp as usize,
+                tp: s.tp as usize,
+                pp: s.pp as usize,
+            },
+            zero: split.zero,
+            capacity: split.capacity,
+        }
+    }
+}
+
+/// A resumed run asked for devices it cannot continue on.
+#[derive(Debug, thiserror::Error)]
+#[error("--gpus {gpus}: this run trained on one device with its batches unsplit, so it cannot continue data parallel with the same bits")]
+pub struct UnsplitRun {
+    pub gpus: u32,
+}
+
+impl UnsplitRun {
+    pub const HINT: &'static str = "resume without --gpus, or start a new run with --gpus (any count then resumes on any other)";
+}
+
+/// How many devices a run trains on, data parallel (`None`: one device, batches unsplit),
+/// and the strategy: as `--gpus` asks, or several when the file wants them; a run resumed
+/// from `resumed` continues as it was split (on any device count: the bits do not depend
+/// on it).
+pub fn parallel_devices(
+    resumed: Option<&Path>,
+    gpus: Option<u32>,
+    file_gpus: u32,
+    strategy: Option<String>,
+) -> Result<(Option<u32>, Option<String>), UnsplitRun> {
+    let Some(dir) = resumed else {
+        return Ok((gpus.or((file_gpus > 1).then_some(file_gpus)), strategy));
+    };
+    match (crate::run_record::RunRecord::grid_of(dir), gpus) {
+        (Some(g), None) => Ok((
+            Some(g.devices() as u32),
+            Some(format!("dp{}.tp{}.pp{}", g.dp, g.tp, g.pp)),
+        )),
+        (Some(_), Some(m)) => Ok((Some(m), strategy)),
+        (None, None) => Ok((None, strategy)),
+        (None, Some(m)) => Err(UnsplitRun { gpus: m }),
+    }
+}
+
 /// The experiment as run: the file with the command line's overrides.
 pub fn resolved(e: &Experiment, cfg: &TrainConfig) -> Experiment {
     let mut e = e.clone();

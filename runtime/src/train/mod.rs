@@ -9,7 +9,7 @@ mod error;
 mod session;
 mod validate;
 
-pub use config::{resolved, Device, Simulated, TrainConfig};
+pub use config::{parallel_devices, resolved, Device, Simulated, TrainConfig, UnsplitRun};
 pub use error::{signal_name, TrainError};
 pub use session::{feed, model_io, run_id, set_scalars, BatchInfo, Session, SessionData};
 

@@ -1,0 +1,489 @@
+//! Conformance of the CUDA backend with the CPU oracle, as `parallax gpu-check` and
+//! `parallax collectives-check` measure it on a GPU machine (`scripts/gpu-check.sh`): a few
+//! training steps from identical weights on both backends, the GPU's step time, and the
+//! data-parallel all-reduce on simulated ranks against one rank. The figures come back
+//! typed; the command line prints them.
+
+use crate::backend::Backend;
+use crate::cpu::{ExecError, Executor, Mode};
+use crate::cuda::{self, CudaError, CudaExecutor, Precision};
+use crate::data::{Batch, Values};
+use crate::train::{feed, set_scalars, SessionData, TrainError};
+use parallax_compiler::dsl::ast::Optimizer;
+use parallax_compiler::ir::KernelKind;
+use parallax_compiler::{Plan, Source};
+use std::path::Path;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    /// The experiment's data could not be loaded.
+    #[error(transparent)]
+    Data(#[from] TrainError),
+    #[error("initial parameter `{0}` differs between backends")]
+    InitialParameter(String),
+}
+
+/// What `gpu-check` runs.
+pub struct CheckArgs {
+    /// Also time every launch of one step ([`Conformance::profile`]).
+    pub profile: bool,
+    /// Training steps compared with the oracle (0: timing only, for models too large for it).
+    pub steps: u64,
+    pub precision: Precision,
+    /// Timed steps (the median is reported, after 3 warm-up steps).
+    pub time_steps: u64,
+    /// Compare every kernel's values with the oracle's, resynchronising after each.
+    pub lockstep: bool,
+}
+
+/// What a check reports while it runs.
+pub enum Progress<'a> {
+    Started {
+        kernels: usize,
+        target: &'a str,
+        batch: usize,
+    },
+    /// Step `step` (from 1) of both backends and the relative difference of their losses.
+    Step {
+        step: u64,
+        cpu_loss: f32,
+        gpu_loss: f32,
+        difference: f64,
+    },
+    Mismatch(Mismatch),
+}
+
+/// A value a kernel stored that differs from the oracle's (lockstep mode).
+pub struct Mismatch {
+    pub kernel: usize,
+    pub kind: KernelKind,
+    /// The names of the kernel's fused ops, in order.
+    pub ops: Vec<&'static str>,
+    /// The plan step whose value differs, its op and layer.
+    pub step: usize,
+    pub op: &'static str,
+    pub layer: String,
+    pub difference: f64,
+    /// The first (up to 4) values of each backend.
+    pub cpu: Vec<f32>,
+    pub gpu: Vec<f32>,
+}
+
+/// The time spent in each kind of launch of one step, slowest first.
+pub struct Profile {
+    pub total_ms: f64,
+    /// `(label, milliseconds, launches)`.
+    pub kinds: Vec<(String, f64, usize)>,
+}
+
+/// The figures of one `gpu-check`.
+pub struct Conformance {
+    pub precision: Precision,
+    /// Steps compared (0: timing only, and the differences mean nothing).
+    pub steps: u64,
+    /// The largest relative difference of the losses.
+    pub loss_difference: f64,
+    /// The relative difference of the whole parameter vector (L2).
+    pub parameter_difference: f64,
+    /// For information, the largest per-tensor max-norm difference and its tensor
+    /// (zero-initialised biases are pure accumulated updates, so reduced-precision GEMMs
+    /// show there first).
+    pub worst_tensor: (String, f64),
+    pub lockstep_failures: usize,
+    pub median_step_ms: f64,
+    pub tflops: f64,
+    /// The percentage of the GPU's peak dense FLOP/s at this precision, for a known GPU.
+    pub peak_percent: Option<f64>,
+    pub tolerance: f64,
+    pub profile: Option<Profile>,
+}
+
+impl Conformance {
+    pub fn ok(&self) -> bool {
+        self.loss_difference <= self.tolerance
+            && self.parameter_difference <= self.tolerance
+            && self.lockstep_failures == 0
+    }
+}
+
+pub fn precision_name(p: Precision) -> &'static str {
+    match p {
+        Precision::Fp32 => "fp32",
+        Precision::Tf32 => "tf32",
+        Precision::Bf16 => "bf16",
+    }
+}
+
+/// How closely the GPU must follow the oracle at a precision.
+fn tolerance(p: Precision) -> f64 {
+    match p {
+        Precision::Fp32 => 1e-5,
+        Precision::Tf32 => 1e-3,
+        Precision::Bf16 => 2e-2,
+    }
+}
+
+/// `max |a - b| / max |a|`: a difference relative to the reference's scale.
+pub fn rel_diff(reference: &[f32], other: &[f32]) -> f64 {
+    if reference.len() != other.len() {
+        return f64::INFINITY;
+    }
+    let scale = reference
+        .iter()
+        .fold(0f64, |m, &x| m.max((x as f64).abs()))
+        .max(1e-30);
+    let diff = reference.iter().zip(other).fold(0f64, |m, (&a, &b)| {
+        let d = (a as f64 - b as f64).abs();
+        if d.is_nan() {
+            f64::INFINITY
+        } else {
+            m.max(d)
+        }
+    });
+    diff / scale
+}
+
+/// Peak dense FLOP/s of a known GPU at a precision (its device profile).
+fn peak_flops(name: &str, precision: Precision) -> Option<f64> {
+    let p = parallax_compiler::devices::for_gpu_name(name)?;
+    Some(match precision {
+        Precision::Fp32 => p.fp32,
+        Precision::Tf32 => p.tf32,
+        Precision::Bf16 => p.bf16,
+    })
+}
+
+/// Sets a batch and the schedule's scalars for `step` of `total` on either backend.
+fn set_batch(
+    e: &mut dyn Backend,
+    session: &SessionData,
+    b: &Batch,
+    optimizer: &Optimizer,
+    step: u64,
+    total: u64,
+) -> Result<(), ExecError> {
+    feed(e, &session.input, b.size, &b.inputs)?;
+    feed(e, &session.target, b.size, &b.targets)?;
+    set_scalars(e, optimizer, step, total).map(|_| ())
+}
+
+/// The experiment's data, in batches of its batch size (`base_dir` resolves its files).
+fn session(source: &Source, plan: &Plan, base_dir: &Path) -> Result<SessionData, TrainError> {
+    let t = &source.experiment.train;
+    SessionData::load(source, plan, t.batch_size as usize, t.seed, base_dir, 0)
+}
+
+/// Trains `a.steps` steps of `plan` on GPU 0 and on the CPU oracle from the same weights,
+/// then times `a.time_steps` steps on the GPU.
+pub fn check(
+    source: &Source,
+    plan: Plan,
+    base_dir: &Path,
+    a: &CheckArgs,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Conformance, CheckError> {
+    let e = &source.experiment;
+    let batch = e.train.batch_size as usize;
+    let seed = e.train.seed;
+    let optimizer = e.optimizer.clone();
+    let flops_per_step = 3.0 * plan.flops_per_sample as f64 * batch as f64;
+    let mut session = session(source, &plan, base_dir)?;
+    // The CPU oracle, unless only timing (models too large for it).
+    let mut oracle = (a.steps > 0).then(|| Executor::new(plan.clone(), batch, seed));
+    let devices = cuda::probe()?;
+    let gpu = devices.gpus[0].name.clone();
+    let mut gpu_exec = CudaExecutor::new(plan, batch, seed, 0, a.precision)?;
+    progress(Progress::Started {
+        kernels: gpu_exec.plan().kernels.len(),
+        target: gpu_exec.target(),
+        batch,
+    });
+    // The same initial parameters, bit for bit.
+    let start = if oracle.is_some() {
+        gpu_exec.params()?
+    } else {
+        Vec::new()
+    };
+    for ((n, _, v), (_, t)) in start.iter().zip(oracle.iter().flat_map(|o| o.params())) {
+        if v.as_slice() != t.f32() {
+            return Err(CheckError::InitialParameter(n.clone()));
+        }
+    }
+    let total = a.steps;
+    if total == 0 {
+        // Timing only: one batch on the GPU.
+        let b = session.loader.next().expect("the loader runs forever");
+        set_batch(&mut gpu_exec, &session, &b, &optimizer, 0, 1)?;
+    }
+    let mut loss_difference = 0f64;
+    let mut lockstep_failures = 0usize;
+    for step in 0..total {
+        let cpu = oracle.as_mut().expect("an oracle when steps > 0");
+        let b = session.loader.next().expect("the loader runs forever");
+        set_batch(&mut gpu_exec, &session, &b, &optimizer, step, total)
+            .and_then(|_| set_batch(cpu, &session, &b, &optimizer, step, total))?;
+        if a.lockstep {
+            lockstep_failures += lockstep(cpu, &mut gpu_exec, b.size, step, progress)?;
+        } else {
+            cpu.run(b.size, Mode::Train, step, 0)?;
+            gpu_exec.run(b.size, Mode::Train, step, 0)?;
+            gpu_exec.synchronize()?;
+        }
+        let cpu_loss = cpu
+            .output(parallax_compiler::plan::LOSS)
+            .map_or(f32::NAN, |t| t.f32()[0]);
+        let gpu_loss = gpu_exec.output(parallax_compiler::plan::LOSS, b.size)?[0];
+        let difference = rel_diff(&[cpu_loss], &[gpu_loss]);
+        loss_difference = loss_difference.max(difference);
+        progress(Progress::Step {
+            step: step + 1,
+            cpu_loss,
+            gpu_loss,
+            difference,
+        });
+    }
+    let end = if oracle.is_some() {
+        gpu_exec.params()?
+    } else {
+        Vec::new()
+    };
+    let (mut diff2, mut norm2) = (0f64, 0f64);
+    let (mut worst, mut worst_d) = (String::new(), 0f64);
+    for ((n, _, v), (_, t)) in end.iter().zip(oracle.iter().flat_map(|o| o.params())) {
+        for (&a, &b) in t.f32().iter().zip(v) {
+            diff2 += (a as f64 - b as f64).powi(2);
+            norm2 += (a as f64).powi(2);
+        }
+        let d = rel_diff(t.f32(), v);
+        if d > worst_d || worst.is_empty() {
+            worst = n.clone();
+            worst_d = d;
+        }
+    }
+    let parameter_difference = if diff2.is_nan() {
+        f64::INFINITY
+    } else {
+        (diff2 / norm2.max(1e-300)).sqrt()
+    };
+    let mut times = time_steps(&mut gpu_exec, batch, total, a.time_steps)?;
+    let profile = match a.profile {
+        true => Some(profile(&mut gpu_exec, batch, total + a.time_steps + 3)?),
+        false => None,
+    };
+    times.sort_by(|x, y| x.total_cmp(y));
+    let median_step_ms = times.get(times.len() / 2).copied().unwrap_or(f64::NAN);
+    let tflops = flops_per_step / (median_step_ms * 1e-3) / 1e12;
+    Ok(Conformance {
+        precision: a.precision,
+        steps: total,
+        loss_difference,
+        parameter_difference,
+        worst_tensor: (worst, worst_d),
+        lockstep_failures,
+        median_step_ms,
+        tflops,
+        peak_percent: peak_flops(&gpu, a.precision).map(|p| 100.0 * tflops * 1e12 / p),
+        tolerance: tolerance(a.precision),
+        profile,
+    })
+}
+
+/// Step times on the GPU (ms): the last batch again, `n` steps from `first_step` timed with
+/// CUDA events after 3 warm-up steps.
+fn time_steps(
+    gpu: &mut CudaExecutor,
+    batch: usize,
+    first_step: u64,
+    n: u64,
+) -> Result<Vec<f64>, CudaError> {
+    let ctx = gpu.context().clone();
+    let stream = gpu.stream().clone();
+    let mut times = Vec::new();
+    for i in 0..(n + 3) {
+        // Timing needs events created without CU_EVENT_DISABLE_TIMING (cudarc's default).
+        let flags = Some(cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let t0 = ctx.new_event(flags)?;
+        let t1 = ctx.new_event(flags)?;
+        t0.record(&stream)?;
+        gpu.run(batch, Mode::Train, first_step + i, 0)?;
+        t1.record(&stream)?;
+        t1.synchronize()?;
+        if i >= 3 {
+            times.push(t0.elapsed_ms(&t1)? as f64);
+        }
+    }
+    Ok(times)
+}
+
+/// Every launch of step `step` timed, summed by kind of launch.
+fn profile(gpu: &mut CudaExecutor, batch: usize, step: u64) -> Result<Profile, CudaError> {
+    let launches = gpu.profile_step(batch, step)?;
+    let total_ms: f64 = launches.iter().map(|l| l.1).sum();
+    let mut by: std::collections::HashMap<String, (f64, usize)> = Default::default();
+    for (label, ms) in launches {
+        let e = by.entry(label).or_default();
+        e.0 += ms;
+        e.1 += 1;
+    }
+    let mut kinds: Vec<_> = by.into_iter().map(|(l, (ms, n))| (l, ms, n)).collect();
+    kinds.sort_by(|x, y| y.1.total_cmp(&x.1));
+    Ok(Profile { total_ms, kinds })
+}
+
+/// Runs one training step kernel by kernel on both backends, comparing every stored value
+/// after each kernel and copying the oracle's values into the GPU's buffers, so each kernel
+/// is judged on identical inputs. Returns the number of kernels that disagree.
+fn lockstep(
+    cpu: &mut Executor,
+    gpu: &mut CudaExecutor,
+    batch: usize,
+    step: u64,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<usize, CudaError> {
+    gpu.begin(batch, Mode::Train)?;
+    let mut failures = 0usize;
+    let mut error: Option<CudaError> = None;
+    let plan = cpu.plan().clone();
+    let mut after = |k: usize, cpu: &mut Executor| {
+        if error.is_some() {
+            return;
+        }
+        let r = (|| -> Result<(), CudaError> {
+            gpu.run_kernel(k, Mode::Train, step, 0)?;
+            gpu.synchronize()?;
+            let kern = &plan.kernels[k];
+            for &s in &kern.steps {
+                let Some(t) = cpu.value(s) else { continue };
+                if !gpu.stored(s) || !t.is_f32() {
+                    continue;
+                }
+                let got = gpu.value(s, batch)?;
+                let d = rel_diff(t.f32(), &got);
+                if d.is_nan() || d > 1e-4 {
+                    failures += 1;
+                    progress(Progress::Mismatch(Mismatch {
+                        kernel: k,
+                        kind: kern.kind,
+                        ops: kern
+                            .steps
+                            .iter()
+                            .map(|&x| plan.steps[x].op.name())
+                            .collect(),
+                        step: s,
+                        op: plan.steps[s].op.name(),
+                        layer: plan.steps[s].layer.clone(),
+                        difference: d,
+                        cpu: t.f32()[..t.f32().len().min(4)].to_vec(),
+                        gpu: got[..got.len().min(4)].to_vec(),
+                    }));
+                }
+                gpu.overwrite(s, t)?;
+            }
+            Ok(())
+        })();
+        if let Err(e) = r {
+            error = Some(e);
+        }
+    };
+    cpu.run_observed(batch, Mode::Train, step, 0, &mut after)
+        .map_err(|e| CudaError::Exec(e.to_string()))?;
+    if let Some(e) = error {
+        return Err(e);
+    }
+    gpu.finish(Mode::Train)?;
+    gpu.synchronize()?;
+    Ok(failures)
+}
+
+/// GPU 0, opened for the collectives checks.
+pub struct Gpu {
+    ctx: Arc<cuda::cudarc::driver::CudaContext>,
+    target: &'static str,
+}
+
+impl Gpu {
+    pub fn open() -> Result<Gpu, CudaError> {
+        let devices = cuda::probe()?;
+        let target = cuda::target_for(devices.gpus[0].compute_capability);
+        let ctx = cuda::cudarc::driver::CudaContext::new(0).map_err(CudaError::from)?;
+        Ok(Gpu { ctx, target })
+    }
+
+    /// NCCL's all-reduce at world size 1 (of 1 Mi values): its largest difference.
+    pub fn nccl_world_one(&self) -> Result<f32, CudaError> {
+        cuda::nccl::world_one_all_reduce(&self.ctx, 1 << 20)
+    }
+
+    /// Data parallelism on `ranks` simulated ranks (on this GPU): each rank takes its share
+    /// of one batch and computes its gradients; the all-reduce sums them; the sum over the
+    /// ranks is compared with the whole batch's gradients on one rank. Returns the largest
+    /// relative difference of any gradient. A [`CheckError::Data`] comes before any GPU work.
+    pub fn data_parallel(
+        &self,
+        source: &Source,
+        plan: Plan,
+        base_dir: &Path,
+        ranks: usize,
+    ) -> Result<f64, CheckError> {
+        let e = &source.experiment;
+        let batch = e.train.batch_size as usize;
+        let shard = batch / ranks;
+        let seed = e.train.seed;
+        // The data only: this check runs no CPU executor.
+        let mut session = session(source, &plan, base_dir)?;
+        let b = session.loader.next().expect("the loader runs forever");
+        let per = |v: &Values| match v {
+            Values::F32(x) => x.len() / b.size,
+            Values::I32(x) => x.len() / b.size,
+        };
+        let cut = |v: &Values, r: usize| {
+            let p = per(v);
+            match v {
+                Values::F32(x) => Values::F32(x[r * shard * p..(r + 1) * shard * p].to_vec()),
+                Values::I32(x) => Values::I32(x[r * shard * p..(r + 1) * shard * p].to_vec()),
+            }
+        };
+        let grads = plan.grads.clone();
+        let put = |x: &mut CudaExecutor, name: &str, size: usize, v: &Values| {
+            x.set_input(name, size, v)
+                .map_err(|e| CudaError::Exec(e.to_string()))
+        };
+        let mut full = CudaExecutor::new(plan.clone(), batch, seed, 0, Precision::Fp32)?;
+        put(&mut full, &session.input, b.size, &b.inputs)?;
+        put(&mut full, &session.target, b.size, &b.targets)?;
+        full.run(b.size, Mode::Gradients, 0, 0)?;
+        full.synchronize()?;
+        let mut execs = Vec::new();
+        for r in 0..ranks {
+            let mut x = CudaExecutor::new(plan.clone(), shard, seed, 0, Precision::Fp32)?;
+            put(&mut x, &session.input, shard, &cut(&b.inputs, r))?;
+            put(&mut x, &session.target, shard, &cut(&b.targets, r))?;
+            x.run(shard, Mode::Gradients, 0, (r * shard) as u64)?;
+            x.synchronize()?;
+            execs.push(x);
+        }
+        let sum = cuda::nccl::SimulatedRanks::new(&self.ctx, ranks, self.target)?;
+        let mut worst = 0f64;
+        for &(_, g) in &grads {
+            let n = full.value(g, b.size)?.len();
+            let ptrs = execs
+                .iter()
+                .map(|x| x.device_ptr(g))
+                .collect::<Result<Vec<_>, _>>()?;
+            sum.all_reduce(execs[0].stream(), &ptrs, n as u64)?;
+            execs[0].synchronize()?;
+            let reduced: Vec<f32> = execs[0]
+                .value(g, shard)?
+                .iter()
+                .map(|v| v / ranks as f32)
+                .collect();
+            worst = worst.max(rel_diff(&full.value(g, b.size)?, &reduced));
+        }
+        Ok(worst)
+    }
+}
