@@ -170,6 +170,32 @@ impl Collective for InProcess {
     }
 }
 
+/// The total over `0..leaves` from every rank's partial sums, `(rank, partial)`, combined
+/// along the fixed tree: each partial must be one subtree, all of one length, and together
+/// they must cover every leaf. What each communicator computes after gathering the partials.
+pub fn total(leaves: usize, partials: Vec<(usize, Partial)>) -> Result<Vec<f32>, CollectiveError> {
+    let mut held: Vec<(Range<usize>, Vec<f32>)> = Vec::with_capacity(partials.len());
+    let mut len = None;
+    for (device, p) in partials {
+        if owned_subtrees(leaves, p.range.clone()) != [p.range.clone()] {
+            return Err(CollectiveError::NotASubtree {
+                device,
+                range: p.range,
+                leaves,
+            });
+        }
+        match len {
+            None => len = Some(p.values.len()),
+            Some(l) if l != p.values.len() => {
+                return Err(CollectiveError::Length(l, p.values.len()))
+            }
+            _ => {}
+        }
+        held.push((p.range, p.values));
+    }
+    combine(0, leaves, &mut held)
+}
+
 /// Completes the tree from the partial sums that cover it.
 fn combine(
     lo: usize,

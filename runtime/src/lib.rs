@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod checkpoint;
 pub mod collective;
+pub mod comm;
 pub mod cpu;
 pub mod cuda;
 pub mod data;
