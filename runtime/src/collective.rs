@@ -1,8 +1,8 @@
-//! The collective library: the interface the partitioned plan's collective ops call, and its
-//! in-process implementation for simulated devices. The all-reduce is reproducible: it sums
-//! micro-shards along one fixed tree over shard index (`parallax_compiler::shards`), each
-//! device contributing the sums of the subtrees it holds whole, so the result does not depend
-//! on how many devices there are or which shards each holds.
+//! The arithmetic of the plan's reproducible sums, which every communicator (`crate::comm`)
+//! shares: micro-shards are summed along one fixed tree over shard index
+//! (`parallax_compiler::shards`), each rank contributing the sums of the subtrees it holds
+//! whole, so the result does not depend on how many ranks there are or which shards each
+//! holds.
 
 use parallax_compiler::shards::{owned_subtrees, tree_split};
 use std::ops::Range;
@@ -26,37 +26,6 @@ pub enum CollectiveError {
 pub struct Partial {
     pub range: Range<usize>,
     pub values: Vec<f32>,
-}
-
-/// Traffic so far.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Traffic {
-    pub calls: u64,
-    /// Bytes every device sent, summed (partials out, the total back to the others).
-    pub bytes: u64,
-}
-
-/// What the plan's collectives need from a communication library. The NCCL path implements
-/// the same calls with one process (or stream) per device.
-pub trait Collective {
-    fn devices(&self) -> usize;
-    /// `partials[d]` are device `d`'s subtree sums over `leaves` shards; every device gets the
-    /// returned total.
-    fn all_reduce(
-        &mut self,
-        leaves: usize,
-        partials: Vec<Vec<Partial>>,
-    ) -> Result<Vec<f32>, CollectiveError>;
-    /// The same total as `all_reduce`, delivered to one device only (ZeRO-2's reduce).
-    fn reduce(
-        &mut self,
-        leaves: usize,
-        partials: Vec<Vec<Partial>>,
-    ) -> Result<Vec<f32>, CollectiveError>;
-    /// Point to point: what device `from` sends arrives at device `to` (a pipeline
-    /// transfer, or one leg of a broadcast from its root).
-    fn send(&mut self, from: usize, to: usize, values: Vec<f32>) -> Vec<f32>;
-    fn traffic(&self) -> Traffic;
 }
 
 /// The sum of `leaf(lo..hi)` along the fixed tree: what every all-reduce computes.
@@ -91,83 +60,6 @@ pub fn partials(
             range: r,
         })
         .collect()
-}
-
-/// Devices in one process, exchanging through memory.
-#[derive(Debug, Default)]
-pub struct InProcess {
-    devices: usize,
-    traffic: Traffic,
-}
-
-impl InProcess {
-    pub fn new(devices: usize) -> InProcess {
-        InProcess {
-            devices,
-            traffic: Traffic::default(),
-        }
-    }
-}
-
-impl Collective for InProcess {
-    fn devices(&self) -> usize {
-        self.devices
-    }
-
-    fn all_reduce(
-        &mut self,
-        leaves: usize,
-        partials: Vec<Vec<Partial>>,
-    ) -> Result<Vec<f32>, CollectiveError> {
-        let total = self.reduce(leaves, partials)?;
-        // The total goes back to every other device.
-        self.traffic.bytes += 4 * total.len() as u64 * (self.devices.max(1) as u64 - 1);
-        Ok(total)
-    }
-
-    fn reduce(
-        &mut self,
-        leaves: usize,
-        partials: Vec<Vec<Partial>>,
-    ) -> Result<Vec<f32>, CollectiveError> {
-        let mut held: Vec<(Range<usize>, Vec<f32>)> = Vec::new();
-        let mut len = None;
-        for (device, ps) in partials.into_iter().enumerate() {
-            for p in ps {
-                if owned_subtrees(leaves, p.range.clone()) != [p.range.clone()] {
-                    return Err(CollectiveError::NotASubtree {
-                        device,
-                        range: p.range,
-                        leaves,
-                    });
-                }
-                match len {
-                    None => len = Some(p.values.len()),
-                    Some(l) if l != p.values.len() => {
-                        return Err(CollectiveError::Length(l, p.values.len()))
-                    }
-                    _ => {}
-                }
-                self.traffic.bytes += 4 * p.values.len() as u64;
-                held.push((p.range, p.values));
-            }
-        }
-        let total = combine(0, leaves, &mut held)?;
-        self.traffic.calls += 1;
-        Ok(total)
-    }
-
-    fn send(&mut self, from: usize, to: usize, values: Vec<f32>) -> Vec<f32> {
-        if from != to {
-            self.traffic.calls += 1;
-            self.traffic.bytes += 4 * values.len() as u64;
-        }
-        values
-    }
-
-    fn traffic(&self) -> Traffic {
-        self.traffic
-    }
 }
 
 /// The total over `0..leaves` from every rank's partial sums, `(rank, partial)`, combined
@@ -232,12 +124,16 @@ mod tests {
         for leaves in 1..=13 {
             let reference = tree_sum(0, leaves, &leaf);
             for n in 1..=leaves + 2 {
-                let mut c = InProcess::new(n);
                 let ps = assign(leaves, n)
                     .into_iter()
-                    .map(|own| partials(leaves, own, &leaf))
+                    .enumerate()
+                    .flat_map(|(d, own)| {
+                        partials(leaves, own, &leaf)
+                            .into_iter()
+                            .map(move |p| (d, p))
+                    })
                     .collect();
-                let total = c.all_reduce(leaves, ps).unwrap();
+                let total = total(leaves, ps).unwrap();
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(bits(&total), bits(&reference), "{leaves} shards on {n}");
             }
@@ -252,19 +148,41 @@ mod tests {
 
     #[test]
     fn missing_or_misaligned_partials_are_refused() {
-        let mut c = InProcess::new(2);
-        let ps = vec![partials(8, 0..4, &leaf), vec![]];
+        let ps = partials(8, 0..4, &leaf)
+            .into_iter()
+            .map(|p| (0, p))
+            .collect();
+        assert!(matches!(total(8, ps), Err(CollectiveError::Missing(_))));
+        let bad = vec![(
+            0,
+            Partial {
+                range: 1..3,
+                values: leaf(0),
+            },
+        )];
         assert!(matches!(
-            c.all_reduce(8, ps),
-            Err(CollectiveError::Missing(_))
-        ));
-        let bad = vec![vec![Partial {
-            range: 1..3,
-            values: leaf(0),
-        }]];
-        assert!(matches!(
-            c.all_reduce(4, bad),
+            total(4, bad),
             Err(CollectiveError::NotASubtree { .. })
+        ));
+        let short = vec![
+            (
+                0,
+                Partial {
+                    range: 0..1,
+                    values: leaf(0),
+                },
+            ),
+            (
+                1,
+                Partial {
+                    range: 1..2,
+                    values: vec![1.0],
+                },
+            ),
+        ];
+        assert!(matches!(
+            total(2, short),
+            Err(CollectiveError::Length(5, 1))
         ));
     }
 }

@@ -67,6 +67,28 @@ pub struct FusedOp {
     pub store: Option<Store>,
 }
 
+/// The fused ops of the kernel being run, kept between kernels only for their allocation.
+#[derive(Default)]
+pub struct OpsCache(Vec<FusedOp>);
+
+impl OpsCache {
+    /// The (empty) list to fill for a kernel.
+    pub fn take(&mut self) -> Vec<FusedOp> {
+        std::mem::take(&mut self.0)
+    }
+
+    /// Keeps `ops`'s allocation for the next kernel, not its contents.
+    pub fn keep(&mut self, mut ops: Vec<FusedOp>) {
+        ops.clear();
+        self.0 = ops;
+    }
+}
+
+// SAFETY: an `OpsCache` holds no op between kernels (`keep` clears the list), so the raw
+// pointers a `FusedOp` holds never outlive the kernel call that made them; an executor, and
+// this empty list with it, may move to another thread (a simulated device's).
+unsafe impl Send for OpsCache {}
+
 struct Ptr<T>(T);
 // SAFETY: the pointers address buffers the executor keeps alive and unaliased for the call;
 // chunks write disjoint ranges.

@@ -43,6 +43,9 @@ pub enum ExecError {
     /// From another backend behind the same interface (`backend::Backend`).
     #[error("{0}")]
     Device(String),
+    /// A rank's exchange with the others (simulated devices, and later real ranks).
+    #[error(transparent)]
+    Comm(#[from] crate::comm::CommError),
 }
 
 /// Training runs every step and applies the updates; `Gradients` runs the forward and
@@ -94,7 +97,7 @@ pub struct Executor {
     /// Steps holding the `training` flag, set before each step by its mode.
     training_flags: Vec<usize>,
     /// The fused ops of the kernel being run (kept to reuse its allocation).
-    fused_ops: Vec<fused::FusedOp>,
+    fused_ops: fused::OpsCache,
     /// The plan's buffers: dedicated ones (parameters, state, inputs) and reused ones.
     buffers: Vec<Tensor>,
     /// Each step's buffer; `None` for values that stay inside their kernel.
@@ -191,7 +194,7 @@ impl Executor {
             plan: Arc::new(plan),
             shapes,
             shapes_batch: max_batch,
-            fused_ops: Vec::new(),
+            fused_ops: fused::OpsCache::default(),
             buffers,
             slot,
             scratch,

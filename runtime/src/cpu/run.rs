@@ -396,8 +396,7 @@ impl Executor {
             let ptr = self.buf_mut(f.permute).f32_mut().as_mut_ptr();
             fused::Store::Runs { ptr, run, outer }
         });
-        let mut ops = std::mem::take(&mut self.fused_ops);
-        ops.clear();
+        let mut ops = self.fused_ops.take();
         for &s in steps {
             let st = &self.plan.steps[s];
             let mut operands = [fused::Source::Register(0); 2];
@@ -444,7 +443,7 @@ impl Executor {
         // A staged value that is also stored is copied to the scratch after the pass.
         let copy_stage = stage.filter(|(x, _)| self.slot[*x].is_some());
         let r = fused::run(&ops, n, per_sample, ctx);
-        self.fused_ops = ops;
+        self.fused_ops.keep(ops);
         r.map_err(|e| self.kernel_err(last, e))?;
         if let Some((x, p)) = copy_stage {
             let src = self.buf(x).f32();

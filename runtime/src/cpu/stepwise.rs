@@ -3,7 +3,7 @@
 //! and `finish_step`) pass it between them; and what an executor allocated.
 
 use super::tensor::Tensor;
-use super::Executor;
+use super::{ExecError, Executor};
 
 impl Executor {
     /// Moves the parameters and optimizer state out (in plan order), leaving empty buffers:
@@ -20,6 +20,27 @@ impl Executor {
         for (id, t) in self.persistent_steps().into_iter().zip(values) {
             *self.buf_mut(id) = t;
         }
+    }
+
+    /// Writes values from another rank (a transfer, a broadcast leg, a collective's total) as
+    /// step `step`'s value, in the shape the plan gives it at this step's batch: every rank
+    /// knows that shape from the plan, so none travels with the values. A step without a
+    /// buffer of its own keeps nothing.
+    pub fn receive(&mut self, step: usize, values: &[f32]) -> Result<(), ExecError> {
+        let Some(b) = self.slot.get(step).copied().flatten() else {
+            return Ok(());
+        };
+        self.shape_buffer(step);
+        let t = &mut self.buffers[b];
+        if !t.is_f32() || t.numel() != values.len() {
+            return Err(ExecError::Device(format!(
+                "step {step} received {} f32 values for a tensor of shape {:?}",
+                values.len(),
+                t.shape
+            )));
+        }
+        t.f32_mut().copy_from_slice(values);
+        Ok(())
     }
 
     /// The steps of the parameters, then the optimizer state.

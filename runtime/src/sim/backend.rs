@@ -2,6 +2,7 @@
 //! micro-shards, inputs set where they are read, and parameters, optimizer state and outputs
 //! gathered whole from the devices that hold them.
 
+use super::rank::Step;
 use super::SimulatedDevices;
 use crate::backend::{Backend, ParamValues};
 use crate::cpu::kernels::Ctx;
@@ -93,15 +94,52 @@ impl Backend for SimulatedDevices {
             }
             ctxs.push(mine);
         }
-        for k in 0..self.plan.kernels.len() {
-            if mode.runs(&self.plan, k) {
-                self.kernel(k, &ctxs)?;
-            }
-        }
-        for dev in &mut self.devices {
-            dev.shards[0].finish_step(mode);
-        }
-        Ok(())
+        let step = Step {
+            plan: &self.plan,
+            kernel_stage: &self.kernel_stage,
+            grid: self.grid,
+            owners: &self.owners,
+            leaves: self.last.len(),
+            mode,
+        };
+        // A failed step may have left its failure, and messages, behind.
+        self.world.reset();
+        // Each device runs its own share on its own thread, with its own communicator.
+        let results: Vec<Result<(), ExecError>> = std::thread::scope(|scope| {
+            let step = &step;
+            let handles: Vec<_> = self
+                .devices
+                .iter_mut()
+                .zip(self.comms.iter_mut())
+                .zip(&ctxs)
+                .enumerate()
+                .map(|(d, ((dev, comm), ctxs))| {
+                    let guard = comm.panic_guard();
+                    std::thread::Builder::new()
+                        .name(format!("device {d}"))
+                        .spawn_scoped(scope, move || {
+                            let _guard = guard;
+                            dev.step(d, ctxs, step, comm)
+                        })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .enumerate()
+                .map(|(d, h)| match h {
+                    Err(e) => Err(ExecError::Device(format!(
+                        "simulated device {d}: its thread did not start: {e}"
+                    ))),
+                    Ok(h) => h.join().unwrap_or_else(|p| {
+                        Err(ExecError::Device(format!(
+                            "simulated device {d} panicked: {}",
+                            panic_message(p.as_ref())
+                        )))
+                    }),
+                })
+                .collect()
+        });
+        first_error(results)
     }
 
     fn loss(&self, _batch: usize) -> Result<f32, ExecError> {
@@ -196,4 +234,22 @@ impl Backend for SimulatedDevices {
         }
         Ok(None)
     }
+}
+
+/// The step's error: the first device's own failure, not the others' reports of it.
+fn first_error(results: Vec<Result<(), ExecError>>) -> Result<(), ExecError> {
+    let echo = |e: &ExecError| matches!(e, ExecError::Comm(c) if c.is_echo());
+    let mut errors: Vec<ExecError> = results.into_iter().filter_map(Result::err).collect();
+    match errors.iter().position(|e| !echo(e)) {
+        Some(i) => Err(errors.swap_remove(i)),
+        None if errors.is_empty() => Ok(()),
+        None => Err(errors.swap_remove(0)),
+    }
+}
+
+fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "no message".into())
 }

@@ -1,35 +1,34 @@
-//! Simulated devices: a partitioned plan run by N device workers in one process, each with its
-//! own memory (capped like the GPU it stands for). Devices form a grid of data-parallel ranks
-//! times pipeline stages. A rank holds whole micro-shards of each batch
-//! (`parallax_compiler::shards`); a stage holds a contiguous run of layers (the `pipeline`
-//! pass), their parameters and optimizer state, and runs only their kernels. The plan's
-//! collectives run through the collective library (`crate::collective`), its transfers copy a
-//! value from the stage that computed it to the one that reads it. Every device runs in
-//! lockstep, kernel by kernel, and every cross-shard sum follows one fixed tree, so the
-//! result has the same bits on any grid (tests check it).
+//! Simulated devices: a partitioned plan run by N device ranks in one process, each a thread
+//! with its own memory (capped like the GPU it stands for). Devices form a grid of
+//! data-parallel ranks times tensor-parallel ranks times pipeline stages. A data rank holds
+//! whole micro-shards of each batch (`parallax_compiler::shards`); a stage holds a contiguous
+//! run of layers (the `pipeline` pass), their parameters and optimizer state, and runs only
+//! their kernels. Each device runs the rank code of `rank` (what a real rank runs) and talks
+//! to the others only through its in-process communicator (`crate::comm::threads`); every
+//! cross-shard sum follows one fixed tree, so the result has the same bits on any grid (tests
+//! check it). This coordinator only hands each device its inputs before a step and reads
+//! values after it.
 
 use crate::backend::{Backend, ParamValues};
-use crate::collective::{partials, Collective, InProcess};
+use crate::comm::threads::{ThreadComm, Threads};
 
 mod backend;
-use crate::cpu::kernels::Ctx;
+mod rank;
 use crate::cpu::tensor as slice;
 use crate::cpu::{ExecError, Executor};
 use crate::data::Values;
-use parallax_compiler::ir::{Group, Op, Phase};
 use parallax_compiler::plan::bytes;
 use parallax_compiler::shards::{assign, Sharding};
 use parallax_compiler::Plan;
+use rank::Device;
 use std::collections::HashMap;
 use std::ops::Range;
-
-/// One simulated device: an executor per micro-shard its rank holds; the first owns the
-/// stage's parameters and optimizer state, which the others borrow kernel by kernel.
-struct Device {
-    shards: Vec<Executor>,
-}
+use std::time::Duration;
 
 pub use crate::grid::Grid;
+
+/// How long a device waits for another by default.
+const TIMEOUT: Duration = Duration::from_secs(600);
 
 pub struct SimulatedDevices {
     plan: Plan,
@@ -38,11 +37,9 @@ pub struct SimulatedDevices {
     /// Data rank, then tensor rank, then stage: device `(r * tp + t) * pp + s`.
     devices: Vec<Device>,
     kernel_stage: Vec<usize>,
-    collective: InProcess,
-    /// The tensor-parallel ranks' all-reduces.
-    tensor: InProcess,
-    /// Point-to-point sends: pipeline transfers and broadcasts' legs.
-    p2p: InProcess,
+    /// The devices' communicators (device `d`'s at `d`), and their world.
+    world: Threads,
+    comms: Vec<ThreadComm>,
     /// Inputs with a batch axis, as set for the whole batch: split into shards at `run`.
     batched: HashMap<String, (usize, Values)>,
     /// Whether a shard's share of the loss is its counted labels' (`loss_share`).
@@ -130,20 +127,20 @@ impl SimulatedDevices {
                 }
             }
         }
-        let sim = SimulatedDevices {
+        let mut sim = SimulatedDevices {
             counts_labels: crate::loss_share::counts_labels(&plan),
             plan,
             sharding,
             grid,
             devices,
             kernel_stage,
-            collective: InProcess::new(grid.dp),
-            tensor: InProcess::new(grid.tp),
-            p2p: InProcess::new(grid.devices()),
+            world: Threads::new(grid.devices(), TIMEOUT),
+            comms: Vec::new(),
             batched: HashMap::new(),
             last: Vec::new(),
             owners: Vec::new(),
         };
+        sim.comms = sim.world.comms();
         for m in sim.memory() {
             if m.bytes > capacity {
                 return Err(ExecError::Device(format!(
@@ -177,11 +174,19 @@ impl SimulatedDevices {
             .collect()
     }
 
-    fn device(&self, rank: usize, tensor_rank: usize, stage: usize) -> usize {
-        (rank * self.grid.tp + tensor_rank) * self.grid.pp + stage
+    /// How long a device waits for another before its step fails (ten minutes unless set:
+    /// a failing device ends the others' waits at once, so only a stuck one waits this long).
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.world = Threads::new(self.grid.devices(), timeout);
+        self.comms = self.world.comms();
     }
 
-    /// The executor of shard `i` of the last step on `stage` of tensor rank `t`.
+    fn device(&self, rank: usize, tensor_rank: usize, stage: usize) -> usize {
+        self.grid.device(rank, tensor_rank, stage)
+    }
+
+    /// The executor of shard `i` of the last step on `stage` of tensor rank `t` (read after
+    /// the step).
     fn shard(&self, t: usize, stage: usize, i: usize) -> &Executor {
         let r = self.owners.iter().position(|o| o.contains(&i)).unwrap_or(0);
         let j = i.saturating_sub(self.owners.get(r).map_or(0, |o| o.start));
@@ -190,183 +195,6 @@ impl SimulatedDevices {
 
     fn stage_of_step(&self, step: usize) -> usize {
         self.plan.steps[step].stage as usize
-    }
-
-    /// Runs kernel `k` on every shard of its stage, or the collective it is.
-    fn kernel(&mut self, k: usize, ctxs: &[Vec<Ctx>]) -> Result<(), ExecError> {
-        let stage = self.kernel_stage[k];
-        let last = *self.plan.kernels[k]
-            .steps
-            .last()
-            .expect("a kernel has steps");
-        let (op, phase) = (&self.plan.steps[last].op, self.plan.steps[last].phase);
-        // A reduce is an all-reduce over the shards delivered to one rank.
-        let (group, to) = match op {
-            Op::AllReduce { group } => (Some(*group), None),
-            Op::Reduce { root } => (Some(Group::Shards), Some(*root as usize)),
-            _ => (None, None),
-        };
-        // Under ZeRO-1 a parameter's update runs only on the rank holding its state.
-        let only = self.plan.steps[last].owner.map(|o| o as usize);
-        // The update runs once per device, where the parameters live.
-        let update = phase == Phase::Update;
-        let Grid { dp, tp, .. } = self.grid;
-        for (r, t) in (0..dp).flat_map(|r| (0..tp).map(move |t| (r, t))) {
-            if only.is_some_and(|o| o != r) {
-                continue;
-            }
-            let held = self.owners[r].len();
-            let runs = if update { 1 } else { held };
-            let d = self.device(r, t, stage);
-            for (j, ctx) in ctxs[d].iter().enumerate().take(runs) {
-                if group.is_some() {
-                    continue;
-                }
-                if let Op::Transfer { from, .. } = self.plan.steps[last].op {
-                    let source = d - stage + from as usize;
-                    self.transfer(source, d, j, last)?;
-                    continue;
-                }
-                if let Op::Broadcast { root } = self.plan.steps[last].op {
-                    let source = self.device(root as usize, t, stage);
-                    self.transfer(source, d, j, last)?;
-                    continue;
-                }
-                let dev = &mut self.devices[d];
-                if j == 0 {
-                    dev.shards[0].run_kernel_at(k, ctx)?;
-                } else {
-                    let persistent = dev.shards[0].take_persistent();
-                    dev.shards[j].put_persistent(persistent);
-                    let result = dev.shards[j].run_kernel_at(k, ctx);
-                    let persistent = dev.shards[j].take_persistent();
-                    dev.shards[0].put_persistent(persistent);
-                    result?;
-                }
-            }
-        }
-        let operand = self.plan.steps[last].operands[0];
-        match group {
-            Some(Group::Shards) => {
-                for t in 0..self.grid.tp {
-                    self.all_reduce(t, stage, last, operand, to)?;
-                }
-            }
-            Some(Group::Tensor) => self.tensor_all_reduce(stage, last, operand)?,
-            None => {}
-        }
-        Ok(())
-    }
-
-    /// The sum over the tensor-parallel ranks of `operand` into `out`, shard by shard.
-    fn tensor_all_reduce(
-        &mut self,
-        stage: usize,
-        out: usize,
-        operand: usize,
-    ) -> Result<(), ExecError> {
-        let tp = self.grid.tp;
-        for r in 0..self.grid.dp {
-            for j in 0..self.owners[r].len() {
-                let grid = self.grid;
-                let at = move |t: usize| (r * grid.tp + t) * grid.pp + stage;
-                let value = |t: usize| -> Vec<f32> {
-                    self.devices[at(t)].shards[j]
-                        .value(operand)
-                        .map(|v| v.f32().to_vec())
-                        .unwrap_or_default()
-                };
-                let shape = self.devices[at(0)].shards[j]
-                    .value(operand)
-                    .map(|v| v.shape.clone());
-                let sent = (0..tp).map(|t| partials(tp, t..t + 1, &value)).collect();
-                let total = self
-                    .tensor
-                    .all_reduce(tp, sent)
-                    .map_err(|e| ExecError::Device(e.to_string()))?;
-                let shape = shape.unwrap_or_else(|| vec![total.len()]);
-                for t in 0..tp {
-                    let d = at(t);
-                    if let Some(v) = self.devices[d].shards[j].value_mut(out) {
-                        v.reshape_in_place(&shape);
-                        v.f32_mut().copy_from_slice(&total);
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Transfer step `step` for shard `j`: its operand's value on device `from` becomes its
-    /// value on device `to` (a send and its receive).
-    fn transfer(&mut self, from: usize, to: usize, j: usize, step: usize) -> Result<(), ExecError> {
-        let operand = self.plan.steps[step].operands[0];
-        // Parameters and optimizer state live with a device's first shard.
-        let holder = if self.plan.steps[operand].op.is_source() {
-            0
-        } else {
-            j
-        };
-        let Some(v) = self.devices[from].shards[holder].value(operand) else {
-            return Err(ExecError::Device(format!(
-                "transfer: device {from} does not hold the value it sends"
-            )));
-        };
-        let (shape, data) = (v.shape.clone(), v.f32().to_vec());
-        let data = self.p2p.send(from, to, data);
-        if let Some(t) = self.devices[to].shards[j].value_mut(step) {
-            t.reshape_in_place(&shape);
-            t.f32_mut().copy_from_slice(&data);
-        }
-        Ok(())
-    }
-
-    /// The sum over every shard of `operand` into `out`, on every shard of `stage` of tensor
-    /// rank `t` (of data rank `to` only, when given: a reduce).
-    fn all_reduce(
-        &mut self,
-        t: usize,
-        stage: usize,
-        out: usize,
-        operand: usize,
-        to: Option<usize>,
-    ) -> Result<(), ExecError> {
-        let leaves = self.last.len();
-        let value = |i: usize| -> Vec<f32> {
-            self.shard(t, stage, i)
-                .value(operand)
-                .map(|v| v.f32().to_vec())
-                .unwrap_or_default()
-        };
-        let shape = self
-            .shard(t, stage, 0)
-            .value(operand)
-            .map(|v| v.shape.clone());
-        let sent: Vec<_> = self
-            .owners
-            .iter()
-            .map(|own| partials(leaves, own.clone(), &value))
-            .collect();
-        let total = match to {
-            Some(_) => self.collective.reduce(leaves, sent),
-            None => self.collective.all_reduce(leaves, sent),
-        }
-        .map_err(|e| ExecError::Device(e.to_string()))?;
-        let shape = shape.unwrap_or_else(|| vec![total.len()]);
-        for r in 0..self.grid.dp {
-            if to.is_some_and(|root| root != r) {
-                continue;
-            }
-            let held = self.owners[r].len().max(1);
-            let d = self.device(r, t, stage);
-            for e in self.devices[d].shards.iter_mut().take(held) {
-                if let Some(v) = e.value_mut(out) {
-                    v.reshape_in_place(&shape);
-                    v.f32_mut().copy_from_slice(&total);
-                }
-            }
-        }
-        Ok(())
     }
 
     /// Each persistent value (by name) from the device of rank 0 that holds it, in plan order.
