@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The test command: installs, once, into .tools/: ptxas (the PyPI wheel nvidia-cuda-nvcc, ~37 MB)
 # so the generated PTX of every model is assembled for sm_80 and sm_90, and TensorBoard's event
-# reader; then runs the whole test suite. Needs the Rust toolchain and python3 with pip; no GPU.
+# reader; Open MPI and what the `mpi` crate's build needs, from Debian's packages (apt-get, as
+# root); then runs the whole test suite with the `mpi` feature on (the multi-process tests),
+# and checks that the default build, which needs no MPI, still compiles. Needs the Rust
+# toolchain and python3 with pip; no GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PTXAS=.tools/nvcc/nvidia/cu13/bin/ptxas
@@ -22,4 +25,13 @@ if [ ! -d .tools/tb/tensorboard ]; then
         --target .tools/tb.partial tensorboard==2.21.0 protobuf==7.36.2 absl-py==2.5.1 numpy==2.4.6
     mv .tools/tb.partial .tools/tb
 fi
-cargo test --workspace --locked "$@"
+# Open MPI 4 (mpirun, libmpi) and libclang, which the `mpi` crate's bindgen loads.
+if ! command -v mpirun >/dev/null || ! pkg-config --exists ompi 2>/dev/null \
+    || ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        openmpi-bin libopenmpi-dev libclang-dev pkgconf >/dev/null
+fi
+mpirun --version | head -1
+cargo test --workspace --locked --features mpi "$@"
+cargo check --workspace --locked --all-targets

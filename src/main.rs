@@ -130,6 +130,21 @@ enum Command {
     /// Check collectives on the GPU: NCCL all-reduce at world size 1, and a 4-rank
     /// data-parallel gradient step on simulated ranks against the 1-rank step of FILE.
     CollectivesCheck { file: PathBuf },
+    /// Check the communicator between ranks started by `mpirun` or `srun` (a build with
+    /// `--features mpi`): the tree all-reduce over 1 to 9 shards with the bits of one device,
+    /// reduce, broadcast, sends, barrier and the failure flag. Exits non-zero, naming the
+    /// rank and the collective, when a rank fails or stops answering.
+    CommCheck {
+        /// Seconds a rank waits for another before it gives up.
+        #[arg(long, default_value_t = 60)]
+        timeout: u64,
+        /// Make this rank fail (at the 5-shard all-reduce), to see what the others report.
+        #[arg(long, value_name = "RANK")]
+        fail_rank: Option<usize>,
+        /// Make this rank stop answering (at the same point) for as long.
+        #[arg(long, value_name = "RANK")]
+        hang_rank: Option<usize>,
+    },
     /// Compile an experiment into a plan.
     Compile {
         file: PathBuf,
@@ -194,6 +209,7 @@ fn parse_dump(s: &str) -> Result<String, String> {
 
 #[macro_use]
 mod out;
+mod comm_check;
 mod compile;
 mod gpu;
 mod report;
@@ -259,6 +275,11 @@ fn main() -> ExitCode {
             )
         }),
         Command::CollectivesCheck { file } => gpu::collectives_check(&file),
+        Command::CommCheck {
+            timeout,
+            fail_rank,
+            hang_rank,
+        } => comm_check::run(timeout, fail_rank, hang_rank),
         Command::Report { runs, out } => report::report(&runs, out.as_deref()),
         Command::Diff { a, b } => report::diff(&a, &b),
     };

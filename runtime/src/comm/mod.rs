@@ -8,6 +8,10 @@
 //! calls in the same order (the SPMD rule), and every blocking wait gives up after the
 //! communicator's timeout with an error naming the peer and the collective, never a hang.
 
+pub mod check;
+#[cfg(feature = "mpi")]
+pub mod mpi;
+mod protocol;
 pub mod threads;
 
 use crate::collective::{CollectiveError, Partial};

@@ -1,5 +1,6 @@
 use super::*;
-use crate::collective::{partials, tree_sum, CollectiveError};
+use crate::collective::{partials, tree_sum, CollectiveError, Partial};
+use crate::comm::Communicator;
 use parallax_compiler::shards::assign;
 
 fn leaf(i: usize) -> Vec<f32> {

@@ -1,0 +1,322 @@
+//! The communicator over MPI (the `mpi` feature): one process per rank, started by `mpirun`
+//! or `srun`. Messages are point-to-point (MPI keeps them in order between two ranks), so the
+//! all-reduce is the same gather of partial sums that every member combines along the fixed
+//! tree as the in-process communicator's: never `MPI_Allreduce` on floats, whose order
+//! depends on the world size. Sends are non-blocking (`MPI_Isend` of a buffer kept until the
+//! send completes), so a rank that sends before it receives cannot deadlock. Receives poll
+//! (`MPI_Improbe`) until the message comes, a rank reports a failure, or the timeout passes:
+//! MPI's own waits have no timeout. A rank that dies outright is `mpirun`'s to handle: it
+//! ends every other rank of the job.
+
+use super::protocol::{Message, Transport};
+use super::{CommError, Traffic};
+use crate::collective::Partial;
+use mpi::point_to_point::{Destination, MatchedReceiveVec, Source};
+use mpi::request::{Request, StaticScope};
+use mpi::topology::{Communicator as _, SimpleCommunicator};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// Data messages, in order per pair of ranks.
+const DATA: i32 = 1;
+/// A rank's failure, sent to every other rank so that their waits end at once.
+const FAILED: i32 = 2;
+
+/// MPI, started once per process; hand its `MpiComm` to the rank.
+pub struct Mpi {
+    // Finalises MPI when dropped, after the communicator.
+    _universe: mpi::environment::Universe,
+}
+
+/// The MPI world as one rank sees it.
+pub struct MpiComm {
+    world: SimpleCommunicator,
+    rank: usize,
+    size: usize,
+    timeout: Duration,
+    traffic: Traffic,
+    /// Sends not yet known to be complete, with their buffers (freed when they are).
+    pending: Vec<Request<'static, [u8], StaticScope>>,
+    /// The first failure reported to this rank: `(rank, reason)`.
+    failure: Option<(usize, String)>,
+    /// Whether this rank told the others it failed.
+    told: bool,
+    /// Messages taken and put back (`Transport::unget`), by sender.
+    stash: Vec<VecDeque<Message>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MpiError {
+    #[error(
+        "MPI could not be started (is this process run by mpirun or srun, and is MPI installed?)"
+    )]
+    Init,
+    #[error("this MPI offers threading level {0:?}; Parallax needs Serialized")]
+    Threading(mpi::Threading),
+}
+
+// SAFETY: MPI runs at the Serialized level (checked in `Mpi::start`): any thread may call it,
+// one at a time, and every call goes through `&mut MpiComm`.
+unsafe impl Send for MpiComm {}
+
+impl Mpi {
+    /// Starts MPI and returns this process's communicator, whose waits give up after
+    /// `timeout`.
+    pub fn start(timeout: Duration) -> Result<(Mpi, MpiComm), MpiError> {
+        // Serialized: one thread at a time, not always the main one (a rank may run on a
+        // thread of its own); every call goes through `&mut MpiComm`.
+        let (universe, threading) =
+            mpi::initialize_with_threading(mpi::Threading::Serialized).ok_or(MpiError::Init)?;
+        if !matches!(
+            threading,
+            mpi::Threading::Serialized | mpi::Threading::Multiple
+        ) {
+            return Err(MpiError::Threading(threading));
+        }
+        let world = universe.world();
+        let size = world.size() as usize;
+        let comm = MpiComm {
+            rank: world.rank() as usize,
+            size,
+            world,
+            timeout,
+            traffic: Traffic::default(),
+            pending: Vec::new(),
+            failure: None,
+            told: false,
+            stash: (0..size).map(|_| VecDeque::new()).collect(),
+        };
+        Ok((
+            Mpi {
+                _universe: universe,
+            },
+            comm,
+        ))
+    }
+}
+
+/// What goes over the wire: one tag byte, then the payload.
+impl Message {
+    fn encode(&self) -> Vec<u8> {
+        let floats = |out: &mut Vec<u8>, v: &[f32]| {
+            out.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+        };
+        let mut out = Vec::new();
+        match self {
+            Message::Values(v) => {
+                out.push(0);
+                floats(&mut out, v);
+            }
+            Message::Partials(ps) => {
+                out.push(1);
+                out.extend((ps.len() as u64).to_le_bytes());
+                for p in ps {
+                    for n in [p.range.start, p.range.end, p.values.len()] {
+                        out.extend((n as u64).to_le_bytes());
+                    }
+                    floats(&mut out, &p.values);
+                }
+            }
+            Message::Flag(f) => out.extend([2, u8::from(*f)]),
+            Message::Token => out.push(3),
+        }
+        out
+    }
+
+    /// `None` for bytes no rank of this build sends.
+    fn decode(bytes: &[u8]) -> Option<Message> {
+        let (&tag, mut rest) = bytes.split_first()?;
+        let u64s = |rest: &mut &[u8]| -> Option<usize> {
+            let (head, tail) = rest.split_at_checked(8)?;
+            *rest = tail;
+            Some(u64::from_le_bytes(head.try_into().ok()?) as usize)
+        };
+        let floats = |b: &[u8]| -> Vec<f32> {
+            b.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        Some(match tag {
+            0 if rest.len() % 4 == 0 => Message::Values(floats(rest)),
+            1 => {
+                let n = u64s(&mut rest)?;
+                let mut ps = Vec::with_capacity(n.min(1024));
+                for _ in 0..n {
+                    let (start, end, len) = (u64s(&mut rest)?, u64s(&mut rest)?, u64s(&mut rest)?);
+                    let (vals, tail) = rest.split_at_checked(len.checked_mul(4)?)?;
+                    rest = tail;
+                    ps.push(Partial {
+                        range: start..end,
+                        values: floats(vals),
+                    });
+                }
+                Message::Partials(ps)
+            }
+            2 if rest.len() == 1 => Message::Flag(rest[0] != 0),
+            3 if rest.is_empty() => Message::Token,
+            _ => return None,
+        })
+    }
+}
+
+impl MpiComm {
+    /// Frees the buffers of the sends that completed.
+    fn reap(&mut self) {
+        let pending = std::mem::take(&mut self.pending);
+        for req in pending {
+            match req.test_with_data() {
+                // SAFETY: the buffer was leaked from a `Box<[u8]>` by `isend`, and the send
+                // that read it is complete.
+                Ok((_, buf)) => drop(unsafe { Box::from_raw(buf as *const [u8] as *mut [u8]) }),
+                Err(req) => self.pending.push(req),
+            }
+        }
+    }
+
+    fn isend(&mut self, to: usize, tag: i32, bytes: Vec<u8>) {
+        self.reap();
+        // Leaked for the send's lifetime: MPI reads it until the request completes.
+        let buf: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        let req = self
+            .world
+            .process_at_rank(to as i32)
+            .immediate_send_with_tag(StaticScope, buf, tag);
+        self.pending.push(req);
+    }
+
+    /// A failure another rank reported, if one came.
+    fn poll_failure(&mut self) -> Option<(usize, String)> {
+        if self.failure.is_none() {
+            let any = self.world.any_process();
+            if let Some(probed) = any.immediate_matched_probe_with_tag(FAILED) {
+                let (bytes, status) = probed.matched_receive_vec::<u8>();
+                let reason = String::from_utf8_lossy(&bytes).into_owned();
+                self.failure = Some((status.source_rank() as usize, reason));
+            }
+        }
+        self.failure.clone()
+    }
+
+    /// Tells every other rank that this one failed (once).
+    fn tell_failed(&mut self, reason: &str) {
+        if std::mem::replace(&mut self.told, true) {
+            return;
+        }
+        let me = self.rank;
+        for peer in (0..self.size).filter(|&p| p != me) {
+            self.isend(peer, FAILED, reason.as_bytes().to_vec());
+        }
+    }
+
+    /// The next message from `from`. With `abortable`, a failure reported by any rank ends
+    /// the wait (the step is lost anyway).
+    fn wait_for(
+        &mut self,
+        from: usize,
+        op: &'static str,
+        abortable: bool,
+    ) -> Result<Message, CommError> {
+        if let Some(m) = self.stash[from].pop_front() {
+            return Ok(m);
+        }
+        let deadline = Instant::now() + self.timeout;
+        let mut nap = Duration::from_micros(5);
+        loop {
+            let source = self.world.process_at_rank(from as i32);
+            if let Some(probed) = source.immediate_matched_probe_with_tag(DATA) {
+                let (bytes, _) = probed.matched_receive_vec::<u8>();
+                return Message::decode(&bytes).ok_or(CommError::OutOfStep {
+                    rank: self.rank,
+                    peer: from,
+                    op,
+                    expected: "message of this build",
+                    got: "malformed message",
+                });
+            }
+            if abortable {
+                if let Some((failed, reason)) = self.poll_failure() {
+                    return Err(CommError::PeerFailed {
+                        rank: self.rank,
+                        peer: from,
+                        op,
+                        failed,
+                        reason,
+                    });
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CommError::Timeout {
+                    rank: self.rank,
+                    peer: from,
+                    op,
+                    waited: self.timeout,
+                });
+            }
+            self.reap();
+            std::thread::sleep(nap.min(deadline - now));
+            nap = (nap * 2).min(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Drop for MpiComm {
+    fn drop(&mut self) {
+        // A send no rank will receive (a peer failed) must not hold the process: the requests
+        // are released to MPI, and their buffers leaked, as the process ends anyway.
+        for req in std::mem::take(&mut self.pending) {
+            // SAFETY: the request is live and owned here; MPI_Request_free lets the send
+            // finish (or be dropped at finalisation) without our waiting for it, and its
+            // buffer is never freed.
+            unsafe {
+                let (mut raw, _, _) = req.into_raw();
+                mpi::ffi::MPI_Request_free(&mut raw);
+            }
+        }
+    }
+}
+
+impl Transport for MpiComm {
+    fn this_rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world_size(&self) -> usize {
+        self.size
+    }
+
+    fn post(&mut self, to: usize, m: Message) {
+        self.isend(to, DATA, m.encode());
+    }
+
+    fn take(
+        &mut self,
+        from: usize,
+        op: &'static str,
+        abortable: bool,
+    ) -> Result<Message, CommError> {
+        self.wait_for(from, op, abortable)
+    }
+
+    fn unget(&mut self, from: usize, m: Message) {
+        self.stash[from].push_front(m);
+    }
+
+    fn failure(&self) -> (usize, String) {
+        self.failure
+            .clone()
+            .unwrap_or((usize::MAX, "unknown".into()))
+    }
+
+    fn report_failure(&mut self, reason: &str) {
+        self.tell_failed(reason);
+    }
+
+    fn traffic(&self) -> Traffic {
+        self.traffic
+    }
+
+    fn traffic_mut(&mut self) -> &mut Traffic {
+        &mut self.traffic
+    }
+}

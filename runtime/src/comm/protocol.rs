@@ -1,0 +1,326 @@
+//! The collectives every communicator runs, written once over a `Transport` (ordered,
+//! non-blocking sends and receives with a deadline between two ranks): the all-reduce
+//! gathers every member's partial sums and each member combines them along the fixed tree
+//! itself, so every member gets the same bits; reduce, broadcast, barrier and the failure
+//! flag are messages too. The in-process (`threads`) and MPI (`mpi`) communicators are
+//! transports.
+
+use super::{CommError, Communicator, Traffic};
+use crate::collective::{total, Partial};
+
+/// What ranks exchange.
+pub(super) enum Message {
+    Values(Vec<f32>),
+    Partials(Vec<Partial>),
+    Flag(bool),
+    Token,
+}
+
+impl Message {
+    pub(super) fn kind(&self) -> &'static str {
+        match self {
+            Message::Values(_) => "send",
+            Message::Partials(_) => "partial sum",
+            Message::Flag(_) => "failure flag",
+            Message::Token => "barrier token",
+        }
+    }
+
+    /// The f32 payload's bytes (what `Traffic` counts).
+    pub(super) fn bytes(&self) -> u64 {
+        4 * match self {
+            Message::Values(v) => v.len() as u64,
+            Message::Partials(ps) => ps.iter().map(|p| p.values.len() as u64).sum(),
+            Message::Flag(_) | Message::Token => 0,
+        }
+    }
+}
+
+/// Messages between two ranks, in the order sent.
+pub(super) trait Transport: Send {
+    fn this_rank(&self) -> usize;
+    fn world_size(&self) -> usize;
+    /// Queues `m` for rank `to` (`to < size`); never blocks.
+    fn post(&mut self, to: usize, m: Message);
+    /// The next message from `from`. With `abortable`, a failure reported by any rank ends
+    /// the wait (`PeerFailed`); it gives up after the timeout (`Timeout`).
+    fn take(
+        &mut self,
+        from: usize,
+        op: &'static str,
+        abortable: bool,
+    ) -> Result<Message, CommError>;
+    /// Puts `m` back, to be `take`n from `from` next.
+    fn unget(&mut self, from: usize, m: Message);
+    /// The first failure reported: `(rank, reason)`.
+    fn failure(&self) -> (usize, String);
+    /// Tells every rank at once that this one failed, so that their waits end.
+    fn report_failure(&mut self, reason: &str);
+    fn traffic(&self) -> Traffic;
+    fn traffic_mut(&mut self) -> &mut Traffic;
+}
+
+fn not_a_member<T: Transport>(t: &T, peer: usize, op: &'static str, group: &[usize]) -> CommError {
+    CommError::NotAMember {
+        rank: t.this_rank(),
+        peer,
+        op,
+        group: group.to_vec(),
+        size: t.world_size(),
+    }
+}
+
+/// That `group` is ranks of the world holding this rank and `peer`.
+fn check<T: Transport>(
+    t: &T,
+    group: &[usize],
+    peer: usize,
+    op: &'static str,
+) -> Result<(), CommError> {
+    if let Some(&p) = group.iter().find(|&&p| p >= t.world_size()) {
+        return Err(not_a_member(t, p, op, group));
+    }
+    for r in [t.this_rank(), peer] {
+        if !group.contains(&r) {
+            return Err(not_a_member(t, r, op, group));
+        }
+    }
+    Ok(())
+}
+
+/// The members other than this rank, in group order.
+fn others<T: Transport>(t: &T, group: &[usize]) -> Vec<usize> {
+    group
+        .iter()
+        .copied()
+        .filter(|&p| p != t.this_rank())
+        .collect()
+}
+
+fn send_to<T: Transport>(
+    t: &mut T,
+    to: usize,
+    op: &'static str,
+    m: Message,
+) -> Result<(), CommError> {
+    if to >= t.world_size() {
+        return Err(not_a_member(t, to, op, &[]));
+    }
+    t.traffic_mut().bytes += m.bytes();
+    t.post(to, m);
+    Ok(())
+}
+
+fn out_of_step<T: Transport>(
+    t: &T,
+    peer: usize,
+    op: &'static str,
+    expected: &'static str,
+    got: &Message,
+) -> CommError {
+    CommError::OutOfStep {
+        rank: t.this_rank(),
+        peer,
+        op,
+        expected,
+        got: got.kind(),
+    }
+}
+
+/// The next data message from `from`. A failure flag there stays queued for the failure
+/// check it belongs to: `from` has left the step (failed, or out of step).
+fn data<T: Transport>(t: &mut T, from: usize, op: &'static str) -> Result<Message, CommError> {
+    let m = t.take(from, op, true)?;
+    let Message::Flag(failed) = m else {
+        return Ok(m);
+    };
+    t.unget(from, m);
+    if !failed {
+        return Err(CommError::OutOfStep {
+            rank: t.this_rank(),
+            peer: from,
+            op,
+            expected: "data",
+            got: "failure flag",
+        });
+    }
+    let (first, reason) = t.failure();
+    Err(CommError::PeerFailed {
+        rank: t.this_rank(),
+        peer: from,
+        op,
+        failed: first,
+        reason,
+    })
+}
+
+fn take_values<T: Transport>(
+    t: &mut T,
+    from: usize,
+    op: &'static str,
+) -> Result<Vec<f32>, CommError> {
+    match data(t, from, op)? {
+        Message::Values(v) => Ok(v),
+        m => Err(out_of_step(t, from, op, "send", &m)),
+    }
+}
+
+/// This rank's partial sums and those of the members `from`, with their senders.
+fn gather<T: Transport>(
+    t: &mut T,
+    from: &[usize],
+    mine: Vec<Partial>,
+    op: &'static str,
+) -> Result<Vec<(usize, Partial)>, CommError> {
+    let mut all: Vec<(usize, Partial)> = mine.into_iter().map(|p| (t.this_rank(), p)).collect();
+    for &peer in from {
+        match data(t, peer, op)? {
+            Message::Partials(ps) => all.extend(ps.into_iter().map(|p| (peer, p))),
+            m => return Err(out_of_step(t, peer, op, "partial sum", &m)),
+        }
+    }
+    Ok(all)
+}
+
+fn sum<T: Transport>(
+    t: &T,
+    leaves: usize,
+    all: Vec<(usize, Partial)>,
+    op: &'static str,
+) -> Result<Vec<f32>, CommError> {
+    total(leaves, all).map_err(|source| CommError::Sum {
+        rank: t.this_rank(),
+        op,
+        source,
+    })
+}
+
+impl<T: Transport> Communicator for T {
+    fn rank(&self) -> usize {
+        self.this_rank()
+    }
+
+    fn size(&self) -> usize {
+        self.world_size()
+    }
+
+    fn all_reduce(
+        &mut self,
+        group: &[usize],
+        leaves: usize,
+        mine: Vec<Partial>,
+    ) -> Result<Vec<f32>, CommError> {
+        const OP: &str = "all-reduce";
+        check(self, group, self.this_rank(), OP)?;
+        self.traffic_mut().calls += 1;
+        let others = others(self, group);
+        for &peer in &others {
+            send_to(self, peer, OP, Message::Partials(mine.clone()))?;
+        }
+        let all = gather(self, &others, mine, OP)?;
+        sum(self, leaves, all, OP)
+    }
+
+    fn reduce(
+        &mut self,
+        group: &[usize],
+        root: usize,
+        leaves: usize,
+        mine: Vec<Partial>,
+    ) -> Result<Option<Vec<f32>>, CommError> {
+        const OP: &str = "reduce";
+        check(self, group, root, OP)?;
+        self.traffic_mut().calls += 1;
+        if self.this_rank() != root {
+            send_to(self, root, OP, Message::Partials(mine))?;
+            return Ok(None);
+        }
+        let others = others(self, group);
+        let all = gather(self, &others, mine, OP)?;
+        sum(self, leaves, all, OP).map(Some)
+    }
+
+    fn broadcast(
+        &mut self,
+        group: &[usize],
+        root: usize,
+        values: &mut Vec<f32>,
+    ) -> Result<(), CommError> {
+        const OP: &str = "broadcast";
+        check(self, group, root, OP)?;
+        self.traffic_mut().calls += 1;
+        if self.this_rank() == root {
+            for peer in others(self, group) {
+                send_to(self, peer, OP, Message::Values(values.clone()))?;
+            }
+        } else {
+            *values = take_values(self, root, OP)?;
+        }
+        Ok(())
+    }
+
+    fn send(&mut self, to: usize, values: Vec<f32>) -> Result<(), CommError> {
+        self.traffic_mut().calls += 1;
+        send_to(self, to, "send", Message::Values(values))
+    }
+
+    fn recv(&mut self, from: usize) -> Result<Vec<f32>, CommError> {
+        if from >= self.world_size() {
+            return Err(not_a_member(self, from, "recv", &[]));
+        }
+        take_values(self, from, "recv")
+    }
+
+    fn barrier(&mut self) -> Result<(), CommError> {
+        const OP: &str = "barrier";
+        let me = self.this_rank();
+        let world: Vec<usize> = (0..self.world_size()).filter(|&r| r != me).collect();
+        for &peer in &world {
+            send_to(self, peer, OP, Message::Token)?;
+        }
+        for &peer in &world {
+            match data(self, peer, OP)? {
+                Message::Token => {}
+                m => return Err(out_of_step(self, peer, OP, "barrier token", &m)),
+            }
+        }
+        Ok(())
+    }
+
+    fn any_failed(&mut self, failed: bool) -> bool {
+        const OP: &str = "failure check";
+        if failed {
+            self.report_failure("its step failed");
+        }
+        let me = self.this_rank();
+        let world: Vec<usize> = (0..self.world_size()).filter(|&r| r != me).collect();
+        let mut any = failed;
+        for &peer in &world {
+            // A send fails only to a rank outside the world, which `world` has none of.
+            any |= send_to(self, peer, OP, Message::Flag(failed)).is_err();
+        }
+        for &peer in &world {
+            // Not abortable: this is where a failed rank comes to say so. Data ahead of the
+            // flag was meant for a call a failure cut short (or the ranks are out of step):
+            // either way the step failed.
+            loop {
+                match self.take(peer, OP, false) {
+                    Ok(Message::Flag(f)) => {
+                        any |= f;
+                        break;
+                    }
+                    Ok(_) => any = true,
+                    Err(_) => {
+                        any = true;
+                        break;
+                    }
+                }
+            }
+        }
+        any
+    }
+
+    fn traffic(&self) -> Traffic {
+        Transport::traffic(self)
+    }
+}
