@@ -28,8 +28,17 @@ fi
 # Open MPI 4 (mpirun, libmpi) and libclang, which the `mpi` crate's bindgen loads.
 if ! command -v mpirun >/dev/null || ! pkg-config --exists ompi 2>/dev/null \
     || ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    # As root (CI) directly, else through sudo; without either, say what to install.
+    SUDO=""
+    if [ "$(id -u)" != 0 ]; then
+        command -v sudo >/dev/null || {
+            echo "scripts/test.sh needs Open MPI: apt-get install openmpi-bin libopenmpi-dev libclang-dev pkgconf (as root)" >&2
+            exit 1
+        }
+        SUDO=sudo
+    fi
+    $SUDO apt-get update -qq
+    $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
         openmpi-bin libopenmpi-dev libclang-dev pkgconf >/dev/null
 fi
 mpirun --version | head -1

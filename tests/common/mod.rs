@@ -20,13 +20,31 @@ pub fn binary() -> Command {
 /// Runs `args` for at most `limit`; returns the exit code (`None` if it was still running,
 /// then killed) and stderr.
 pub fn run_for(args: &[&str], limit: Duration) -> (Option<i32>, String) {
+    let mut c = binary();
+    c.args(args);
+    let r = run_limited(c, limit);
+    (r.code, r.stderr)
+}
+
+/// What a time-limited run gave.
+pub struct Limited {
+    /// `None`: still running at the limit, then killed.
+    pub code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub took: Duration,
+}
+
+/// Runs `command` for at most `limit` (so a hang fails the test, never the CI run), its
+/// output kept in files so that a full pipe cannot stall it.
+pub fn run_limited(mut command: Command, limit: Duration) -> Limited {
     // Named by a count, not the arguments: they may be long, and runs may be concurrent.
     static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let n = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let err_file = temp(&format!("stderr-{n}"));
-    let mut child = binary()
-        .args(args)
-        .stdout(Stdio::null())
+    let (out_file, err_file) = (temp(&format!("stdout-{n}")), temp(&format!("stderr-{n}")));
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out_file).unwrap())
         .stderr(std::fs::File::create(&err_file).unwrap())
         .spawn()
         .unwrap();
@@ -42,9 +60,19 @@ pub fn run_for(args: &[&str], limit: Duration) -> (Option<i32>, String) {
         }
         std::thread::sleep(Duration::from_millis(5));
     };
-    let err = std::fs::read_to_string(&err_file).unwrap_or_default();
-    let _ = std::fs::remove_file(&err_file);
-    (code, err)
+    let took = start.elapsed();
+    let read = |p: &PathBuf| std::fs::read_to_string(p).unwrap_or_default();
+    let (stdout, stderr) = (read(&out_file), read(&err_file));
+    let _ = (
+        std::fs::remove_file(out_file),
+        std::fs::remove_file(err_file),
+    );
+    Limited {
+        code,
+        stdout,
+        stderr,
+        took,
+    }
 }
 
 pub fn stdout(o: &Output) -> String {
