@@ -212,6 +212,7 @@ mod out;
 mod comm_check;
 mod compile;
 mod gpu;
+mod job;
 mod report;
 mod train;
 

@@ -7,7 +7,7 @@ use parallax_compiler::target;
 use parallax_compiler::Options;
 use parallax_runtime::run_record::RunRecord;
 use parallax_runtime::train::{
-    parallel_devices, train, Device, Event, Simulated, TrainConfig, TrainError, UnsplitRun,
+    parallel_devices, train, train_rank, Device, Event, Simulated, TrainConfig, TrainError,
 };
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -63,12 +63,12 @@ pub struct Args {
     pub gpu_memory: Option<u64>,
     /// How the devices split the work, e.g. `dp2.pp2` (data-parallel ranks times pipeline
     /// stages; degrees left out are 1; the product is `--gpus`). Default: all data parallel.
-    #[arg(long, value_name = "STRATEGY", requires = "gpus")]
+    #[arg(long, value_name = "STRATEGY")]
     pub strategy: Option<String>,
     /// ZeRO stage with --gpus: 1 shards the optimizer state over the data-parallel ranks, 2
     /// the reduced gradients too, 3 the parameters too. Default: the cost model's choice, or 0
     /// with --strategy.
-    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3), requires = "gpus")]
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: Option<u8>,
     /// Where to run: `cuda` needs an NVIDIA GPU; `auto` uses one when present.
     #[arg(long, value_enum, default_value = "auto")]
@@ -77,6 +77,21 @@ pub struct Args {
     /// products with fp32 accumulation (fp32 master weights).
     #[arg(long, value_enum, default_value = "tf32")]
     pub precision: PrecisionArg,
+    /// Under a launcher (mpirun, srun): how long a rank waits for another in a collective
+    /// before the job fails, naming the rank it waited for.
+    #[arg(long, value_name = "SECS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    pub collective_timeout: u64,
+    /// For tests of failure: rank RANK kills itself (SIGKILL) after step STEP.
+    #[arg(long, hide = true, value_name = "RANK:STEP", value_parser = rank_step)]
+    pub crash_after: Option<(usize, u64)>,
+}
+
+fn rank_step(s: &str) -> Result<(usize, u64), String> {
+    let (r, t) = s.split_once(':').ok_or("expected RANK:STEP")?;
+    Ok((
+        r.parse().map_err(|e| format!("rank: {e}"))?,
+        t.parse().map_err(|e| format!("step: {e}"))?,
+    ))
 }
 
 /// The split for `--gpus n` (the library's choice, said when the cost model made it) as
@@ -85,10 +100,11 @@ fn simulated_devices(
     file: &Path,
     source: &parallax_compiler::Source,
     request: &target::Request,
+    lead: bool,
 ) -> Result<(Simulated, target::Split), Exit> {
     let split = target::split(source, request).map_err(|e| refuse(file, source, e))?;
     let dp = split.strategy.dp;
-    if split.chosen {
+    if split.chosen && lead {
         // What the devices will run: `--zero` wins, but needs data-parallel ranks.
         let zero_said = match request.zero {
             Some(z) if dp > 1 => format!("ZeRO {z} as --zero asks"),
@@ -138,6 +154,8 @@ pub fn run(args: Args) -> Result<(), Exit> {
         zero,
         backend,
         precision,
+        collective_timeout,
+        crash_after,
     } = args;
     // clap's `requires` does not hold a bool flag to it.
     if accept_changes && resume.is_none() {
@@ -155,13 +173,35 @@ pub fn run(args: Args) -> Result<(), Exit> {
     let (source, _) = load(file, Format::Text)?;
     let source = apply_set(file, source, &set, Format::Text)?;
     let devices = &source.experiment.devices;
-    let (parallel, strategy) = parallel_devices(resume.as_deref(), gpus, devices.gpus, strategy)
-        .map_err(|e| {
-            let dir = resume.as_deref().unwrap_or(file);
-            errln!("{}: error: {e}", dir.display());
-            errln!("  = hint: {}", UnsplitRun::HINT);
+    // Under a launcher the world is the device count.
+    let world = crate::job::world(file)?;
+    let in_job = crate::job::in_job(&world);
+    let lead = world.rank == 0;
+    let gpus = match in_job {
+        true => Some(world.devices(gpus, devices.gpus).map_err(|e| {
+            errln!("{}: error: {e}", file.display());
             Exit(1)
-        })?;
+        })?),
+        false => gpus,
+    };
+    // (Not clap's `requires`: under a launcher the world says how many devices.)
+    if gpus.is_none() && (strategy.is_some() || zero.is_some()) {
+        let flag = if strategy.is_some() {
+            "--strategy"
+        } else {
+            "--zero"
+        };
+        errln!("error: {flag} splits the work of several devices: give --gpus N (or start the ranks with mpirun)");
+        return Err(Exit(2));
+    }
+    let (parallel, strategy, splits_unsplit) =
+        parallel_devices(resume.as_deref(), gpus, devices.gpus, strategy);
+    if let (true, Some(n), true) = (splits_unsplit, parallel, lead) {
+        errln!(
+            "{}: note: this run trained on one device with its batches unsplit; continuing on {n} device(s) cuts them into micro-shards, so from here the bits differ from an uninterrupted run's (by rounding; any device count then resumes this one with the same bits)",
+            file.display()
+        );
+    }
     let cuda = match backend {
         Backend::Cpu => false,
         Backend::Cuda => match parallax_runtime::cuda::probe() {
@@ -197,6 +237,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
                 zero,
                 memory: gpu_memory,
             },
+            lead,
         )?),
         _ => None,
     };
@@ -255,6 +296,15 @@ pub fn run(args: Args) -> Result<(), Exit> {
     };
     let backend_name = match device {
         Device::Cuda(_) => "CUDA backend (GPU 0)".to_string(),
+        Device::Simulated(s) if in_job => format!(
+            "CPU backend, {} rank(s) under {} (dp{}.tp{}.pp{}) over {} micro-shards",
+            s.grid.devices(),
+            world.launcher,
+            s.grid.dp,
+            s.grid.tp,
+            s.grid.pp,
+            plan.sharding.map_or(1, |s| s.shards)
+        ),
         Device::Simulated(s) => format!(
             "CPU backend, {} simulated device(s) (dp{}.tp{}.pp{}) over {} micro-shards",
             s.grid.devices(),
@@ -270,6 +320,12 @@ pub fn run(args: Args) -> Result<(), Exit> {
     let mut every = 1;
     let name = source.experiment.name.clone();
     let mut on_event = |e: &Event| match e {
+        Event::Step { step, .. } if crash_after == Some((world.rank, *step)) => {
+            // As `kill -9` would: no checkpoint, no goodbye.
+            let _ = signal_hook::low_level::raise(signal_hook::consts::SIGKILL);
+        }
+        // The job's other ranks train silently; rank 0 speaks for it.
+        _ if !lead => {}
         Event::Start {
             total_steps,
             train_samples,
@@ -325,9 +381,34 @@ pub fn run(args: Args) -> Result<(), Exit> {
             }
         }
     };
-    let result = train(&source, plan, &cfg, &mut on_event);
+    let job = match (in_job, device) {
+        (true, Device::Simulated(_)) => Some(crate::job::start(
+            file,
+            std::time::Duration::from_secs(collective_timeout),
+        )?),
+        _ => None,
+    };
+    let result = match &job {
+        Some(job) => train_rank(&source, plan, &cfg, job.peers.clone(), &mut on_event),
+        None => train(&source, plan, &cfg, &mut on_event),
+    };
     if let Some(b) = bar {
         b.finish_and_clear();
+    }
+    if let (Err(e), Some(job)) = (&result, &job) {
+        if !matches!(e, TrainError::Interrupted { .. }) {
+            // One write, so that the ranks' lines do not interleave.
+            err!("{}: error: rank {}: {e}\n", file.display(), job.rank);
+            crate::job::fail(1);
+        }
+    }
+    if !lead {
+        return match result {
+            Err(TrainError::Interrupted { signal, .. }) => {
+                Err(Exit(128u8.saturating_add(signal as u8)))
+            }
+            _ => Ok(()),
+        };
     }
     match result {
         Ok(s) => {

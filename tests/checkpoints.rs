@@ -244,7 +244,7 @@ fn overrides_are_applied_type_checked_and_recorded() {
 }
 
 /// A data-parallel run resumes on another device count and ends with the same bytes as one
-/// never interrupted; an unsplit run cannot continue data parallel.
+/// never interrupted; an unsplit run continues data parallel, saying its bits now differ.
 #[test]
 fn a_data_parallel_run_resumes_on_another_device_count() {
     let whole = temp("dp-whole");
@@ -288,19 +288,31 @@ fn a_data_parallel_run_resumes_on_another_device_count() {
         "3 simulated device(s) on the cpu (dp3.tp1.pp1)"
     );
 
+    // An unsplit run continues data parallel, saying that its bits now differ; from there
+    // any device count continues it with the same bits.
     let unsplit = short_run("dp-unsplit", "models/mlp.ron");
-    let o = run(&[
-        "train",
-        "--resume",
-        unsplit.to_str().unwrap(),
-        "--steps",
-        "30",
-        "--gpus",
-        "2",
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("cannot continue data parallel"), "{err}");
+    let again = temp("dp-unsplit-again");
+    let _ = std::fs::remove_dir_all(&again);
+    copy_dir(&unsplit, &again);
+    let mut finals = Vec::new();
+    for (d, gpus) in [(&unsplit, "2"), (&again, "3")] {
+        let dir = d.to_str().unwrap();
+        let o = run(&["train", "--resume", dir, "--steps", "30", "--gpus", gpus]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert!(
+            err.contains(
+                "note: this run trained on one device with its batches unsplit; continuing on"
+            ) && err.contains("the bits differ from an uninterrupted run's"),
+            "{err}"
+        );
+        finals.push(bytes(d));
+    }
+    assert!(
+        finals[0] == finals[1],
+        "continued on 2 and 3 devices, the bytes differ"
+    );
+    let _ = std::fs::remove_dir_all(again);
     for d in [whole, split, unsplit] {
         let _ = std::fs::remove_dir_all(d);
     }
@@ -365,5 +377,18 @@ fn sharded_state_resumes_on_another_split() {
     assert!((a - b).abs() / a.abs() < 1e-5, "tp2 -> tp4: {a} vs {b}");
     for d in [whole, zero, tp] {
         let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// A copy of run folder `from` (files and one level of folders) at `to`.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let target = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &target);
+        } else {
+            std::fs::copy(e.path(), target).unwrap();
+        }
     }
 }

@@ -205,3 +205,50 @@ fn compile_checks_the_plan_fits_the_device_before_anything_runs() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("did you mean `h100`"), "{}", stderr(&o));
 }
+
+/// Launchers' variables are read: a torchrun-style world of CPU ranks (which meet over MPI
+/// only) and a world too large for `--gpus`, refused before anything runs; `--strategy`
+/// without a device count is a usage error.
+#[test]
+fn launcher_variables_that_cannot_be_honoured_are_refused() {
+    let dir = temp("launcher-refused");
+    let d = dir.to_str().unwrap();
+    let o = common::binary()
+        .args(["train", "models/mlp.ron", "--steps", "1", "--run-dir", d])
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", "29511")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(
+            "torchrun-style variables set a world of 2 rank(s), but CPU ranks meet over MPI only"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    let o = common::binary()
+        .args(["train", "models/mlp.ron", "--run-dir", d])
+        .env("WORLD_SIZE", "2")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("sets WORLD_SIZE but not RANK"),
+        "{}",
+        stderr(&o)
+    );
+    let o = parallax(&[
+        "train",
+        "models/mlp.ron",
+        "--strategy",
+        "pp2",
+        "--run-dir",
+        d,
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--strategy splits the work of several devices"));
+    assert!(!dir.exists());
+}

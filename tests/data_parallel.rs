@@ -8,7 +8,7 @@ use common::{parallax, temp};
 
 use parallax_compiler::shards::{assign, device_bytes, Sharding};
 use parallax_compiler::{compile, parse_bytes, Options};
-use parallax_runtime::sim::{Grid, SimulatedDevices};
+use parallax_runtime::ranks::{Grid, Ranks};
 use std::path::Path;
 
 /// Trains and returns the final weights' bytes and each step's loss.
@@ -442,7 +442,7 @@ fn predicted_device_memory_is_what_the_devices_allocate() {
                 tp: tp as usize,
                 pp,
             };
-            let sim = SimulatedDevices::new(plan.clone(), grid, 1, u64::MAX).unwrap();
+            let sim = Ranks::in_process(plan.clone(), grid, 1, u64::MAX).unwrap();
             let held = assign(sharding.shards as usize, dp);
             for m in sim.memory() {
                 let owned = plan.kernel_mask(m.stage as u32, m.rank as u32);

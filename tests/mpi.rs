@@ -7,21 +7,23 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-/// `mpirun -np N parallax ARGS` for at most `limit`.
-fn mpirun(n: usize, args: &[&str], limit: Duration) -> common::Limited {
+/// `mpirun` as the tests run it: root in CI, more ranks than cores, no CMA single-copy
+/// inside containers.
+fn mpirun_command() -> Command {
     let mut c = Command::new("mpirun");
-    // Root in CI; more ranks than cores; no CMA single-copy inside containers.
     c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
-        .args([
-            "--oversubscribe",
-            "-np",
-            &n.to_string(),
-            env!("CARGO_BIN_EXE_parallax"),
-        ])
-        .args(args)
+        .arg("--oversubscribe")
         .current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+/// `mpirun -np N parallax ARGS` for at most `limit`.
+fn mpirun(n: usize, args: &[&str], limit: Duration) -> common::Limited {
+    let mut c = mpirun_command();
+    c.args(["-np", &n.to_string(), env!("CARGO_BIN_EXE_parallax")])
+        .args(args);
     common::run_limited(c, limit)
 }
 
@@ -95,4 +97,280 @@ fn a_rank_that_stops_answering_times_the_others_out_naming_it() {
     );
     // mpirun ends the silent rank too (it would sleep 6 s): the job is over well before.
     assert!(took < Duration::from_secs(30), "took {took:?}");
+}
+
+/// `parallax ARGS` in this process's way (`--gpus N` or unsplit), for at most `limit`.
+fn alone(args: &[&str], limit: Duration) -> common::Limited {
+    let mut c = common::binary();
+    c.args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
+    common::run_limited(c, limit)
+}
+
+fn final_bytes(dir: &std::path::Path) -> Vec<u8> {
+    let path = dir.join("final.safetensors");
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// `parallax train MODEL --steps STEPS` on `n` processes (and `extra`), into a fresh folder.
+fn train_ranks(
+    n: usize,
+    model: &str,
+    steps: &str,
+    extra: &[&str],
+    tag: &str,
+) -> std::path::PathBuf {
+    let dir = common::temp(&format!("mpi-{tag}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut args = vec![
+        "train",
+        model,
+        "--steps",
+        steps,
+        "--run-dir",
+        dir.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["--collective-timeout", "60"]);
+    let r = mpirun(n, &args, LIMIT);
+    assert_eq!(r.code, Some(0), "{tag}: {}", r.stderr);
+    dir
+}
+
+/// One device in one process (`--gpus 1`: the per-shard plan), the reference.
+fn train_one(model: &str, steps: &str, tag: &str) -> std::path::PathBuf {
+    let dir = common::temp(&format!("mpi-{tag}-one"));
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().unwrap();
+    let r = alone(
+        &[
+            "train",
+            model,
+            "--steps",
+            steps,
+            "--gpus",
+            "1",
+            "--run-dir",
+            d,
+        ],
+        LIMIT,
+    );
+    assert_eq!(r.code, Some(0), "{tag}: {}", r.stderr);
+    dir
+}
+
+/// Each model on 1 to 4 processes (the cost model's split), and pipeline and ZeRO splits
+/// across processes: `final.safetensors` byte for byte that of one device in one process;
+/// rank 0 alone wrote the run folder (the others' folders do not exist).
+#[test]
+fn every_count_of_processes_trains_the_bits_of_one_device() {
+    for (model, steps) in [
+        ("models/mlp.ron", "6"),
+        ("models/cnn.ron", "3"),
+        ("models/transformer.ron", "2"),
+    ] {
+        let name = std::path::Path::new(model)
+            .file_stem()
+            .unwrap()
+            .to_str()
+            .unwrap();
+        let one = train_one(model, steps, name);
+        let want = final_bytes(&one);
+        for n in 1..=4 {
+            let dir = train_ranks(n, model, steps, &[], &format!("{name}-{n}"));
+            assert!(
+                final_bytes(&dir) == want,
+                "{model} on {n} process(es): other bytes"
+            );
+            let record: serde_json::Value =
+                serde_json::from_str(&std::fs::read_to_string(dir.join("run.json")).unwrap())
+                    .unwrap();
+            let devices = record["devices"].as_str().unwrap();
+            assert!(
+                devices.starts_with(&format!("{n} rank(s) in separate processes")),
+                "{devices}"
+            );
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        let _ = std::fs::remove_dir_all(one);
+    }
+    let one = train_one("models/mlp.ron", "6", "mlp-split");
+    let want = final_bytes(&one);
+    for (n, extra) in [
+        (2, &["--strategy", "pp2"][..]),
+        (4, &["--strategy", "dp2.pp2"][..]),
+        (2, &["--strategy", "dp2", "--zero", "1"][..]),
+        (2, &["--strategy", "dp2", "--zero", "2"][..]),
+        (3, &["--strategy", "dp3", "--zero", "3"][..]),
+    ] {
+        let tag = format!("mlp-{}", extra.join("-").replace("--", ""));
+        let dir = train_ranks(n, "models/mlp.ron", "6", extra, &tag);
+        assert!(final_bytes(&dir) == want, "{tag}: other bytes");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let _ = std::fs::remove_dir_all(one);
+}
+
+/// Tensor parallelism across processes: the bits of the same split in one process, and
+/// within 1e-5 of one device (the row-parallel sums round in another order).
+#[test]
+fn tensor_parallel_processes_match_the_threads_and_come_close_to_one_device() {
+    let model = "models/transformer.ron";
+    let one = train_one(model, "2", "tp");
+    let threads = common::temp("mpi-tp-threads");
+    let _ = std::fs::remove_dir_all(&threads);
+    let t = threads.to_str().unwrap();
+    let args = [
+        "train",
+        model,
+        "--steps",
+        "2",
+        "--gpus",
+        "2",
+        "--strategy",
+        "tp2",
+        "--run-dir",
+        t,
+    ];
+    let r = alone(&args, LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let ranks = train_ranks(2, model, "2", &["--strategy", "tp2"], "tp2");
+    assert!(
+        final_bytes(&ranks) == final_bytes(&threads),
+        "tp2: processes and threads differ"
+    );
+    let (a, b) = (
+        common::f32_tensors(&ranks.join("final.safetensors")),
+        common::f32_tensors(&one.join("final.safetensors")),
+    );
+    assert_eq!(a.keys().collect::<Vec<_>>(), b.keys().collect::<Vec<_>>());
+    for (name, (shape, v)) in &a {
+        assert_eq!(shape, &b[name].0, "{name}");
+        let d = common::scaled_difference(v, &b[name].1);
+        assert!(d < 1e-5, "{name}: tp2 differs from one device by {d:e}");
+    }
+    for d in [one, threads, ranks] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// A rank killed (`kill -9`) after a step: the job ends within the time limit, mpirun naming
+/// the rank; the newest checkpoint is whole, and `--resume` on 3 processes ends with the
+/// bytes of a run never interrupted. The steps are drawn from a seeded generator, printed.
+#[test]
+fn a_killed_rank_ends_the_job_and_the_run_resumes_on_three_processes() {
+    let model = "models/mlp.ron";
+    let steps = 10u64;
+    let one = train_one(model, &steps.to_string(), "kill");
+    let want = final_bytes(&one);
+    // A small LCG: the steps differ from one kill to the next but never between runs.
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    let mut draw = |below: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % below
+    };
+    for kill in 0..3 {
+        let rank = draw(4) as usize;
+        // After the first checkpoint (step 2), before the last step.
+        let step = 3 + draw(steps - 4);
+        eprintln!("kill {kill}: rank {rank} after step {step}");
+        let dir = common::temp(&format!("mpi-kill-{kill}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        let d = dir.to_str().unwrap();
+        let crash = format!("{rank}:{step}");
+        let args = [
+            "train",
+            model,
+            "--steps",
+            &steps.to_string(),
+            "--checkpoint-every",
+            "2",
+            "--run-dir",
+            d,
+            "--collective-timeout",
+            "20",
+            "--crash-after",
+            &crash,
+        ];
+        let r = mpirun(4, &args, Duration::from_secs(120));
+        assert!(
+            matches!(r.code, Some(c) if c != 0),
+            "exit {:?}: {}",
+            r.code,
+            r.stderr
+        );
+        assert!(
+            r.stderr.contains(&format!("process rank {rank} ")) && r.stderr.contains("signal 9"),
+            "mpirun does not name rank {rank}:\n{}",
+            r.stderr
+        );
+        assert!(r.took < Duration::from_secs(60), "took {:?}", r.took);
+        assert!(!dir.join("final.safetensors").exists());
+        let r = mpirun(3, &["train", "--resume", d], LIMIT);
+        assert_eq!(r.code, Some(0), "resume after kill {kill}: {}", r.stderr);
+        assert!(
+            final_bytes(&dir) == want,
+            "kill {kill}: the resumed run's bytes differ"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let _ = std::fs::remove_dir_all(one);
+}
+
+/// Ranks that run different experiments refuse to start, every one with the same message,
+/// and write nothing.
+#[test]
+fn ranks_that_disagree_on_the_experiment_all_refuse() {
+    let dir = common::temp("mpi-disagree");
+    let _ = std::fs::remove_dir_all(&dir);
+    // mpirun's MPMD form: rank 0 and rank 1 run different seeds.
+    let d = dir.to_str().unwrap();
+    let bin = env!("CARGO_BIN_EXE_parallax");
+    let side = |seed: &'static str| {
+        vec![
+            "-np",
+            "1",
+            bin,
+            "train",
+            "models/mlp.ron",
+            "--steps",
+            "2",
+            "--seed",
+            seed,
+            "--run-dir",
+            d,
+        ]
+    };
+    let mut c = mpirun_command();
+    c.args(side("1")).arg(":").args(side("2"));
+    let r = common::run_limited(c, Duration::from_secs(120));
+    assert!(
+        matches!(r.code, Some(c) if c != 0),
+        "exit {:?}: {}",
+        r.code,
+        r.stderr
+    );
+    let line = "the ranks disagree: rank 0 read an experiment with hash";
+    assert!(r.stderr.contains(line), "{}", r.stderr);
+    assert!(!dir.exists(), "a refused job wrote {}", dir.display());
+}
+
+/// `--gpus` under a launcher must be the world's size.
+#[test]
+fn gpus_other_than_the_world_size_is_refused() {
+    let r = mpirun(
+        2,
+        &["train", "models/mlp.ron", "--steps", "1", "--gpus", "3"],
+        Duration::from_secs(120),
+    );
+    assert_eq!(r.code, Some(1), "{}", r.stderr);
+    assert!(
+        r.stderr
+            .contains("--gpus 3 differs from the 2 rank(s) mpirun started"),
+        "{}",
+        r.stderr
+    );
 }

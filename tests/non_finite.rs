@@ -14,7 +14,7 @@ use parallax_runtime::backend::Backend;
 use parallax_runtime::cpu::{Executor, Mode};
 use parallax_runtime::data::Values;
 use parallax_runtime::finite::{Count, Kind, NonFinite};
-use parallax_runtime::sim::{Grid, SimulatedDevices};
+use parallax_runtime::ranks::{Grid, Ranks};
 use parallax_runtime::weights::FileShapes;
 use std::path::Path;
 
@@ -317,14 +317,14 @@ fn tiny_plan(sharded: bool) -> Plan {
 }
 
 /// The CPU executor and two simulated devices, the same parameters.
-fn backends() -> (Executor, SimulatedDevices) {
+fn backends() -> (Executor, Ranks) {
     let cpu = Executor::new(tiny_plan(false), 4, 1);
     let grid = Grid {
         dp: 2,
         tp: 1,
         pp: 1,
     };
-    let sim = SimulatedDevices::new(tiny_plan(true), grid, 1, u64::MAX).unwrap();
+    let sim = Ranks::in_process(tiny_plan(true), grid, 1, u64::MAX).unwrap();
     (cpu, sim)
 }
 

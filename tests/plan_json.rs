@@ -7,7 +7,7 @@ use common::{parallax, stderr, temp};
 
 use parallax_compiler::plan::{Plan, PlanError, Strategy};
 use parallax_compiler::{compile, parse_bytes, Options, Source};
-use parallax_runtime::sim::Grid;
+use parallax_runtime::ranks::Grid;
 use parallax_runtime::train::{train, Device, Simulated, TrainConfig};
 use std::path::Path;
 

@@ -1,6 +1,6 @@
 //! What training needs from an executor, so the same loop drives the CPU executor, the
 //! simulated devices and the CUDA executor. The trait speaks the CPU executor's types, so its
-//! implementation is here; `crate::sim` and `crate::cuda` implement it beside their own.
+//! implementation is here; `crate::ranks` and `crate::cuda` implement it beside their own.
 
 use crate::cpu::tensor::Tensor;
 use crate::cpu::{ExecError, Executor, Mode};

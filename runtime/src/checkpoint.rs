@@ -121,8 +121,25 @@ pub fn save(
     meta: &Meta,
     keep: usize,
 ) -> Result<PathBuf, CheckpointError> {
-    let params = exec.param_values().map_err(backend)?;
-    let states = exec.state_values().map_err(backend)?;
+    write(run_dir, values(exec)?, files, meta, keep)
+}
+
+/// What a checkpoint holds: the parameters and the states, whole, in plan order.
+pub fn values(exec: &dyn Backend) -> Result<(ParamValues, ParamValues), CheckpointError> {
+    Ok((
+        exec.param_values().map_err(backend)?,
+        exec.state_values().map_err(backend)?,
+    ))
+}
+
+/// [`save`] of values already gathered (`values`).
+pub fn write(
+    run_dir: &Path,
+    (params, states): (ParamValues, ParamValues),
+    files: &FileShapes,
+    meta: &Meta,
+    keep: usize,
+) -> Result<PathBuf, CheckpointError> {
     let all = params.iter().chain(&states);
     if let Some((name, c)) = finite::first_in(all.map(|(n, _, v)| (n.as_str(), v.as_slice()))) {
         return Err(CheckpointError::Tensor {

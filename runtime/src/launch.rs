@@ -243,6 +243,19 @@ impl Fingerprint {
         )
     }
 
+    /// A fingerprint back from its `line` (`None` if it is not one).
+    pub fn from_line(line: &str) -> Option<Fingerprint> {
+        let words: Vec<&str> = line.split(' ').collect();
+        match words[..] {
+            ["experiment", experiment, "parallax", version, "plan", plan] => Some(Fingerprint {
+                experiment: experiment.to_string(),
+                version: version.to_string(),
+                plan: plan.to_string(),
+            }),
+            _ => None,
+        }
+    }
+
     /// What differs between this rank's fingerprint and `other`'s (rank `other_rank`), as one
     /// message naming both; `None` when they agree.
     pub fn mismatch(&self, rank: usize, other: &Fingerprint, other_rank: usize) -> Option<String> {
@@ -397,5 +410,8 @@ mod tests {
             .mismatch(0, &d, 1)
             .unwrap()
             .contains("rank 1 parallax 9.9.9"));
+        // What ranks exchange reads back as the fingerprint it came from.
+        assert_eq!(Fingerprint::from_line(&d.line()), Some(d));
+        assert_eq!(Fingerprint::from_line("experiment x parallax"), None);
     }
 }

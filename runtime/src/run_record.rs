@@ -58,6 +58,9 @@ pub struct Continuation {
     /// What changed since the run was written, continued with `--accept-changes`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub accepted_changes: Vec<String>,
+    /// The plan it continued with (absent in records written before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan: Option<PlanRecord>,
 }
 
 impl RunRecord {
@@ -106,10 +109,12 @@ impl RunRecord {
         RunRecord::read(dir).ok()?.grid()
     }
 
-    /// The device grid, when the plan was partitioned (ran on simulated devices).
+    /// The device grid the run last trained on, when its plan was partitioned.
     pub fn grid(&self) -> Option<crate::grid::Grid> {
-        self.plan.micro_shards?;
-        let s = self.plan.strategy;
+        let plan = self.resumes.iter().rev().find_map(|r| r.plan.as_ref());
+        let plan = plan.unwrap_or(&self.plan);
+        plan.micro_shards?;
+        let s = plan.strategy;
         Some(crate::grid::Grid {
             dp: s.dp as usize,
             tp: s.tp as usize,

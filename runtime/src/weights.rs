@@ -100,7 +100,7 @@ fn serialize(
 }
 
 /// The parameters, and the running statistics (states no gradient trains), in plan order.
-fn model_values(e: &dyn Backend) -> Result<(ParamValues, ParamValues), ExecError> {
+pub fn model_values(e: &dyn Backend) -> Result<(ParamValues, ParamValues), ExecError> {
     let stats = e.state_values()?.into_iter();
     let stats = stats.filter(|(name, _, _)| is_running_statistic(name));
     Ok((e.param_values()?, stats.collect()))
@@ -109,11 +109,21 @@ fn model_values(e: &dyn Backend) -> Result<(ParamValues, ParamValues), ExecError
 /// Writes the parameters whole or not at all, and never a NaN or an infinity (nothing is
 /// written then; on CUDA this is where a NaN the loss does not show is caught).
 pub fn save(e: &dyn Backend, files: &FileShapes, path: &Path) -> Result<(), WeightsError> {
-    let p = path.display().to_string();
     let (params, stats) = model_values(e).map_err(|err| WeightsError::Format {
-        path: p.clone(),
+        path: path.display().to_string(),
         message: err.to_string(),
     })?;
+    write(params, stats, files, path)
+}
+
+/// [`save`] of values already gathered (`model_values`).
+pub fn write(
+    params: ParamValues,
+    stats: ParamValues,
+    files: &FileShapes,
+    path: &Path,
+) -> Result<(), WeightsError> {
+    let p = path.display().to_string();
     let all = params.iter().chain(&stats);
     if let Some((name, c)) = finite::first_in(all.map(|(n, _, v)| (n.as_str(), v.as_slice()))) {
         return Err(WeightsError::Tensor {

@@ -133,5 +133,9 @@ pub trait Communicator: Send {
     /// (one flag from each rank), so a job can ask it after every step.
     fn any_failed(&mut self, failed: bool) -> bool;
 
+    /// Whether any rank of the world passes `true` (a vote every rank makes, such as "stop
+    /// here"; unlike `any_failed`, a rank that does not answer is an error, not a yes).
+    fn any(&mut self, mine: bool) -> Result<bool, CommError>;
+
     fn traffic(&self) -> Traffic;
 }

@@ -119,6 +119,7 @@ impl Message {
             }
             Message::Flag(f) => out.extend([2, u8::from(*f)]),
             Message::Token => out.push(3),
+            Message::Vote(v) => out.extend([4, u8::from(*v)]),
         }
         out
     }
@@ -154,6 +155,7 @@ impl Message {
             }
             2 if rest.len() == 1 => Message::Flag(rest[0] != 0),
             3 if rest.is_empty() => Message::Token,
+            4 if rest.len() == 1 => Message::Vote(rest[0] != 0),
             _ => return None,
         })
     }

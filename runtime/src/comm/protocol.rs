@@ -13,6 +13,7 @@ pub(super) enum Message {
     Values(Vec<f32>),
     Partials(Vec<Partial>),
     Flag(bool),
+    Vote(bool),
     Token,
 }
 
@@ -22,6 +23,7 @@ impl Message {
             Message::Values(_) => "send",
             Message::Partials(_) => "partial sum",
             Message::Flag(_) => "failure flag",
+            Message::Vote(_) => "vote",
             Message::Token => "barrier token",
         }
     }
@@ -31,7 +33,7 @@ impl Message {
         4 * match self {
             Message::Values(v) => v.len() as u64,
             Message::Partials(ps) => ps.iter().map(|p| p.values.len() as u64).sum(),
-            Message::Flag(_) | Message::Token => 0,
+            Message::Flag(_) | Message::Vote(_) | Message::Token => 0,
         }
     }
 }
@@ -285,6 +287,23 @@ impl<T: Transport> Communicator for T {
             }
         }
         Ok(())
+    }
+
+    fn any(&mut self, mine: bool) -> Result<bool, CommError> {
+        const OP: &str = "vote";
+        let me = self.this_rank();
+        let world: Vec<usize> = (0..self.world_size()).filter(|&r| r != me).collect();
+        for &peer in &world {
+            send_to(self, peer, OP, Message::Vote(mine))?;
+        }
+        let mut any = mine;
+        for &peer in &world {
+            match data(self, peer, OP)? {
+                Message::Vote(v) => any |= v,
+                m => return Err(out_of_step(self, peer, OP, "vote", &m)),
+            }
+        }
+        Ok(any)
     }
 
     fn any_failed(&mut self, failed: bool) -> bool {

@@ -42,7 +42,7 @@ pub enum Device {
     Cpu,
     /// GPU 0 with the CUDA executor at this GEMM precision.
     Cuda(crate::cuda::Precision),
-    /// A per-shard plan on simulated devices (`crate::sim`), on the CPU.
+    /// A per-shard plan on simulated devices (`crate::ranks`), on the CPU.
     Simulated(Simulated),
 }
 
@@ -74,7 +74,7 @@ impl Device {
 /// Simulated devices for a partitioned plan.
 #[derive(Debug, Clone, Copy)]
 pub struct Simulated {
-    pub grid: crate::sim::Grid,
+    pub grid: crate::ranks::Grid,
     /// ZeRO stage: 1 shards the optimizer state over the data-parallel ranks, 2 the reduced
     /// gradients too, 3 the parameters too (0: none).
     pub zero: u8,
@@ -86,7 +86,7 @@ impl From<&parallax_compiler::target::Split> for Simulated {
     fn from(split: &parallax_compiler::target::Split) -> Simulated {
         let s = split.strategy;
         Simulated {
-            grid: crate::sim::Grid {
+            grid: crate::ranks::Grid {
                 dp: s.dp as usize,
                 tp: s.tp as usize,
                 pp: s.pp as usize,
@@ -97,38 +97,33 @@ impl From<&parallax_compiler::target::Split> for Simulated {
     }
 }
 
-/// A resumed run asked for devices it cannot continue on.
-#[derive(Debug, thiserror::Error)]
-#[error("--gpus {gpus}: this run trained on one device with its batches unsplit, so it cannot continue data parallel with the same bits")]
-pub struct UnsplitRun {
-    pub gpus: u32,
-}
-
-impl UnsplitRun {
-    pub const HINT: &'static str = "resume without --gpus, or start a new run with --gpus (any count then resumes on any other)";
-}
-
 /// How many devices a run trains on, data parallel (`None`: one device, batches unsplit),
 /// and the strategy: as `--gpus` asks, or several when the file wants them; a run resumed
 /// from `resumed` continues as it was split (on any device count: the bits do not depend
-/// on it).
+/// on it), or on `--gpus` devices. The second value says whether that continuation splits a
+/// run that trained unsplit (its bits then differ from an uninterrupted run's).
 pub fn parallel_devices(
     resumed: Option<&Path>,
     gpus: Option<u32>,
     file_gpus: u32,
     strategy: Option<String>,
-) -> Result<(Option<u32>, Option<String>), UnsplitRun> {
+) -> (Option<u32>, Option<String>, bool) {
     let Some(dir) = resumed else {
-        return Ok((gpus.or((file_gpus > 1).then_some(file_gpus)), strategy));
+        return (
+            gpus.or((file_gpus > 1).then_some(file_gpus)),
+            strategy,
+            false,
+        );
     };
     match (crate::run_record::RunRecord::grid_of(dir), gpus) {
-        (Some(g), None) => Ok((
+        (Some(g), None) => (
             Some(g.devices() as u32),
             Some(format!("dp{}.tp{}.pp{}", g.dp, g.tp, g.pp)),
-        )),
-        (Some(_), Some(m)) => Ok((Some(m), strategy)),
-        (None, None) => Ok((None, strategy)),
-        (None, Some(m)) => Err(UnsplitRun { gpus: m }),
+            false,
+        ),
+        (Some(_), Some(m)) => (Some(m), strategy, false),
+        (None, None) => (None, strategy, false),
+        (None, Some(m)) => (Some(m), strategy, true),
     }
 }
 

@@ -19,6 +19,9 @@ pub enum TrainError {
     },
     #[error("{0}")]
     Model(String),
+    /// The ranks of a job do not agree on what they run.
+    #[error("{0}")]
+    Ranks(String),
     /// A NaN or an infinity in the loss, a gradient, a parameter or a state after step
     /// `step` (or in the validation loss after epoch `epoch`). The data are checked finite
     /// when loaded, so the model diverged.

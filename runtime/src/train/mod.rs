@@ -6,22 +6,24 @@
 
 mod config;
 mod error;
+mod job;
+mod records;
 mod session;
 mod validate;
 
-pub use config::{parallel_devices, resolved, Device, Simulated, TrainConfig, UnsplitRun};
+pub use config::{parallel_devices, resolved, Device, Simulated, TrainConfig};
 pub use error::{signal_name, TrainError};
 pub use session::{feed, model_io, run_id, set_scalars, BatchInfo, Session, SessionData};
 
 use crate::backend::Backend;
 use crate::cpu::{Executor, Mode};
 use crate::data::Values;
+use crate::ranks::{lock, Peers};
 use crate::weights;
 use error::non_finite;
 use parallax_compiler::dsl::ast::Loss;
 use parallax_compiler::{Plan, Source};
 use serde::Serialize;
-use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -89,11 +91,42 @@ pub fn train(
     cfg: &TrainConfig,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<Summary, TrainError> {
+    train_with(source, plan, cfg, None, on_event)
+}
+
+/// [`train`] as one rank of a job of processes, one per device of the plan's grid, over
+/// `peers` (`cfg.device` must be `Simulated` with that grid). The ranks first agree on the
+/// experiment, the binary and the plan (a mismatch is refused on every rank); each runs its
+/// device on its own shards of each batch; values another rank holds (the loss, outputs,
+/// parameters for checkpoints) come from it; rank 0 alone writes the run directory.
+pub fn train_rank(
+    source: &Source,
+    plan: Plan,
+    cfg: &TrainConfig,
+    peers: Peers,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<Summary, TrainError> {
+    let experiment = parallax_compiler::dsl::to_ron(&resolved(&source.experiment, cfg));
+    job::agree(&peers, &plan, experiment.as_bytes())?;
+    train_with(source, plan, cfg, Some(peers), on_event)
+}
+
+fn train_with(
+    source: &Source,
+    plan: Plan,
+    cfg: &TrainConfig,
+    peers: Option<Peers>,
+    on_event: &mut dyn FnMut(&Event),
+) -> Result<Summary, TrainError> {
+    let writes = peers.as_ref().is_none_or(|p| lock(p).rank() == 0);
     // The folder is checked and held before anything is loaded; a run that fails to start
     // leaves behind no folder it made.
-    let held = crate::run_dir::RunDir::open(&cfg.run_dir, cfg.resume)?;
-    let result = train_in(source, plan, cfg, on_event);
-    if result.is_err() {
+    let held = match writes {
+        true => Some(crate::run_dir::RunDir::open(&cfg.run_dir, cfg.resume)?),
+        false => None,
+    };
+    let result = train_in(source, plan, cfg, peers, writes, on_event);
+    if let (Err(_), Some(held)) = (&result, held) {
         held.abandon();
     }
     result
@@ -103,6 +136,10 @@ fn train_in(
     source: &Source,
     plan: Plan,
     cfg: &TrainConfig,
+    peers: Option<Peers>,
+    // Rank 0 of a job (or a lone process) writes the run directory; every rank computes
+    // what goes into it, so that they make the same reads of the devices in the same order.
+    writes: bool,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<Summary, TrainError> {
     let started = Instant::now();
@@ -155,19 +192,38 @@ fn train_in(
     if !matches!(cfg.device, Device::Cuda(_)) {
         crate::host_memory::check(&plan, cfg.device.simulated().map(|s| s.grid))?;
     }
+    // Every rank reads the run's state before rank 0 writes anything over it.
+    let before_writing = |peers: &Option<Peers>| -> Result<(), TrainError> {
+        match peers {
+            Some(p) => lock(p).barrier().map_err(|e| TrainError::Exec(e.into())),
+            None => Ok(()),
+        }
+    };
     let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
     let exp_text = parallax_compiler::dsl::to_ron(&exp);
     let id = run_id(&exp_text, &session.data_hash);
     let mut device_memory = None;
     let file_shapes = weights::FileShapes::of(&plan);
-    let mut exec: Box<dyn Backend> = match cfg.device {
-        Device::Simulated(sim) => {
-            let devices = crate::sim::SimulatedDevices::new(plan, sim.grid, seed, sim.capacity)?;
-            device_memory = Some(devices.memory().iter().map(|m| m.bytes).collect::<Vec<_>>());
-            Box::new(devices)
+    let mut exec: Box<dyn Backend> = match (cfg.device, &peers) {
+        (Device::Simulated(sim), Some(peers)) => {
+            let peers = peers.clone();
+            let ranks = crate::ranks::Ranks::process(plan, sim.grid, seed, sim.capacity, peers)?;
+            device_memory = Some(ranks.memory_of_all()?);
+            Box::new(ranks)
         }
-        Device::Cpu => Box::new(Executor::new(plan, batch_size, seed)),
-        Device::Cuda(precision) => Box::new(crate::cuda::CudaExecutor::new(
+        (_, Some(_)) => {
+            return Err(TrainError::Model(
+                "a job of processes runs a partitioned plan on the CPU (one device per rank)"
+                    .into(),
+            ))
+        }
+        (Device::Simulated(sim), None) => {
+            let ranks = crate::ranks::Ranks::in_process(plan, sim.grid, seed, sim.capacity)?;
+            device_memory = Some(ranks.memory_of_all()?);
+            Box::new(ranks)
+        }
+        (Device::Cpu, None) => Box::new(Executor::new(plan, batch_size, seed)),
+        (Device::Cuda(precision), None) => Box::new(crate::cuda::CudaExecutor::new(
             plan, batch_size, seed, 0, precision,
         )?),
     };
@@ -204,10 +260,22 @@ fn train_in(
     if let Some(r) = &resume {
         r.check_budget(total)?;
     }
+    before_writing(&peers)?;
     let exp_path = dir.join("experiment.ron");
-    write_atomic(&exp_path, exp_text.as_bytes())?;
+    if writes {
+        write_atomic(&exp_path, exp_text.as_bytes())?;
+    }
     let record_path = dir.join(crate::run_record::FILE);
-    let devices = cfg.device.describe();
+    let devices = match (&peers, cfg.device.simulated()) {
+        (Some(_), Some(s)) => format!(
+            "{} rank(s) in separate processes on the cpu (dp{}.tp{}.pp{})",
+            s.grid.devices(),
+            s.grid.dp,
+            s.grid.tp,
+            s.grid.pp
+        ),
+        _ => cfg.device.describe(),
+    };
     let record = match &resume {
         // The record of the run being continued, with this continuation noted.
         Some(r) => r.record_with(crate::run_record::Continuation {
@@ -218,6 +286,7 @@ fn train_in(
             checkpoint_every: Some(checkpoint_every),
             keep: Some(keep),
             accepted_changes: changes.iter().map(|c| c.to_string()).collect(),
+            plan: Some(plan_record),
         }),
         None => crate::run_record::RunRecord {
             run_id: id.clone(),
@@ -233,29 +302,13 @@ fn train_in(
             resumes: Vec::new(),
         },
     };
-    write_atomic(&record_path, record.to_json().as_bytes())?;
-    // Metrics: a resumed run keeps the lines up to its checkpoint (a crashed run may have
-    // logged steps after it) and appends from there.
-    let metrics_path = dir.join("metrics.jsonl");
-    if cfg.resume {
-        let old = std::fs::read_to_string(&metrics_path).unwrap_or_default();
-        let kept = crate::resume::metrics_through(&old, start_step);
-        write_atomic(&metrics_path, kept.as_bytes())?;
+    if writes {
+        write_atomic(&record_path, record.to_json().as_bytes())?;
     }
-    let mut metrics = std::io::BufWriter::new(
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&metrics_path)
-            .map_err(io_err(&metrics_path))?,
-    );
-    let mut events = crate::tensorboard::EventWriter::create(dir).map_err(io_err(dir))?;
-    let events_path = events.path().to_path_buf();
-    if cfg.resume {
-        events
-            .session_start(start_step + 1)
-            .map_err(io_err(&events_path))?;
-    }
+    let mut records = match writes {
+        true => records::Records::open(dir, cfg.resume, start_step)?,
+        false => records::Records::none(),
+    };
 
     on_event(&Event::Start {
         total_steps: total,
@@ -282,6 +335,7 @@ fn train_in(
     let (mut samples, mut last_loss) = (0usize, f32::NAN);
     let mut val = (None, None);
     let mut without_labels = 0u64;
+    // Every rank gathers the tensors (the same reads in the same order); one writes them.
     let save_checkpoint = |exec: &dyn Backend, step: u64| {
         let meta = crate::checkpoint::Meta {
             step,
@@ -289,15 +343,12 @@ fn train_in(
             model: model.clone(),
             plan: plan_label.clone(),
         };
-        crate::checkpoint::save(dir, exec, &file_shapes, &meta, keep)
-    };
-    // Every write error stops the run, naming the file (a metrics file with holes would
-    // misreport the run). Each line reaches the file whole, as its step ends, for whoever
-    // follows the run.
-    let log = |metrics: &mut std::io::BufWriter<std::fs::File>, line: serde_json::Value| {
-        writeln!(metrics, "{line}")
-            .and_then(|_| metrics.flush())
-            .map_err(io_err(&metrics_path))
+        let values = crate::checkpoint::values(exec)?;
+        let path = crate::checkpoint::path_for(dir, step);
+        if writes {
+            crate::checkpoint::write(dir, values, &file_shapes, &meta, keep)?;
+        }
+        Ok::<_, TrainError>(path)
     };
     for step in start_step..total {
         let batch = loader.next().expect("the loader runs forever");
@@ -331,15 +382,11 @@ fn train_in(
             });
         }
         last_loss = loss;
-        log(
-            &mut metrics,
+        records.line(
             serde_json::json!({"step": step + 1, "epoch": batch.epoch, "loss": loss, "lr": scalars[0].1}),
         )?;
-        let tb = io_err(&events_path);
-        events.scalar("train/loss", step + 1, loss).map_err(&tb)?;
-        events
-            .scalar("train/lr", step + 1, scalars[0].1)
-            .map_err(&tb)?;
+        records.scalar("train/loss", step + 1, loss)?;
+        records.scalar("train/lr", step + 1, scalars[0].1)?;
         let busy: f64 = times.iter().sum();
         on_event(&Event::Step {
             step: step + 1,
@@ -362,15 +409,12 @@ fn train_in(
                 });
             }
             val = (Some(l), a);
-            log(
-                &mut metrics,
+            records.line(
                 serde_json::json!({"step": step + 1, "epoch": batch.epoch, "val_loss": l, "val_accuracy": a}),
             )?;
-            events.scalar("val/loss", step + 1, l as f32).map_err(&tb)?;
+            records.scalar("val/loss", step + 1, l as f32)?;
             if let Some(a) = a {
-                events
-                    .scalar("val/accuracy", step + 1, a as f32)
-                    .map_err(&tb)?;
+                records.scalar("val/accuracy", step + 1, a as f32)?;
             }
             on_event(&Event::Validation {
                 epoch: batch.epoch,
@@ -381,14 +425,22 @@ fn train_in(
         let mut saved = None;
         if checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 {
             // The metrics up to this step reach the file before the checkpoint exists.
-            metrics.flush().map_err(io_err(&metrics_path))?;
+            records.flush()?;
             saved = Some(save_checkpoint(exec.as_ref(), step + 1)?);
         }
-        // A signal stops the run here, its step done and saved, unless this was the last.
-        let signal = cfg.stop.as_ref().map_or(0, |s| s.load(Ordering::SeqCst));
+        // A signal stops the run here, its step done and saved, unless this was the last;
+        // the ranks of a job vote, so that all stop after the same step.
+        let mut signal = cfg.stop.as_ref().map_or(0, |s| s.load(Ordering::SeqCst));
+        if let Some(p) = &peers {
+            let any = lock(p)
+                .any(signal != 0)
+                .map_err(|e| TrainError::Exec(e.into()))?;
+            if any && signal == 0 {
+                signal = job::SIGNALLED_ELSEWHERE;
+            }
+        }
         if signal != 0 && step + 1 < total {
-            metrics.flush().map_err(io_err(&metrics_path))?;
-            events.flush().map_err(&tb)?;
+            records.flush()?;
             let checkpoint = match saved {
                 Some(p) => p,
                 None => save_checkpoint(exec.as_ref(), step + 1)?,
@@ -402,10 +454,12 @@ fn train_in(
             });
         }
     }
-    metrics.flush().map_err(io_err(&metrics_path))?;
-    events.flush().map_err(io_err(&events_path))?;
+    records.flush()?;
     let weights_path = dir.join("final.safetensors");
-    weights::save(exec.as_ref(), &file_shapes, &weights_path)?;
+    let (params, stats) = weights::model_values(exec.as_ref())?;
+    if writes {
+        weights::write(params, stats, &file_shapes, &weights_path)?;
+    }
 
     let warmup = (times.len() / 10).clamp(1.min(times.len()), 5);
     let mut steady: Vec<f64> = times[warmup..].to_vec();
@@ -431,7 +485,9 @@ fn train_in(
     };
     let summary_path = dir.join("summary.json");
     let text = serde_json::to_string_pretty(&summary).expect("a summary serialises") + "\n";
-    write_atomic(&summary_path, text.as_bytes())?;
+    if writes {
+        write_atomic(&summary_path, text.as_bytes())?;
+    }
     Ok(summary)
 }
 

@@ -1,9 +1,9 @@
-//! The training interface (`Backend`) over simulated devices: a step's batch split into
-//! micro-shards, inputs set where they are read, and parameters, optimizer state and outputs
-//! gathered whole from the devices that hold them.
+//! The training interface (`Backend`) over the devices of a partitioned plan: a step's batch
+//! split into micro-shards, inputs set where they are read, and parameters, optimizer state
+//! and outputs gathered whole from the devices that hold them.
 
-use super::rank::Step;
-use super::SimulatedDevices;
+use super::rank::{Device, Step};
+use super::{lock, Held, Links, Ranks};
 use crate::backend::{Backend, ParamValues};
 use crate::cpu::kernels::Ctx;
 use crate::cpu::tensor::Tensor;
@@ -13,8 +13,9 @@ use crate::finite::{all_finite, Count, NonFinite};
 use crate::loss_share::shard_weights;
 use parallax_compiler::plan::{LABELS, LOSS};
 use parallax_compiler::shards::{assign, INV_BATCH, SHARD_WEIGHT};
+use std::borrow::Cow;
 
-impl Backend for SimulatedDevices {
+impl Backend for Ranks {
     fn backend_name(&self) -> &'static str {
         "cpu"
     }
@@ -53,9 +54,8 @@ impl Backend for SimulatedDevices {
             .flatten();
         let weights = shard_weights(&self.last, batch, labels);
         let mut ctxs: Vec<Vec<Ctx>> = Vec::with_capacity(self.devices.len());
-        let per_rank = self.grid.pp * self.grid.tp;
-        for (d, dev) in self.devices.iter_mut().enumerate() {
-            let own = self.owners[d / per_rank].clone();
+        for (i, dev) in self.devices.iter_mut().enumerate() {
+            let own = self.owners[self.grid.place(self.first + i).0].clone();
             let mut mine = Vec::new();
             if own.is_empty() {
                 // No shards this step: it still runs the update on its own copy.
@@ -102,15 +102,24 @@ impl Backend for SimulatedDevices {
             leaves: self.last.len(),
             mode,
         };
+        let first = self.first;
+        let (world, comms) = match &mut self.links {
+            Links::Threads { world, comms } => (world, comms),
+            Links::Process(peers) => {
+                // This process's one device, on this thread.
+                let mut comm = lock(peers);
+                return self.devices[0].step(first, &ctxs[0], &step, &mut **comm);
+            }
+        };
         // A failed step may have left its failure, and messages, behind.
-        self.world.reset();
+        world.reset();
         // Each device runs its own share on its own thread, with its own communicator.
         let results: Vec<Result<(), ExecError>> = std::thread::scope(|scope| {
             let step = &step;
             let handles: Vec<_> = self
                 .devices
                 .iter_mut()
-                .zip(self.comms.iter_mut())
+                .zip(comms.iter_mut())
                 .zip(&ctxs)
                 .enumerate()
                 .map(|(d, ((dev, comm), ctxs))| {
@@ -146,10 +155,13 @@ impl Backend for SimulatedDevices {
         let Some(step) = self.plan.output_steps.iter().find(|o| o.name == LOSS) else {
             return Ok(f32::NAN);
         };
-        let t = self
-            .shard(0, self.stage_of_step(step.step), 0)
-            .value(step.step);
-        Ok(t.map_or(f32::NAN, |t| t.f32()[0]))
+        let (r, j) = self.holder_of_shard(0);
+        let d = self.device(r, 0, self.stage_of_step(step.step));
+        let read = |dev: &Device| {
+            let t = dev.shards.get(j)?.value(step.step)?;
+            Some((Vec::new(), vec![t.f32()[0]]))
+        };
+        Ok(self.fetch(d, &read)?.map_or(f32::NAN, |h| h.1[0]))
     }
 
     fn output_values(&self, name: &str, _batch: usize) -> Result<Option<Tensor>, ExecError> {
@@ -157,21 +169,26 @@ impl Backend for SimulatedDevices {
             return Ok(None);
         };
         let stage = self.stage_of_step(out.step);
-        // The shards' outputs, concatenated along the batch axis in shard order.
-        let mut shape: Option<Vec<usize>> = None;
-        let mut data = Vec::new();
-        for i in 0..self.last.len() {
-            let Some(t) = self.shard(0, stage, i).value(out.step) else {
-                return Ok(None);
-            };
-            match shape.as_mut() {
-                Some(s) if !s.is_empty() => s[0] += t.shape[0],
-                Some(_) => {}
-                None => shape = Some(t.shape.clone()),
+        // Each data rank's shards' outputs, then the ranks', concatenated along the batch
+        // axis in shard order.
+        let mut parts = Vec::new();
+        for (r, own) in self.owners.iter().enumerate() {
+            if own.is_empty() {
+                continue;
             }
-            data.extend_from_slice(t.f32());
+            let read = |dev: &Device| {
+                let tensors: Option<Vec<&Tensor>> = (0..own.len())
+                    .map(|j| dev.shards.get(j)?.value(out.step))
+                    .collect();
+                concat(tensors?.into_iter().map(|t| (t.shape.as_slice(), t.f32())))
+            };
+            match self.fetch(self.device(r, 0, stage), &read)? {
+                Some(held) => parts.push(held),
+                None => return Ok(None),
+            }
         }
-        Ok(shape.map(|s| Tensor::from_f32(s, data)))
+        let whole = concat(parts.iter().map(|(s, v)| (s.as_slice(), v.as_slice())));
+        Ok(whole.map(|(s, v)| Tensor::from_f32(s, v)))
     }
 
     fn param_values(&self) -> Result<ParamValues, ExecError> {
@@ -188,10 +205,7 @@ impl Backend for SimulatedDevices {
 
     fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError> {
         let shape = self
-            .persistent(true)?
-            .into_iter()
-            .find(|s| s.0 == name)
-            .map(|s| s.1)
+            .whole_shape(name, true)
             .unwrap_or_else(|| vec![values.len()]);
         self.set_persistent(name, &shape, values, true)
     }
@@ -199,29 +213,59 @@ impl Backend for SimulatedDevices {
     /// Scanned in place, each tensor where it lives: on its owner rank under ZeRO (rank 0
     /// otherwise), its pipeline stage, and every tensor rank when it is a tensor-parallel
     /// slice (counted over the whole tensor); so the answer is that of one device running
-    /// the whole plan.
+    /// the whole plan. A job of processes first votes on whether any device holds one, and
+    /// only then gathers the tensors that do.
     fn first_non_finite(&self) -> Result<Option<NonFinite>, ExecError> {
         let Some(any) = self.devices.first().and_then(|d| d.shards.first()) else {
             return Ok(None);
         };
-        for (kind, name, step) in any.checked() {
-            let rank = self.plan.steps[*step].owner.unwrap_or(0) as usize;
-            let stage = self.stage_of_step(*step);
-            let split = self
-                .plan
-                .tensor_parallel
-                .as_ref()
-                .is_some_and(|tp| tp.axis_of(name).is_some());
-            let ranks = if split { self.grid.tp } else { 1 };
-            let parts = (0..ranks).filter_map(|t| {
-                self.devices[self.device(rank, t, stage)].shards[0].held_f32(*step)
+        let checked = any.checked();
+        let holder = |step: usize| {
+            let rank = self.plan.steps[step].owner.unwrap_or(0) as usize;
+            (rank, self.stage_of_step(step))
+        };
+        let tensor_ranks = |name: &str| {
+            let split = self.plan.tensor_parallel.as_ref();
+            if split.is_some_and(|tp| tp.axis_of(name).is_some()) {
+                self.grid.tp
+            } else {
+                1
+            }
+        };
+        if let Links::Process(peers) = &self.links {
+            let (r, _, s) = self.grid.place(self.first);
+            let here = checked.iter().any(|(_, _, step)| {
+                holder(*step) == (r, s) && any.held_f32(*step).is_some_and(|v| !all_finite(v))
             });
-            if parts.clone().all(all_finite) {
+            if !lock(peers).any(here)? {
+                return Ok(None);
+            }
+        }
+        for (kind, name, step) in checked {
+            let (rank, stage) = holder(*step);
+            let mut parts: Vec<Cow<[f32]>> = Vec::new();
+            for t in 0..tensor_ranks(name) {
+                let d = self.device(rank, t, stage);
+                match (&self.links, self.here(d)) {
+                    (Links::Threads { .. }, Some(dev)) => {
+                        parts.extend(dev.shards[0].held_f32(*step).map(Cow::Borrowed))
+                    }
+                    _ => {
+                        let read = |dev: &Device| {
+                            let v = dev.shards[0].held_f32(*step)?;
+                            Some((vec![v.len()], v.to_vec()))
+                        };
+                        parts.extend(self.fetch(d, &read)?.map(|h| Cow::Owned(h.1)));
+                    }
+                }
+            }
+            if parts.iter().all(|p| all_finite(p)) {
                 continue;
             }
-            let len = parts.clone().map(<[f32]>::len).sum();
+            let len = parts.iter().map(|p| p.len()).sum();
             let count = parts
-                .filter_map(Count::of)
+                .iter()
+                .filter_map(|p| Count::of(p))
                 .reduce(Count::merge)
                 .map(|c| Count { len, ..c });
             if let Some(count) = count {
@@ -234,6 +278,23 @@ impl Backend for SimulatedDevices {
         }
         Ok(None)
     }
+}
+
+/// Tensors joined along their first axis (scalars: values side by side); `None` for none.
+fn concat<'a>(parts: impl Iterator<Item = (&'a [usize], &'a [f32])>) -> Option<Held> {
+    let mut whole: Option<Held> = None;
+    for (shape, values) in parts {
+        match whole.as_mut() {
+            Some((s, v)) => {
+                if let (Some(n), Some(m)) = (s.first_mut(), shape.first()) {
+                    *n += m;
+                }
+                v.extend_from_slice(values);
+            }
+            None => whole = Some((shape.to_vec(), values.to_vec())),
+        }
+    }
+    whole
 }
 
 /// The step's error: the first device's own failure, not the others' reports of it.

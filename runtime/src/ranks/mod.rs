@@ -1,0 +1,501 @@
+//! The devices of a partitioned plan, each a rank: a grid of data-parallel ranks times
+//! tensor-parallel ranks times pipeline stages. A data rank holds whole micro-shards of each
+//! batch (`parallax_compiler::shards`); a stage holds a contiguous run of layers (the
+//! `pipeline` pass), their parameters and optimizer state, and runs only their kernels. Each
+//! device runs the rank code of `rank` and talks to the others only through its
+//! communicator; every cross-shard sum follows one fixed tree, so the result has the same
+//! bits on any grid (tests check it).
+//!
+//! One process runs either every device, a thread each with its memory capped like the GPU it
+//! stands for (simulated devices, over `crate::comm::threads`), or one device of a job of
+//! processes (`Ranks::process`: one per rank, started by `mpirun`), over that job's
+//! communicator. This coordinator hands the devices here their inputs before a step and reads
+//! values after it; a value another process holds is sent by it (`fetch`), so every process
+//! must make the same reads in the same order (training does).
+
+use crate::backend::ParamValues;
+use crate::comm::threads::{ThreadComm, Threads};
+use crate::comm::Communicator;
+
+mod backend;
+mod rank;
+use crate::cpu::tensor as slice;
+use crate::cpu::{ExecError, Executor};
+use crate::data::Values;
+use parallax_compiler::plan::bytes;
+use parallax_compiler::shards::{assign, Sharding};
+use parallax_compiler::Plan;
+use rank::Device;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+pub use crate::grid::Grid;
+
+/// How long a device waits for another by default.
+const TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The communicator of this process's rank in a job of processes, shared by the devices and
+/// the training loop (which checks agreement and votes on stopping through it).
+pub type Peers = Arc<Mutex<Box<dyn Communicator>>>;
+
+/// Locks the communicator (a rank that panicked holding it left nothing half-done that the
+/// next call could see: every call is whole messages).
+pub fn lock(peers: &Peers) -> MutexGuard<'_, Box<dyn Communicator>> {
+    peers.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// How this process's devices reach the others.
+enum Links {
+    /// Every device here, a thread each, over the in-process communicator (device `d`'s at
+    /// `d`).
+    Threads {
+        world: Threads,
+        comms: Vec<ThreadComm>,
+    },
+    /// One device of a job of processes, over the job's communicator.
+    Process(Peers),
+}
+
+/// A tensor's shape and values, as one rank passes it to the others.
+type Held = (Vec<usize>, Vec<f32>);
+
+pub struct Ranks {
+    plan: Plan,
+    sharding: Sharding,
+    grid: Grid,
+    /// The devices this process runs: `first..first + devices.len()` of the grid, where device
+    /// `(r * tp + t) * pp + s` is data rank `r`, tensor rank `t`, stage `s`.
+    first: usize,
+    devices: Vec<Device>,
+    kernel_stage: Vec<usize>,
+    links: Links,
+    /// Inputs with a batch axis, as set for the whole batch: split into shards at `run`.
+    batched: HashMap<String, (usize, Values)>,
+    /// Whether a shard's share of the loss is its counted labels' (`loss_share`).
+    counts_labels: bool,
+    /// The shards of the last step, and which rank held them.
+    last: Vec<Range<usize>>,
+    owners: Vec<Range<usize>>,
+}
+
+/// What a device holds after setup, in bytes (its executors' allocations).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceMemory {
+    pub device: usize,
+    pub rank: usize,
+    pub tensor_rank: usize,
+    pub stage: usize,
+    pub shards: usize,
+    pub bytes: u64,
+}
+
+impl Ranks {
+    /// Every device of `grid` in this process, a thread each (simulated devices). `plan` must
+    /// be a per-shard plan (`Plan::sharding` set). Each device gets `capacity` bytes; a device
+    /// whose buffers do not fit is refused before anything runs.
+    pub fn in_process(
+        plan: Plan,
+        grid: Grid,
+        seed: u64,
+        capacity: u64,
+    ) -> Result<Ranks, ExecError> {
+        let grid = whole(grid);
+        let world = Threads::new(grid.devices(), TIMEOUT);
+        let comms = world.comms();
+        Ranks::build(
+            plan,
+            grid,
+            seed,
+            capacity,
+            0..grid.devices(),
+            Links::Threads { world, comms },
+        )
+    }
+
+    /// Device `rank` of `grid` (the communicator's rank), one of a job of processes, one
+    /// per device: the communicator's world must be the grid.
+    pub fn process(
+        plan: Plan,
+        grid: Grid,
+        seed: u64,
+        capacity: u64,
+        peers: Peers,
+    ) -> Result<Ranks, ExecError> {
+        let grid = whole(grid);
+        let (rank, size) = {
+            let comm = lock(&peers);
+            (comm.rank(), comm.size())
+        };
+        if size != grid.devices() {
+            return Err(ExecError::Device(format!(
+                "the job has {size} process(es) but the plan's grid (dp{}.tp{}.pp{}) has {} device(s): one process runs one device",
+                grid.dp,
+                grid.tp,
+                grid.pp,
+                grid.devices()
+            )));
+        }
+        Ranks::build(
+            plan,
+            grid,
+            seed,
+            capacity,
+            rank..rank + 1,
+            Links::Process(peers),
+        )
+    }
+
+    fn build(
+        plan: Plan,
+        grid: Grid,
+        seed: u64,
+        capacity: u64,
+        here: Range<usize>,
+        links: Links,
+    ) -> Result<Ranks, ExecError> {
+        let Some(sharding) = plan.sharding else {
+            return Err(ExecError::Device(
+                "devices run a per-shard plan (compiled with micro-shards)".into(),
+            ));
+        };
+        let degree = plan
+            .tensor_parallel
+            .as_ref()
+            .map_or(1, |t| t.degree as usize);
+        if degree != grid.tp {
+            return Err(ExecError::Device(format!(
+                "the plan is built for {degree} tensor-parallel rank(s), the grid has {}",
+                grid.tp
+            )));
+        }
+        if plan.pipeline_stages as usize != grid.pp {
+            return Err(ExecError::Device(format!(
+                "the plan is built for {} pipeline stage(s), the grid has {}",
+                plan.pipeline_stages, grid.pp
+            )));
+        }
+        if plan.optimizer_shards > 1 && plan.optimizer_shards as usize != grid.dp {
+            return Err(ExecError::Device(format!(
+                "the plan shards the optimizer state over {} rank(s), the grid has {}",
+                plan.optimizer_shards, grid.dp
+            )));
+        }
+        let kernel_stage: Vec<usize> = plan
+            .kernel_stages()
+            .into_iter()
+            .map(|s| s as usize)
+            .collect();
+        let max_batch = plan.batch_size as usize;
+        let held = assign(sharding.shards as usize, grid.dp);
+        let devices = here
+            .clone()
+            .map(|d| {
+                let (rank, t, stage) = grid.place(d);
+                let owned = plan.kernel_mask(stage as u32, rank as u32);
+                let owned = owned.as_deref();
+                // Even a rank without shards holds the parameters and runs the update.
+                let mut shards: Vec<Executor> = (0..held[rank].len().max(1))
+                    .map(|_| Executor::for_kernels(plan.clone(), max_batch, seed, owned, t))
+                    .collect();
+                for e in shards.iter_mut().skip(1) {
+                    drop(e.take_persistent());
+                }
+                Device { shards }
+            })
+            .collect();
+        let ranks = Ranks {
+            counts_labels: crate::loss_share::counts_labels(&plan),
+            plan,
+            sharding,
+            grid,
+            first: here.start,
+            devices,
+            kernel_stage,
+            links,
+            batched: HashMap::new(),
+            last: Vec::new(),
+            owners: Vec::new(),
+        };
+        let what = if ranks.runs_every_device() {
+            "simulated device"
+        } else {
+            "device"
+        };
+        for m in ranks.memory() {
+            if m.bytes > capacity {
+                return Err(ExecError::Device(format!(
+                    "{what} {} (rank {}, tensor rank {}, stage {}) runs out of memory: its {} micro-shard(s) need {} but it has {}",
+                    m.device,
+                    m.rank,
+                    m.tensor_rank,
+                    m.stage,
+                    m.shards,
+                    bytes(m.bytes),
+                    bytes(capacity)
+                )));
+            }
+        }
+        Ok(ranks)
+    }
+
+    /// What each device of this process allocated.
+    pub fn memory(&self) -> Vec<DeviceMemory> {
+        self.devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let device = self.first + i;
+                let (rank, tensor_rank, stage) = self.grid.place(device);
+                DeviceMemory {
+                    device,
+                    rank,
+                    tensor_rank,
+                    stage,
+                    shards: d.shards.len(),
+                    bytes: d.shards.iter().map(Executor::allocated_bytes).sum(),
+                }
+            })
+            .collect()
+    }
+
+    /// What every device of the grid allocated, in device order (from the process that
+    /// runs it).
+    pub fn memory_of_all(&self) -> Result<Vec<u64>, ExecError> {
+        (0..self.grid.devices())
+            .map(|d| {
+                let held = self.fetch(d, &|dev| {
+                    let b: u64 = dev.shards.iter().map(Executor::allocated_bytes).sum();
+                    // In two halves: dimensions travel as 32 bits.
+                    Some((vec![b as u32 as usize, (b >> 32) as usize], Vec::new()))
+                })?;
+                Ok(held.map_or(0, |h| h.0[0] as u64 | (h.0[1] as u64) << 32))
+            })
+            .collect()
+    }
+
+    /// How long a device waits for another before its step fails (ten minutes unless set:
+    /// a failing device ends the others' waits at once, so only a stuck one waits this long).
+    /// A job of processes waits as long as its communicator does.
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        if let Links::Threads { world, comms } = &mut self.links {
+            *world = Threads::new(self.grid.devices(), timeout);
+            *comms = world.comms();
+        }
+    }
+
+    /// Whether this process runs every device (else it is one rank of a job of processes).
+    pub fn runs_every_device(&self) -> bool {
+        matches!(self.links, Links::Threads { .. })
+    }
+
+    fn device(&self, rank: usize, tensor_rank: usize, stage: usize) -> usize {
+        self.grid.device(rank, tensor_rank, stage)
+    }
+
+    /// Device `d`, if this process runs it.
+    fn here(&self, d: usize) -> Option<&Device> {
+        d.checked_sub(self.first).and_then(|i| self.devices.get(i))
+    }
+
+    /// What `read` finds on device `d`, on every process: read in place where `d` runs here,
+    /// else sent (as a broadcast over the job) by the process that runs it. Every process
+    /// of a job must fetch the same devices in the same order.
+    fn fetch(
+        &self,
+        d: usize,
+        read: &dyn Fn(&Device) -> Option<Held>,
+    ) -> Result<Option<Held>, ExecError> {
+        let mine = self.here(d);
+        let Links::Process(peers) = &self.links else {
+            return Ok(mine.and_then(read));
+        };
+        let mut wire = mine.and_then(read).map_or_else(Vec::new, encode);
+        let mut comm = lock(peers);
+        let world: Vec<usize> = (0..comm.size()).collect();
+        comm.broadcast(&world, d, &mut wire)?;
+        decode(&wire).ok_or_else(|| {
+            ExecError::Device(format!(
+                "device {d} sent a malformed tensor ({} words)",
+                wire.len()
+            ))
+        })
+    }
+
+    /// The data rank holding shard `i` of the last step, and the shard's place there.
+    fn holder_of_shard(&self, i: usize) -> (usize, usize) {
+        let r = self.owners.iter().position(|o| o.contains(&i)).unwrap_or(0);
+        let j = i.saturating_sub(self.owners.get(r).map_or(0, |o| o.start));
+        (r, j)
+    }
+
+    fn stage_of_step(&self, step: usize) -> usize {
+        self.plan.steps[step].stage as usize
+    }
+
+    /// Each persistent value (by name) from the device of rank 0 that holds it, in plan order.
+    fn persistent(&self, states: bool) -> Result<ParamValues, ExecError> {
+        let names = self.plan.names();
+        let list = if states { &names.states } else { &names.params };
+        let mut out = Vec::with_capacity(list.len());
+        let split = |name: &str| self.plan.tensor_parallel.as_ref()?.axis_of(name);
+        for (name, step) in list {
+            let stage = self.stage_of_step(*step);
+            let ranks = if split(name).is_some() {
+                self.grid.tp
+            } else {
+                1
+            };
+            let mut parts = Vec::with_capacity(ranks);
+            // Under ZeRO-1 a state lives only on its owner rank.
+            let rank = self.plan.steps[*step].owner.unwrap_or(0) as usize;
+            for t in 0..ranks {
+                let read = |dev: &Device| {
+                    let e = &dev.shards[0];
+                    persistent_of(e, name, states).map(|t| (t.shape.clone(), t.f32().to_vec()))
+                };
+                if let Some(held) = self.fetch(self.device(rank, t, stage), &read)? {
+                    parts.push(held);
+                }
+            }
+            let Some(first) = parts.first() else { continue };
+            match split(name) {
+                Some(axis) => {
+                    let mut shape = first.0.clone();
+                    let values: Vec<Vec<f32>> = parts.iter().map(|p| p.1.clone()).collect();
+                    let whole = slice::join_parts(&values, &shape, axis);
+                    shape[axis] *= self.grid.tp;
+                    out.push((name.clone(), shape, whole));
+                }
+                None => {
+                    let (shape, values) = parts.swap_remove(0);
+                    out.push((name.clone(), shape, values));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The whole shape of persistent value `name`, from a device here that holds it (`None`
+    /// when none does).
+    fn whole_shape(&self, name: &str, state: bool) -> Option<Vec<usize>> {
+        let d = self
+            .holders(name)
+            .into_iter()
+            .find(|&d| self.here(d).is_some())?;
+        let mut shape = persistent_of(&self.here(d)?.shards[0], name, state)?
+            .shape
+            .clone();
+        if let Some(axis) = self.plan.tensor_parallel.as_ref()?.axis_of(name) {
+            if let Some(n) = shape.get_mut(axis) {
+                *n *= self.grid.tp;
+            }
+        }
+        Some(shape)
+    }
+
+    /// Sets persistent value `name` from its whole value on every device here that holds it
+    /// (a tensor-parallel slice on each tensor rank).
+    fn set_persistent(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        values: &[f32],
+        state: bool,
+    ) -> Result<(), ExecError> {
+        let split = self
+            .plan
+            .tensor_parallel
+            .as_ref()
+            .and_then(|tp| tp.axis_of(name));
+        let tp = self.grid.tp;
+        for d in self.holders(name) {
+            let Some(i) = d
+                .checked_sub(self.first)
+                .filter(|&i| i < self.devices.len())
+            else {
+                continue;
+            };
+            let t = self.grid.place(d).1;
+            let (local, part) = match split {
+                Some(axis) if shape.len() > axis => {
+                    let mut local = shape.to_vec();
+                    local[axis] /= tp;
+                    (local, slice::slice_part(values, shape, axis, tp, t))
+                }
+                _ => (shape.to_vec(), values.to_vec()),
+            };
+            let e = &mut self.devices[i].shards[0];
+            if state {
+                e.set_state(name, &part)?;
+            } else {
+                e.set_param(name, &local, &part)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The devices of every rank that hold persistent value `name`.
+    fn holders(&self, name: &str) -> Vec<usize> {
+        let names = self.plan.names();
+        let step = names
+            .params
+            .iter()
+            .chain(&names.states)
+            .find(|(n, _)| n == name)
+            .map(|p| p.1);
+        let stage = step.map_or(0, |s| self.stage_of_step(s));
+        let owner = step.and_then(|s| self.plan.steps[s].owner);
+        (0..self.grid.dp)
+            .filter(|&r| owner.is_none_or(|o| o as usize == r))
+            .flat_map(|r| (0..self.grid.tp).map(move |t| (r, t)))
+            .map(|(r, t)| self.device(r, t, stage))
+            .collect()
+    }
+}
+
+/// A grid with every degree at least 1.
+fn whole(grid: Grid) -> Grid {
+    Grid {
+        dp: grid.dp.max(1),
+        tp: grid.tp.max(1),
+        pp: grid.pp.max(1),
+    }
+}
+
+/// Parameter or state `name` of `e`.
+fn persistent_of<'a>(
+    e: &'a Executor,
+    name: &str,
+    state: bool,
+) -> Option<&'a crate::cpu::tensor::Tensor> {
+    if state {
+        e.states().into_iter().find(|s| s.0 == name).map(|s| s.1)
+    } else {
+        e.params().find(|p| p.0 == name).map(|p| p.1)
+    }
+}
+
+/// A held tensor as words: its rank, its dimensions (as bits), its values; nothing for none.
+fn encode((shape, values): Held) -> Vec<f32> {
+    let mut w = Vec::with_capacity(1 + shape.len() + values.len());
+    w.push(f32::from_bits(shape.len() as u32));
+    w.extend(shape.iter().map(|&d| f32::from_bits(d as u32)));
+    w.extend(values);
+    w
+}
+
+/// `encode`'s words back (`Some(None)` for nothing; `None` when malformed).
+fn decode(w: &[f32]) -> Option<Option<Held>> {
+    let Some(rank) = w.first() else {
+        return Some(None);
+    };
+    let rank = rank.to_bits() as usize;
+    let shape: Vec<usize> = w
+        .get(1..1 + rank)?
+        .iter()
+        .map(|d| d.to_bits() as usize)
+        .collect();
+    Some(Some((shape, w[1 + rank..].to_vec())))
+}
