@@ -11,7 +11,7 @@ use parallax_compiler::{compile, parse_bytes, Options, Source};
 use parallax_runtime::backend::Backend;
 use parallax_runtime::cpu::{Executor, Mode};
 use parallax_runtime::data::{self, loader, Values};
-use parallax_runtime::sim::{Grid, SimulatedDevices};
+use parallax_runtime::ranks::{Grid, Ranks};
 use parallax_runtime::train::model_io;
 use std::path::Path;
 use std::time::Duration;
@@ -41,7 +41,7 @@ fn backend(source: &Source, grid: Option<Grid>) -> (Box<dyn Backend>, usize) {
     let b = loader::make_batch(&splits.train, &order, batch, 0, 0);
     let mut exec: Box<dyn Backend> = match grid {
         None => Box::new(Executor::new(plan, batch, e.train.seed)),
-        Some(g) => Box::new(SimulatedDevices::new(plan, g, e.train.seed, u64::MAX).expect("fits")),
+        Some(g) => Box::new(Ranks::in_process(plan, g, e.train.seed, u64::MAX).expect("fits")),
     };
     exec.set_input(&input, batch, &b.inputs).unwrap();
     exec.set_input(&target, batch, &b.targets).unwrap();
