@@ -84,6 +84,9 @@ pub struct Args {
     /// For tests of failure: rank RANK kills itself (SIGKILL) after step STEP.
     #[arg(long, hide = true, value_name = "RANK:STEP", value_parser = rank_step)]
     pub crash_after: Option<(usize, u64)>,
+    /// For tests of failure: rank RANK stops answering (sleeps an hour) after step STEP.
+    #[arg(long, hide = true, value_name = "RANK:STEP", value_parser = rank_step)]
+    pub stall_after: Option<(usize, u64)>,
 }
 
 fn rank_step(s: &str) -> Result<(usize, u64), String> {
@@ -156,6 +159,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         precision,
         collective_timeout,
         crash_after,
+        stall_after,
     } = args;
     // clap's `requires` does not hold a bool flag to it.
     if accept_changes && resume.is_none() {
@@ -324,6 +328,9 @@ pub fn run(args: Args) -> Result<(), Exit> {
             // As `kill -9` would: no checkpoint, no goodbye.
             let _ = signal_hook::low_level::raise(signal_hook::consts::SIGKILL);
         }
+        Event::Step { step, .. } if stall_after == Some((world.rank, *step)) => {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
         // The job's other ranks train silently; rank 0 speaks for it.
         _ if !lead => {}
         Event::Start {
@@ -397,8 +404,12 @@ pub fn run(args: Args) -> Result<(), Exit> {
     }
     if let (Err(e), Some(job)) = (&result, &job) {
         if !matches!(e, TrainError::Interrupted { .. }) {
-            // One write, so that the ranks' lines do not interleave.
-            err!("{}: error: rank {}: {e}\n", file.display(), job.rank);
+            // One write, so that the ranks' lines do not interleave; naming the rank once.
+            let e = e.to_string();
+            let rank = format!("rank {}: ", job.rank);
+            let rank = if e.contains(&rank) { "" } else { rank.as_str() };
+            let line = format!("{}: error: {rank}{e}\n", file.display());
+            err!("{line}");
             crate::job::fail(1);
         }
     }

@@ -374,3 +374,35 @@ fn gpus_other_than_the_world_size_is_refused() {
         r.stderr
     );
 }
+
+/// A rank that stops answering mid-run: the others give up after the collective timeout,
+/// naming the step, the collective and the rank; mpirun then ends the silent one (it would
+/// sleep an hour), so the job is over in seconds.
+#[test]
+fn a_rank_that_stops_answering_mid_run_ends_the_job_naming_it() {
+    let dir = common::temp("mpi-stall");
+    let _ = std::fs::remove_dir_all(&dir);
+    let args = [
+        "train",
+        "models/mlp.ron",
+        "--steps",
+        "10",
+        "--run-dir",
+        dir.to_str().unwrap(),
+        "--collective-timeout",
+        "3",
+        "--stall-after",
+        "2:5",
+    ];
+    let r = mpirun(3, &args, Duration::from_secs(120));
+    assert!(
+        matches!(r.code, Some(c) if c != 0),
+        "exit {:?}: {}",
+        r.code,
+        r.stderr
+    );
+    let line = "error: training step 5: rank 0: vote waited 3s for rank 2, which never arrived";
+    assert!(r.stderr.contains(line), "{}", r.stderr);
+    assert!(r.took < Duration::from_secs(60), "took {:?}", r.took);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -22,6 +22,9 @@ pub enum TrainError {
     /// The ranks of a job do not agree on what they run.
     #[error("{0}")]
     Ranks(String),
+    /// Training step `step` failed: its kernels, or a collective with the other ranks.
+    #[error("training step {step}: {source}")]
+    Step { step: u64, source: ExecError },
     /// A NaN or an infinity in the loss, a gradient, a parameter or a state after step
     /// `step` (or in the validation loss after epoch `epoch`). The data are checked finite
     /// when loaded, so the model diverged.

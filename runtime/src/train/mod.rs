@@ -366,13 +366,18 @@ fn train_in(
         feed(exec.as_mut(), &input, batch.size, &batch.inputs)?;
         feed(exec.as_mut(), &target, batch.size, &batch.targets)?;
         let scalars = set_scalars(exec.as_mut(), &optimizer, step, total)?;
-        exec.run(batch.size, Mode::Train, step, 0)?;
+        let at_step = |source| TrainError::Step {
+            step: step + 1,
+            source,
+        };
+        exec.run(batch.size, Mode::Train, step, 0)
+            .map_err(at_step)?;
         // Reading the loss waits for an asynchronous backend's step to finish.
-        let loss = exec.loss(batch.size)?;
+        let loss = exec.loss(batch.size).map_err(at_step)?;
         times.push(t.elapsed().as_secs_f64());
         samples += batch.size;
         // The loss misses a NaN that a ReLU or a max-pooling hides: every tensor is checked.
-        let tensor = exec.first_non_finite()?;
+        let tensor = exec.first_non_finite().map_err(at_step)?;
         if !loss.is_finite() || tensor.is_some() {
             return Err(TrainError::NonFinite {
                 step: step + 1,
@@ -432,9 +437,10 @@ fn train_in(
         // the ranks of a job vote, so that all stop after the same step.
         let mut signal = cfg.stop.as_ref().map_or(0, |s| s.load(Ordering::SeqCst));
         if let Some(p) = &peers {
-            let any = lock(p)
-                .any(signal != 0)
-                .map_err(|e| TrainError::Exec(e.into()))?;
+            let any = lock(p).any(signal != 0).map_err(|e| TrainError::Step {
+                step: step + 1,
+                source: e.into(),
+            })?;
             if any && signal == 0 {
                 signal = job::SIGNALLED_ELSEWHERE;
             }
