@@ -25,21 +25,23 @@ if [ ! -d .tools/tb/tensorboard ]; then
         --target .tools/tb.partial tensorboard==2.21.0 protobuf==7.36.2 absl-py==2.5.1 numpy==2.4.6
     mv .tools/tb.partial .tools/tb
 fi
-# Open MPI 4 (mpirun, libmpi) and libclang, which the `mpi` crate's bindgen loads.
+# Open MPI 4 (mpirun, libmpi) and libclang, which the `mpi` crate's bindgen loads; iproute2
+# for the test of two hosts (network namespaces joined by a veth pair, as root).
 if ! command -v mpirun >/dev/null || ! pkg-config --exists ompi 2>/dev/null \
+    || ! command -v ip >/dev/null \
     || ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1; then
     # As root (CI) directly, else through sudo; without either, say what to install.
     SUDO=""
     if [ "$(id -u)" != 0 ]; then
         command -v sudo >/dev/null || {
-            echo "scripts/test.sh needs Open MPI: apt-get install openmpi-bin libopenmpi-dev libclang-dev pkgconf (as root)" >&2
+            echo "scripts/test.sh needs Open MPI: apt-get install openmpi-bin libopenmpi-dev libclang-dev pkgconf iproute2 (as root)" >&2
             exit 1
         }
         SUDO=sudo
     fi
     $SUDO apt-get update -qq
     $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        openmpi-bin libopenmpi-dev libclang-dev pkgconf >/dev/null
+        openmpi-bin libopenmpi-dev libclang-dev pkgconf iproute2 >/dev/null
 fi
 mpirun --version | head -1
 cargo test --workspace --locked --features mpi "$@"

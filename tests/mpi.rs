@@ -406,3 +406,156 @@ fn a_rank_that_stops_answering_mid_run_ends_the_job_naming_it() {
     assert!(r.took < Duration::from_secs(60), "took {:?}", r.took);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Two network namespaces joined by a veth pair: two hosts on one machine, each with its
+/// own address, removed when dropped.
+struct TwoHosts {
+    names: [String; 2],
+    addresses: [String; 2],
+    folder: std::path::PathBuf,
+}
+
+/// Runs `ip ARGS`, failing the test with what `ip` said (this test needs root and
+/// iproute2: `scripts/test.sh` installs it).
+fn ip(args: &[&str]) {
+    let o = Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run `ip {}`: {e}", args.join(" ")));
+    assert!(
+        o.status.success(),
+        "`ip {}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+impl TwoHosts {
+    fn new() -> TwoHosts {
+        let id = std::process::id();
+        let names = [format!("px{id}a"), format!("px{id}b")];
+        // A subnet of this process's own, so that runs side by side do not meet.
+        let net = format!("10.{}.{}", 100 + id % 100, id / 100 % 250);
+        let addresses = [format!("{net}.1"), format!("{net}.2")];
+        let veth = [format!("pv{id}a"), format!("pv{id}b")];
+        let hosts = TwoHosts {
+            names: names.clone(),
+            addresses: addresses.clone(),
+            folder: common::temp("mpi-two-hosts"),
+        };
+        for n in &names {
+            ip(&["netns", "add", n]);
+        }
+        ip(&[
+            "link", "add", &veth[0], "type", "veth", "peer", "name", &veth[1],
+        ]);
+        for i in 0..2 {
+            let (n, v) = (&names[i], &veth[i]);
+            ip(&["link", "set", v, "netns", n]);
+            ip(&[
+                "-n",
+                n,
+                "addr",
+                "add",
+                &format!("{}/24", addresses[i]),
+                "dev",
+                v,
+            ]);
+            ip(&["-n", n, "link", "set", v, "up"]);
+            ip(&["-n", n, "link", "set", "lo", "up"]);
+        }
+        std::fs::create_dir_all(&hosts.folder).unwrap();
+        // Open MPI's rsh agent: `agent HOST COMMAND...` runs COMMAND in HOST's namespace.
+        let cases: String = (0..2)
+            .map(|i| format!("  {}) ns={} ;;\n", addresses[i], names[i]))
+            .collect();
+        let agent = format!(
+            "#!/bin/sh\nhost=$1; shift\ncase \"$host\" in\n{cases}  *) echo \"agent: no host $host\" >&2; exit 1 ;;\nesac\nexec ip netns exec \"$ns\" /bin/sh -c \"$*\"\n"
+        );
+        let path = hosts.folder.join("agent");
+        std::fs::write(&path, agent).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let hostfile = format!("{} slots=1\n{} slots=1\n", addresses[0], addresses[1]);
+        std::fs::write(hosts.folder.join("hosts"), hostfile).unwrap();
+        hosts
+    }
+
+    /// `mpirun PROGRAM ARGS` started on the first host, one rank on each, over TCP between
+    /// them.
+    fn mpirun(&self, program: &str, args: &[&str], limit: Duration) -> common::Limited {
+        let net = format!("{}/24", self.addresses[0]);
+        let mut c = mpirun_command();
+        c.args(["-np", "2", "--hostfile"])
+            .arg(self.folder.join("hosts"))
+            .args(["--mca", "plm_rsh_agent"])
+            .arg(self.folder.join("agent"))
+            .args(["--mca", "btl", "tcp,self"])
+            .args(["--mca", "btl_tcp_if_include", &net])
+            .args(["--mca", "oob_tcp_if_include", &net])
+            .arg(program)
+            .args(args);
+        // mpirun itself runs on the first host.
+        let program = c.get_program().to_owned();
+        let rest: Vec<_> = c.get_args().map(|a| a.to_owned()).collect();
+        let envs: Vec<_> = c
+            .get_envs()
+            .filter_map(|(k, v)| Some((k.to_owned(), v?.to_owned())))
+            .collect();
+        let mut inside = Command::new("ip");
+        inside
+            .args(["netns", "exec", &self.names[0]])
+            .arg(program)
+            .args(rest)
+            .envs(envs)
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        common::run_limited(inside, limit)
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        // The veth pair goes with its namespaces.
+        for n in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", n]).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.folder);
+    }
+}
+
+/// Two hosts on one machine (network namespaces joined by a veth pair, mpirun reaching the
+/// second through an rsh agent that enters its namespace): each rank on its own host, over
+/// TCP; the ranks report their namespaces, and training has the bits of one device.
+#[test]
+fn two_hosts_joined_by_a_veth_pair_train_the_bits_of_one_device() {
+    let hosts = TwoHosts::new();
+    let limit = Duration::from_secs(180);
+    let script = "echo rank $OMPI_COMM_WORLD_RANK in $(ip netns identify $$)";
+    let r = hosts.mpirun("sh", &["-c", script], limit);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    for (rank, ns) in hosts.names.iter().enumerate() {
+        let line = format!("rank {rank} in {ns}");
+        assert!(r.stdout.contains(&line), "no `{line}` in {}", r.stdout);
+    }
+    let bin = env!("CARGO_BIN_EXE_parallax");
+    let probe = hosts.mpirun(bin, &["comm-check", "--timeout", "30"], limit);
+    assert_eq!(probe.code, Some(0), "{}", probe.stderr);
+    assert!(
+        probe
+            .stdout
+            .contains("all-reduce over 9 shards on 2 rank(s): the bits of one device"),
+        "{}",
+        probe.stdout
+    );
+    let one = train_one("models/mlp.ron", "6", "two-hosts");
+    let dir = hosts.folder.join("run");
+    let d = dir.to_str().unwrap();
+    let args = ["train", "models/mlp.ron", "--steps", "6", "--run-dir", d];
+    let r = hosts.mpirun(bin, &args, limit);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        final_bytes(&dir) == final_bytes(&one),
+        "two hosts: other bytes"
+    );
+    let _ = std::fs::remove_dir_all(one);
+}
