@@ -54,3 +54,51 @@ fn check(_: u64, _: Option<Fault>) -> Result<(), Exit> {
     );
     Err(Exit(1))
 }
+
+/// `parallax comm-check --bench`: the cost of the same bits on any count, measured.
+#[cfg(feature = "mpi")]
+pub fn bench(timeout: u64) -> Result<(), Exit> {
+    use parallax_runtime::comm::mpi::Mpi;
+    use parallax_runtime::comm::Communicator;
+    let (mpi, mut comm) = Mpi::start(std::time::Duration::from_secs(timeout)).map_err(|e| {
+        eprintln!("error: {e}");
+        Exit(1)
+    })?;
+    let (rank, size) = (comm.rank(), comm.size());
+    if rank == 0 {
+        println!("| floats per rank | fixed tree | MPI_Allreduce | tree / MPI | tree bytes sent per rank | MPI's buffer | same bits here |");
+        println!("|---|---|---|---|---|---|---|");
+    }
+    for floats in [1 << 10, 1 << 14, 1 << 18, 1 << 21] {
+        let t = match comm.time_reductions(floats, 20) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::exit(1)
+            }
+        };
+        if rank == 0 {
+            println!(
+                "| {} | {:.3} ms | {:.3} ms | {:.2} | {} | {} | {} |",
+                t.floats,
+                t.tree_seconds * 1e3,
+                t.allreduce_seconds * 1e3,
+                t.tree_seconds / t.allreduce_seconds.max(1e-12),
+                parallax_compiler::plan::bytes(t.tree_bytes),
+                parallax_compiler::plan::bytes(4 * t.floats as u64),
+                if t.same_bits { "yes" } else { "no" }
+            );
+        }
+    }
+    if rank == 0 {
+        println!("({size} rank(s); medians of 20)");
+    }
+    drop(comm);
+    drop(mpi);
+    Ok(())
+}
+
+#[cfg(not(feature = "mpi"))]
+pub fn bench(timeout: u64) -> Result<(), Exit> {
+    check(timeout, None)
+}

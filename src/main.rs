@@ -144,6 +144,10 @@ enum Command {
         /// Make this rank stop answering (at the same point) for as long.
         #[arg(long, value_name = "RANK")]
         hang_rank: Option<usize>,
+        /// Instead of the check, time the fixed-tree all-reduce against MPI_Allreduce on the
+        /// same buffers (a table on rank 0).
+        #[arg(long)]
+        bench: bool,
     },
     /// Compile an experiment into a plan.
     Compile {
@@ -280,7 +284,11 @@ fn main() -> ExitCode {
             timeout,
             fail_rank,
             hang_rank,
-        } => comm_check::run(timeout, fail_rank, hang_rank),
+            bench,
+        } => match bench {
+            true => comm_check::bench(timeout),
+            false => comm_check::run(timeout, fail_rank, hang_rank),
+        },
         Command::Report { runs, out } => report::report(&runs, out.as_deref()),
         Command::Diff { a, b } => report::diff(&a, &b),
     };
