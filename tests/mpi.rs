@@ -559,3 +559,58 @@ fn two_hosts_joined_by_a_veth_pair_train_the_bits_of_one_device() {
     );
     let _ = std::fs::remove_dir_all(one);
 }
+
+/// SIGTERM to one rank stops every rank after the same step, with a checkpoint (the ranks
+/// vote after each step); `--resume` then ends with the bytes of a run never interrupted.
+#[test]
+fn a_signal_to_one_rank_stops_the_job_after_one_step_with_a_checkpoint() {
+    let (model, steps) = ("models/cnn.ron", "300");
+    let one = train_one(model, steps, "signal");
+    let dir = common::temp("mpi-signal");
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().unwrap().to_string();
+    let bin = env!("CARGO_BIN_EXE_parallax");
+    let mut c = mpirun_command();
+    c.args([
+        "-np",
+        "2",
+        bin,
+        "train",
+        model,
+        "--steps",
+        steps,
+        "--run-dir",
+        &d,
+    ]);
+    let mut job = common::Running::spawn(c);
+    let metrics = dir.join("metrics.jsonl");
+    job.wait_until(Duration::from_secs(120), || {
+        std::fs::read_to_string(&metrics).is_ok_and(|m| m.lines().count() >= 5)
+    });
+    // The ranks' processes, not mpirun's (whose arguments name the folder too).
+    let pgrep = Command::new("pgrep")
+        .args(["-f", &format!("^{bin} train {model} .*{d}")])
+        .output()
+        .unwrap();
+    let pids: Vec<i32> = String::from_utf8_lossy(&pgrep.stdout)
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 2, "the ranks' pids: {pids:?}");
+    // SAFETY: kill(2) on a process this test started has no memory effects.
+    assert_eq!(unsafe { libc::kill(pids[1], libc::SIGTERM) }, 0);
+    let code = job.exit_code(Duration::from_secs(120));
+    let err = job.stderr();
+    assert_eq!(code, Some(143), "{err}");
+    assert!(err.contains("stopped by SIGTERM after step"), "{err}");
+    assert!(!dir.join("final.safetensors").exists());
+    let r = mpirun(2, &["train", "--resume", &d], LIMIT);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(
+        final_bytes(&dir) == final_bytes(&one),
+        "resumed after the signal: other bytes"
+    );
+    for d in [dir, one] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}

@@ -172,12 +172,17 @@ pub struct Running {
 impl Running {
     /// Starts `args` from the repository root.
     pub fn start(args: &[&str]) -> Running {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_parallax"));
+        c.args(args).current_dir(env!("CARGO_MANIFEST_DIR"));
+        Running::spawn(c)
+    }
+
+    /// Starts `command` (a launcher of `parallax`, say).
+    pub fn spawn(mut command: Command) -> Running {
         static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let err = temp(&format!("running-{n}.stderr"));
-        let child = Command::new(env!("CARGO_BIN_EXE_parallax"))
-            .args(args)
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
+        let child = command
             .stdout(std::process::Stdio::null())
             .stderr(std::fs::File::create(&err).unwrap())
             .spawn()
