@@ -197,6 +197,11 @@ fn sum<T: Transport>(
     })
 }
 
+/// Segment `j` of `n` of `len` values (the last ones longest by at most one).
+fn segment(len: usize, n: usize, j: usize) -> std::ops::Range<usize> {
+    len * j / n..len * (j + 1) / n
+}
+
 impl<T: Transport> Communicator for T {
     fn rank(&self) -> usize {
         self.this_rank()
@@ -216,11 +221,44 @@ impl<T: Transport> Communicator for T {
         check(self, group, self.this_rank(), OP)?;
         self.traffic_mut().calls += 1;
         let others = others(self, group);
-        for &peer in &others {
-            send_to(self, peer, OP, Message::Partials(mine.clone()))?;
+        if others.len() < 2 {
+            // Two members: each sends its partials whole, as many bytes as segments would.
+            for &peer in &others {
+                send_to(self, peer, OP, Message::Partials(mine.clone()))?;
+            }
+            let all = gather(self, &others, mine, OP)?;
+            return sum(self, leaves, all, OP);
         }
-        let all = gather(self, &others, mine, OP)?;
-        sum(self, leaves, all, OP)
+        // More: member `j` sums segment `j` of the values from every member's partials (each
+        // element's sum is the same fixed tree, so the bits do not change), then passes its
+        // segment's total to all: each member sends about twice its values, not once per peer.
+        let me = self.this_rank();
+        let n = group.len();
+        let mut own = Vec::new();
+        for (j, &peer) in group.iter().enumerate() {
+            let slices = mine.iter().map(|p| Partial {
+                range: p.range.clone(),
+                values: p.values[segment(p.values.len(), n, j)].to_vec(),
+            });
+            if peer == me {
+                own = slices.collect();
+            } else {
+                send_to(self, peer, OP, Message::Partials(slices.collect()))?;
+            }
+        }
+        let all = gather(self, &others, own, OP)?;
+        let part = sum(self, leaves, all, OP)?;
+        for &peer in &others {
+            send_to(self, peer, OP, Message::Values(part.clone()))?;
+        }
+        let mut whole = Vec::new();
+        for &peer in group {
+            match peer == me {
+                true => whole.extend_from_slice(&part),
+                false => whole.extend(take_values(self, peer, OP)?),
+            }
+        }
+        Ok(whole)
     }
 
     fn reduce(
