@@ -2,9 +2,10 @@
 //! simulated devices and the CUDA executor. The trait speaks the CPU executor's types, so its
 //! implementation is here; `crate::ranks` and `crate::cuda` implement it beside their own.
 
-use crate::cpu::tensor::Tensor;
-use crate::cpu::{ExecError, Executor, Mode};
+use crate::cpu::Executor;
 use crate::data::Values;
+use crate::exec::tensor::Tensor;
+use crate::exec::{ExecError, Mode};
 use crate::finite::{Count, Kind, NonFinite};
 
 /// Each parameter's name, shape and values.

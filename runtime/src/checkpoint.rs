@@ -107,7 +107,7 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> CheckpointError + '_ {
     }
 }
 
-fn backend(e: crate::cpu::ExecError) -> CheckpointError {
+fn backend(e: crate::exec::ExecError) -> CheckpointError {
     CheckpointError::Backend(e.to_string())
 }
 

@@ -5,9 +5,10 @@
 //! typed; the command line prints them.
 
 use crate::backend::Backend;
-use crate::cpu::{ExecError, Executor, Mode};
+use crate::cpu::Executor;
 use crate::cuda::{self, CudaError, CudaExecutor, Precision};
 use crate::data::{Batch, Values};
+use crate::exec::{ExecError, Mode};
 use crate::train::{feed, set_scalars, SessionData, TrainError};
 use parallax_compiler::dsl::ast::Optimizer;
 use parallax_compiler::ir::KernelKind;

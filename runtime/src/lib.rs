@@ -8,6 +8,7 @@ pub mod comm;
 pub mod cpu;
 pub mod cuda;
 pub mod data;
+pub mod exec;
 pub mod files;
 pub mod finite;
 pub mod gpu_check;

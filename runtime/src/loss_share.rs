@@ -7,8 +7,8 @@
 //! positions over the batch's (or its samples over the batch's). A batch whose labels are all
 //! ignored gives every shard the weight 0: loss 0 and no gradient, where PyTorch gives NaN.
 
-use crate::cpu::kernels::rows::IGNORE;
 use crate::data::Values;
+use crate::exec::IGNORE;
 use parallax_compiler::ir::Op;
 use parallax_compiler::Plan;
 use std::ops::Range;

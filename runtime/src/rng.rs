@@ -2,6 +2,8 @@
 //! index), never of a thread, a device or the time. The same file and seed give the same bits
 //! on any number of threads or devices.
 
+use parallax_compiler::ir::Init;
+
 /// What a random stream is for; each purpose gets independent numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u64)]
@@ -62,6 +64,33 @@ pub fn permutation(stream: u64, n: usize) -> Vec<usize> {
         p.swap(i, j);
     }
     p
+}
+
+/// The initial values of parameter number `index` (in plan order), keyed by (seed, index):
+/// the same on every backend and machine.
+pub fn init_param(init: &Init, seed: u64, index: usize, v: &mut [f32]) {
+    let key = stream(seed, Purpose::Init, index as u64);
+    match *init {
+        Init::Uniform { bound } => {
+            let b = bound as f32;
+            for (i, x) in v.iter_mut().enumerate() {
+                *x = (2.0 * uniform(key, i as u64) - 1.0) * b;
+            }
+        }
+        Init::Normal { std } => {
+            let s = std as f32;
+            for (i, x) in v.iter_mut().enumerate() {
+                *x = normal(key, i as u64) * s;
+            }
+        }
+        Init::Zeros => v.fill(0.0),
+        Init::Ones => v.fill(1.0),
+    }
+}
+
+/// The key of dropout stream `id` at training step `step`: every backend's masks.
+pub fn dropout_key(seed: u64, step: u64, id: u64) -> u64 {
+    stream(mix(seed ^ mix(step)), Purpose::Dropout, id)
 }
 
 #[cfg(test)]

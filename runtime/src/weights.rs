@@ -8,7 +8,7 @@
 //! boundary). Files written before that, with `[C, 1, 1]`, are read as well.
 
 use crate::backend::{Backend, ParamValues};
-use crate::cpu::ExecError;
+use crate::exec::ExecError;
 use crate::finite;
 use parallax_compiler::passes::lower::is_running_statistic;
 use parallax_compiler::Plan;

@@ -6,71 +6,16 @@ pub mod fused;
 pub mod kernels;
 mod run;
 mod stepwise;
-pub mod tensor;
 mod views;
 
+pub use crate::exec::{tensor, ExecError, Mode};
 use crate::finite::{Count, Kind, NonFinite};
 use crate::rng;
-use kernels::KernelError;
-use parallax_compiler::ir::{Init, Op, Phase};
+use parallax_compiler::ir::Op;
 use parallax_compiler::Plan;
 use std::collections::HashMap;
 use std::sync::Arc;
 use tensor::{Data, Tensor};
-
-#[derive(Debug, thiserror::Error)]
-pub enum ExecError {
-    #[error("step {step} (`{op}` in layer `{layer}`): {source}")]
-    Kernel {
-        step: usize,
-        op: &'static str,
-        layer: String,
-        source: KernelError,
-    },
-    #[error("the plan has no input named `{0}`")]
-    UnknownInput(String),
-    #[error("input `{name}`: expected {expected} values of {dtype}, got {got}")]
-    InputSize {
-        name: String,
-        expected: usize,
-        got: usize,
-        dtype: &'static str,
-    },
-    #[error("the batch of {batch} is larger than the {max} the executor was sized for")]
-    BatchTooLarge { batch: usize, max: usize },
-    #[error("parameter `{name}`: {message}")]
-    Param { name: String, message: String },
-    /// From another backend behind the same interface (`backend::Backend`).
-    #[error("{0}")]
-    Device(String),
-    /// A rank's exchange with the others (simulated devices, and later real ranks).
-    #[error(transparent)]
-    Comm(#[from] crate::comm::CommError),
-}
-
-/// Training runs every step and applies the updates; `Gradients` runs the forward and
-/// backward steps as training does but changes nothing (gradient checks); evaluation runs the
-/// forward steps with dropout off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Mode {
-    Train,
-    Gradients,
-    Eval,
-}
-
-impl Mode {
-    /// Whether kernel `k` of `plan` runs in this mode (by the phase of its last step); every
-    /// backend asks this.
-    pub fn runs(self, plan: &Plan, k: usize) -> bool {
-        let kern = &plan.kernels[k];
-        let phase = plan.steps[*kern.steps.last().expect("a kernel has steps")].phase;
-        match self {
-            Mode::Train => true,
-            Mode::Gradients => phase != Phase::Update,
-            Mode::Eval => phase == Phase::Forward,
-        }
-    }
-}
 
 /// Kernel timings (`Executor::enable_profile`).
 struct Profile {
@@ -260,11 +205,11 @@ impl Executor {
                     let mut shape = buf.shape.clone();
                     shape[axis] *= parts;
                     let mut full = vec![0.0; tensor::numel(&shape)];
-                    init_param(&init, seed, index, &mut full);
+                    rng::init_param(&init, seed, index, &mut full);
                     let part = tensor::slice_part(&full, &shape, axis, parts, tensor_rank);
                     buf.f32_mut().copy_from_slice(&part);
                 }
-                _ => init_param(&init, seed, index, buf.f32_mut()),
+                _ => rng::init_param(&init, seed, index, buf.f32_mut()),
             }
         }
         for index in 0..self.states.len() {
@@ -505,28 +450,6 @@ fn checked(
         .map(|(n, id)| (Kind::Parameter, n.clone(), *id));
     let states = states.iter().map(|(n, id)| (Kind::State, n.clone(), *id));
     grads.chain(params).chain(states).collect()
-}
-
-/// The initial values of parameter number `index` (in plan order), keyed by (seed, index):
-/// the same on every backend and machine.
-pub fn init_param(init: &Init, seed: u64, index: usize, v: &mut [f32]) {
-    let key = rng::stream(seed, rng::Purpose::Init, index as u64);
-    match *init {
-        Init::Uniform { bound } => {
-            let b = bound as f32;
-            for (i, x) in v.iter_mut().enumerate() {
-                *x = (2.0 * rng::uniform(key, i as u64) - 1.0) * b;
-            }
-        }
-        Init::Normal { std } => {
-            let s = std as f32;
-            for (i, x) in v.iter_mut().enumerate() {
-                *x = rng::normal(key, i as u64) * s;
-            }
-        }
-        Init::Zeros => v.fill(0.0),
-        Init::Ones => v.fill(1.0),
-    }
 }
 
 /// A type's shape with the batch set to `batch` and other symbols at their nominal sizes.

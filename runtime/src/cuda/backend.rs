@@ -2,9 +2,9 @@
 
 use super::{CudaError, CudaExecutor};
 use crate::backend::{Backend, ParamValues};
-use crate::cpu::tensor::Tensor;
-use crate::cpu::{ExecError, Mode};
 use crate::data::Values;
+use crate::exec::tensor::Tensor;
+use crate::exec::{ExecError, Mode};
 use crate::finite::NonFinite;
 
 fn device(e: CudaError) -> ExecError {

@@ -4,8 +4,7 @@
 //! keyed generator, so both backends start from the same bits.
 
 use super::{target_for, CudaError};
-use crate::cpu::kernels::elementwise::DropoutMask;
-use crate::cpu::Mode;
+use crate::exec::Mode;
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use cudarc::driver::{LaunchConfig, PushKernelArg};
@@ -329,7 +328,7 @@ impl CudaExecutor {
                 continue;
             };
             let mut v = vec![0f32; numel(&self.shape(id, 1)) as usize];
-            crate::cpu::init_param(init, self.seed, index, &mut v);
+            crate::rng::init_param(init, self.seed, index, &mut v);
             self.upload(id, &v)?;
         }
         // Optimizer state starts at zero, BatchNorm's running variance at one.
@@ -468,7 +467,7 @@ impl CudaExecutor {
     }
 
     /// Overwrites a step's stored value (lockstep comparisons resynchronise from the oracle).
-    pub fn overwrite(&self, step: usize, t: &crate::cpu::tensor::Tensor) -> Result<(), CudaError> {
+    pub fn overwrite(&self, step: usize, t: &crate::exec::tensor::Tensor) -> Result<(), CudaError> {
         if t.is_f32() {
             self.upload(step, t.f32())
         } else {
@@ -497,7 +496,9 @@ impl CudaExecutor {
         Ok(match *a {
             Arg::Value(s) => ArgValue::U64(self.ptr(s)?),
             Arg::Scratch => ArgValue::U64(self.scratch.ptr),
-            Arg::DropoutKey { stream } => ArgValue::U64(DropoutMask::key(self.seed, step, stream)),
+            Arg::DropoutKey { stream } => {
+                ArgValue::U64(crate::rng::dropout_key(self.seed, step, stream))
+            }
             Arg::DropoutThreshold { p } => ArgValue::F32(if training { p as f32 } else { 0.0 }),
             Arg::DropoutScale { p } => ArgValue::F32(if training {
                 (1.0 / (1.0 - p)) as f32

@@ -110,7 +110,7 @@ fn fit_targets(labels: Labels, n: usize, io: &ModelIo, source: &str) -> Result<V
         for (i, &l) in v
             .iter()
             .enumerate()
-            .filter(|(_, &l)| l != crate::cpu::kernels::rows::IGNORE)
+            .filter(|(_, &l)| l != crate::exec::IGNORE)
         {
             let sample = i / want.max(1);
             match io.classes {

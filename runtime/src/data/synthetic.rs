@@ -146,7 +146,7 @@ pub(crate) fn sequence(
     let total = elements(&source, n, width)?;
     let mut x = Vec::with_capacity(total);
     let mut y = Vec::with_capacity(total);
-    let ignore = crate::cpu::kernels::rows::IGNORE;
+    let ignore = crate::exec::IGNORE;
     for i in 0..n {
         let s = stream(seed, Purpose::Synthetic, i as u64);
         let tokens: Vec<i32> = (0..len as u64)

@@ -19,9 +19,10 @@ use crate::comm::Communicator;
 
 mod backend;
 mod rank;
-use crate::cpu::tensor as slice;
-use crate::cpu::{ExecError, Executor};
+use crate::cpu::Executor;
 use crate::data::Values;
+use crate::exec::tensor as slice;
+use crate::exec::ExecError;
 use parallax_compiler::plan::bytes;
 use parallax_compiler::shards::{assign, Sharding};
 use parallax_compiler::Plan;
@@ -469,7 +470,7 @@ fn persistent_of<'a>(
     e: &'a Executor,
     name: &str,
     state: bool,
-) -> Option<&'a crate::cpu::tensor::Tensor> {
+) -> Option<&'a crate::exec::tensor::Tensor> {
     if state {
         e.states().into_iter().find(|s| s.0 == name).map(|s| s.1)
     } else {

@@ -1,7 +1,7 @@
 //! Why a training run stopped.
 
-use crate::cpu::ExecError;
 use crate::data::DataError;
+use crate::exec::ExecError;
 use crate::weights::WeightsError;
 
 #[derive(Debug, thiserror::Error)]

@@ -16,8 +16,9 @@ pub use error::{signal_name, TrainError};
 pub use session::{feed, model_io, run_id, set_scalars, BatchInfo, Session, SessionData};
 
 use crate::backend::Backend;
-use crate::cpu::{Executor, Mode};
+use crate::cpu::Executor;
 use crate::data::Values;
+use crate::exec::Mode;
 use crate::ranks::{lock, Peers};
 use crate::weights;
 use error::non_finite;
@@ -358,7 +359,7 @@ fn train_in(
                 on_event(&Event::Warning(format!(
                     "step {}: every label of this batch is ignored ({}), so it trains nothing; the summary counts such batches",
                     step + 1,
-                    crate::cpu::kernels::rows::IGNORE
+                    crate::exec::IGNORE
                 )));
             }
         }
@@ -500,9 +501,9 @@ fn train_in(
 /// Whether a batch has class labels and every one of them is ignored.
 fn labelled_but_all_ignored(loss: &Loss, targets: &Values) -> bool {
     match (loss, targets) {
-        (Loss::CrossEntropy { .. }, Values::I32(labels)) => labels
-            .iter()
-            .all(|&l| l == crate::cpu::kernels::rows::IGNORE),
+        (Loss::CrossEntropy { .. }, Values::I32(labels)) => {
+            labels.iter().all(|&l| l == crate::exec::IGNORE)
+        }
         _ => false,
     }
 }

@@ -3,8 +3,9 @@
 
 use super::TrainError;
 use crate::backend::Backend;
-use crate::cpu::{ExecError, Executor};
+use crate::cpu::Executor;
 use crate::data::{self, Dataset, Loader, ModelIo, TensorSpec, Values};
+use crate::exec::ExecError;
 use parallax_compiler::dsl::ast::{Loss, Optimizer};
 use parallax_compiler::ir::{Dim, Op};
 use parallax_compiler::plan::{LABELS, LOSS, TARGET};

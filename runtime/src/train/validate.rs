@@ -3,15 +3,15 @@
 
 use super::session::feed;
 use crate::backend::Backend;
-use crate::cpu::tensor::Tensor;
-use crate::cpu::{ExecError, Mode};
 use crate::data::{Dataset, Values};
+use crate::exec::tensor::Tensor;
+use crate::exec::{ExecError, Mode};
 
 /// Correct predictions and positions: the argmax of the logits' last axis against labels.
 fn correct(logits: &Tensor, labels: &[i32]) -> (usize, usize) {
     let c = *logits.shape.last().unwrap_or(&1);
     let v = logits.f32();
-    let ignore = crate::cpu::kernels::rows::IGNORE;
+    let ignore = crate::exec::IGNORE;
     let counted = labels.iter().filter(|&&l| l != ignore).count();
     let hits = labels
         .iter()

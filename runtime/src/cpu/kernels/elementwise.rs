@@ -249,11 +249,7 @@ impl DropoutMask {
 
     /// The key of a dropout stream at a training step (shared with the CUDA kernels).
     pub fn key(seed: u64, step: u64, stream: u64) -> u64 {
-        rng::stream(
-            rng::mix(seed ^ rng::mix(step)),
-            rng::Purpose::Dropout,
-            stream,
-        )
+        rng::dropout_key(seed, step, stream)
     }
 
     /// Element `i` of the batch, of value `x`, after dropout.

@@ -40,13 +40,7 @@ pub struct Ctx {
     pub first_sample: u64,
 }
 
-#[derive(Debug, thiserror::Error, PartialEq)]
-pub enum KernelError {
-    #[error("the CPU backend has no kernel for `{0}` yet")]
-    Unsupported(&'static str),
-    #[error("`{op}`: {message}")]
-    Bad { op: &'static str, message: String },
-}
+pub use crate::exec::KernelError;
 
 /// Runs `op` on `ins` into `out`.
 pub fn execute(op: &Op, ins: &[&Tensor], out: &mut Tensor, ctx: &Ctx) -> Result<(), KernelError> {

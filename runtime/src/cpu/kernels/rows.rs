@@ -311,8 +311,7 @@ fn logits_labels<'a>(
     Ok((xs, ls, c))
 }
 
-/// The label of a position that does not count (PyTorch's default `ignore_index`).
-pub const IGNORE: i32 = -100;
+pub use crate::exec::IGNORE;
 
 /// Positions whose label counts.
 fn counted(ls: &[i32]) -> usize {
