@@ -201,6 +201,9 @@ fn train_in(
         }
     };
     let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
+    if let Some(p) = &peers {
+        job::agree_on_data(p, &session.data_hash)?;
+    }
     let exp_text = parallax_compiler::dsl::to_ron(&exp);
     let id = run_id(&exp_text, &session.data_hash);
     let mut device_memory = None;
