@@ -113,6 +113,23 @@ fn final_bytes(dir: &std::path::Path) -> Vec<u8> {
 
 const LIMIT: Duration = Duration::from_secs(300);
 
+/// That no rank of the job writing `dir` is still running (mpirun ended them all).
+fn no_rank_left(dir: &std::path::Path) {
+    let o = Command::new("pgrep")
+        .args([
+            "-f",
+            &format!(
+                "{} train .*{}",
+                env!("CARGO_BIN_EXE_parallax"),
+                dir.display()
+            ),
+        ])
+        .output()
+        .unwrap();
+    let left = String::from_utf8_lossy(&o.stdout);
+    assert!(left.trim().is_empty(), "ranks left behind: {left}");
+}
+
 /// `parallax train MODEL --steps STEPS` on `n` processes (and `extra`), into a fresh folder.
 fn train_ranks(
     n: usize,
@@ -308,6 +325,7 @@ fn a_killed_rank_ends_the_job_and_the_run_resumes_on_three_processes() {
             r.stderr
         );
         assert!(r.took < Duration::from_secs(60), "took {:?}", r.took);
+        no_rank_left(&dir);
         assert!(!dir.join("final.safetensors").exists());
         let r = mpirun(3, &["train", "--resume", d], LIMIT);
         assert_eq!(r.code, Some(0), "resume after kill {kill}: {}", r.stderr);
@@ -404,6 +422,7 @@ fn a_rank_that_stops_answering_mid_run_ends_the_job_naming_it() {
     let line = "error: training step 5: rank 0: vote waited 3s for rank 2, which never arrived";
     assert!(r.stderr.contains(line), "{}", r.stderr);
     assert!(r.took < Duration::from_secs(60), "took {:?}", r.took);
+    no_rank_left(&dir);
     let _ = std::fs::remove_dir_all(dir);
 }
 
