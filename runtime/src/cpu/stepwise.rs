@@ -1,9 +1,50 @@
-//! Executors that share one copy of the parameters and optimizer state (the shards of a
-//! simulated device, which drive a step kernel by kernel with `begin_step`, `run_kernel_at`
-//! and `finish_step`) pass it between them; and what an executor allocated.
+//! Executors that share one copy of the parameters and optimizer state (the shards of one
+//! rank, which drive a step kernel by kernel through `RankExecutor`) pass it between them;
+//! and what an executor allocated.
 
+use super::kernels::Ctx;
 use super::tensor::Tensor;
-use super::{ExecError, Executor};
+use super::{ExecError, Executor, Mode};
+use crate::exec::RankExecutor;
+
+impl RankExecutor for Executor {
+    type Ctx = Ctx;
+    type Persistent = Vec<Tensor>;
+
+    fn begin_step(
+        &mut self,
+        batch: usize,
+        mode: Mode,
+        step: u64,
+        first_sample: u64,
+    ) -> Result<Ctx, ExecError> {
+        Executor::begin_step(self, batch, mode, step, first_sample)
+    }
+
+    fn run_kernel(&mut self, k: usize, ctx: &Ctx) -> Result<(), ExecError> {
+        self.run_kernel_at(k, ctx)
+    }
+
+    fn read(&self, step: usize) -> Option<Vec<f32>> {
+        self.value(step).map(|v| v.f32().to_vec())
+    }
+
+    fn write(&mut self, step: usize, values: &[f32]) -> Result<(), ExecError> {
+        self.receive(step, values)
+    }
+
+    fn finish_step(&mut self, mode: Mode) {
+        Executor::finish_step(self, mode)
+    }
+
+    fn take_persistent(&mut self) -> Vec<Tensor> {
+        Executor::take_persistent(self)
+    }
+
+    fn put_persistent(&mut self, persistent: Vec<Tensor>) {
+        Executor::put_persistent(self, persistent)
+    }
+}
 
 impl Executor {
     /// Moves the parameters and optimizer state out (in plan order), leaving empty buffers:

@@ -2,7 +2,10 @@
 //! the errors of running one (the CPU executor's, a rank's exchanges, another backend's). The
 //! CPU executor, the CUDA executor, the ranks and training all speak these types.
 
+mod rank;
 pub mod tensor;
+
+pub use rank::RankExecutor;
 
 use parallax_compiler::ir::Phase;
 use parallax_compiler::Plan;

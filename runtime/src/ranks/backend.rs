@@ -2,8 +2,8 @@
 //! split into micro-shards, inputs set where they are read, and parameters, optimizer state
 //! and outputs gathered whole from the devices that hold them.
 
-use super::rank::{Device, Step};
-use super::{lock, Held, Links, Ranks};
+use super::rank::Step;
+use super::{lock, Device, Held, Links, Ranks};
 use crate::backend::{Backend, ParamValues};
 use crate::cpu::kernels::Ctx;
 use crate::data::Values;

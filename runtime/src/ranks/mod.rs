@@ -26,7 +26,8 @@ use crate::exec::ExecError;
 use parallax_compiler::plan::bytes;
 use parallax_compiler::shards::{assign, Sharding};
 use parallax_compiler::Plan;
-use rank::Device;
+/// A device of this process: the CPU executor of each of its micro-shards.
+type Device = rank::Device<Executor>;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};

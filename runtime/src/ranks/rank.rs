@@ -12,17 +12,15 @@
 use super::Grid;
 use crate::collective::{partials, Partial};
 use crate::comm::{CommError, Communicator};
-use crate::cpu::kernels::Ctx;
-use crate::cpu::Executor;
-use crate::exec::{ExecError, Mode};
+use crate::exec::{ExecError, Mode, RankExecutor};
 use parallax_compiler::ir::{Group, Op, Phase};
 use parallax_compiler::Plan;
 use std::ops::Range;
 
-/// One simulated device: an executor per micro-shard its rank holds; the first owns the
-/// stage's parameters and optimizer state, which the others borrow kernel by kernel.
-pub(super) struct Device {
-    pub shards: Vec<Executor>,
+/// One device: an executor per micro-shard its rank holds; the first owns the stage's
+/// parameters and optimizer state, which the others borrow kernel by kernel.
+pub(super) struct Device<E> {
+    pub shards: Vec<E>,
 }
 
 /// What every rank knows of a step: the plan, the grid and which shards each data rank
@@ -50,13 +48,13 @@ impl Grid {
     }
 }
 
-impl Device {
+impl<E: RankExecutor> Device<E> {
     /// Runs device `me`'s share of a step (its shards' contexts from `begin_step`) and, when
     /// every rank succeeded, commits its updates. A failure anywhere fails every rank's step.
     pub(super) fn step(
         &mut self,
         me: usize,
-        ctxs: &[Ctx],
+        ctxs: &[E::Ctx],
         step: &Step,
         comm: &mut dyn Communicator,
     ) -> Result<(), ExecError> {
@@ -73,7 +71,7 @@ impl Device {
     fn kernels(
         &mut self,
         me: usize,
-        ctxs: &[Ctx],
+        ctxs: &[E::Ctx],
         step: &Step,
         comm: &mut dyn Communicator,
     ) -> Result<(), ExecError> {
@@ -118,7 +116,7 @@ impl Device {
                             } else {
                                 comm.recv(grid.device(r, t, from))?
                             };
-                            self.shards[j].receive(last, &v)?;
+                            self.shards[j].write(last, &v)?;
                         }
                     }
                 }
@@ -142,7 +140,7 @@ impl Device {
                         };
                         comm.broadcast(&group, grid.device(root, t, s), &mut v)?;
                         if takes_part(r) && j < runs(r) {
-                            self.shards[j].receive(last, &v)?;
+                            self.shards[j].write(last, &v)?;
                         }
                     }
                 }
@@ -164,7 +162,7 @@ impl Device {
                             values: value(&self.shards[j], operand),
                         }];
                         let total = comm.all_reduce(&group, grid.tp, mine)?;
-                        self.shards[j].receive(last, &total)?;
+                        self.shards[j].write(last, &total)?;
                     }
                 }
                 _ if !takes_part(r) => {}
@@ -179,13 +177,13 @@ impl Device {
     }
 
     /// Runs kernel `k` on shard `j`, which borrows the parameters from shard 0.
-    fn compute(&mut self, k: usize, j: usize, ctx: &Ctx) -> Result<(), ExecError> {
+    fn compute(&mut self, k: usize, j: usize, ctx: &E::Ctx) -> Result<(), ExecError> {
         if j == 0 {
-            return self.shards[0].run_kernel_at(k, ctx);
+            return self.shards[0].run_kernel(k, ctx);
         }
         let persistent = self.shards[0].take_persistent();
         self.shards[j].put_persistent(persistent);
-        let result = self.shards[j].run_kernel_at(k, ctx);
+        let result = self.shards[j].run_kernel(k, ctx);
         let persistent = self.shards[j].take_persistent();
         self.shards[0].put_persistent(persistent);
         result
@@ -218,7 +216,7 @@ impl Device {
         if let Some(total) = total {
             // A device without shards this step still updates its own copy.
             for e in self.shards.iter_mut().take(own.len().max(1)) {
-                e.receive(out, &total)?;
+                e.write(out, &total)?;
             }
         }
         Ok(())
@@ -238,8 +236,8 @@ impl Device {
         } else {
             j
         };
-        match self.shards.get(holder).and_then(|e| e.value(operand)) {
-            Some(v) => Ok(v.f32().to_vec()),
+        match self.shards.get(holder).and_then(|e| e.read(operand)) {
+            Some(v) => Ok(v),
             None => Err(ExecError::Device(format!(
                 "transfer: device {me} does not hold the value it sends"
             ))),
@@ -248,8 +246,8 @@ impl Device {
 }
 
 /// A shard's value of `step` (empty when it holds none).
-fn value(e: &Executor, step: usize) -> Vec<f32> {
-    e.value(step).map(|v| v.f32().to_vec()).unwrap_or_default()
+fn value<E: RankExecutor>(e: &E, step: usize) -> Vec<f32> {
+    e.read(step).unwrap_or_default()
 }
 
 /// Whether `step`'s value is a reduce's total (perhaps passed on by transfers) that data rank
