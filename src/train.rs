@@ -300,18 +300,13 @@ pub fn run(args: Args) -> Result<(), Exit> {
     };
     let backend_name = match device {
         Device::Cuda(_) => "CUDA backend (GPU 0)".to_string(),
-        Device::Simulated(s) if in_job => format!(
-            "CPU backend, {} rank(s) under {} (dp{}.tp{}.pp{}) over {} micro-shards",
-            s.grid.devices(),
-            world.launcher,
-            s.grid.dp,
-            s.grid.tp,
-            s.grid.pp,
-            plan.sharding.map_or(1, |s| s.shards)
-        ),
         Device::Simulated(s) => format!(
-            "CPU backend, {} simulated device(s) (dp{}.tp{}.pp{}) over {} micro-shards",
+            "CPU backend, {} {} (dp{}.tp{}.pp{}) over {} micro-shards",
             s.grid.devices(),
+            match in_job {
+                true => format!("rank(s) under {}", world.launcher),
+                false => "simulated device(s)".to_string(),
+            },
             s.grid.dp,
             s.grid.tp,
             s.grid.pp,

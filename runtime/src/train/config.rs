@@ -55,14 +55,19 @@ impl Device {
         }
     }
 
-    /// As `run.json` names it.
-    pub(super) fn describe(&self) -> String {
+    /// As `run.json` names it; `in_processes`: a device per process of a job.
+    pub(super) fn describe(&self, in_processes: bool) -> String {
         match self {
             Device::Cpu => "cpu".to_string(),
             Device::Cuda(p) => format!("cuda:0 ({p:?})"),
             Device::Simulated(s) => format!(
-                "{} simulated device(s) on the cpu (dp{}.tp{}.pp{})",
+                "{} {} on the cpu (dp{}.tp{}.pp{})",
                 s.grid.devices(),
+                if in_processes {
+                    "rank(s) in separate processes"
+                } else {
+                    "simulated device(s)"
+                },
                 s.grid.dp,
                 s.grid.tp,
                 s.grid.pp

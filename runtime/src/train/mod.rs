@@ -193,13 +193,6 @@ fn train_in(
     if !matches!(cfg.device, Device::Cuda(_)) {
         crate::host_memory::check(&plan, cfg.device.simulated().map(|s| s.grid))?;
     }
-    // Every rank reads the run's state before rank 0 writes anything over it.
-    let before_writing = |peers: &Option<Peers>| -> Result<(), TrainError> {
-        match peers {
-            Some(p) => lock(p).barrier().map_err(|e| TrainError::Exec(e.into())),
-            None => Ok(()),
-        }
-    };
     let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
     if let Some(p) = &peers {
         job::agree_on_data(p, &session.data_hash)?;
@@ -264,22 +257,16 @@ fn train_in(
     if let Some(r) = &resume {
         r.check_budget(total)?;
     }
-    before_writing(&peers)?;
+    // Every rank reads the run's state before rank 0 writes anything over it.
+    if let Some(p) = &peers {
+        lock(p).barrier().map_err(|e| TrainError::Exec(e.into()))?;
+    }
     let exp_path = dir.join("experiment.ron");
     if writes {
         write_atomic(&exp_path, exp_text.as_bytes())?;
     }
     let record_path = dir.join(crate::run_record::FILE);
-    let devices = match (&peers, cfg.device.simulated()) {
-        (Some(_), Some(s)) => format!(
-            "{} rank(s) in separate processes on the cpu (dp{}.tp{}.pp{})",
-            s.grid.devices(),
-            s.grid.dp,
-            s.grid.tp,
-            s.grid.pp
-        ),
-        _ => cfg.device.describe(),
-    };
+    let devices = cfg.device.describe(peers.is_some());
     let record = match &resume {
         // The record of the run being continued, with this continuation noted.
         Some(r) => r.record_with(crate::run_record::Continuation {
