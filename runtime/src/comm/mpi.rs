@@ -338,10 +338,8 @@ impl Transport for MpiComm {
         self.stash[from].push_front(m);
     }
 
-    fn failure(&self) -> (usize, String) {
-        self.failure
-            .clone()
-            .unwrap_or((usize::MAX, "unknown".into()))
+    fn failure(&mut self) -> Option<(usize, String)> {
+        self.poll_failure()
     }
 
     fn report_failure(&mut self, reason: &str) {

@@ -54,8 +54,8 @@ pub(super) trait Transport: Send {
     ) -> Result<Message, CommError>;
     /// Puts `m` back, to be `take`n from `from` next.
     fn unget(&mut self, from: usize, m: Message);
-    /// The first failure reported: `(rank, reason)`.
-    fn failure(&self) -> (usize, String);
+    /// The first failure reported so far: `(rank, reason)`.
+    fn failure(&mut self) -> Option<(usize, String)>;
     /// Tells every rank at once that this one failed, so that their waits end.
     fn report_failure(&mut self, reason: &str);
     fn traffic(&self) -> Traffic;
@@ -146,7 +146,11 @@ fn data<T: Transport>(t: &mut T, from: usize, op: &'static str) -> Result<Messag
             got: "failure flag",
         });
     }
-    let (first, reason) = t.failure();
+    // The failure's own message may still be on its way (MPI delivers other tags in any
+    // order): the rank that sent the flag failed.
+    let (first, reason) = t
+        .failure()
+        .unwrap_or_else(|| (from, "its step failed".into()));
     Err(CommError::PeerFailed {
         rank: t.this_rank(),
         peer: from,

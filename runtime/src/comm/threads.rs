@@ -215,8 +215,8 @@ impl Transport for ThreadComm {
         lock(&self.shared.boxes[self.rank].queues)[from].push_front(m);
     }
 
-    fn failure(&self) -> (usize, String) {
-        self.shared.failure()
+    fn failure(&mut self) -> Option<(usize, String)> {
+        Some(self.shared.failure())
     }
 
     fn report_failure(&mut self, reason: &str) {
