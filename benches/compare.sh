@@ -20,7 +20,7 @@ WARMUP=${1:-10}
 ROUNDS=${2:-40}
 CHUNK=${3:-5}
 THREADS=2
-MODELS=(mlp cnn transformer)
+MODELS=(mlp cnn transformer transformer-512)
 export RAYON_NUM_THREADS=$THREADS
 
 echo "building runtime/examples/step_time.rs (release)..." >&2

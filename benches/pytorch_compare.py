@@ -11,7 +11,10 @@ transformer (all three by default). Exits 3 when PyTorch is not installed.
 The shapes match the Parallax files exactly: Linear weights [out, in] with biases; Conv2d
 without padding; the exact (erf) GELU; LayerNorm with eps 1e-5 and an affine weight and bias;
 attention as q, k, v and out Linear projections (with bias), scores scaled by 1/sqrt(head_dim),
-softmax, no mask; MSE (mean over every element) against a fixed random target.
+softmax, no mask, through `F.scaled_dot_product_attention` (PyTorch's fused CPU kernel;
+`--attention composed` writes the scores, softmax and products out as before); MSE (mean over
+every element) against a fixed random target. transformer-512 is the same block over
+sequences of 512 (batch 4), where attention weighs more.
 
     python3 benches/pytorch_compare.py --paired BIN [--warmup 10] [--rounds 40] [--chunk 5] [MODEL ...]
 
@@ -46,6 +49,8 @@ except ImportError:
 class Attention(nn.Module):
     """Multi-head self-attention as Parallax lowers `Attention(heads, causal: false)`."""
 
+    fused = True
+
     def __init__(self, d, heads):
         super().__init__()
         self.heads, self.hd = heads, d // heads
@@ -61,8 +66,11 @@ class Attention(nn.Module):
             return t.reshape(b, s, self.heads, self.hd).permute(0, 2, 1, 3)
 
         q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hd))
-        ctx = torch.softmax(scores, dim=-1) @ v
+        if Attention.fused:
+            ctx = F.scaled_dot_product_attention(q, k, v)
+        else:
+            scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.hd))
+            ctx = torch.softmax(scores, dim=-1) @ v
         return self.out(ctx.permute(0, 2, 1, 3).reshape(b, s, d))
 
 
@@ -120,9 +128,16 @@ def transformer():
     return model, x, target, F.mse_loss
 
 
-MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer}
+def transformer_512():
+    model = Block()
+    x = torch.randn(4, 512, 256)
+    target = torch.randn(4, 512, 256)
+    return model, x, target, F.mse_loss
+
+
+MODELS = {"mlp": mlp, "cnn": cnn, "transformer": transformer, "transformer-512": transformer_512}
 # Parameter counts `parallax check` reports for benches/models/*.ron.
-PARAMETERS = {"mlp": 669_706, "cnn": 225_034, "transformer": 789_760}
+PARAMETERS = {"mlp": 669_706, "cnn": 225_034, "transformer": 789_760, "transformer-512": 789_760}
 
 
 def stepper(name):
@@ -187,7 +202,9 @@ def main():
     ap.add_argument("--paired", metavar="BIN", help="Parallax's step_time example, run alongside")
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--chunk", type=int, default=5)
+    ap.add_argument("--attention", choices=["sdpa", "composed"], default="sdpa")
     args = ap.parse_args()
+    Attention.fused = args.attention == "sdpa"
     for name in args.models:
         if name not in MODELS:
             ap.error(f"unknown model {name!r} (choose from {', '.join(MODELS)})")

@@ -126,6 +126,9 @@ pub fn gpu_check(file: &Path, a: &CheckArgs) -> Result<(), Exit> {
         (format!("{:.2e}", d.0), format!("{:.2e}", d.1))
     };
     let (worst, worst_d) = &c.worst_tensor;
+    if let Some((plans, fallbacks)) = c.cublaslt {
+        errln!("{name}: cuBLASLt ran {plans} GEMM shape(s); {fallbacks} went to cuBLAS");
+    }
     errln!(
         "{name}: largest relative difference of losses {:.2e}; parameters {:.2e} (whole vector, L2; largest per tensor {worst_d:.2e} in `{worst}`); tolerance {:.0e}",
         c.loss_difference,

@@ -247,6 +247,20 @@ fn rows_and_reductions() {
     unary(Op::ReduceMean { axes: vec![1] }, &[2, 3, 4]);
 }
 
+/// Attention's three gradients (from the saved log-sum-exp), across several key and query
+/// tiles (70 > 64) with the causal mask, and with fewer queries than keys without it.
+#[test]
+fn attention() {
+    for (causal, t, s, d, e) in [(false, 3, 5, 4, 6), (true, 70, 70, 8, 8)] {
+        let mut g = OpGraph::new();
+        let q = g.param(&[2, 2, t, d]);
+        let k = g.param(&[2, 2, s, d]);
+        let v = g.param(&[2, 2, s, e]);
+        let y = g.op(Op::Attention { causal, scale: 0.5 }, &[q, k, v]);
+        g.check_through(y, &format!("attention, causal {causal}"), &|_| {});
+    }
+}
+
 #[test]
 fn layout_ops() {
     unary(

@@ -66,10 +66,13 @@ fn gpt_large_on_eight_h100_explains_a_model_parallel_choice() {
         "--format",
         "json",
     ]);
-    let s = &v["partition"]["strategy"];
+    // 13.1 B parameters with their Adam state do not fit one H100 whole: the choice splits
+    // the model (tp, pp) or shards all of its state (ZeRO-3; with attention one op, a
+    // sample's activations fit beside it).
+    let (p, s) = (&v["partition"], &v["partition"]["strategy"]);
     assert!(
-        s["tp"].as_u64().unwrap() * s["pp"].as_u64().unwrap() > 1,
-        "{s}"
+        s["tp"].as_u64().unwrap() * s["pp"].as_u64().unwrap() > 1 || p["zero"] == 3,
+        "{p}"
     );
     assert!(
         v["partition"]["per_device_peak_bytes"].as_u64().unwrap()
@@ -112,18 +115,19 @@ fn forced_strategies() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("tp4.pp2"), "{}", stdout(&o));
-    // Does not fit: its numbers, exit 1.
+    // Does not fit (even with ZeRO-3, half the state and a sample's activations are too
+    // much): its numbers, exit 1.
     let o = parallax(&[
         "compile",
         "models/gpt-large.ron",
         "--gpus",
-        "8",
+        "2",
         "--strategy",
-        "dp8",
+        "dp2",
     ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(
-        stderr(&o).contains("strategy dp8 does not fit")
+        stderr(&o).contains("strategy dp2 does not fit")
             && stderr(&o).contains("total at the peak"),
         "{}",
         stderr(&o)

@@ -102,6 +102,8 @@ pub struct Conformance {
     pub peak_percent: Option<f64>,
     pub tolerance: f64,
     pub profile: Option<Profile>,
+    /// cuBLASLt's (plans built, GEMM shapes sent to cuBLAS); `None`: every GEMM on cuBLAS.
+    pub cublaslt: Option<(usize, usize)>,
 }
 
 impl Conformance {
@@ -291,6 +293,7 @@ pub fn check(
         peak_percent: peak_flops(&gpu, a.precision).map(|p| 100.0 * tflops * 1e12 / p),
         tolerance: tolerance(a.precision),
         profile,
+        cublaslt: gpu_exec.cublaslt_plans(),
     })
 }
 

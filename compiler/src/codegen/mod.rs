@@ -6,6 +6,7 @@
 //! reductions along the last axis (softmax, norms, losses); `layout` data movement and general
 //! reductions; `conv` convolution and pooling.
 
+mod attention;
 pub mod builder;
 mod conv;
 mod elementwise;
@@ -301,6 +302,10 @@ pub fn generate(plan: &Plan, batch: u64, target: &str) -> Result<Module, Codegen
                 )?);
                 l
             }
+            KernelKind::Attention | KernelKind::AttentionGradKeyValue => {
+                let of = |s: usize| operand(s, stored(s));
+                attention::kernel(&mut g, &name, plan, steps, &of)?
+            }
             KernelKind::Gemm { .. } => {
                 let mm = steps[0];
                 let at = if plan.steps[mm].buffer.is_some() {
@@ -408,6 +413,9 @@ fn single(
         | Op::RmsNormGrad { .. }
         | Op::CrossEntropy { .. }
         | Op::CrossEntropyGrad { .. } => rows::generate(g, name, op, ins, out),
+        Op::Attention { .. } | Op::AttentionLse { .. } | Op::AttentionGrad { .. } => {
+            attention::single(g, name, op, ins, out)
+        }
         Op::Reshape { .. }
         | Op::Permute { .. }
         | Op::Concat { .. }

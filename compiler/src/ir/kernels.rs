@@ -17,6 +17,12 @@ pub enum KernelKind {
         bias: bool,
         activation: Option<OpKind>,
     },
+    /// `Attention` and the `AttentionLse` of the same queries and keys, in one pass over
+    /// the keys (or either alone).
+    Attention,
+    /// The key and value gradients of one attention (`AttentionGrad` by `Key` and by
+    /// `Value`), in one pass over the queries.
+    AttentionGradKeyValue,
 }
 
 #[derive(Debug, Clone)]
@@ -33,6 +39,8 @@ impl KernelKind {
             KernelKind::Single => "single".into(),
             KernelKind::Elementwise => "elementwise".into(),
             KernelKind::ElementwiseReduce => "elementwise+reduce".into(),
+            KernelKind::Attention => "attention".into(),
+            KernelKind::AttentionGradKeyValue => "attention_grad_kv".into(),
             KernelKind::Gemm { bias, activation } => {
                 let mut s = String::from("gemm");
                 if *bias {

@@ -1,6 +1,7 @@
 //! The intermediate representation: primitive ops (the op table and its shape, cost and VJP
 //! rules), tensor types, the graph, its kernels and buffers, its printers and its verifier.
 
+pub mod attention;
 pub mod buffers;
 pub mod cost;
 pub mod dim;
@@ -18,6 +19,6 @@ pub use buffers::{Buffer, BufferSchedule, Memory};
 pub use dim::{Dim, Sym};
 pub use graph::{Graph, Node, Phase};
 pub use kernels::{Kernel, KernelKind};
-pub use ops::{Group, Init, Op, OpKind, OPS};
+pub use ops::{AttentionInput, Group, Init, Op, OpKind, OPS};
 pub use petgraph::stable_graph::NodeIndex;
 pub use types::{DType, TensorType};

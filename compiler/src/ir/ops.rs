@@ -7,6 +7,7 @@
 //! (`dsl::ast::Layer`) lower into these ops in `passes::lower`; `passes::autodiff` builds the
 //! backward graph from the VJP column alone.
 
+use super::attention::*;
 use super::cost::*;
 use super::dim::Dim;
 use super::maps::{self, Map};
@@ -230,6 +231,30 @@ pub enum Op {
         smoothing: f64,
     },
 
+    // ---- attention ----
+    /// `softmax(scale * q k^T, masked when causal) v` over the last two axes: `q [.., T, D]`,
+    /// `k [.., S, D]`, `v [.., S, E]` to `[.., T, E]`. One op, so the `T x S` scores are
+    /// never stored: the kernel streams tiles of keys with an online softmax.
+    Attention {
+        causal: bool,
+        scale: f64,
+    },
+    /// `(q, k)` to each query's log-sum-exp of its scaled, masked scores, `[.., T]`: what
+    /// the backward reads instead of the probabilities. The fuse pass runs it in the same
+    /// kernel as the `Attention` of the same `q` and `k`.
+    AttentionLse {
+        causal: bool,
+        scale: f64,
+    },
+    /// `(q, k, v, dy, lse, delta)` to the gradient of `Attention` with respect to `wrt`, with
+    /// `lse` from `AttentionLse` and `delta = rowsum(dy * y)`: the probabilities are
+    /// recomputed tile by tile. The fuse pass runs the key and value gradients in one kernel.
+    AttentionGrad {
+        causal: bool,
+        scale: f64,
+        wrt: AttentionInput,
+    },
+
     // ---- collectives ----
     /// The sum of the operand over a group of devices. Over `Shards` (every micro-shard of
     /// data parallelism) it follows a fixed tree over shard index, so the bits do not depend
@@ -259,6 +284,21 @@ pub enum Op {
     Reduce {
         root: u32,
     },
+}
+
+/// The operand of `Attention` an `AttentionGrad` differentiates by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub enum AttentionInput {
+    Query,
+    Key,
+    Value,
+}
+
+impl AttentionInput {
+    /// Its position among the operands of `Attention` (and of `AttentionGrad`).
+    pub fn index(self) -> usize {
+        self as usize
+    }
 }
 
 /// Which devices a collective spans.
@@ -323,6 +363,9 @@ pub enum OpKind {
     Expand,
     CrossEntropy,
     CrossEntropyGrad,
+    Attention,
+    AttentionLse,
+    AttentionGrad,
     AllReduce,
     TensorParallelCopy,
     Transfer,
@@ -356,6 +399,8 @@ pub enum OpClass {
     Layout,
     /// Communicates between devices: a kernel of its own, run by the collective library.
     Collective,
+    /// Products and a softmax over tiles of keys: attention and its gradients.
+    Attention,
 }
 
 /// Infers the output type; `names` names the symbols for messages.
@@ -418,7 +463,7 @@ use OpKind as K;
 
 /// The table, in `OpKind` order (a test checks it).
 #[rustfmt::skip]
-pub static OPS: [OpDef; 54] = [
+pub static OPS: [OpDef; 57] = [
     row(K::Input, "input", 0, Source, declared, free, vjp::source),
     row(K::Param, "param", 0, Source, declared, free, vjp::source),
     row(K::State, "state", 0, Source, declared, free, vjp::source),
@@ -468,6 +513,9 @@ pub static OPS: [OpDef; 54] = [
     row(K::Expand, "expand", 1, Layout, expand_shape, per_out::<1>, vjp::none),
     row(K::CrossEntropy, "cross_entropy", 2, Reduction, xent_shape, per_in::<0, 5>, vjp::cross_entropy),
     row(K::CrossEntropyGrad, "cross_entropy_grad", 3, Reduction, xent_grad_shape, per_in::<0, 5>, vjp::none),
+    row(K::Attention, "attention", 3, Attention, attention_shape, attention_flops, vjp::attention),
+    row(K::AttentionLse, "attention_lse", 2, Attention, attention_lse_shape, attention_flops, vjp::none),
+    row(K::AttentionGrad, "attention_grad", 6, Attention, attention_grad_shape, attention_grad_flops, vjp::none),
     row(K::AllReduce, "all_reduce", 1, Collective, float_same, per_out::<1>, vjp::all_reduce),
     row(K::TensorParallelCopy, "tensor_parallel_copy", 1, Layout, float_same, free, vjp::tensor_parallel_copy),
     row(K::Transfer, "transfer", 1, Collective, any_same, free, vjp::none),
@@ -582,6 +630,9 @@ impl Op {
             Op::Expand { .. } => K::Expand,
             Op::CrossEntropy { .. } => K::CrossEntropy,
             Op::CrossEntropyGrad { .. } => K::CrossEntropyGrad,
+            Op::Attention { .. } => K::Attention,
+            Op::AttentionLse { .. } => K::AttentionLse,
+            Op::AttentionGrad { .. } => K::AttentionGrad,
             Op::AllReduce { .. } => K::AllReduce,
             Op::TensorParallelCopy => K::TensorParallelCopy,
             Op::Transfer { .. } => K::Transfer,
@@ -698,6 +749,12 @@ impl Op {
             Op::Dropout { p, stream } => format!("p={p}, stream={stream}"),
             Op::CrossEntropy { smoothing } | Op::CrossEntropyGrad { smoothing } => {
                 flag(*smoothing != 0.0, &format!("smoothing={smoothing}"))
+            }
+            Op::Attention { causal, scale } | Op::AttentionLse { causal, scale } => {
+                format!("scale={scale}{}", flag(*causal, ", causal"))
+            }
+            Op::AttentionGrad { causal, scale, wrt } => {
+                format!("wrt={wrt:?}, scale={scale}{}", flag(*causal, ", causal"))
             }
             Op::AllReduce { group } => match group {
                 Group::Shards => "group=shards".to_string(),

@@ -2,8 +2,8 @@
 //! from its output's gradient `dy`. `passes::autodiff` walks the graph backwards and calls
 //! them; no layer has a hand-written backward.
 
-use super::graph::Graph;
-use super::ops::{Group, Op};
+use super::graph::{Graph, Phase};
+use super::ops::{AttentionInput, Group, Op};
 use super::types::TensorType;
 use crate::diag::Span;
 use petgraph::stable_graph::NodeIndex;
@@ -331,6 +331,34 @@ pub fn dropout(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Gra
 
 pub fn softmax(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
     Ok(vec![Some(v.add(Op::SoftmaxGrad, &[n, dy])?)])
+}
+
+/// Attention's gradients from its saved statistics: the row log-sum-exp (computed by the
+/// forward kernel, so added in the forward phase) and `delta = rowsum(dy * y)`; each operand's
+/// gradient recomputes the probabilities tile by tile instead of reading stored scores.
+pub fn attention(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    let Op::Attention { causal, scale } = v.op(n) else {
+        unreachable!()
+    };
+    let phase = std::mem::replace(&mut v.g.phase, Phase::Forward);
+    let lse = v.add(Op::AttentionLse { causal, scale }, &[ins[0], ins[1]]);
+    v.g.phase = phase;
+    let lse = lse?;
+    let dy_y = v.add(Op::Mul, &[dy, n])?;
+    let last = v.ty(n).rank() - 1;
+    let delta = v.add(Op::ReduceSum { axes: vec![last] }, &[dy_y])?;
+    [
+        AttentionInput::Query,
+        AttentionInput::Key,
+        AttentionInput::Value,
+    ]
+    .into_iter()
+    .map(|wrt| {
+        let op = Op::AttentionGrad { causal, scale, wrt };
+        v.add(op, &[ins[0], ins[1], ins[2], dy, lse, delta])
+            .map(Some)
+    })
+    .collect()
 }
 
 pub fn layer_norm(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {

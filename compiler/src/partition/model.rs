@@ -218,10 +218,18 @@ impl Units {
     }
 }
 
+/// Products, timed at the GEMM rate: matmuls, convolutions, and attention (its products
+/// run on the same units; its softmax is a small part of its FLOPs).
 fn is_matmul(k: OpKind) -> bool {
     matches!(
         k,
-        OpKind::MatMul | OpKind::Conv2d | OpKind::Conv2dGradInput | OpKind::Conv2dGradWeight
+        OpKind::MatMul
+            | OpKind::Conv2d
+            | OpKind::Conv2dGradInput
+            | OpKind::Conv2dGradWeight
+            | OpKind::Attention
+            | OpKind::AttentionLse
+            | OpKind::AttentionGrad
     )
 }
 

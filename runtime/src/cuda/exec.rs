@@ -55,6 +55,8 @@ pub struct CudaExecutor {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     blas: blas_sys::cublasHandle_t,
+    /// bf16 and tf32 GEMMs with plans cached per shape; `None`: everything on `blas`.
+    lt: Option<super::lt::Lt>,
     /// One allocation for every buffer of the plan (the memory plan's arena).
     _arena: DeviceBuffer,
     /// Each plan buffer's device address inside the arena.
@@ -186,6 +188,11 @@ impl CudaExecutor {
             },
         );
         let arena = alloc(total / 4, &what)?;
+        let lt = match super::lt::selected(precision, std::env::var(super::lt::ENV).ok().as_deref())
+        {
+            Some(compute) => super::lt::Lt::new(compute, gpu.compute_capability.0)?,
+            None => None,
+        };
         let buffers: Vec<u64> = offsets.iter().map(|&o| arena.ptr + o).collect();
         // The scratch: the largest any batch size needs (its size is known from the
         // module at the largest batch).
@@ -202,6 +209,7 @@ impl CudaExecutor {
             ctx,
             stream,
             blas: handle,
+            lt,
             _arena: arena,
             buffers,
             slot,
@@ -608,24 +616,26 @@ impl CudaExecutor {
                     }
                 };
                 let (pa, pb, pc) = (ptr(a)?, ptr(b)?, ptr(c)?);
-                super::gemm::gemm(
-                    self.blas,
-                    self.precision,
-                    &super::gemm::Gemm {
-                        pa,
-                        pb,
-                        pc,
-                        m: *m,
-                        n: *n,
-                        k: *k,
-                        count: *count,
-                        trans_a: *trans_a,
-                        trans_b: *trans_b,
-                        stride_a: *stride_a,
-                        stride_b: *stride_b,
-                        stride_c: *stride_c,
-                    },
-                )
+                let g = super::gemm::Gemm {
+                    pa,
+                    pb,
+                    pc,
+                    m: *m,
+                    n: *n,
+                    k: *k,
+                    count: *count,
+                    trans_a: *trans_a,
+                    trans_b: *trans_b,
+                    stride_a: *stride_a,
+                    stride_b: *stride_b,
+                    stride_c: *stride_c,
+                };
+                if let Some(lt) = &self.lt {
+                    if lt.gemm(&g, self.stream.cu_stream())? {
+                        return Ok(());
+                    }
+                }
+                super::gemm::gemm(self.blas, self.precision, &g)
             }
         }
     }
@@ -754,6 +764,12 @@ impl CudaExecutor {
             }
         }
         self.finish(mode)
+    }
+
+    /// cuBLASLt's (plans built, GEMM shapes it sent to cuBLAS), or `None` when every GEMM
+    /// runs on cuBLAS (fp32, `PARALLAX_CUBLASLT=0`, or no libcublasLt).
+    pub fn cublaslt_plans(&self) -> Option<(usize, usize)> {
+        self.lt.as_ref().map(|lt| lt.counts())
     }
 
     /// Waits for the queued work; reports a kernel fault as an error.

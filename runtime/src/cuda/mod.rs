@@ -1,11 +1,12 @@
 //! The CUDA backend: GPU detection that never panics, the executor of compiled plans
-//! (generated PTX kernels and cuBLAS GEMMs, buffers from the plan's memory assignment), and
+//! (generated PTX kernels, cuBLAS and cuBLASLt GEMMs, buffers from the plan's memory assignment), and
 //! NCCL collectives. Every library is opened at run time (`cudarc`'s dynamic loading), so
 //! nothing CUDA is needed to build or test the rest of Parallax.
 
 mod backend;
 mod exec;
 mod gemm;
+mod lt;
 pub mod nccl;
 
 pub use cudarc;

@@ -120,30 +120,12 @@ impl Lowerer<'_> {
         let q = heads_of(self, "q")?;
         let k = heads_of(self, "k")?;
         let v = heads_of(self, "v")?;
-        let scores = self.add(
-            Op::MatMul {
-                trans_a: false,
-                trans_b: true,
-            },
-            &[q, k],
-            name,
-            span,
-        )?;
-        let scaled = self.add(
-            Op::Scale {
-                by: 1.0 / (hd as f64).sqrt(),
-            },
-            &[scores],
-            name,
-            span,
-        )?;
-        let probs = self.add(Op::Softmax { causal }, &[scaled], name, span)?;
         let ctx = self.add(
-            Op::MatMul {
-                trans_a: false,
-                trans_b: false,
+            Op::Attention {
+                causal,
+                scale: 1.0 / (hd as f64).sqrt(),
             },
-            &[probs, v],
+            &[q, k, v],
             name,
             span,
         )?;

@@ -6,6 +6,7 @@
 //! Reductions run in a fixed order inside each output element, so results do not depend on
 //! how many threads ran them.
 
+pub mod attention;
 pub mod conv;
 pub mod elementwise;
 pub mod gemm;
@@ -25,7 +26,7 @@ use super::tensor::Tensor;
 /// Shape metadata of a kernel (axes, strides), on the stack for ranks up to 8: a
 /// steady-state step allocates nothing for it.
 pub type Small<T> = smallvec::SmallVec<[T; 8]>;
-use parallax_compiler::ir::Op;
+use parallax_compiler::ir::{AttentionInput, Op};
 
 /// What a kernel needs besides its operands.
 #[derive(Debug, Clone, Copy)]
@@ -137,6 +138,45 @@ pub fn execute(op: &Op, ins: &[&Tensor], out: &mut Tensor, ctx: &Ctx) -> Result<
         Op::Expand { axes, mean, .. } => reduce::expand(ins[0], axes, *mean, out),
         Op::Dropout { p, stream } => ew::dropout(ins[0], *p, *stream, ctx, out),
         Op::Softmax { causal } => rows::softmax(ins[0], *causal, out),
+        Op::Attention { causal, scale } => {
+            attention::attention(ins[0], ins[1], ins[2], *causal, *scale, out, None)
+        }
+        Op::AttentionLse { causal, scale } => {
+            attention::attention_lse(ins[0], ins[1], *causal, *scale, out)
+        }
+        Op::AttentionGrad { causal, scale, wrt } => {
+            let saved = attention::Saved {
+                dy: ins[3],
+                lse: ins[4],
+                delta: ins[5],
+            };
+            let (q, k, v) = (ins[0], ins[1], ins[2]);
+            match wrt {
+                AttentionInput::Query => {
+                    attention::attention_grad_query(q, k, v, &saved, *causal, *scale, out)
+                }
+                AttentionInput::Key => attention::attention_grad_key_value(
+                    q,
+                    k,
+                    v,
+                    &saved,
+                    *causal,
+                    *scale,
+                    Some(out),
+                    None,
+                ),
+                AttentionInput::Value => attention::attention_grad_key_value(
+                    q,
+                    k,
+                    v,
+                    &saved,
+                    *causal,
+                    *scale,
+                    None,
+                    Some(out),
+                ),
+            }
+        }
         Op::SoftmaxGrad => rows::softmax_grad(ins[0], ins[1], out),
         Op::LayerNorm { eps } => rows::layer_norm(ins[0], *eps as f32, out),
         Op::LayerNormGrad { eps } => rows::layer_norm_grad(ins[0], ins[1], *eps as f32, out),

@@ -1,0 +1,521 @@
+//! Attention's kernels, plain f32: the forward (the output and its log-sum-exp, or the
+//! log-sum-exp alone), the query gradient, and the key and value gradients (`attention_grad.rs`).
+//!
+//! The design follows the CPU oracle (`runtime/src/cpu/kernels/attention.rs`): the forward and
+//! the query gradient walk the keys of one query row in tiles of 32 with an online softmax; the
+//! key and value gradients walk the queries of one key row. Each warp owns one row (8 rows, of
+//! one head, per 256-thread block); the block stages the other side's tiles in shared memory,
+//! 32 rows by at most `CHUNK` columns at a time, so any head width fits. Scores and `dP` take
+//! lanes over the tile's rows (one dot product per lane), the outputs lanes over the row's
+//! columns (registers, `ceil(width / 32)` per lane). Every sum runs in one fixed order and each
+//! output element has one writer: no atomics, the same bits on every run.
+
+use super::builder::{Kernel, Rd, F, P, R};
+use super::{grid_for, CodegenError, Gen, Launch, Operand};
+use crate::ir::{AttentionInput, DType, Op};
+use crate::plan::Plan;
+
+#[path = "attention_grad.rs"]
+mod grad;
+
+/// Warps per block, each with a row of the block's tile.
+const WARPS: u64 = 8;
+const BLOCK: u32 = 32 * WARPS as u32;
+/// Rows of a staged tile: one per lane.
+const ROWS: u64 = 32;
+/// Columns staged at a time: wider heads loop over chunks, so shared memory stays fixed.
+const CHUNK: u64 = 128;
+/// A staged row's pitch in floats: odd, so the 32 lanes reading one column of 32 rows hit 32
+/// different banks.
+const PITCH: u64 = CHUNK + 1;
+
+/// The sizes of one attention: `heads` problems of `t` queries, `s` keys of width `d` and
+/// values of width `e` (0 for the log-sum-exp alone).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Dims {
+    heads: u64,
+    t: u64,
+    s: u64,
+    d: u64,
+    e: u64,
+    causal: bool,
+    scale: f32,
+}
+
+fn bad(op: &Op, message: String) -> CodegenError {
+    CodegenError::Bad {
+        op: op.name(),
+        message,
+    }
+}
+
+/// `causal` and `scale` of an attention op.
+fn params(op: &Op) -> Option<(bool, f32)> {
+    match *op {
+        Op::Attention { causal, scale }
+        | Op::AttentionLse { causal, scale }
+        | Op::AttentionGrad { causal, scale, .. } => Some((causal, scale as f32)),
+        _ => None,
+    }
+}
+
+impl Dims {
+    /// Checks `q [.., T, D]`, `k [.., S, D]` and `v [.., S, E]` (f32, one leading shape).
+    fn of(op: &Op, q: &Operand, k: &Operand, v: Option<&Operand>) -> Result<Dims, CodegenError> {
+        let (causal, scale) = params(op).ok_or(CodegenError::Unsupported { op: op.name() })?;
+        let r = q.shape.len();
+        let vs = v.unwrap_or(k);
+        let fits = r >= 2
+            && k.shape.len() == r
+            && vs.shape.len() == r
+            && q.shape[..r - 2] == k.shape[..r - 2]
+            && q.shape[..r - 2] == vs.shape[..r - 2]
+            && q.shape[r - 1] == k.shape[r - 1]
+            && k.shape[r - 2] == vs.shape[r - 2];
+        if !fits {
+            return Err(bad(
+                op,
+                format!(
+                    "needs q [.., T, D], k [.., S, D], v [.., S, E], got {:?}, {:?}, {:?}",
+                    q.shape, k.shape, vs.shape
+                ),
+            ));
+        }
+        let dm = Dims {
+            heads: q.shape[..r - 2].iter().product(),
+            t: q.shape[r - 2],
+            s: k.shape[r - 2],
+            d: q.shape[r - 1],
+            e: v.map_or(0, |v| v.shape[r - 1]),
+            causal,
+            scale,
+        };
+        if causal && dm.t != dm.s {
+            return Err(bad(op, format!("a causal attention needs T = S: {dm:?}")));
+        }
+        Ok(dm)
+    }
+}
+
+/// Checks that every operand is f32 and holds `n` elements.
+fn check(op: &Op, vals: &[(&str, Option<&Operand>, u64)]) -> Result<(), CodegenError> {
+    for (what, o, n) in vals {
+        let Some(o) = o else { continue };
+        if o.dtype != DType::F32 {
+            return Err(bad(op, format!("`{what}` is {:?}, not f32", o.dtype)));
+        }
+        if o.numel() != *n {
+            return Err(bad(
+                op,
+                format!("`{what}` {:?} holds not {n} values", o.shape),
+            ));
+        }
+    }
+    Ok(())
+}
+
+// ---- the block's layout, tiles and loops ----
+
+struct Ctx {
+    tid: Rd,
+    lane: R,
+    lane64: Rd,
+    warp64: Rd,
+    /// Shared addresses of the two staged tiles (`ROWS x PITCH` floats each).
+    a: Rd,
+    b: Rd,
+}
+
+fn setup(k: &mut Kernel) -> Ctx {
+    let (sa, sb) = (
+        k.shared_f32((ROWS * PITCH) as u32),
+        k.shared_f32((ROWS * PITCH) as u32),
+    );
+    let (a, b) = (k.rd(), k.rd());
+    k.ins(format!("mov.u64 {a}, {sa}"));
+    k.ins(format!("mov.u64 {b}, {sb}"));
+    let t = k.special("%tid.x");
+    let tid = k.wide(t);
+    let lane = k.special("%laneid");
+    let lane64 = k.wide(lane);
+    let w = k.op32("shr", t, 5);
+    let warp64 = k.wide(w);
+    Ctx {
+        tid,
+        lane,
+        lane64,
+        warp64,
+        a,
+        b,
+    }
+}
+
+/// A loop over the tasks `0..count`, grid-strided by block (every thread of a block runs the
+/// same tasks, so the body may use barriers).
+fn each_task(k: &mut Kernel, count: u64, body: impl FnOnce(&mut Kernel, Rd)) {
+    let (c, n) = (k.special("%ctaid.x"), k.special("%nctaid.x"));
+    let (first, stride) = (k.wide(c), k.wide(n));
+    let end = k.u64c(count);
+    k.for_range(first, end, stride, body);
+}
+
+/// The column chunks `(first, width)` of a row of `width` values.
+fn chunks(width: u64) -> Vec<(u64, u64)> {
+    (0..width)
+        .step_by(CHUNK as usize)
+        .map(|c0| (c0, CHUNK.min(width - c0)))
+        .collect()
+}
+
+/// Copies rows `first..first + rows` (of `width` floats) of `src`, columns `c0..c0 + cw`, into
+/// the tile at `buf`, zeros past `rows`, so padded rows add nothing. The whole block runs it,
+/// between barriers: the one before lets every warp finish reading the tile's last contents.
+#[allow(clippy::too_many_arguments)]
+fn stage(
+    k: &mut Kernel,
+    ctx: &Ctx,
+    buf: Rd,
+    src: Rd,
+    first: Rd,
+    rows: Rd,
+    width: u64,
+    c: (u64, u64),
+) {
+    let (c0, cw) = c;
+    k.ins("bar.sync 0");
+    let end = k.u64c(ROWS * cw);
+    k.for_range(ctx.tid, end, BLOCK, |k, idx| {
+        let r = k.op64("div", idx, cw);
+        let c = k.op64("rem", idx, cw);
+        let v = k.fc(0.0);
+        let inside = k.cmp64("lt", r, rows);
+        let row = k.op64("add", first, r);
+        let at = k.op64("mul.lo", row, width);
+        let at = k.op64("add", at, c);
+        let at = k.op64("add", at, c0);
+        let addr = k.addr(src, at);
+        k.ins(format!("@{inside} ld.global.f32 {v}, [{addr}]"));
+        let s = k.op64("mul.lo", r, PITCH);
+        let s = k.op64("add", s, c);
+        let sa = k.addr(buf, s);
+        k.ins(format!("st.shared.f32 [{sa}], {v}"));
+    });
+    k.ins("bar.sync 0");
+}
+
+/// `acc += sum_c vec[c] row[c]` over `cw` columns: `vec` a global address the whole warp
+/// reads alike (one broadcast load), `row` the shared address of this lane's tile row.
+fn dot(k: &mut Kernel, acc: F, vec: Rd, row: Rd, cw: u64) {
+    let unroll = if cw.is_multiple_of(4) { 4 } else { 1 };
+    let (pv, ps) = (k.rd(), k.rd());
+    k.set64(pv, vec);
+    k.set64(ps, row);
+    let (zero, end) = (k.u64c(0), k.u64c(cw / unroll));
+    k.for_range(zero, end, 1, |k, _| {
+        for u in 0..unroll {
+            let (x, y) = (k.f(), k.f());
+            k.ins(format!("ld.global.f32 {x}, [{pv}+{}]", 4 * u));
+            k.ins(format!("ld.shared.f32 {y}, [{ps}+{}]", 4 * u));
+            k.ins(format!("fma.rn.f32 {acc}, {x}, {y}, {acc}"));
+        }
+        k.ins(format!("add.u64 {pv}, {pv}, {}", 4 * unroll));
+        k.ins(format!("add.u64 {ps}, {ps}, {}", 4 * unroll));
+    });
+}
+
+/// `acc[m] += sum_j w_j tile[j][32 m + lane]` over the tile's 32 rows, `w_j` lane `j`'s `w`:
+/// this lane's columns of `w^T tile`, rows in order.
+fn accumulate(k: &mut Kernel, ctx: &Ctx, acc: &[F], w: F, buf: Rd) {
+    let p = k.addr(buf, ctx.lane64);
+    let (zero, end) = (k.u64c(0), k.u64c(ROWS));
+    k.for_range(zero, end, 1, |k, j| {
+        let jr = k.narrow(j);
+        let wj = k.f();
+        k.ins(format!("shfl.sync.idx.b32 {wj}, {w}, {jr}, 31, -1"));
+        for (m, a) in acc.iter().enumerate() {
+            let x = k.f();
+            k.ins(format!("ld.shared.f32 {x}, [{p}+{}]", 128 * m));
+            k.ins(format!("fma.rn.f32 {a}, {wj}, {x}, {a}"));
+        }
+        k.ins(format!("add.u64 {p}, {p}, {}", 4 * PITCH));
+    });
+}
+
+/// The registers of chunk `(c0, cw)` among a row's accumulators.
+fn regs(acc: &[F], (c0, cw): (u64, u64)) -> &[F] {
+    let m0 = (c0 / 32) as usize;
+    &acc[m0..m0 + cw.div_ceil(32) as usize]
+}
+
+/// `ceil(width / 32)` accumulators, zero.
+fn zeros(k: &mut Kernel, width: u64) -> Vec<F> {
+    (0..width.div_ceil(32)).map(|_| k.fc(0.0)).collect()
+}
+
+/// Stores this lane's columns `acc * by` of row `row` (of `width` floats) of `dst`.
+fn store_row(k: &mut Kernel, ctx: &Ctx, dst: Rd, row: Rd, width: u64, acc: &[F], by: F) {
+    let at = k.op64("mul.lo", row, width);
+    let at = k.op64("add", at, ctx.lane64);
+    let addr = k.addr(dst, at);
+    for (m, &a) in acc.iter().enumerate() {
+        let v = k.mul(a, by);
+        let col = 32 * m as u64;
+        if col + 32 <= width {
+            k.ins(format!("st.global.f32 [{addr}+{}], {v}", 4 * col));
+        } else {
+            let p = k.p();
+            k.ins(format!("setp.lt.u32 {p}, {}, {}", ctx.lane, width - col));
+            k.ins(format!("@{p} st.global.f32 [{addr}+{}], {v}", 4 * col));
+        }
+    }
+}
+
+/// This warp's row of a block's tile of `WARPS` rows starting at `first`, among `n`: the row,
+/// the row clamped to `n - 1` (what the warp computes on, so every load stays inside) and
+/// whether it is a real row.
+fn warp_row(k: &mut Kernel, ctx: &Ctx, first: Rd, n: u64) -> (Rd, Rd, P) {
+    let i = k.op64("add", first, ctx.warp64);
+    let ic = k.op64("min", i, n.saturating_sub(1));
+    let valid = k.cmp64("lt", i, n);
+    (i, ic, valid)
+}
+
+/// Whether key `j` counts for query `i`: `j < S` and, causal, `j <= i`.
+fn visible(k: &mut Kernel, dm: &Dims, i: Rd, j: Rd, n: (Rd, u64)) -> P {
+    let p = k.cmp64("lt", n.0, n.1);
+    if dm.causal {
+        let c = k.cmp64("le", j, i);
+        k.ins(format!("and.pred {p}, {p}, {c}"));
+    }
+    p
+}
+
+/// The first `min(ROWS, n - start)` rows from `start`: a tile's real rows.
+fn tile_rows(k: &mut Kernel, start: Rd, n: u64) -> Rd {
+    let left = k.u64c(n);
+    let left = k.op64("sub", left, start);
+    k.op64("min", left, ROWS)
+}
+
+// ---- the forward ----
+
+/// The forward of queries by warp: `o = softmax(scale q k^T) v` when `o` is given (with `v`),
+/// `lse = m + ln l` when `lse` is.
+fn forward(
+    g: &mut Gen,
+    name: &str,
+    dm: Dims,
+    (q, key): (&Operand, &Operand),
+    vo: Option<(&Operand, &Operand)>,
+    lse: Option<&Operand>,
+) -> Launch {
+    let mut k = Kernel::new(name);
+    let (qp, kp) = (k.param_ptr(q.arg), k.param_ptr(key.arg));
+    let vo = vo.map(|(v, o)| (k.param_ptr(v.arg), k.param_ptr(o.arg)));
+    let lp = lse.map(|l| k.param_ptr(l.arg));
+    let ctx = setup(&mut k);
+    let tiles = dm.t.div_ceil(WARPS);
+    let tasks = dm.heads * tiles;
+    each_task(&mut k, tasks, |k, task| {
+        let h = k.op64("div", task, tiles);
+        let i0 = k.op64("rem", task, tiles);
+        let i0 = k.op64("mul.lo", i0, WARPS);
+        let (i, ic, valid) = warp_row(k, &ctx, i0, dm.t);
+        let hs = k.op64("mul.lo", h, dm.s);
+        let hq = k.op64("mul.lo", h, dm.t);
+        let qrow = k.op64("add", hq, ic);
+        let qrow = k.op64("mul.lo", qrow, dm.d);
+        let qrow = k.addr(qp, qrow);
+        let (m, l) = (k.fc(f32::NEG_INFINITY), k.fc(0.0));
+        let mut o = zeros(k, dm.e);
+        if vo.is_none() {
+            o.clear();
+        }
+        // Causal: the block's last query sees keys up to itself.
+        let end = if dm.causal {
+            let e = k.op64("add", i0, WARPS);
+            k.op64("min", e, dm.s)
+        } else {
+            k.u64c(dm.s)
+        };
+        let zero = k.u64c(0);
+        k.for_range(zero, end, ROWS, |k, j0| {
+            let first = k.op64("add", hs, j0);
+            let rows = tile_rows(k, j0, dm.s);
+            let s = k.fc(0.0);
+            for c in chunks(dm.d) {
+                stage(k, &ctx, ctx.a, kp, first, rows, dm.d, c);
+                let row = k.op64("mul.lo", ctx.lane64, 4 * PITCH);
+                let row = k.op64("add", row, ctx.a);
+                let vec = k.op64("add", qrow, 4 * c.0);
+                dot(k, s, vec, row, c.1);
+            }
+            let j = k.op64("add", j0, ctx.lane64);
+            let vis = visible(k, &dm, ic, j, (j, dm.s));
+            let x = k.mulc(s, dm.scale);
+            let ninf = k.fc(f32::NEG_INFINITY);
+            let x = k.sel(x, ninf, vis);
+            let mx = k.warp_reduce(x, "max");
+            let m_new = k.f();
+            k.ins(format!("max.f32 {m_new}, {m}, {mx}"));
+            // The first tile scales nothing (m = -inf would make exp NaN).
+            let first_tile = k.cmpf("eq", m, ninf);
+            let dm_ = k.sub(m, m_new);
+            let corr = k.exp(dm_);
+            let z = k.fc(0.0);
+            let corr = k.sel(z, corr, first_tile);
+            // Masked keys are selected away before exp(-inf - m) (NaN in `exp`) counts.
+            let xm = k.sub(x, m_new);
+            let p = k.exp(xm);
+            let p = k.sel(p, z, vis);
+            let sum = k.warp_reduce(p, "add");
+            k.ins(format!("mul.rn.f32 {l}, {l}, {corr}"));
+            k.ins(format!("add.rn.f32 {l}, {l}, {sum}"));
+            k.set(m, m_new);
+            if let Some((vp, _)) = vo {
+                for &a in &o {
+                    k.ins(format!("mul.rn.f32 {a}, {a}, {corr}"));
+                }
+                for c in chunks(dm.e) {
+                    stage(k, &ctx, ctx.b, vp, first, rows, dm.e, c);
+                    accumulate(k, &ctx, regs(&o, c), p, ctx.b);
+                }
+            }
+        });
+        let skip = k.label();
+        k.bra_unless(valid, &skip);
+        let row = k.op64("add", hq, i);
+        if let Some((_, op)) = vo {
+            let one = k.fc(1.0);
+            let inv = k.div(one, l);
+            store_row(k, &ctx, op, row, dm.e, &o, inv);
+        }
+        if let Some(lp) = lp {
+            let ln = k.ln(l);
+            let v = k.add(m, ln);
+            let p = k.p();
+            k.ins(format!("setp.eq.u32 {p}, {}, 0", ctx.lane));
+            let a = k.addr(lp, row);
+            k.ins(format!("@{p} st.global.f32 [{a}], {v}"));
+        }
+        k.place(&skip);
+    });
+    g.launch(k, grid_for(tasks, 1), BLOCK)
+}
+
+/// Whether `op` is an `AttentionGrad` by `wrt`.
+fn grad_by(op: &Op, wrt: AttentionInput) -> bool {
+    matches!(op, Op::AttentionGrad { wrt: w, .. } if *w == wrt)
+}
+
+/// The launches of an attention kernel of the plan (`KernelKind::Attention` or
+/// `AttentionGradKeyValue`): `steps` are its ops, `of` gives a step's stored value.
+pub fn kernel(
+    g: &mut Gen,
+    name: &str,
+    plan: &Plan,
+    steps: &[usize],
+    of: &dyn Fn(usize) -> Operand,
+) -> Result<Vec<Launch>, CodegenError> {
+    let find =
+        |pred: &dyn Fn(&Op) -> bool| steps.iter().copied().find(|&s| pred(&plan.steps[s].op));
+    let ins =
+        |s: usize| -> Vec<Operand> { plan.steps[s].operands.iter().map(|&o| of(o)).collect() };
+    let att = find(&|op| matches!(op, Op::Attention { .. }));
+    let lse = find(&|op| matches!(op, Op::AttentionLse { .. }));
+    let dk = find(&|op| grad_by(op, AttentionInput::Key));
+    let dv = find(&|op| grad_by(op, AttentionInput::Value));
+    let op0 = &plan.steps[steps[0]].op;
+    // Partners must agree on what they compute over.
+    let same = |a: Option<usize>, b: Option<usize>, n: usize| match (a, b) {
+        (Some(a), Some(b)) => {
+            let (sa, sb) = (&plan.steps[a], &plan.steps[b]);
+            params(&sa.op) == params(&sb.op) && sa.operands[..n] == sb.operands[..n]
+        }
+        _ => true,
+    };
+    if !same(att, lse, 2) || !same(dk, dv, 6) || steps.len() > 2 {
+        return Err(bad(
+            op0,
+            "the kernel's ops do not share their operands".into(),
+        ));
+    }
+    match (att, lse, dk, dv) {
+        (Some(a), l, None, None) => {
+            let op = &plan.steps[a].op;
+            let x = ins(a);
+            let lse = l.map(of);
+            forward_checked(g, name, op, &x, Some(&of(a)), lse.as_ref())
+        }
+        (None, Some(l), None, None) => {
+            let op = &plan.steps[l].op;
+            forward_checked(g, name, op, &ins(l), None, Some(&of(l)))
+        }
+        (None, None, k, v) if k.is_some() || v.is_some() => {
+            let s = k.or(v).expect("a gradient");
+            let (dk, dv) = (k.map(of), v.map(of));
+            grad::key_value(
+                g,
+                name,
+                &plan.steps[s].op,
+                &ins(s),
+                dk.as_ref(),
+                dv.as_ref(),
+            )
+        }
+        _ => Err(bad(op0, "not an attention kernel".into())),
+    }
+}
+
+/// The forward after its checks: `o` of `Attention` and/or `lse` of `AttentionLse`.
+fn forward_checked(
+    g: &mut Gen,
+    name: &str,
+    op: &Op,
+    ins: &[Operand],
+    o: Option<&Operand>,
+    lse: Option<&Operand>,
+) -> Result<Vec<Launch>, CodegenError> {
+    if ins.len() < 2 || (o.is_some() && ins.len() < 3) {
+        return Err(bad(op, format!("got {} operands", ins.len())));
+    }
+    let v = o.and(ins.get(2));
+    let dm = Dims::of(op, &ins[0], &ins[1], v)?;
+    let (h, t, s) = (dm.heads, dm.t, dm.s);
+    check(
+        op,
+        &[
+            ("q", Some(&ins[0]), h * t * dm.d),
+            ("k", Some(&ins[1]), h * s * dm.d),
+            ("v", v, h * s * dm.e),
+            ("o", o, h * t * dm.e),
+            ("lse", lse, h * t),
+        ],
+    )?;
+    let vo = v.zip(o);
+    Ok(vec![forward(g, name, dm, (&ins[0], &ins[1]), vo, lse)])
+}
+
+/// One attention op alone.
+pub fn single(
+    g: &mut Gen,
+    name: &str,
+    op: &Op,
+    ins: &[Operand],
+    out: &Operand,
+) -> Result<Vec<Launch>, CodegenError> {
+    match op {
+        Op::Attention { .. } => forward_checked(g, name, op, ins, Some(out), None),
+        Op::AttentionLse { .. } => forward_checked(g, name, op, ins, None, Some(out)),
+        Op::AttentionGrad { wrt, .. } => match wrt {
+            AttentionInput::Query => grad::query(g, name, op, ins, out),
+            AttentionInput::Key => grad::key_value(g, name, op, ins, Some(out), None),
+            AttentionInput::Value => grad::key_value(g, name, op, ins, None, Some(out)),
+        },
+        _ => Err(CodegenError::Unsupported { op: op.name() }),
+    }
+}
+
+#[cfg(test)]
+#[path = "tests/attention.rs"]
+mod tests;

@@ -1,0 +1,243 @@
+//! Attention's backward, plain f32, from the saved log-sum-exp: `P = exp(scale s - lse)`,
+//! `dP = dy v^T`, `dS = P (dP - delta)`. The query gradient `scale dS k` takes a warp per
+//! query and walks the keys (as the forward); the key gradient `scale dS^T q` and the value
+//! gradient `P^T dy` take a warp per key and walk the queries, so neither needs atomics.
+
+use super::{
+    accumulate, bad, check, chunks, dot, each_task, regs, setup, stage, store_row, tile_rows,
+    visible, warp_row, zeros, Dims, BLOCK, PITCH, ROWS, WARPS,
+};
+use crate::codegen::builder::{Kernel, Rd, F, P};
+use crate::codegen::{grid_for, CodegenError, Gen, Launch, Operand};
+use crate::ir::Op;
+
+/// Checks the six operands `(q, k, v, dy, lse, delta)` and the outputs (`[.., T, D]` for the
+/// query's, `[.., S, D]` and `[.., S, E]` for the key's and value's).
+fn dims(
+    op: &Op,
+    ins: &[Operand],
+    outs: &[(&str, Option<&Operand>, bool)],
+) -> Result<Dims, CodegenError> {
+    if ins.len() != 6 {
+        return Err(bad(op, format!("got {} operands", ins.len())));
+    }
+    let dm = Dims::of(op, &ins[0], &ins[1], Some(&ins[2]))?;
+    let (h, t, s, d, e) = (dm.heads, dm.t, dm.s, dm.d, dm.e);
+    let mut vals = vec![
+        ("q", Some(&ins[0]), h * t * d),
+        ("k", Some(&ins[1]), h * s * d),
+        ("v", Some(&ins[2]), h * s * e),
+        ("dy", Some(&ins[3]), h * t * e),
+        ("lse", Some(&ins[4]), h * t),
+        ("delta", Some(&ins[5]), h * t),
+    ];
+    for &(what, o, by_key) in outs {
+        // The query's and key's gradients are `D` wide, the value's `E`.
+        let width = if what == "dv" { e } else { d };
+        vals.push((what, o, h * if by_key { s } else { t } * width));
+    }
+    check(op, &vals)?;
+    Ok(dm)
+}
+
+/// The address of row `row` of a tensor of rows of `width` floats at `base`.
+fn row_addr(k: &mut Kernel, base: Rd, row: Rd, width: u64) -> Rd {
+    let at = k.op64("mul.lo", row, width);
+    k.addr(base, at)
+}
+
+/// The shared address of this lane's row of the tile at `buf`.
+fn lane_row(k: &mut Kernel, lane64: Rd, buf: Rd) -> Rd {
+    let r = k.op64("mul.lo", lane64, 4 * PITCH);
+    k.op64("add", r, buf)
+}
+
+/// `p * (dp - delta)` and `p = visible ? exp(scale s - lse) : 0` (masked keys are selected away
+/// before `exp(-inf)`, NaN in `exp`, counts).
+fn probs(k: &mut Kernel, dm: &Dims, s: F, lse: F, vis: P) -> F {
+    let x = k.mulc(s, dm.scale);
+    let x = k.sub(x, lse);
+    let e = k.exp(x);
+    let z = k.fc(0.0);
+    k.sel(e, z, vis)
+}
+
+/// The query gradient: a warp per query row, its keys in tiles of 32.
+pub(super) fn query(
+    g: &mut Gen,
+    name: &str,
+    op: &Op,
+    ins: &[Operand],
+    out: &Operand,
+) -> Result<Vec<Launch>, CodegenError> {
+    let dm = dims(op, ins, &[("dq", Some(out), false)])?;
+    let mut k = Kernel::new(name);
+    let p: Vec<Rd> = ins.iter().map(|o| k.param_ptr(o.arg)).collect();
+    let (qp, kp, vp, dyp, lp, dp) = (p[0], p[1], p[2], p[3], p[4], p[5]);
+    let outp = k.param_ptr(out.arg);
+    let ctx = setup(&mut k);
+    let tiles = dm.t.div_ceil(WARPS);
+    let tasks = dm.heads * tiles;
+    let one_d_chunk = chunks(dm.d).len() == 1;
+    each_task(&mut k, tasks, |k, task| {
+        let h = k.op64("div", task, tiles);
+        let i0 = k.op64("rem", task, tiles);
+        let i0 = k.op64("mul.lo", i0, WARPS);
+        let (i, ic, valid) = warp_row(k, &ctx, i0, dm.t);
+        let hs = k.op64("mul.lo", h, dm.s);
+        let hq = k.op64("mul.lo", h, dm.t);
+        let row = k.op64("add", hq, ic);
+        let qrow = row_addr(k, qp, row, dm.d);
+        let dyrow = row_addr(k, dyp, row, dm.e);
+        let lse = k.load(lp, row);
+        let delta = k.load(dp, row);
+        let acc = zeros(k, dm.d);
+        let end = if dm.causal {
+            let e = k.op64("add", i0, WARPS);
+            k.op64("min", e, dm.s)
+        } else {
+            k.u64c(dm.s)
+        };
+        let zero = k.u64c(0);
+        k.for_range(zero, end, ROWS, |k, j0| {
+            let first = k.op64("add", hs, j0);
+            let rows = tile_rows(k, j0, dm.s);
+            let (s, dpv) = (k.fc(0.0), k.fc(0.0));
+            for c in chunks(dm.d) {
+                stage(k, &ctx, ctx.a, kp, first, rows, dm.d, c);
+                let r = lane_row(k, ctx.lane64, ctx.a);
+                let vec = k.op64("add", qrow, 4 * c.0);
+                dot(k, s, vec, r, c.1);
+            }
+            for c in chunks(dm.e) {
+                stage(k, &ctx, ctx.b, vp, first, rows, dm.e, c);
+                let r = lane_row(k, ctx.lane64, ctx.b);
+                let vec = k.op64("add", dyrow, 4 * c.0);
+                dot(k, dpv, vec, r, c.1);
+            }
+            let j = k.op64("add", j0, ctx.lane64);
+            let vis = visible(k, &dm, ic, j, (j, dm.s));
+            let pr = probs(k, &dm, s, lse, vis);
+            let t = k.sub(dpv, delta);
+            let ds = k.mul(pr, t);
+            for c in chunks(dm.d) {
+                // One chunk of keys is still staged from the scores.
+                if !one_d_chunk {
+                    stage(k, &ctx, ctx.a, kp, first, rows, dm.d, c);
+                }
+                accumulate(k, &ctx, regs(&acc, c), ds, ctx.a);
+            }
+        });
+        let skip = k.label();
+        k.bra_unless(valid, &skip);
+        let row = k.op64("add", hq, i);
+        let scale = k.fc(dm.scale);
+        store_row(k, &ctx, outp, row, dm.d, &acc, scale);
+        k.place(&skip);
+    });
+    Ok(vec![g.launch(k, grid_for(tasks, 1), BLOCK)])
+}
+
+/// The key and value gradients (either or both): a warp per key row, its queries in tiles of
+/// 32 (causal: from the tile of the block's first key, as earlier queries see none of them).
+pub(super) fn key_value(
+    g: &mut Gen,
+    name: &str,
+    op: &Op,
+    ins: &[Operand],
+    dk: Option<&Operand>,
+    dv: Option<&Operand>,
+) -> Result<Vec<Launch>, CodegenError> {
+    let dm = dims(op, ins, &[("dk", dk, true), ("dv", dv, true)])?;
+    let mut k = Kernel::new(name);
+    let p: Vec<Rd> = ins.iter().map(|o| k.param_ptr(o.arg)).collect();
+    let (qp, kp, vp, dyp, lp, dp) = (p[0], p[1], p[2], p[3], p[4], p[5]);
+    let dkp = dk.map(|o| k.param_ptr(o.arg));
+    let dvp = dv.map(|o| k.param_ptr(o.arg));
+    let ctx = setup(&mut k);
+    let tiles = dm.s.div_ceil(WARPS);
+    let tasks = dm.heads * tiles;
+    let one_d_chunk = chunks(dm.d).len() == 1;
+    each_task(&mut k, tasks, |k, task| {
+        let h = k.op64("div", task, tiles);
+        let j0 = k.op64("rem", task, tiles);
+        let j0 = k.op64("mul.lo", j0, WARPS);
+        let (j, jc, valid) = warp_row(k, &ctx, j0, dm.s);
+        let hs = k.op64("mul.lo", h, dm.s);
+        let hq = k.op64("mul.lo", h, dm.t);
+        let row = k.op64("add", hs, jc);
+        let krow = row_addr(k, kp, row, dm.d);
+        let vrow = row_addr(k, vp, row, dm.e);
+        let dka = if dkp.is_some() {
+            zeros(k, dm.d)
+        } else {
+            vec![]
+        };
+        let dva = if dvp.is_some() {
+            zeros(k, dm.e)
+        } else {
+            vec![]
+        };
+        let start = if dm.causal {
+            let t = k.op64("div", j0, ROWS);
+            k.op64("mul.lo", t, ROWS)
+        } else {
+            k.u64c(0)
+        };
+        let end = k.u64c(dm.t);
+        k.for_range(start, end, ROWS, |k, i0| {
+            let first = k.op64("add", hq, i0);
+            let rows = tile_rows(k, i0, dm.t);
+            let i = k.op64("add", i0, ctx.lane64);
+            let vis = visible(k, &dm, i, jc, (i, dm.t));
+            let ic = k.op64("min", i, dm.t.saturating_sub(1));
+            let at = k.op64("add", hq, ic);
+            let lse = k.load(lp, at);
+            let s = k.fc(0.0);
+            for c in chunks(dm.d) {
+                stage(k, &ctx, ctx.a, qp, first, rows, dm.d, c);
+                let r = lane_row(k, ctx.lane64, ctx.a);
+                let vec = k.op64("add", krow, 4 * c.0);
+                dot(k, s, vec, r, c.1);
+            }
+            let pr = probs(k, &dm, s, lse, vis);
+            let dpv = k.fc(0.0);
+            // One pass over dy's chunks serves both: dv's sums and dk's dP.
+            for c in chunks(dm.e) {
+                stage(k, &ctx, ctx.b, dyp, first, rows, dm.e, c);
+                if dvp.is_some() {
+                    accumulate(k, &ctx, regs(&dva, c), pr, ctx.b);
+                }
+                if dkp.is_some() {
+                    let r = lane_row(k, ctx.lane64, ctx.b);
+                    let vec = k.op64("add", vrow, 4 * c.0);
+                    dot(k, dpv, vec, r, c.1);
+                }
+            }
+            if dkp.is_some() {
+                let delta = k.load(dp, at);
+                let t = k.sub(dpv, delta);
+                let ds = k.mul(pr, t);
+                for c in chunks(dm.d) {
+                    if !one_d_chunk {
+                        stage(k, &ctx, ctx.a, qp, first, rows, dm.d, c);
+                    }
+                    accumulate(k, &ctx, regs(&dka, c), ds, ctx.a);
+                }
+            }
+        });
+        let skip = k.label();
+        k.bra_unless(valid, &skip);
+        let row = k.op64("add", hs, j);
+        if let Some(dkp) = dkp {
+            let scale = k.fc(dm.scale);
+            store_row(k, &ctx, dkp, row, dm.d, &dka, scale);
+        }
+        if let Some(dvp) = dvp {
+            let one = k.fc(1.0);
+            store_row(k, &ctx, dvp, row, dm.e, &dva, one);
+        }
+        k.place(&skip);
+    });
+    Ok(vec![g.launch(k, grid_for(tasks, 1), BLOCK)])
+}

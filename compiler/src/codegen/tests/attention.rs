@@ -1,0 +1,211 @@
+//! Tests of `codegen/attention.rs` and `attention_grad.rs`: every kernel variant generated and
+//! assembled by ptxas, the launches' arguments and shapes, and refused operands.
+use super::super::testing::{assemble, ptxas};
+use super::super::{Arg, CodegenError, Gen, Launch, Operand};
+use super::{forward_checked, grad, single};
+use crate::ir::{AttentionInput, DType, Op};
+
+fn f(i: usize, shape: &[u64]) -> Operand {
+    Operand {
+        arg: Arg::Value(i),
+        shape: shape.to_vec(),
+        dtype: DType::F32,
+    }
+}
+
+/// `[B, H, T, D]` operands of one attention: q, k, v, dy, lse, delta as values 0..6.
+fn operands(t: u64, d: u64, e: u64) -> Vec<Operand> {
+    let (b, h) = (2, 3);
+    vec![
+        f(0, &[b, h, t, d]),
+        f(1, &[b, h, t, d]),
+        f(2, &[b, h, t, e]),
+        f(3, &[b, h, t, e]),
+        f(4, &[b, h, t]),
+        f(5, &[b, h, t]),
+    ]
+}
+
+/// Every kernel variant of one shape into `g`; their launches, named `{tag}_*`.
+fn variants(g: &mut Gen, tag: &str, t: u64, d: u64, e: u64, causal: bool) -> Vec<Launch> {
+    let scale = 1.0 / (d as f64).sqrt();
+    let x = operands(t, d, e);
+    let o = f(
+        6,
+        &x[2].shape[..3]
+            .iter()
+            .copied()
+            .chain([e])
+            .collect::<Vec<_>>(),
+    );
+    let lse = f(7, &x[4].shape);
+    let (dk, dv) = (f(8, &x[1].shape), f(9, &x[2].shape));
+    let att = Op::Attention { causal, scale };
+    let lse_op = Op::AttentionLse { causal, scale };
+    let gr = |wrt| Op::AttentionGrad { causal, scale, wrt };
+    let mut l = Vec::new();
+    let mut add = |r: Result<Vec<Launch>, CodegenError>| l.extend(r.unwrap());
+    add(forward_checked(
+        g,
+        &format!("{tag}_fwd"),
+        &att,
+        &x[..3],
+        Some(&o),
+        Some(&lse),
+    ));
+    add(single(g, &format!("{tag}_o"), &att, &x[..3], &o));
+    add(single(g, &format!("{tag}_lse"), &lse_op, &x[..2], &lse));
+    add(single(
+        g,
+        &format!("{tag}_dq"),
+        &gr(AttentionInput::Query),
+        &x,
+        &x[0],
+    ));
+    let kv = gr(AttentionInput::Key);
+    add(grad::key_value(
+        g,
+        &format!("{tag}_dkv"),
+        &kv,
+        &x,
+        Some(&dk),
+        Some(&dv),
+    ));
+    add(single(g, &format!("{tag}_dk"), &kv, &x, &dk));
+    add(single(
+        g,
+        &format!("{tag}_dv"),
+        &gr(AttentionInput::Value),
+        &x,
+        &dv,
+    ));
+    l
+}
+
+#[test]
+fn every_variant_assembles_on_every_shape() {
+    for causal in [false, true] {
+        let mut g = Gen::new();
+        for d in [16, 64, 80] {
+            for t in [1, 33, 128] {
+                variants(&mut g, &format!("d{d}t{t}"), t, d, d, causal);
+            }
+        }
+        // Value width unlike the keys', and heads wider than one staged chunk.
+        variants(&mut g, "e24", 33, 64, 24, causal);
+        variants(&mut g, "wide", 40, 200, 300, causal);
+        assemble(&g.text("sm_80")).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+fn kernel(l: &Launch) -> (String, u32, u32, Vec<Arg>) {
+    match l {
+        Launch::Kernel {
+            entry,
+            grid,
+            block,
+            args,
+        } => (entry.clone(), *grid, *block, args.clone()),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn launch_shapes_and_arguments() {
+    let mut g = Gen::new();
+    let l = variants(&mut g, "k", 33, 64, 64, true);
+    let v = |ids: &[usize]| ids.iter().map(|&i| Arg::Value(i)).collect::<Vec<_>>();
+    // 6 heads of 33 queries (or keys): 5 tiles of 8 rows each, a block per tile.
+    let grid = 6 * 5;
+    assert_eq!(
+        kernel(&l[0]),
+        ("k_fwd".into(), grid, 256, v(&[0, 1, 2, 6, 7]))
+    );
+    assert_eq!(kernel(&l[1]), ("k_o".into(), grid, 256, v(&[0, 1, 2, 6])));
+    assert_eq!(kernel(&l[2]), ("k_lse".into(), grid, 256, v(&[0, 1, 7])));
+    assert_eq!(
+        kernel(&l[3]),
+        ("k_dq".into(), grid, 256, v(&[0, 1, 2, 3, 4, 5, 0]))
+    );
+    let kv = kernel(&l[4]);
+    assert_eq!(
+        kv,
+        ("k_dkv".into(), grid, 256, v(&[0, 1, 2, 3, 4, 5, 8, 9]))
+    );
+    assert_eq!(kernel(&l[5]).3, v(&[0, 1, 2, 3, 4, 5, 8]));
+    assert_eq!(kernel(&l[6]).3, v(&[0, 1, 2, 3, 4, 5, 9]));
+    assert_eq!(l.len(), 7);
+    // Grids stay within limits (the kernels loop over their tasks).
+    let mut g = Gen::new();
+    let x = [f(0, &[4096, 64, 64]), f(1, &[4096, 64, 64])];
+    let lse_op = Op::AttentionLse {
+        causal: false,
+        scale: 0.125,
+    };
+    let big = single(&mut g, "big", &lse_op, &x, &f(2, &[4096, 64])).unwrap();
+    assert_eq!(kernel(&big[0]).1, 32_768);
+    let x = [f(0, &[65536, 64, 64]), f(1, &[65536, 64, 64])];
+    let big = single(&mut g, "big", &lse_op, &x, &f(2, &[65536, 64])).unwrap();
+    assert_eq!(kernel(&big[0]).1, 65_535);
+}
+
+#[test]
+fn bad_operands_are_refused() {
+    let mut g = Gen::new();
+    let x = operands(16, 32, 32);
+    let att = Op::Attention {
+        causal: true,
+        scale: 0.5,
+    };
+    let o = f(6, &[2, 3, 16, 32]);
+    // Causal needs T = S.
+    let k = [x[0].clone(), f(1, &[2, 3, 8, 32]), f(2, &[2, 3, 8, 32])];
+    assert!(matches!(
+        single(&mut g, "k", &att, &k, &o),
+        Err(CodegenError::Bad { .. })
+    ));
+    // Widths of q and k differ.
+    let k = [x[0].clone(), f(1, &[2, 3, 16, 16]), x[2].clone()];
+    assert!(single(&mut g, "k", &att, &k, &o).is_err());
+    // An output of the wrong size, a non-f32 operand, too few operands.
+    assert!(single(&mut g, "k", &att, &x[..3], &f(6, &[2, 3, 16, 31])).is_err());
+    let mut h = x[..3].to_vec();
+    h[2].dtype = DType::BF16;
+    assert!(single(&mut g, "k", &att, &h, &o).is_err());
+    let dq = Op::AttentionGrad {
+        causal: false,
+        scale: 0.5,
+        wrt: AttentionInput::Query,
+    };
+    assert!(single(&mut g, "k", &dq, &x[..5], &x[0]).is_err());
+    assert_eq!(
+        single(&mut g, "k", &Op::Add, &x[..2], &x[0]).unwrap_err(),
+        CodegenError::Unsupported { op: "add" }
+    );
+}
+
+/// `ptxas -v` of the main kernels at head width 64: registers, and no spills (a spill would
+/// mean the accumulators or the unrolled loops outgrew the register file).
+#[test]
+fn head_width_64_kernels_do_not_spill() {
+    let mut g = Gen::new();
+    variants(&mut g, "k", 128, 64, 64, true);
+    let file = std::env::temp_dir().join(format!("parallax-attn-{}.ptx", std::process::id()));
+    std::fs::write(&file, g.text("sm_80")).unwrap();
+    let out = std::process::Command::new(ptxas())
+        .args(["--gpu-name", "sm_80", "-v", "-o", "/dev/null"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&file);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    let used = log.lines().filter(|l| l.contains("Used ")).count();
+    assert_eq!(used, 7, "{log}");
+    assert!(
+        log.lines()
+            .filter(|l| l.contains("spill"))
+            .all(|l| l.contains("0 bytes spill stores, 0 bytes spill loads")),
+        "{log}"
+    );
+}

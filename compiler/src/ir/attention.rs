@@ -1,0 +1,166 @@
+//! The attention family of the op table (`Attention`, `AttentionLse`, `AttentionGrad`):
+//! shape and cost rules. Attention is one op rather than two products and a softmax so that
+//! the `T x S` scores are never stored: a value of `O(T)` per head (the output, the
+//! log-sum-exp) is all the backward reads.
+
+use super::ops::{AttentionInput, Op};
+use super::types::TensorType;
+
+type Rule = Result<TensorType, String>;
+
+/// `(q [.., T, D], k [.., S, D], v [.., S, E])`: checked, to the output type `[.., T, E]`.
+fn output(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let (q, k, v) = (x[0], x[1], x[2]);
+    let show = |t: &TensorType| t.show(names);
+    if !q.dtype.is_float() || k.dtype != q.dtype || v.dtype != q.dtype {
+        return Err(format!(
+            "{} needs q, k and v of one floating-point type, got {}, {} and {}",
+            op.name(),
+            show(q),
+            show(k),
+            show(v)
+        ));
+    }
+    let r = q.rank();
+    if r < 2 || k.rank() != r || v.rank() != r {
+        return Err(format!(
+            "{} needs q [.., T, D], k [.., S, D] and v [.., S, E] of one rank (2 or more), got {}, {} and {}",
+            op.name(),
+            show(q),
+            show(k),
+            show(v)
+        ));
+    }
+    if q.shape[..r - 2] != k.shape[..r - 2] || q.shape[..r - 2] != v.shape[..r - 2] {
+        return Err(format!(
+            "{}: the leading (batch, head) axes of q, k and v differ: {}, {} and {}",
+            op.name(),
+            show(q),
+            show(k),
+            show(v)
+        ));
+    }
+    if q.shape[r - 1] != k.shape[r - 1] {
+        return Err(format!(
+            "{}: queries and keys differ in width: {} and {}",
+            op.name(),
+            show(q),
+            show(k)
+        ));
+    }
+    if k.shape[r - 2] != v.shape[r - 2] {
+        return Err(format!(
+            "{}: keys and values differ in count: {} and {}",
+            op.name(),
+            show(k),
+            show(v)
+        ));
+    }
+    let causal = matches!(
+        op,
+        Op::Attention { causal: true, .. }
+            | Op::AttentionLse { causal: true, .. }
+            | Op::AttentionGrad { causal: true, .. }
+    );
+    if causal && q.shape[r - 2] != k.shape[r - 2] {
+        return Err(format!(
+            "a causal {} needs as many queries as keys, got {} and {}",
+            op.name(),
+            show(q),
+            show(k)
+        ));
+    }
+    let mut shape = q.shape[..r - 1].to_vec();
+    shape.push(v.shape[r - 1].clone());
+    Ok(TensorType::new(q.dtype, shape))
+}
+
+/// One value per query: `[.., T]`.
+fn per_query(q: &TensorType) -> TensorType {
+    TensorType::new(q.dtype, q.shape[..q.rank() - 1].to_vec())
+}
+
+pub fn attention_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    output(op, x, names)
+}
+
+pub fn attention_lse_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    // The values' shape does not matter to the statistics: check q and k as if v were k.
+    output(op, &[x[0], x[1], x[1]], names)?;
+    Ok(per_query(x[0]))
+}
+
+pub fn attention_grad_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let Op::AttentionGrad { wrt, .. } = op else {
+        unreachable!("attention_grad rule on {op:?}")
+    };
+    let y = output(op, &x[..3], names)?;
+    if x[3] != &y {
+        return Err(format!(
+            "attention_grad: the output's gradient must be {}, got {}",
+            y.show(names),
+            x[3].show(names)
+        ));
+    }
+    let rows = per_query(x[0]);
+    for (what, t) in [("lse", x[4]), ("delta", x[5])] {
+        if t != &rows {
+            return Err(format!(
+                "attention_grad: `{what}` must be {}, got {}",
+                rows.show(names),
+                t.show(names)
+            ));
+        }
+    }
+    Ok(x[wrt.index()].clone())
+}
+
+/// `(batch, T, S, D, E)` of operands `q, k, v` (or `q, k`: `E = D`), and the share of the
+/// `T x S` scores a causal mask keeps (about half).
+fn sizes(op: &Op, ins: &[Vec<u64>]) -> (u64, u64, u64, u64, u64, f64) {
+    let (q, k) = (&ins[0], &ins[1]);
+    let r = q.len();
+    let at = |s: &Vec<u64>, i: usize| s.get(i).copied().unwrap_or(1);
+    let batch: u64 = q.iter().take(r.saturating_sub(2)).product();
+    let (t, d) = (at(q, r.wrapping_sub(2)), at(q, r.wrapping_sub(1)));
+    let s = at(k, r.wrapping_sub(2));
+    let e = ins.get(2).map_or(d, |v| at(v, r.wrapping_sub(1)));
+    let causal = matches!(
+        op,
+        Op::Attention { causal: true, .. }
+            | Op::AttentionLse { causal: true, .. }
+            | Op::AttentionGrad { causal: true, .. }
+    );
+    (batch, t, s, d, e, if causal { 0.5 } else { 1.0 })
+}
+
+fn scaled(n: u64, share: f64) -> u64 {
+    (n as f64 * share) as u64
+}
+
+/// The forward: `2 T S (D + E)` for the two products and about 5 per score for the online
+/// softmax. `AttentionLse` runs inside the same kernel: only its per-row log is its own.
+pub fn attention_flops(op: &Op, ins: &[Vec<u64>], _: &[u64]) -> u64 {
+    let (batch, t, s, d, e, share) = sizes(op, ins);
+    let scores = batch.saturating_mul(t).saturating_mul(s);
+    match op {
+        Op::AttentionLse { .. } => batch.saturating_mul(t),
+        _ => scaled(scores.saturating_mul(2 * (d + e) + 5), share),
+    }
+}
+
+/// The backward, as it runs (the key and value gradients in one kernel): the query's pass
+/// recomputes the scores and `dP` (`2 T S (D + E)`) and multiplies `dS K`; the keys' pass
+/// recomputes both too and multiplies `dS^T Q`; the values' `P^T dy` shares that pass.
+pub fn attention_grad_flops(op: &Op, ins: &[Vec<u64>], _: &[u64]) -> u64 {
+    let (batch, t, s, d, e, share) = sizes(op, ins);
+    let scores = batch.saturating_mul(t).saturating_mul(s);
+    let per_score = match op {
+        Op::AttentionGrad {
+            wrt: AttentionInput::Value,
+            ..
+        } => 2 * e + 1,
+        _ => 2 * (d + e) + 2 * d + 5,
+    };
+    scaled(scores.saturating_mul(per_score), share)
+}

@@ -1,0 +1,528 @@
+//! bf16 and tf32 GEMMs through cuBLASLt, with the matmul descriptor, the layouts and the
+//! algorithm built once per shape (an `LtPlan`) and only looked up at run time. cudarc's safe
+//! `Matmul` rebuilds all of them and reruns the heuristic on every call (and treats f32 as
+//! TF32), so this uses its `result`/`sys` layer. Exact fp32 stays on cuBLAS sgemm (cuBLASLt's
+//! f32 is not exact), and whatever cuBLASLt cannot run goes back to `gemm::gemm`.
+
+use super::gemm::Gemm;
+use super::{CudaError, Precision};
+use cudarc::cublaslt::{result, sys};
+use cudarc::driver::result as driver;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+
+/// Set to `0` to run every GEMM through cuBLAS as before (for A/B timing).
+pub(super) const ENV: &str = "PARALLAX_CUBLASLT";
+
+/// The tensor-core compute of a plan; storage, accumulation and output stay fp32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Compute {
+    Bf16,
+    Tf32,
+}
+
+impl Compute {
+    fn cublas(self) -> sys::cublasComputeType_t {
+        match self {
+            Compute::Bf16 => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
+            Compute::Tf32 => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+        }
+    }
+}
+
+/// The cuBLASLt compute for `precision`, given the value of `PARALLAX_CUBLASLT`; `None` for
+/// exact fp32 and when the variable is `0`.
+pub(super) fn selected(precision: Precision, env: Option<&str>) -> Option<Compute> {
+    if env.map(str::trim) == Some("0") {
+        return None;
+    }
+    match precision {
+        Precision::Fp32 => None,
+        Precision::Bf16 => Some(Compute::Bf16),
+        Precision::Tf32 => Some(Compute::Tf32),
+    }
+}
+
+/// Whether libcublasLt can be opened. Checked before any cuBLASLt call: cudarc panics when
+/// the library is missing.
+pub(super) fn present() -> bool {
+    // SAFETY: only tries to open the library.
+    unsafe { sys::is_culib_present() }
+}
+
+/// What picks a plan: the GEMM's sizes, transposes and batch strides, the compute, and the
+/// alignment of its operands (the heuristic may choose kernels that assume it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) struct Key {
+    pub m: u64,
+    pub n: u64,
+    pub k: u64,
+    pub batch: u64,
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub stride_a: u64,
+    pub stride_b: u64,
+    pub stride_c: u64,
+    pub compute: Compute,
+    /// Bytes (a power of two, at most 256) that every batch's A, B and C start is aligned to.
+    pub align: [u32; 3],
+}
+
+impl Key {
+    pub(super) fn of(g: &Gemm, compute: Compute) -> Key {
+        Key {
+            m: g.m,
+            n: g.n,
+            k: g.k,
+            batch: g.count,
+            trans_a: g.trans_a,
+            trans_b: g.trans_b,
+            stride_a: g.stride_a,
+            stride_b: g.stride_b,
+            stride_c: g.stride_c,
+            compute,
+            align: [
+                alignment(g.pa, g.stride_a, g.count),
+                alignment(g.pb, g.stride_b, g.count),
+                alignment(g.pc, g.stride_c, g.count),
+            ],
+        }
+    }
+}
+
+/// The largest power of two, at most 256 (cuBLASLt's default assumption), dividing the byte
+/// address of every batch's matrix (fp32 elements, `stride` apart).
+pub(super) fn alignment(ptr: u64, stride: u64, batch: u64) -> u32 {
+    let mut bits = ptr | 256;
+    if batch > 1 {
+        bits |= stride.wrapping_mul(4);
+    }
+    1 << bits.trailing_zeros()
+}
+
+/// One operand as cuBLASLt stores it: column-major `rows × cols` with leading dimension `ld`,
+/// each batch's matrix `stride` elements after the previous one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Matrix {
+    pub rows: u64,
+    pub cols: u64,
+    pub ld: u64,
+    pub stride: u64,
+}
+
+/// The column-major problem `D = op(A') op(B')` run for a row-major GEMM. Row-major
+/// `C = op(A) op(B)` is column-major `C^T = op(B)^T op(A)^T` over the same memory, so A' is B,
+/// B' is A, and D (`n × m`, ld `n`) is C; each keeps its own transpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ColMajor {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub a: Matrix,
+    pub b: Matrix,
+    pub d: Matrix,
+    pub batch: u64,
+}
+
+pub(super) fn col_major(key: &Key) -> ColMajor {
+    let (m, n, k) = (key.m, key.n, key.k);
+    // Stored row-major B is `k × n` (`n × k` transposed): column-major, the same memory
+    // read as `n × k` (`k × n`).
+    let a = if key.trans_b {
+        Matrix {
+            rows: k,
+            cols: n,
+            ld: k,
+            stride: key.stride_b,
+        }
+    } else {
+        Matrix {
+            rows: n,
+            cols: k,
+            ld: n,
+            stride: key.stride_b,
+        }
+    };
+    let b = if key.trans_a {
+        Matrix {
+            rows: m,
+            cols: k,
+            ld: m,
+            stride: key.stride_a,
+        }
+    } else {
+        Matrix {
+            rows: k,
+            cols: m,
+            ld: k,
+            stride: key.stride_a,
+        }
+    };
+    ColMajor {
+        trans_a: key.trans_b,
+        trans_b: key.trans_a,
+        a,
+        b,
+        d: Matrix {
+            rows: n,
+            cols: m,
+            ld: n,
+            stride: key.stride_c,
+        },
+        batch: key.batch,
+    }
+}
+
+/// Plans by key. `None` remembers a shape cuBLASLt has no algorithm for, so it goes straight
+/// to cuBLAS instead of rerunning the heuristic. One stream drives the executor, so a
+/// `RefCell` is enough.
+pub(super) struct Cache<P> {
+    map: RefCell<HashMap<Key, Option<P>>>,
+}
+
+impl<P> Cache<P> {
+    pub(super) fn new() -> Self {
+        Cache {
+            map: RefCell::new(HashMap::new()),
+        }
+    }
+
+    /// Runs `run` on the plan for `key`, building it first if there is none yet; `None`
+    /// when the key has no plan.
+    pub(super) fn with<R>(
+        &self,
+        key: Key,
+        build: impl FnOnce() -> Result<Option<P>, CudaError>,
+        run: impl FnOnce(&P) -> R,
+    ) -> Result<Option<R>, CudaError> {
+        if !self.map.borrow().contains_key(&key) {
+            // Built outside any borrow; a failed build is not remembered, so it is retried.
+            let plan = build()?;
+            self.map.borrow_mut().insert(key, plan);
+        }
+        Ok(self
+            .map
+            .borrow()
+            .get(&key)
+            .and_then(Option::as_ref)
+            .map(run))
+    }
+
+    /// Sends the key to cuBLAS from now on (cuBLASLt refused to run its plan).
+    pub(super) fn disable(&self, key: Key) {
+        self.map.borrow_mut().insert(key, None);
+    }
+
+    /// (plans, keys without one).
+    pub(super) fn counts(&self) -> (usize, usize) {
+        let map = self.map.borrow();
+        let plans = map.values().filter(|p| p.is_some()).count();
+        (plans, map.len() - plans)
+    }
+}
+
+fn blas(what: &str, e: result::CublasError) -> CudaError {
+    CudaError::Blas(format!("cuBLASLt {what}: {e:?}"))
+}
+
+fn not_supported(e: &result::CublasError) -> bool {
+    e.0 == sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED
+}
+
+/// Owned cuBLASLt objects, destroyed once on drop (errors there are ignored: nothing can be
+/// done about them while tearing down).
+struct Handle(sys::cublasLtHandle_t);
+struct Desc(sys::cublasLtMatmulDesc_t);
+struct Layout(sys::cublasLtMatrixLayout_t);
+struct Pref(sys::cublasLtMatmulPreference_t);
+
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_handle`, destroyed once.
+        let _ = unsafe { result::destroy_handle(self.0) };
+    }
+}
+
+impl Drop for Desc {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_matmul_desc`, destroyed once.
+        let _ = unsafe { result::destroy_matmul_desc(self.0) };
+    }
+}
+
+impl Drop for Layout {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_matrix_layout`, destroyed once.
+        let _ = unsafe { result::destroy_matrix_layout(self.0) };
+    }
+}
+
+impl Drop for Pref {
+    fn drop(&mut self) {
+        // SAFETY: created by `create_matmul_pref`, destroyed once.
+        let _ = unsafe { result::destroy_matmul_pref(self.0) };
+    }
+}
+
+/// Sets a descriptor attribute from a plain value.
+///
+/// # Safety
+/// `T` must be the attribute's C type.
+unsafe fn set_desc<T>(
+    d: &Desc,
+    attr: sys::cublasLtMatmulDescAttributes_t,
+    v: &T,
+) -> Result<(), CudaError> {
+    result::set_matmul_desc_attribute(d.0, attr, v as *const T as *const c_void, size_of::<T>())
+        .map_err(|e| blas("matmul descriptor", e))
+}
+
+/// # Safety
+/// `T` must be the attribute's C type.
+unsafe fn set_pref<T>(
+    p: &Pref,
+    attr: sys::cublasLtMatmulPreferenceAttributes_t,
+    v: &T,
+) -> Result<(), CudaError> {
+    result::set_matmul_pref_attribute(p.0, attr, v as *const T as *const c_void, size_of::<T>())
+        .map_err(|e| blas("preference", e))
+}
+
+impl Layout {
+    fn new(m: &Matrix, batch: i32) -> Result<Layout, CudaError> {
+        let f32t = sys::cudaDataType::CUDA_R_32F;
+        let l = result::create_matrix_layout(f32t, m.rows, m.cols, m.ld as i64)
+            .map(Layout)
+            .map_err(|e| blas("matrix layout", e))?;
+        use sys::cublasLtMatrixLayoutAttribute_t as A;
+        let stride = m.stride as i64;
+        // SAFETY: a live layout; BATCH_COUNT is an int32, STRIDED_BATCH_OFFSET an int64.
+        unsafe {
+            result::set_matrix_layout_attribute(
+                l.0,
+                A::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                &batch as *const i32 as *const c_void,
+                size_of::<i32>(),
+            )
+            .and_then(|()| {
+                result::set_matrix_layout_attribute(
+                    l.0,
+                    A::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                    &stride as *const i64 as *const c_void,
+                    size_of::<i64>(),
+                )
+            })
+            .map_err(|e| blas("matrix layout", e))?;
+        }
+        Ok(l)
+    }
+}
+
+/// Everything `cublasLtMatmul` needs for one key but the pointers. D shares C's layout (D = C).
+pub(super) struct LtPlan {
+    desc: Desc,
+    a: Layout,
+    b: Layout,
+    d: Layout,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+/// cuBLASLt's own workspace: cudarc's `Workspace` buffer is crate-private.
+struct Workspace {
+    ptr: u64,
+    bytes: usize,
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `malloc_sync`, freed once.
+        let _ = unsafe { driver::free_sync(self.ptr) };
+    }
+}
+
+/// The workspace NVIDIA recommends: 32 MiB on Hopper and later, else 4 MiB.
+pub(super) fn workspace_bytes(cc_major: i32) -> usize {
+    if cc_major >= 9 {
+        32 << 20
+    } else {
+        4 << 20
+    }
+}
+
+/// The executor's cuBLASLt: a handle, a workspace and the plans. Fields drop in order: the
+/// plans before the handle they were made for.
+pub(super) struct Lt {
+    plans: Cache<LtPlan>,
+    handle: Handle,
+    workspace: Workspace,
+    compute: Compute,
+}
+
+impl Lt {
+    /// cuBLASLt at `compute`, or `None` when libcublasLt is not found (the caller keeps
+    /// cuBLAS). Call with the executor's context current (the workspace is allocated in it).
+    pub(super) fn new(compute: Compute, cc_major: i32) -> Result<Option<Lt>, CudaError> {
+        if !present() {
+            return Ok(None);
+        }
+        let handle = Handle(result::create_handle().map_err(|e| blas("create", e))?);
+        let bytes = workspace_bytes(cc_major);
+        // SAFETY: a plain device allocation, freed by `Workspace`.
+        let ptr = unsafe { driver::malloc_sync(bytes) }.map_err(|e| {
+            CudaError::Driver(format!(
+                "allocating the cuBLASLt workspace ({bytes} bytes): {e:?}"
+            ))
+        })?;
+        Ok(Some(Lt {
+            plans: Cache::new(),
+            handle,
+            workspace: Workspace { ptr, bytes },
+            compute,
+        }))
+    }
+
+    /// (plans built, shapes sent to cuBLAS), for checks that cuBLASLt really ran.
+    pub(super) fn counts(&self) -> (usize, usize) {
+        self.plans.counts()
+    }
+
+    /// Queues `g` on `stream` through its plan. `Ok(false)`: cuBLASLt cannot run it (no
+    /// algorithm, or the call was refused as not supported) and the caller must use cuBLAS.
+    pub(super) fn gemm(
+        &self,
+        g: &Gemm,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<bool, CudaError> {
+        if g.m == 0 || g.n == 0 || g.count == 0 {
+            return Ok(true);
+        }
+        // cuBLAS zero-fills C for k = 0; a cuBLASLt layout with no columns may be refused.
+        if g.k == 0 {
+            return Ok(false);
+        }
+        let key = Key::of(g, self.compute);
+        let ran = self.plans.with(
+            key,
+            || self.build(&key),
+            // SAFETY: the plan was built for these sizes, strides and alignments; the
+            // pointers address live buffers holding the operands.
+            |p| unsafe { self.run(p, g, stream) },
+        )?;
+        match ran {
+            None => Ok(false),
+            Some(Ok(())) => Ok(true),
+            Some(Err(e)) if not_supported(&e) => {
+                self.plans.disable(key);
+                Ok(false)
+            }
+            Some(Err(e)) => Err(blas("matmul", e)),
+        }
+    }
+
+    /// The descriptor, layouts and the heuristic's first algorithm for `key`; `None` when
+    /// there is no algorithm.
+    fn build(&self, key: &Key) -> Result<Option<LtPlan>, CudaError> {
+        let Ok(batch) = i32::try_from(key.batch) else {
+            return Ok(None);
+        };
+        let cm = col_major(key);
+        let f32t = sys::cudaDataType::CUDA_R_32F;
+        let desc = result::create_matmul_desc(key.compute.cublas(), f32t)
+            .map(Desc)
+            .map_err(|e| blas("matmul descriptor", e))?;
+        use sys::cublasLtMatmulDescAttributes_t as D;
+        use sys::cublasLtMatmulPreferenceAttributes_t as P;
+        // cublasOperation_t is an int32: 0 = N, 1 = T.
+        let (ta, tb) = (i32::from(cm.trans_a), i32::from(cm.trans_b));
+        // SAFETY: a live descriptor; TRANSA/TRANSB are int32.
+        unsafe {
+            set_desc(&desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &ta)?;
+            set_desc(&desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &tb)?;
+        }
+        let a = Layout::new(&cm.a, batch)?;
+        let b = Layout::new(&cm.b, batch)?;
+        let d = Layout::new(&cm.d, batch)?;
+        let pref = result::create_matmul_pref()
+            .map(Pref)
+            .map_err(|e| blas("preference", e))?;
+        // A' is B's memory, B' is A's.
+        let [align_a, align_b, align_c] = key.align;
+        // SAFETY: a live preference; MAX_WORKSPACE_BYTES is a uint64, the alignments uint32.
+        unsafe {
+            set_pref(
+                &pref,
+                P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &(self.workspace.bytes as u64),
+            )?;
+            set_pref(
+                &pref,
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                &align_b,
+            )?;
+            set_pref(
+                &pref,
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                &align_a,
+            )?;
+            set_pref(
+                &pref,
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                &align_c,
+            )?;
+            set_pref(
+                &pref,
+                P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                &align_c,
+            )?;
+        }
+        // SAFETY: every object is live; C and D share one layout. cudarc reports an empty
+        // result as NOT_SUPPORTED.
+        let heuristic = unsafe {
+            result::get_matmul_algo_heuristic(self.handle.0, desc.0, a.0, b.0, d.0, d.0, pref.0)
+        };
+        match heuristic {
+            Ok(h) => Ok(Some(LtPlan {
+                desc,
+                a,
+                b,
+                d,
+                algo: h.algo,
+            })),
+            Err(e) if not_supported(&e) => Ok(None),
+            Err(e) => Err(blas("heuristic", e)),
+        }
+    }
+
+    /// # Safety
+    /// `p` must be the plan for `g`'s key, and `g`'s pointers live buffers of its operands.
+    unsafe fn run(
+        &self,
+        p: &LtPlan,
+        g: &Gemm,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<(), result::CublasError> {
+        let (alpha, beta) = (1f32, 0f32);
+        result::matmul(
+            self.handle.0,
+            p.desc.0,
+            &alpha as *const f32 as *const c_void,
+            &beta as *const f32 as *const c_void,
+            g.pb as *const c_void,
+            p.a.0,
+            g.pa as *const c_void,
+            p.b.0,
+            g.pc as *const c_void,
+            p.d.0,
+            g.pc as *mut c_void,
+            p.d.0,
+            &p.algo,
+            self.workspace.ptr as *mut c_void,
+            self.workspace.bytes,
+            stream as sys::cudaStream_t,
+        )
+    }
+}
+
+#[cfg(test)]
+#[path = "lt_tests.rs"]
+mod tests;
