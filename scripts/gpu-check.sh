@@ -63,6 +63,21 @@ if python3 -c 'import torch' 2>/dev/null; then
 else
     echo "PyTorch is not installed: no comparison"
 fi
+echo "== benches/models/gpt-gpu.ron, bf16, GEMMs through cuBLAS instead of cuBLASLt's cached plans"
+PARALLAX_CUBLASLT=0 timeout 150 "$BIN" gpu-check benches/models/gpt-gpu.ron --steps 0 --precision bf16 \
+    --time-steps 10 | sed 's/^ROW|gpt-gpu|/ROW|gpt-gpu, PARALLAX_CUBLASLT=0|/' | tee -a "$LOG" \
+    || echo "ROW|gpt-gpu, PARALLAX_CUBLASLT=0|bf16|-|-|FAIL|-|-|-" >>"$LOG"
+echo "== benches/models/gpt-gpu.ron, bf16: time per kind of kernel (attention, GEMMs, the rest)"
+timeout 150 "$BIN" gpu-check benches/models/gpt-gpu.ron --steps 0 --precision bf16 --time-steps 3 \
+    --profile | grep -v '^ROW|' || echo "(the profile failed)"
+if python3 -c 'import torch' 2>/dev/null; then
+    echo "== PyTorch at gpt-gpu's shapes: attention backends, GEMM throughput (the targets)"
+    ATT=$(mktemp)
+    timeout 200 python3 benches/gpu/attention_torch.py | tee "$ATT" || true
+    while IFS='|' read -r kind what ms tf; do
+        echo "ROW|PyTorch ${kind,,} $what|bf16|-|-|-|$ms|$tf|-" >>"$LOG"
+    done < <(grep -E '^(ATT|GEMM)\|' "$ATT")
+fi
 echo "== train models/mlp.ron on CUDA (the main job on the GPU)"
 rm -rf /tmp/parallax-gpu-run
 if timeout 120 "$BIN" train models/mlp.ron --backend cuda --run-dir /tmp/parallax-gpu-run; then
