@@ -17,6 +17,8 @@ use crate::plan::Plan;
 
 #[path = "attention_grad.rs"]
 mod grad;
+#[path = "attention_mma.rs"]
+mod mma;
 
 /// Warps per block, each with a row of the block's tile.
 const WARPS: u64 = 8;
@@ -493,6 +495,9 @@ fn forward_checked(
         ],
     )?;
     let vo = v.zip(o);
+    if g.options.bf16_attention && mma::fits(&dm) {
+        return Ok(vec![mma::forward(g, name, dm, (&ins[0], &ins[1]), vo, lse)]);
+    }
     Ok(vec![forward(g, name, dm, (&ins[0], &ins[1]), vo, lse)])
 }
 

@@ -163,6 +163,14 @@ impl Kernel {
         name
     }
 
+    /// Declares a block-shared array of `len` 16-bit values, 16-byte aligned (`ldmatrix`
+    /// rows), and returns its name.
+    pub fn shared_b16(&mut self, len: u32) -> String {
+        let name = format!("{}_s{}", self.name, self.shared.lines().count());
+        let _ = writeln!(self.shared, "\t.shared .align 16 .b16 {name}[{len}];");
+        name
+    }
+
     // ---- integers ----
 
     pub fn u64c(&mut self, v: u64) -> Rd {

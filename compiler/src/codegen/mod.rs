@@ -161,9 +161,19 @@ impl Operand {
     }
 }
 
+/// Choices of kernel beyond what the plan says. `Default` is what `generate` uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CodegenOptions {
+    /// Attention forwards of head width 64 or 128 on tensor cores (`mma.sync`, bf16 operands
+    /// rounded from the stored f32, f32 accumulation; sm_80 and later) instead of the plain
+    /// f32 kernels. For plans whose matmuls run in bf16 anyway.
+    pub bf16_attention: bool,
+}
+
 /// Collects the entries of a module as kernels are generated.
 #[derive(Default)]
 pub struct Gen {
+    pub options: CodegenOptions,
     entries: Vec<(String, String)>,
     /// Each entry's text with its name blanked out, to reuse identical kernels (a repeated
     /// block generates the same kernels in every layer).
@@ -238,7 +248,20 @@ fn builtins(g: &mut Gen) {
 
 /// Generates the code of every kernel of `plan` for batches of `batch` samples.
 pub fn generate(plan: &Plan, batch: u64, target: &str) -> Result<Module, CodegenError> {
-    let mut g = Gen::new();
+    generate_with(plan, batch, target, &CodegenOptions::default())
+}
+
+/// `generate` with kernel choices (`CodegenOptions`).
+pub fn generate_with(
+    plan: &Plan,
+    batch: u64,
+    target: &str,
+    options: &CodegenOptions,
+) -> Result<Module, CodegenError> {
+    let mut g = Gen {
+        options: *options,
+        ..Gen::default()
+    };
     builtins(&mut g);
     let shapes: Vec<Vec<u64>> = plan
         .steps
@@ -495,10 +518,15 @@ pub(crate) mod testing {
         Ok(())
     }
 
-    use super::{generate, Module};
+    use super::{generate_with, CodegenOptions, Module};
 
     /// The module of a model file of `models/`, at its own batch size.
     pub fn model_module(file: &str) -> Module {
+        model_module_with(file, &CodegenOptions::default())
+    }
+
+    /// `model_module` with kernel choices.
+    pub fn model_module_with(file: &str, codegen: &CodegenOptions) -> Module {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../models")
             .join(file);
@@ -507,7 +535,7 @@ pub(crate) mod testing {
         let options = crate::Options::default();
         let compiled = crate::compile(&source, &options, &mut |_, _| {}).expect("compiles");
         let plan = compiled.plan(&source, &options);
-        generate(&plan, plan.batch_size, "sm_80").expect("generates")
+        generate_with(&plan, plan.batch_size, "sm_80", codegen).expect("generates")
     }
 }
 
@@ -530,6 +558,28 @@ mod tests {
             let m = model_module(&f);
             assemble(&m.text()).unwrap_or_else(|e| panic!("{f}: {e}"));
         }
+    }
+
+    /// With `bf16_attention`, gpt-large's attention forwards (head width 128) run on tensor
+    /// cores, its backward stays f32, and the module assembles; the small transformer's heads
+    /// (width 16) keep the f32 kernels; by default nothing changes.
+    #[test]
+    fn bf16_attention_option_selects_the_mma_forward() {
+        let mma = |m: &super::Module| {
+            m.entries
+                .iter()
+                .filter(|(_, e)| e.contains("mma.sync.aligned.m16n8k16"))
+                .count()
+        };
+        let options = super::CodegenOptions {
+            bf16_attention: true,
+        };
+        let with = |f: &str| super::testing::model_module_with(f, &options);
+        assert_eq!(mma(&model_module("gpt-large.ron")), 0);
+        let m = with("gpt-large.ron");
+        assert_eq!(mma(&m), 1, "one forward entry shared by every layer");
+        assemble(&m.text()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(mma(&with("transformer.ron")), 0);
     }
 
     #[test]

@@ -1,0 +1,425 @@
+//! Attention's forward on tensor cores (FlashAttention-2 style): bf16 operands, f32
+//! accumulation, `mma.sync.m16n8k16` (sm_80 and later), for head widths 64 and 128.
+//!
+//! A block of 4 warps takes 64 queries of one head; each warp owns 16 of them (one m16 tile),
+//! so the softmax statistics of a row never leave the 4 lanes that hold it. Keys and values
+//! stream in tiles of 64. Operands stay f32 in global memory: `cp.async` copies bytes and
+//! cannot convert, so tiles are staged with plain vector loads, `cvt.rn.bf16x2.f32` and shared
+//! stores, single-buffered between two barriers (no copy/compute overlap yet: a second K/V
+//! buffer at width 128 would pass the 48 KB of static shared memory). The query tile goes
+//! through the key buffer once and then lives in registers as `mma` A fragments.
+//!
+//! Per key tile: `S = Q K^T` (B fragments by `ldmatrix`), scores scaled by `scale * log2 e`
+//! so `ex2.approx` is the exponential, masking only on the diagonal tile of a causal head and
+//! on the last, partial tile; the S accumulators are repacked in registers as the A fragments
+//! of `P V` (V by `ldmatrix.trans`), so P never touches shared memory. Each lane keeps its
+//! own partial row sums; the 4 lanes of a row add them once at the end. Every sum runs in one
+//! fixed order and each output has one writer: deterministic.
+
+use super::super::builder::{imm, Kernel, Rd, F, P, R};
+use super::super::{grid_for, Gen, Launch, Operand};
+use super::{each_task, Dims};
+
+/// Warps per block, 16 query rows each.
+const WARPS: u64 = 4;
+const THREADS: u64 = 32 * WARPS;
+/// Query rows per block and keys per tile.
+const BR: u64 = 16 * WARPS;
+const BC: u64 = 64;
+/// bf16 elements of padding per staged row: 16 bytes, so the 8 rows one `ldmatrix` reads
+/// fall in 8 different 16-byte bank groups.
+const PAD: u64 = 8;
+
+/// Whether the tensor-core forward takes these sizes (others use the f32 kernel).
+pub(super) fn fits(dm: &Dims) -> bool {
+    matches!(dm.d, 64 | 128) && matches!(dm.e, 0 | 64 | 128)
+}
+
+/// A staged tile's row pitch in bytes.
+fn pitch(width: u64) -> u64 {
+    2 * (width + PAD)
+}
+
+/// The lane's registers and the block's shared tiles.
+struct Ctx {
+    tid: Rd,
+    lane: Rd,
+    warp: Rd,
+    kbuf: Rd,
+}
+
+/// `(r >> shift) & mask`.
+fn lane_bits(k: &mut Kernel, r: Rd, shift: u64, mask: u64) -> Rd {
+    let s = k.rd();
+    k.ins(format!("shr.u64 {s}, {r}, {shift}"));
+    let d = k.rd();
+    k.ins(format!("and.b64 {d}, {s}, {mask}"));
+    d
+}
+
+/// Copies `rows` rows (of `width` f32) from row `first` of `src` into the tile at `buf` as
+/// bf16, zeros past `rows` (padded keys then add nothing, padded queries stay finite). The
+/// caller puts a barrier on each side.
+fn stage(k: &mut Kernel, ctx: &Ctx, buf: Rd, src: Rd, first: Rd, rows: Rd, width: u64) {
+    // Thread t moves columns 4 (t % q) .. + 4 of rows t / q + step u: one 16-byte load each.
+    let q = width / 4;
+    let step = THREADS / q;
+    let r0 = k.op64("div", ctx.tid, q);
+    let c0 = k.op64("rem", ctx.tid, q);
+    let c0 = k.op64("mul.lo", c0, 4);
+    let row = k.op64("add", first, r0);
+    let at = k.op64("mul.lo", row, width);
+    let at = k.op64("add", at, c0);
+    let g = k.addr(src, at);
+    let s = k.op64("mul.lo", r0, pitch(width));
+    let s = k.op64("add", s, buf);
+    let sa = k.rd();
+    k.ins(format!("mad.lo.u64 {sa}, {c0}, 2, {s}"));
+    let units: Vec<u64> = (0..BC / step).collect();
+    // Four loads in flight before their conversions.
+    for group in units.chunks(4) {
+        let mut loaded = Vec::new();
+        for &u in group {
+            let v: Vec<F> = (0..4).map(|_| k.fc(0.0)).collect();
+            let r = k.op64("add", r0, u * step);
+            let p = k.cmp64("lt", r, rows);
+            k.ins(format!(
+                "@{p} ld.global.nc.v4.f32 {{{}, {}, {}, {}}}, [{g}+{}]",
+                v[0],
+                v[1],
+                v[2],
+                v[3],
+                4 * u * step * width
+            ));
+            loaded.push((u, v));
+        }
+        for (u, v) in loaded {
+            let (lo, hi) = (k.r(), k.r());
+            // The first operand goes to the upper half: the higher column.
+            k.ins(format!("cvt.rn.bf16x2.f32 {lo}, {}, {}", v[1], v[0]));
+            k.ins(format!("cvt.rn.bf16x2.f32 {hi}, {}, {}", v[3], v[2]));
+            k.ins(format!(
+                "st.shared.v2.b32 [{sa}+{}], {{{lo}, {hi}}}",
+                u * step * pitch(width)
+            ));
+        }
+    }
+}
+
+/// `ldmatrix` x4 (`.trans` if `trans`) with this lane's row address `at + off`.
+fn ldmatrix(k: &mut Kernel, at: Rd, off: u64, trans: bool) -> [R; 4] {
+    let d = [k.r(), k.r(), k.r(), k.r()];
+    let t = if trans { ".trans" } else { "" };
+    k.ins(format!(
+        "ldmatrix.sync.aligned.m8n8.x4{t}.shared.b16 {{{}, {}, {}, {}}}, [{at}+{off}]",
+        d[0], d[1], d[2], d[3]
+    ));
+    d
+}
+
+/// `c += a b` on one m16n8k16 tile.
+fn mma(k: &mut Kernel, c: &[F], a: &[R], b: [R; 2]) {
+    k.ins(format!(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{c0}, {c1}, {c2}, {c3}}}, \
+         {{{}, {}, {}, {}}}, {{{}, {}}}, {{{c0}, {c1}, {c2}, {c3}}}",
+        a[0],
+        a[1],
+        a[2],
+        a[3],
+        b[0],
+        b[1],
+        c0 = c[0],
+        c1 = c[1],
+        c2 = c[2],
+        c3 = c[3],
+    ));
+}
+
+/// The row address this lane gives `ldmatrix` x4: matrix `m = lane / 8`, its row `lane % 8`.
+/// `split_rows`: matrices 0-3 are (rows 0-7, columns 0-7), (rows 8-15, columns 0-7), then
+/// the same of columns 8-15; otherwise rows 0-7 of columns 0-7, 8-15, 16-23, 24-31.
+fn lane_row(k: &mut Kernel, ctx: &Ctx, buf: Rd, width: u64, split_rows: bool) -> Rd {
+    let mut r = lane_bits(k, ctx.lane, 0, 7);
+    let m = lane_bits(k, ctx.lane, 3, 3);
+    let mut c = m;
+    if split_rows {
+        let lo = lane_bits(k, m, 0, 1);
+        let lo = k.op64("mul.lo", lo, 8);
+        r = k.op64("add", r, lo);
+        c = k.op64("shr", m, 1);
+    }
+    // 8 bf16 columns: 16 bytes.
+    let c = k.op64("mul.lo", c, 16);
+    let a = k.op64("mul.lo", r, pitch(width));
+    let a = k.op64("add", a, c);
+    k.op64("add", a, buf)
+}
+
+/// The query tile's A fragments (4 registers per 16 columns) of this warp's 16 rows, read
+/// from `kbuf`.
+fn query_fragments(k: &mut Kernel, ctx: &Ctx, d: u64) -> Vec<R> {
+    // Matrices: rows 0-7 / 8-15 of columns 0-7, then of columns 8-15 (a0..a3).
+    let at = lane_row(k, ctx, ctx.kbuf, d, true);
+    let w = k.op64("mul.lo", ctx.warp, 16 * pitch(d));
+    let at = k.op64("add", at, w);
+    (0..d / 16)
+        .flat_map(|kk| ldmatrix(k, at, 32 * kk, false))
+        .collect()
+}
+
+/// The forward: `o = softmax(scale q k^T) v` when `vo` is given, `lse = ln sum exp` when
+/// `lse` is.
+pub(super) fn forward(
+    g: &mut Gen,
+    name: &str,
+    dm: Dims,
+    (q, key): (&Operand, &Operand),
+    vo: Option<(&Operand, &Operand)>,
+    lse: Option<&Operand>,
+) -> Launch {
+    let mut k = Kernel::new(name);
+    let (qp, kp) = (k.param_ptr(q.arg), k.param_ptr(key.arg));
+    let vo = vo.map(|(v, o)| (k.param_ptr(v.arg), k.param_ptr(o.arg)));
+    let lp = lse.map(|l| k.param_ptr(l.arg));
+    let (d, e) = (dm.d, if vo.is_some() { dm.e } else { 0 });
+    let kname = k.shared_b16((BC * (d + PAD)) as u32);
+    let vname = (e > 0).then(|| k.shared_b16((BC * (e + PAD)) as u32));
+    let kbuf = k.rd();
+    k.ins(format!("mov.u64 {kbuf}, {kname}"));
+    let vbuf = vname.map(|n| {
+        let b = k.rd();
+        k.ins(format!("mov.u64 {b}, {n}"));
+        b
+    });
+    let t = k.special("%tid.x");
+    let tid = k.wide(t);
+    let l = k.special("%laneid");
+    let lane = k.wide(l);
+    let warp = k.op64("shr", tid, 5);
+    let ctx = Ctx {
+        tid,
+        lane,
+        warp,
+        kbuf,
+    };
+    // This lane's place in a C fragment: row `grp` (and `grp + 8`), columns 2 tig, 2 tig + 1.
+    let grp = lane_bits(&mut k, lane, 2, 7);
+    let tig = lane_bits(&mut k, lane, 0, 3);
+    // ldmatrix row addresses: K as B of `Q K^T` (one 8-key tile, 32 columns: b0 b1 of two
+    // k-steps), V as B of `P V` by `.trans` (16 keys, 16 columns: b0 b1 of two n-tiles).
+    let k_at = lane_row(&mut k, &ctx, kbuf, d, false);
+    let v_at = vbuf.map(|b| lane_row(&mut k, &ctx, b, e, true));
+    let qtiles = dm.t.div_ceil(BR);
+    let tasks = dm.heads * qtiles;
+    let c = dm.scale * std::f32::consts::LOG2_E;
+    each_task(&mut k, tasks, |k, task| {
+        let h = k.op64("div", task, qtiles);
+        let i0 = k.op64("rem", task, qtiles);
+        let i0 = k.op64("mul.lo", i0, BR);
+        let hq = k.op64("mul.lo", h, dm.t);
+        let hs = k.op64("mul.lo", h, dm.s);
+        let first = k.op64("add", hq, i0);
+        let left = k.u64c(dm.t);
+        let left = k.op64("sub", left, i0);
+        let rows = k.op64("min", left, BR);
+        // The previous task's warps may still read the key buffer.
+        k.ins("bar.sync 0");
+        stage(k, &ctx, kbuf, qp, first, rows, d);
+        k.ins("bar.sync 0");
+        let qf = query_fragments(k, &ctx, d);
+        // This lane's two query rows.
+        let wr = k.op64("mul.lo", warp, 16);
+        let wr = k.op64("add", wr, grp);
+        let row0 = k.op64("add", i0, wr);
+        let row1 = k.op64("add", row0, 8);
+        let m = [k.fc(f32::NEG_INFINITY), k.fc(f32::NEG_INFINITY)];
+        let sum = [k.fc(0.0), k.fc(0.0)];
+        let o: Vec<F> = (0..e / 2).map(|_| k.fc(0.0)).collect();
+        // Causal: the block's last query sees keys below `i0 + BR`.
+        let end = if dm.causal {
+            let x = k.op64("add", i0, BR);
+            k.op64("min", x, dm.s)
+        } else {
+            k.u64c(dm.s)
+        };
+        let zero = k.u64c(0);
+        k.for_range(zero, end, BC, |k, j0| {
+            let kfirst = k.op64("add", hs, j0);
+            let left = k.u64c(dm.s);
+            let left = k.op64("sub", left, j0);
+            let krows = k.op64("min", left, BC);
+            k.ins("bar.sync 0");
+            stage(k, &ctx, kbuf, kp, kfirst, krows, d);
+            if let (Some(vb), Some((vp, _))) = (vbuf, vo) {
+                stage(k, &ctx, vb, vp, kfirst, krows, e);
+            }
+            k.ins("bar.sync 0");
+            let s = scores(k, &qf, k_at, d, c);
+            mask(k, &dm, &s, (j0, i0), (row0, row1), tig);
+            let pa = softmax_step(k, &s, &m, &sum, &o);
+            if let Some(v_at) = v_at {
+                for kk in 0..BC / 16 {
+                    let a = &pa[4 * kk as usize..4 * kk as usize + 4];
+                    for np in 0..e / 16 {
+                        let b = ldmatrix(k, v_at, 16 * kk * pitch(e) + 32 * np, true);
+                        let n = 8 * np as usize;
+                        mma(k, &o[n..n + 4], a, [b[0], b[1]]);
+                        mma(k, &o[n + 4..n + 8], a, [b[2], b[3]]);
+                    }
+                }
+            }
+        });
+        finish(k, &dm, (hq, [row0, row1], tig), &m, &sum, &o, vo, lp);
+    });
+    g.launch(k, grid_for(tasks, 1), THREADS as u32)
+}
+
+/// `S = Q K^T * c` for this warp's 16 rows and the tile's 64 keys: 8 C fragments of 4.
+fn scores(k: &mut Kernel, qf: &[R], k_at: Rd, d: u64, c: f32) -> Vec<F> {
+    let s: Vec<F> = (0..BC / 2).map(|_| k.fc(0.0)).collect();
+    for nt in 0..BC / 8 {
+        let acc = &s[4 * nt as usize..4 * nt as usize + 4];
+        for pr in 0..d / 32 {
+            let b = ldmatrix(k, k_at, 8 * nt * pitch(d) + 64 * pr, false);
+            let a = 8 * pr as usize;
+            mma(k, acc, &qf[a..a + 4], [b[0], b[1]]);
+            mma(k, acc, &qf[a + 4..a + 8], [b[2], b[3]]);
+        }
+    }
+    for &x in &s {
+        k.ins(format!("mul.rn.f32 {x}, {x}, {}", imm(c)));
+    }
+    s
+}
+
+/// Sets to -inf the scores of keys past `S` and, causal, of keys after their query: only on
+/// tiles that have any (a uniform branch skips the rest).
+fn mask(k: &mut Kernel, dm: &Dims, s: &[F], (j0, i0): (Rd, Rd), rows: (Rd, Rd), tig: Rd) {
+    let tail = k.op64("add", j0, BC);
+    let need = k.cmp64("gt", tail, dm.s);
+    if dm.causal {
+        let last = k.op64("add", j0, BC - 1);
+        let diag = k.cmp64("gt", last, i0);
+        k.ins(format!("or.pred {need}, {need}, {diag}"));
+    }
+    let skip = k.label();
+    k.bra_unless(need, &skip);
+    let ninf = k.fc(f32::NEG_INFINITY);
+    let col = k.op64("mul.lo", tig, 2);
+    let col = k.op64("add", col, j0);
+    for (n, &x) in s.iter().enumerate() {
+        let (nt, half, odd) = (n as u64 / 4, n % 4 / 2, n as u64 % 2);
+        let j = k.op64("add", col, 8 * nt + odd);
+        let drop: P = k.cmp64("ge", j, dm.s);
+        if dm.causal {
+            let i = if half == 0 { rows.0 } else { rows.1 };
+            let after = k.cmp64("gt", j, i);
+            k.ins(format!("or.pred {drop}, {drop}, {after}"));
+        }
+        k.ins(format!("selp.f32 {x}, {ninf}, {x}, {drop}"));
+    }
+    k.place(&skip);
+}
+
+/// The online softmax of one tile: new row maxima `m` (over the 4 lanes of a row), the
+/// lane's partial sums and the output rescaled, and `P = 2^(s - m)` packed as bf16 A
+/// fragments of `P V` (4 registers per 16 keys).
+fn softmax_step(k: &mut Kernel, s: &[F], m: &[F; 2], sum: &[F; 2], o: &[F]) -> Vec<R> {
+    for (half, (&mr, &lr)) in m.iter().zip(sum).enumerate() {
+        let of = |n: usize| n % 4 / 2 == half;
+        let xs: Vec<F> = (0..s.len()).filter(|&n| of(n)).map(|n| s[n]).collect();
+        let mx = k.mov(xs[0]);
+        for &x in &xs[1..] {
+            k.ins(format!("max.f32 {mx}, {mx}, {x}"));
+        }
+        for shift in [1, 2] {
+            let t = k.f();
+            k.ins(format!("shfl.sync.bfly.b32 {t}, {mx}, {shift}, 31, -1"));
+            k.ins(format!("max.f32 {mx}, {mx}, {t}"));
+        }
+        // Some key of every tile is visible to every row, so the new maximum is finite and
+        // the first tile's `2^(-inf - m)` is 0, not NaN.
+        let mn = k.f();
+        k.ins(format!("max.f32 {mn}, {mr}, {mx}"));
+        let dlt = k.sub(mr, mn);
+        let corr = k.un("ex2.approx.f32", dlt);
+        k.set(mr, mn);
+        let part = k.fc(0.0);
+        for &x in &xs {
+            k.ins(format!("sub.rn.f32 {x}, {x}, {mn}"));
+            k.ins(format!("ex2.approx.f32 {x}, {x}"));
+            k.ins(format!("add.rn.f32 {part}, {part}, {x}"));
+        }
+        k.ins(format!("mul.rn.f32 {lr}, {lr}, {corr}"));
+        k.ins(format!("add.rn.f32 {lr}, {lr}, {part}"));
+        for (n, &a) in o.iter().enumerate() {
+            if of(n) {
+                k.ins(format!("mul.rn.f32 {a}, {a}, {corr}"));
+            }
+        }
+    }
+    // A fragment of keys 16 kk..: (row g, keys 2 tig..) = c0 c1 of n-tile 2 kk, (row g + 8)
+    // = its c2 c3, then the same of n-tile 2 kk + 1.
+    let mut pa = Vec::new();
+    for pair in s.chunks(2) {
+        let r = k.r();
+        k.ins(format!("cvt.rn.bf16x2.f32 {r}, {}, {}", pair[1], pair[0]));
+        pa.push(r);
+    }
+    pa
+}
+
+/// `o / l` and `lse = ln 2 (m + log2 l)` of this lane's rows below `T`.
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    k: &mut Kernel,
+    dm: &Dims,
+    (hq, rows, tig): (Rd, [Rd; 2], Rd),
+    m: &[F; 2],
+    sum: &[F; 2],
+    o: &[F],
+    vo: Option<(Rd, Rd)>,
+    lp: Option<Rd>,
+) {
+    let col = k.op64("mul.lo", tig, 2);
+    let lead = k.cmp64("eq", tig, 0);
+    for (half, &row) in rows.iter().enumerate() {
+        let l = sum[half];
+        for shift in [1, 2] {
+            let t = k.f();
+            k.ins(format!("shfl.sync.bfly.b32 {t}, {l}, {shift}, 31, -1"));
+            k.ins(format!("add.rn.f32 {l}, {l}, {t}"));
+        }
+        let inside = k.cmp64("lt", row, dm.t);
+        let at = k.op64("add", hq, row);
+        if let Some((_, op)) = vo {
+            let one = k.fc(1.0);
+            let inv = k.div(one, l);
+            let e = dm.e;
+            let base = k.op64("mul.lo", at, e);
+            let base = k.op64("add", base, col);
+            let base = k.addr(op, base);
+            for nt in 0..e / 8 {
+                let c = 4 * nt as usize + 2 * half;
+                let (x, y) = (k.mul(o[c], inv), k.mul(o[c + 1], inv));
+                k.ins(format!(
+                    "@{inside} st.global.v2.f32 [{base}+{}], {{{x}, {y}}}",
+                    32 * nt
+                ));
+            }
+        }
+        if let Some(lp) = lp {
+            let lg = k.un("lg2.approx.f32", l);
+            let v = k.add(m[half], lg);
+            let v = k.mulc(v, std::f32::consts::LN_2);
+            let p = k.p();
+            k.ins(format!("and.pred {p}, {inside}, {lead}"));
+            let a = k.addr(lp, at);
+            k.ins(format!("@{p} st.global.f32 [{a}], {v}"));
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "tests/attention_mma.rs"]
+mod tests;

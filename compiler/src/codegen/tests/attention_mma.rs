@@ -1,0 +1,142 @@
+//! Tests of `codegen/attention_mma.rs`: the tensor-core forward generated for every width,
+//! length and mask and assembled by ptxas, its launches, the fallback to the f32 kernels for
+//! other widths, and ptxas's register and spill counts.
+use super::super::super::testing::{assemble, ptxas};
+use super::super::super::{Arg, CodegenOptions, Gen, Launch, Operand};
+use super::super::{forward_checked, single};
+use crate::ir::{DType, Op};
+
+fn f(i: usize, shape: &[u64]) -> Operand {
+    Operand {
+        arg: Arg::Value(i),
+        shape: shape.to_vec(),
+        dtype: DType::F32,
+    }
+}
+
+fn bf16() -> Gen {
+    Gen {
+        options: CodegenOptions {
+            bf16_attention: true,
+        },
+        ..Gen::default()
+    }
+}
+
+/// The forward with its log-sum-exp, the output alone and the log-sum-exp alone, of 2 x 3
+/// heads: q, k, v as values 0..3, o 3, lse 4.
+fn forwards(g: &mut Gen, tag: &str, t: u64, d: u64, causal: bool) -> Vec<Launch> {
+    let (b, h) = (2, 3);
+    let x = [
+        f(0, &[b, h, t, d]),
+        f(1, &[b, h, t, d]),
+        f(2, &[b, h, t, d]),
+    ];
+    let (o, lse) = (f(3, &[b, h, t, d]), f(4, &[b, h, t]));
+    let scale = 1.0 / (d as f64).sqrt();
+    let att = Op::Attention { causal, scale };
+    let lse_op = Op::AttentionLse { causal, scale };
+    let mut l = forward_checked(g, &format!("{tag}_fwd"), &att, &x, Some(&o), Some(&lse)).unwrap();
+    l.extend(single(g, &format!("{tag}_o"), &att, &x, &o).unwrap());
+    l.extend(single(g, &format!("{tag}_lse"), &lse_op, &x[..2], &lse).unwrap());
+    l
+}
+
+fn kernel(l: &Launch) -> (String, u32, u32, Vec<Arg>) {
+    match l {
+        Launch::Kernel {
+            entry,
+            grid,
+            block,
+            args,
+        } => (entry.clone(), *grid, *block, args.clone()),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn every_shape_assembles() {
+    for causal in [false, true] {
+        let mut g = bf16();
+        for d in [64, 128] {
+            for t in [1, 33, 128, 1024] {
+                forwards(&mut g, &format!("d{d}t{t}"), t, d, causal);
+            }
+        }
+        let text = g.text("sm_80");
+        assert!(text.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
+        assert!(text.contains("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16"));
+        assert!(text.contains("ex2.approx.f32"));
+        assert!(!text.contains("atom."), "deterministic: no atomics");
+        assemble(&text).unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+#[test]
+fn launches_and_fallback() {
+    let v = |ids: &[usize]| ids.iter().map(|&i| Arg::Value(i)).collect::<Vec<_>>();
+    let mut g = bf16();
+    let l = forwards(&mut g, "k", 33, 64, true);
+    // 6 heads of 33 queries: one 64-query tile each, 128 threads (4 warps) per block.
+    assert_eq!(kernel(&l[0]), ("k_fwd".into(), 6, 128, v(&[0, 1, 2, 3, 4])));
+    assert_eq!(kernel(&l[1]), ("k_o".into(), 6, 128, v(&[0, 1, 2, 3])));
+    assert_eq!(kernel(&l[2]), ("k_lse".into(), 6, 128, v(&[0, 1, 4])));
+    let l = forwards(&mut g, "long", 1024, 128, false);
+    assert_eq!(kernel(&l[0]).1, 6 * 16);
+    // Static shared memory only (the launch passes none): the widest case stays below 48 KB.
+    let text = g.text("sm_80");
+    for line in text.lines().filter(|l| l.contains(".shared .align 16")) {
+        let n: u64 = line
+            .split('[')
+            .nth(1)
+            .unwrap()
+            .trim_end_matches("];")
+            .parse()
+            .unwrap();
+        assert!(n * 2 <= 64 * 136 * 2, "{line}");
+    }
+    // Other widths, and the default options, take the f32 kernels (256 threads).
+    for (mut g, d) in [(bf16(), 32), (bf16(), 80), (Gen::new(), 64)] {
+        let l = forwards(&mut g, "f", 33, d, false);
+        assert!(l.iter().all(|l| kernel(l).2 == 256), "{d}");
+        assert!(!g.text("sm_80").contains("mma.sync"));
+    }
+}
+
+/// `ptxas -v` on sm_80 and sm_90: registers per thread, and no spills.
+#[test]
+fn registers_and_no_spills() {
+    let mut g = bf16();
+    for d in [64, 128] {
+        forwards(&mut g, &format!("d{d}"), 1024, d, true);
+    }
+    let file = std::env::temp_dir().join(format!("parallax-mma-{}.ptx", std::process::id()));
+    for target in ["sm_80", "sm_90"] {
+        let text = g
+            .text("sm_80")
+            .replace(".target sm_80", &format!(".target {target}"));
+        std::fs::write(&file, text).unwrap();
+        let out = std::process::Command::new(ptxas())
+            .args(["--gpu-name", target, "-v", "-o", "/dev/null"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let log = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{log}");
+        assert_eq!(
+            log.lines().filter(|l| l.contains("Used ")).count(),
+            6,
+            "{log}"
+        );
+        assert!(
+            log.lines()
+                .filter(|l| l.contains("spill"))
+                .all(|l| l.contains("0 bytes spill stores, 0 bytes spill loads")),
+            "{log}"
+        );
+        if std::env::var_os("PARALLAX_PTXAS_LOG").is_some() {
+            eprintln!("{target}\n{log}");
+        }
+    }
+    let _ = std::fs::remove_file(&file);
+}
