@@ -25,24 +25,26 @@ impl RankExecutor for Executor {
         self.run_kernel_at(k, ctx)
     }
 
-    fn read(&self, step: usize) -> Option<Vec<f32>> {
-        self.value(step).map(|v| v.f32().to_vec())
+    fn read(&self, step: usize) -> Result<Option<Vec<f32>>, ExecError> {
+        Ok(self.value(step).map(|v| v.f32().to_vec()))
     }
 
     fn write(&mut self, step: usize, values: &[f32]) -> Result<(), ExecError> {
         self.receive(step, values)
     }
 
-    fn finish_step(&mut self, mode: Mode) {
-        Executor::finish_step(self, mode)
+    fn finish_step(&mut self, mode: Mode) -> Result<(), ExecError> {
+        Executor::finish_step(self, mode);
+        Ok(())
     }
 
     fn take_persistent(&mut self) -> Vec<Tensor> {
         Executor::take_persistent(self)
     }
 
-    fn put_persistent(&mut self, persistent: Vec<Tensor>) {
-        Executor::put_persistent(self, persistent)
+    fn put_persistent(&mut self, persistent: Vec<Tensor>) -> Result<(), ExecError> {
+        Executor::put_persistent(self, persistent);
+        Ok(())
     }
 }
 

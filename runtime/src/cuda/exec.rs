@@ -4,11 +4,9 @@
 //! keyed generator, so both backends start from the same bits.
 
 use super::{target_for, CudaError};
-use crate::exec::Mode;
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
-use cudarc::driver::{LaunchConfig, PushKernelArg};
-use parallax_compiler::codegen::{self, Arg, Launch, Module};
+use parallax_compiler::codegen::{self, Module};
 use parallax_compiler::ir::{DType, Op};
 use parallax_compiler::Plan;
 use std::collections::HashMap;
@@ -24,61 +22,78 @@ pub enum Precision {
     Bf16,
 }
 
-/// Device memory freed on drop.
-struct DeviceBuffer {
-    ptr: sys::CUdeviceptr,
+/// Device memory freed on drop. It keeps its context alive and current for the free: an
+/// arena lent to another executor (`stepwise`) can outlive the executor that allocated it.
+pub(super) struct DeviceBuffer {
+    pub(super) ptr: sys::CUdeviceptr,
     bytes: usize,
+    ctx: Arc<CudaContext>,
 }
 
 impl Drop for DeviceBuffer {
     fn drop(&mut self) {
         if self.bytes > 0 {
+            let _ = self.ctx.bind_to_thread();
             // SAFETY: allocated by `malloc_sync`, freed once.
             let _ = unsafe { result::free_sync(self.ptr) };
         }
     }
 }
 
-struct Loaded {
-    code: Module,
+/// The address a lent buffer's slot holds (`stepwise`): never a real allocation.
+pub(super) const LENT: u64 = 0;
+
+pub(super) struct Loaded {
+    pub(super) code: Module,
     _module: Arc<CudaModule>,
-    functions: HashMap<String, CudaFunction>,
+    pub(super) functions: HashMap<String, CudaFunction>,
 }
 
-enum ArgValue {
+pub(super) enum ArgValue {
     U64(u64),
     F32(f32),
 }
 
 pub struct CudaExecutor {
-    plan: Arc<Plan>,
-    ctx: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    blas: blas_sys::cublasHandle_t,
+    pub(super) plan: Arc<Plan>,
+    pub(super) ctx: Arc<CudaContext>,
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) blas: blas_sys::cublasHandle_t,
     /// bf16 and tf32 GEMMs with plans cached per shape; `None`: everything on `blas`.
-    lt: Option<super::lt::Lt>,
+    pub(super) lt: Option<super::lt::Lt>,
     /// One allocation for every buffer of the plan (the memory plan's arena).
-    _arena: DeviceBuffer,
-    /// Each plan buffer's device address inside the arena.
-    buffers: Vec<u64>,
-    slot: Vec<Option<usize>>,
-    scratch: DeviceBuffer,
-    precision: Precision,
-    max_batch: usize,
-    seed: u64,
-    target: &'static str,
-    modules: HashMap<u64, Loaded>,
-    inputs: HashMap<String, usize>,
-    outputs: HashMap<String, usize>,
-    params: Vec<(String, usize)>,
+    pub(super) _arena: Arc<DeviceBuffer>,
+    /// Each plan buffer's device address: inside the arena, inside the arena of the executor
+    /// that lent this one its parameters and state, or `LENT` while lent out.
+    pub(super) buffers: Vec<u64>,
+    /// Each plan buffer's size in elements (at the largest batch).
+    pub(super) capacity: Vec<u64>,
+    /// The arena of the parameters and state installed here (`stepwise`), kept alive while
+    /// this executor addresses it.
+    pub(super) persistent_home: Arc<DeviceBuffer>,
+    /// The steps whose values a rank may read and write here (all, unless restricted to a
+    /// pipeline stage's kernels by `hold_only`).
+    pub(super) held: Vec<bool>,
+    /// A loan `put_persistent` refused, for the lender to take back.
+    pub(super) refused: Option<super::stepwise::Loan>,
+    pub(super) slot: Vec<Option<usize>>,
+    pub(super) scratch: DeviceBuffer,
+    pub(super) precision: Precision,
+    pub(super) max_batch: usize,
+    pub(super) seed: u64,
+    pub(super) target: &'static str,
+    pub(super) modules: HashMap<u64, Loaded>,
+    pub(super) inputs: HashMap<String, usize>,
+    pub(super) outputs: HashMap<String, usize>,
+    pub(super) params: Vec<(String, usize)>,
     /// Optimizer state by name.
-    states: Vec<(String, usize)>,
+    pub(super) states: Vec<(String, usize)>,
     /// Steps that hold one constant, `(step, value)`, filled at the start of every step.
-    fills: Vec<(usize, f32)>,
+    pub(super) fills: Vec<(usize, f32)>,
     /// Steps holding the `training` flag, filled by `begin` for its mode.
-    training_flags: Vec<usize>,
+    pub(super) training_flags: Vec<usize>,
     /// The batch of the inputs set last (the batch `run` must be called with).
-    batch: usize,
+    pub(super) batch: usize,
 }
 
 impl Drop for CudaExecutor {
@@ -89,7 +104,7 @@ impl Drop for CudaExecutor {
     }
 }
 
-fn numel(shape: &[u64]) -> u64 {
+pub(super) fn numel(shape: &[u64]) -> u64 {
     shape.iter().product()
 }
 
@@ -152,7 +167,11 @@ impl CudaExecutor {
             ctx.bind_to_thread()?;
             // SAFETY: a plain device allocation, freed by `DeviceBuffer`.
             match unsafe { result::malloc_sync(bytes) } {
-                Ok(ptr) => Ok(DeviceBuffer { ptr, bytes }),
+                Ok(ptr) => Ok(DeviceBuffer {
+                    ptr,
+                    bytes,
+                    ctx: ctx.clone(),
+                }),
                 Err(e) if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => {
                     let free = result::mem_get_info().map(|m| m.0 as u64).unwrap_or(0);
                     Err(CudaError::OutOfMemory {
@@ -187,7 +206,7 @@ impl CudaExecutor {
                 )
             },
         );
-        let arena = alloc(total / 4, &what)?;
+        let arena = Arc::new(alloc(total / 4, &what)?);
         let lt = match super::lt::selected(precision, std::env::var(super::lt::ENV).ok().as_deref())
         {
             Some(compute) => super::lt::Lt::new(compute, gpu.compute_capability.0)?,
@@ -204,14 +223,19 @@ impl CudaExecutor {
         let (params, states) = (names.params, names.states);
         let fills = plan.fills();
         let training_flags = plan.training_flags();
+        let held = plan.steps_touched(None);
         let mut e = CudaExecutor {
             plan: Arc::new(plan),
             ctx,
             stream,
             blas: handle,
             lt,
+            persistent_home: arena.clone(),
             _arena: arena,
             buffers,
+            capacity,
+            held,
+            refused: None,
             slot,
             scratch,
             precision,
@@ -288,7 +312,7 @@ impl CudaExecutor {
         Ok(())
     }
 
-    fn ensure_module(&mut self, batch: usize) -> Result<(), CudaError> {
+    pub(super) fn ensure_module(&mut self, batch: usize) -> Result<(), CudaError> {
         if !self.modules.contains_key(&(batch as u64)) {
             let code = codegen::generate(&self.plan, batch as u64, self.target)?;
             self.load(code)?;
@@ -296,21 +320,24 @@ impl CudaExecutor {
         Ok(())
     }
 
-    fn ptr(&self, step: usize) -> Result<u64, CudaError> {
-        self.slot
-            .get(step)
-            .copied()
-            .flatten()
-            .map(|b| self.buffers[b])
-            .ok_or_else(|| CudaError::Exec(format!("step {step} has no buffer")))
+    pub(super) fn ptr(&self, step: usize) -> Result<u64, CudaError> {
+        let b = self.slot.get(step).copied().flatten();
+        match b.map(|b| self.buffers[b]) {
+            None => Err(CudaError::Exec(format!("step {step} has no buffer"))),
+            // Never hand a kernel a null address: it would fault, not fail.
+            Some(LENT) => Err(CudaError::Exec(format!(
+                "step {step}'s buffer (a parameter or optimizer state) is lent to another executor of this rank"
+            ))),
+            Some(p) => Ok(p),
+        }
     }
 
-    fn shape(&self, step: usize, batch: usize) -> Vec<u64> {
+    pub(super) fn shape(&self, step: usize, batch: usize) -> Vec<u64> {
         self.plan
             .shape_at(&self.plan.steps[step].ty.shape, batch as u64)
     }
 
-    fn upload<T>(&self, step: usize, v: &[T]) -> Result<(), CudaError> {
+    pub(super) fn upload<T>(&self, step: usize, v: &[T]) -> Result<(), CudaError> {
         let p = self.ptr(step)?;
         // SAFETY: the buffer holds at least the value's elements (checked by the callers),
         // and the copy completes before `v` is released (synchronised).
@@ -319,7 +346,7 @@ impl CudaExecutor {
         Ok(())
     }
 
-    fn download_f32(&self, step: usize, n: usize) -> Result<Vec<f32>, CudaError> {
+    pub(super) fn download_f32(&self, step: usize, n: usize) -> Result<Vec<f32>, CudaError> {
         let p = self.ptr(step)?;
         let mut v = vec![0f32; n];
         self.stream.synchronize()?;
@@ -493,279 +520,6 @@ impl CudaExecutor {
         self.slot.get(step).copied().flatten().is_some()
     }
 
-    fn resolve(
-        &self,
-        a: &Arg,
-        mode: Mode,
-        step: u64,
-        first_sample: u64,
-    ) -> Result<ArgValue, CudaError> {
-        let training = mode != Mode::Eval;
-        Ok(match *a {
-            Arg::Value(s) => ArgValue::U64(self.ptr(s)?),
-            Arg::Scratch => ArgValue::U64(self.scratch.ptr),
-            Arg::DropoutKey { stream } => {
-                ArgValue::U64(crate::rng::dropout_key(self.seed, step, stream))
-            }
-            Arg::DropoutThreshold { p } => ArgValue::F32(if training { p as f32 } else { 0.0 }),
-            Arg::DropoutScale { p } => ArgValue::F32(if training {
-                (1.0 / (1.0 - p)) as f32
-            } else {
-                1.0
-            }),
-            Arg::FirstSample => ArgValue::U64(first_sample),
-            Arg::U64(v) => ArgValue::U64(v),
-            Arg::F32(v) => ArgValue::F32(v),
-        })
-    }
-
-    fn launch_entry(
-        &self,
-        batch: usize,
-        entry: &str,
-        grid: u32,
-        block: u32,
-        values: &[ArgValue],
-    ) -> Result<(), CudaError> {
-        let f = self.modules[&(batch as u64)]
-            .functions
-            .get(entry)
-            .ok_or_else(|| CudaError::Exec(format!("no kernel `{entry}` in the module")))?;
-        let mut b = self.stream.launch_builder(f);
-        for v in values {
-            match v {
-                ArgValue::U64(x) => b.arg(x),
-                ArgValue::F32(x) => b.arg(x),
-            };
-        }
-        let cfg = LaunchConfig {
-            grid_dim: (grid, 1, 1),
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the arguments match the entry's parameters (both come from one `Kernel`
-        // of the code generator), and every pointer addresses a live buffer of the size the
-        // kernel was generated for.
-        unsafe { b.launch(cfg) }.map_err(|e| CudaError::PtxLoad {
-            kernel: entry.to_string(),
-            message: format!("launch failed: {e:?}"),
-        })?;
-        Ok(())
-    }
-
-    fn run_launch(
-        &self,
-        batch: usize,
-        l: &Launch,
-        mode: Mode,
-        step: u64,
-        first_sample: u64,
-    ) -> Result<(), CudaError> {
-        match l {
-            Launch::Kernel {
-                entry,
-                grid,
-                block,
-                args,
-            } => {
-                let values = args
-                    .iter()
-                    .map(|a| self.resolve(a, mode, step, first_sample))
-                    .collect::<Result<Vec<_>, _>>()?;
-                self.launch_entry(batch, entry, *grid, *block, &values)
-            }
-            Launch::Copy { src, dst, elements } => {
-                let ptr = |x: &Arg| match self.resolve(x, mode, step, first_sample)? {
-                    ArgValue::U64(p) => Ok(p),
-                    ArgValue::F32(_) => {
-                        Err(CudaError::Exec("a copy operand is not a buffer".into()))
-                    }
-                };
-                let (s, d) = (ptr(src)?, ptr(dst)?);
-                if s != d && *elements > 0 {
-                    // SAFETY: both buffers hold `elements` values of 4 bytes.
-                    unsafe {
-                        result::memcpy_dtod_async(
-                            d,
-                            s,
-                            *elements as usize * 4,
-                            self.stream.cu_stream(),
-                        )?
-                    };
-                }
-                Ok(())
-            }
-            Launch::Gemm {
-                a,
-                b,
-                c,
-                m,
-                n,
-                k,
-                batch: count,
-                trans_a,
-                trans_b,
-                stride_a,
-                stride_b,
-                stride_c,
-            } => {
-                let ptr = |x: &Arg| match self.resolve(x, mode, step, first_sample)? {
-                    ArgValue::U64(p) => Ok(p),
-                    ArgValue::F32(_) => {
-                        Err(CudaError::Exec("a GEMM operand is not a buffer".into()))
-                    }
-                };
-                let (pa, pb, pc) = (ptr(a)?, ptr(b)?, ptr(c)?);
-                let g = super::gemm::Gemm {
-                    pa,
-                    pb,
-                    pc,
-                    m: *m,
-                    n: *n,
-                    k: *k,
-                    count: *count,
-                    trans_a: *trans_a,
-                    trans_b: *trans_b,
-                    stride_a: *stride_a,
-                    stride_b: *stride_b,
-                    stride_c: *stride_c,
-                };
-                if let Some(lt) = &self.lt {
-                    if lt.gemm(&g, self.stream.cu_stream())? {
-                        return Ok(());
-                    }
-                }
-                super::gemm::gemm(self.blas, self.precision, &g)
-            }
-        }
-    }
-
-    /// Fills the constants of the plan for `batch`, and its `training` flag for `mode`
-    /// (before the kernels).
-    pub fn begin(&mut self, batch: usize, mode: Mode) -> Result<(), CudaError> {
-        if batch > self.max_batch {
-            return Err(CudaError::Exec(format!(
-                "the batch of {batch} is larger than the {} the executor was sized for",
-                self.max_batch
-            )));
-        }
-        self.ensure_module(batch)?;
-        self.batch = batch;
-        let training = f32::from(u8::from(mode != Mode::Eval));
-        let flags = self.training_flags.iter().map(|&s| (s, training));
-        for (step, value) in self.fills.iter().copied().chain(flags) {
-            let n = numel(&self.shape(step, batch));
-            let values = [
-                ArgValue::U64(self.ptr(step)?),
-                ArgValue::U64(n),
-                ArgValue::F32(value),
-            ];
-            self.launch_entry(
-                batch,
-                codegen::FILL,
-                codegen::grid_for(n, codegen::BLOCK),
-                codegen::BLOCK,
-                &values,
-            )?;
-        }
-        Ok(())
-    }
-
-    /// Runs kernel `k` of the plan (after `begin`).
-    pub fn run_kernel(
-        &self,
-        k: usize,
-        mode: Mode,
-        step: u64,
-        first_sample: u64,
-    ) -> Result<(), CudaError> {
-        let batch = self.batch;
-        let code = &self.modules[&(batch as u64)].code.kernels[k];
-        for l in &code.launches {
-            self.run_launch(batch, l, mode, step, first_sample)?;
-        }
-        Ok(())
-    }
-
-    /// Runs one training step with a CUDA event around every launch and returns the time of
-    /// each launch, labelled by what it computes (for `gpu-check --profile`).
-    pub fn profile_step(
-        &mut self,
-        batch: usize,
-        step: u64,
-    ) -> Result<Vec<(String, f64)>, CudaError> {
-        self.begin(batch, Mode::Train)?;
-        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let mut labels = Vec::new();
-        let first = self.ctx.new_event(flags)?;
-        first.record(&self.stream)?;
-        let mut events = vec![first];
-        for k in 0..self.plan.kernels.len() {
-            let code = self.modules[&(batch as u64)].code.kernels[k].clone();
-            for l in &code.launches {
-                self.run_launch(batch, l, Mode::Train, step, 0)?;
-                let e = self.ctx.new_event(flags)?;
-                e.record(&self.stream)?;
-                let label = match l {
-                    Launch::Gemm { .. } => format!("gemm ({:?})", self.precision),
-                    Launch::Kernel { .. } | Launch::Copy { .. } => code.ops.join("+"),
-                };
-                labels.push(label);
-                events.push(e);
-            }
-        }
-        self.finish(Mode::Train)?;
-        self.stream.synchronize()?;
-        labels
-            .into_iter()
-            .zip(events.windows(2))
-            .map(|(label, w)| Ok((label, w[0].elapsed_ms(&w[1])? as f64)))
-            .collect()
-    }
-
-    /// Copies the updated parameters and state over the old (the end of a training step).
-    pub fn finish(&mut self, mode: Mode) -> Result<(), CudaError> {
-        if mode == Mode::Train {
-            for &(p, u) in self.plan.updates.iter() {
-                // Written in place (see the schedule pass).
-                if self.plan.steps[p].buffer == self.plan.steps[u].buffer {
-                    continue;
-                }
-                let n = numel(&self.shape(p, self.batch));
-                let values = [
-                    ArgValue::U64(self.ptr(p)?),
-                    ArgValue::U64(self.ptr(u)?),
-                    ArgValue::U64(n),
-                ];
-                self.launch_entry(
-                    self.batch,
-                    codegen::COPY,
-                    codegen::grid_for(n, codegen::BLOCK),
-                    codegen::BLOCK,
-                    &values,
-                )?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs one step on a batch of `batch` samples (inputs set before), as the CPU executor.
-    pub fn run(
-        &mut self,
-        batch: usize,
-        mode: Mode,
-        step: u64,
-        first_sample: u64,
-    ) -> Result<(), CudaError> {
-        self.begin(batch, mode)?;
-        for k in 0..self.plan.kernels.len() {
-            if mode.runs(&self.plan, k) {
-                self.run_kernel(k, mode, step, first_sample)?;
-            }
-        }
-        self.finish(mode)
-    }
-
     /// cuBLASLt's (plans built, GEMM shapes it sent to cuBLAS), or `None` when every GEMM
     /// runs on cuBLAS (fp32, `PARALLAX_CUBLASLT=0`, or no libcublasLt).
     pub fn cublaslt_plans(&self) -> Option<(usize, usize)> {
@@ -779,7 +533,7 @@ impl CudaExecutor {
 }
 
 /// `matmul in layer fc1` for messages.
-fn describe(op: &Op, layer: &str) -> String {
+pub(super) fn describe(op: &Op, layer: &str) -> String {
     match op {
         Op::Param { name, .. } | Op::Input { name, .. } | Op::State { name, .. } => name.clone(),
         _ => format!("{} in layer `{layer}`", op.name()),

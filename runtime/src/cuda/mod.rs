@@ -6,11 +6,14 @@
 mod backend;
 mod exec;
 mod gemm;
+mod launch;
 mod lt;
 pub mod nccl;
+mod stepwise;
 
 pub use cudarc;
 pub use exec::{CudaExecutor, Precision};
+pub use stepwise::{Loan, StepCtx};
 
 use cudarc::driver::{result, sys};
 

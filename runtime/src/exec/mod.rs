@@ -47,6 +47,14 @@ pub enum ExecError {
     /// From another backend behind the same interface (`backend::Backend`).
     #[error("{0}")]
     Device(String),
+    /// The CUDA executor, driven step by step by a rank (`cuda::stepwise`): the plan step it
+    /// was at and what CUDA reported.
+    #[error("step {step} ({what}) on the GPU: {source}")]
+    Cuda {
+        step: usize,
+        what: String,
+        source: crate::cuda::CudaError,
+    },
     /// A rank's exchange with the others (rank threads, or processes).
     #[error(transparent)]
     Comm(#[from] crate::comm::CommError),

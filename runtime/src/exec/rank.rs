@@ -1,7 +1,9 @@
 //! What one rank's step asks of an executor of one micro-shard (`ranks::rank`): the step
 //! driven kernel by kernel, a step's value read out or written in (what a collective or a
 //! transfer carries), and the parameters and optimizer state lent between the executors of
-//! one rank's shards. The CPU executor implements it; a GPU executor would too.
+//! one rank's shards. The CPU executor (`cpu::stepwise`) and the CUDA executor
+//! (`cuda::stepwise`) implement it. Reads, the commit and a loan can fail on a GPU (a copy,
+//! a launch, a loan across devices), so they return errors too.
 
 use super::{ExecError, Mode};
 
@@ -22,11 +24,15 @@ pub trait RankExecutor {
     /// Runs kernel `k` of the plan.
     fn run_kernel(&mut self, k: usize, ctx: &Self::Ctx) -> Result<(), ExecError>;
     /// Plan step `step`'s value as floats (`None` where this executor holds none).
-    fn read(&self, step: usize) -> Option<Vec<f32>>;
+    fn read(&self, step: usize) -> Result<Option<Vec<f32>>, ExecError>;
     /// Writes plan step `step`'s value from another rank (or another shard).
     fn write(&mut self, step: usize, values: &[f32]) -> Result<(), ExecError>;
     /// Applies the step's updates (after every rank's step succeeded).
-    fn finish_step(&mut self, mode: Mode);
+    fn finish_step(&mut self, mode: Mode) -> Result<(), ExecError>;
+    /// Lends the parameters and optimizer state out; this executor cannot use them until
+    /// they are put back.
     fn take_persistent(&mut self) -> Self::Persistent;
-    fn put_persistent(&mut self, persistent: Self::Persistent);
+    /// Installs what `take_persistent` of this or an identical executor lent. A refused loan
+    /// is kept as it came: the next `take_persistent` returns it, for the lender to take back.
+    fn put_persistent(&mut self, persistent: Self::Persistent) -> Result<(), ExecError>;
 }

@@ -64,8 +64,7 @@ impl<E: RankExecutor> Device<E> {
         if any {
             return Err(CommError::OthersFailed { rank: me }.into());
         }
-        self.shards[0].finish_step(step.mode);
-        Ok(())
+        self.shards[0].finish_step(step.mode)
     }
 
     fn kernels(
@@ -159,7 +158,7 @@ impl<E: RankExecutor> Device<E> {
                     for j in 0..runs(r) {
                         let mine = vec![Partial {
                             range: t..t + 1,
-                            values: value(&self.shards[j], operand),
+                            values: value(&self.shards[j], operand)?,
                         }];
                         let total = comm.all_reduce(&group, grid.tp, mine)?;
                         self.shards[j].write(last, &total)?;
@@ -182,10 +181,15 @@ impl<E: RankExecutor> Device<E> {
             return self.shards[0].run_kernel(k, ctx);
         }
         let persistent = self.shards[0].take_persistent();
-        self.shards[j].put_persistent(persistent);
+        if let Err(e) = self.shards[j].put_persistent(persistent) {
+            // The loan was refused (a GPU executor of another device): the lender takes it back.
+            let back = self.shards[j].take_persistent();
+            self.shards[0].put_persistent(back)?;
+            return Err(e);
+        }
         let result = self.shards[j].run_kernel(k, ctx);
         let persistent = self.shards[j].take_persistent();
-        self.shards[0].put_persistent(persistent);
+        self.shards[0].put_persistent(persistent)?;
         result
     }
 
@@ -204,10 +208,13 @@ impl<E: RankExecutor> Device<E> {
         let grid = step.grid;
         let (r, t, s) = grid.place(me);
         let own = step.owners[r].clone();
-        let shards = &self.shards;
-        let mine = partials(step.leaves, own.clone(), &|i| {
-            value(&shards[i - own.start], operand)
-        });
+        // Read first (a read can fail on a GPU); the tree takes each shard's values once.
+        let read: Vec<Vec<f32>> = (0..own.len())
+            .map(|i| value(&self.shards[i], operand))
+            .collect::<Result<_, _>>()?;
+        let read: Vec<std::cell::Cell<Vec<f32>>> =
+            read.into_iter().map(std::cell::Cell::new).collect();
+        let mine = partials(step.leaves, own.clone(), &|i| read[i - own.start].take());
         let group: Vec<usize> = (0..grid.dp).map(|q| grid.device(q, t, s)).collect();
         let total = match root {
             None => Some(comm.all_reduce(&group, step.leaves, mine)?),
@@ -236,7 +243,11 @@ impl<E: RankExecutor> Device<E> {
         } else {
             j
         };
-        match self.shards.get(holder).and_then(|e| e.read(operand)) {
+        let held = match self.shards.get(holder) {
+            Some(e) => e.read(operand)?,
+            None => None,
+        };
+        match held {
             Some(v) => Ok(v),
             None => Err(ExecError::Device(format!(
                 "transfer: device {me} does not hold the value it sends"
@@ -246,8 +257,8 @@ impl<E: RankExecutor> Device<E> {
 }
 
 /// A shard's value of `step` (empty when it holds none).
-fn value<E: RankExecutor>(e: &E, step: usize) -> Vec<f32> {
-    e.read(step).unwrap_or_default()
+fn value<E: RankExecutor>(e: &E, step: usize) -> Result<Vec<f32>, ExecError> {
+    Ok(e.read(step)?.unwrap_or_default())
 }
 
 /// Whether `step`'s value is a reduce's total (perhaps passed on by transfers) that data rank
@@ -262,5 +273,29 @@ fn reduced_elsewhere(plan: &Plan, mut step: usize, r: usize) -> bool {
             },
             _ => return false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Device, Step};
+    use crate::comm::Communicator;
+    use crate::cuda::{CudaExecutor, StepCtx};
+    use crate::exec::ExecError;
+
+    type RankStep = fn(
+        &mut Device<CudaExecutor>,
+        usize,
+        &[StepCtx],
+        &Step,
+        &mut dyn Communicator,
+    ) -> Result<(), ExecError>;
+
+    /// A compile-time check only (nothing runs on a GPU): the rank code, generic over
+    /// `RankExecutor`, is instantiated with the CUDA executor.
+    #[test]
+    fn the_rank_code_drives_the_cuda_executor() {
+        let step: RankStep = Device::<CudaExecutor>::step;
+        std::hint::black_box(step);
     }
 }

@@ -1,0 +1,286 @@
+//! A step on the GPU: each kernel's launches (generated PTX entries, device copies, GEMMs)
+//! with their arguments resolved to buffer addresses and step constants, queued on the
+//! executor's stream; the step's constants before them (`begin`) and its parameter copies
+//! after (`finish`). Split from `exec` (which allocates, loads and moves values to and
+//! from the host) along that seam.
+
+use super::exec::{numel, ArgValue, CudaExecutor};
+use super::CudaError;
+use crate::exec::Mode;
+use cudarc::driver::{result, sys, LaunchConfig, PushKernelArg};
+use parallax_compiler::codegen::{self, Arg, Launch};
+
+impl CudaExecutor {
+    fn resolve(
+        &self,
+        a: &Arg,
+        mode: Mode,
+        step: u64,
+        first_sample: u64,
+    ) -> Result<ArgValue, CudaError> {
+        let training = mode != Mode::Eval;
+        Ok(match *a {
+            Arg::Value(s) => ArgValue::U64(self.ptr(s)?),
+            Arg::Scratch => ArgValue::U64(self.scratch.ptr),
+            Arg::DropoutKey { stream } => {
+                ArgValue::U64(crate::rng::dropout_key(self.seed, step, stream))
+            }
+            Arg::DropoutThreshold { p } => ArgValue::F32(if training { p as f32 } else { 0.0 }),
+            Arg::DropoutScale { p } => ArgValue::F32(if training {
+                (1.0 / (1.0 - p)) as f32
+            } else {
+                1.0
+            }),
+            Arg::FirstSample => ArgValue::U64(first_sample),
+            Arg::U64(v) => ArgValue::U64(v),
+            Arg::F32(v) => ArgValue::F32(v),
+        })
+    }
+
+    fn launch_entry(
+        &self,
+        batch: usize,
+        entry: &str,
+        grid: u32,
+        block: u32,
+        values: &[ArgValue],
+    ) -> Result<(), CudaError> {
+        let f = self.modules[&(batch as u64)]
+            .functions
+            .get(entry)
+            .ok_or_else(|| CudaError::Exec(format!("no kernel `{entry}` in the module")))?;
+        let mut b = self.stream.launch_builder(f);
+        for v in values {
+            match v {
+                ArgValue::U64(x) => b.arg(x),
+                ArgValue::F32(x) => b.arg(x),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (grid, 1, 1),
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match the entry's parameters (both come from one `Kernel`
+        // of the code generator), and every pointer addresses a live buffer of the size the
+        // kernel was generated for.
+        unsafe { b.launch(cfg) }.map_err(|e| CudaError::PtxLoad {
+            kernel: entry.to_string(),
+            message: format!("launch failed: {e:?}"),
+        })?;
+        Ok(())
+    }
+
+    fn run_launch(
+        &self,
+        batch: usize,
+        l: &Launch,
+        mode: Mode,
+        step: u64,
+        first_sample: u64,
+    ) -> Result<(), CudaError> {
+        match l {
+            Launch::Kernel {
+                entry,
+                grid,
+                block,
+                args,
+            } => {
+                let values = args
+                    .iter()
+                    .map(|a| self.resolve(a, mode, step, first_sample))
+                    .collect::<Result<Vec<_>, _>>()?;
+                self.launch_entry(batch, entry, *grid, *block, &values)
+            }
+            Launch::Copy { src, dst, elements } => {
+                let ptr = |x: &Arg| match self.resolve(x, mode, step, first_sample)? {
+                    ArgValue::U64(p) => Ok(p),
+                    ArgValue::F32(_) => {
+                        Err(CudaError::Exec("a copy operand is not a buffer".into()))
+                    }
+                };
+                let (s, d) = (ptr(src)?, ptr(dst)?);
+                if s != d && *elements > 0 {
+                    // SAFETY: both buffers hold `elements` values of 4 bytes.
+                    unsafe {
+                        result::memcpy_dtod_async(
+                            d,
+                            s,
+                            *elements as usize * 4,
+                            self.stream.cu_stream(),
+                        )?
+                    };
+                }
+                Ok(())
+            }
+            Launch::Gemm {
+                a,
+                b,
+                c,
+                m,
+                n,
+                k,
+                batch: count,
+                trans_a,
+                trans_b,
+                stride_a,
+                stride_b,
+                stride_c,
+            } => {
+                let ptr = |x: &Arg| match self.resolve(x, mode, step, first_sample)? {
+                    ArgValue::U64(p) => Ok(p),
+                    ArgValue::F32(_) => {
+                        Err(CudaError::Exec("a GEMM operand is not a buffer".into()))
+                    }
+                };
+                let (pa, pb, pc) = (ptr(a)?, ptr(b)?, ptr(c)?);
+                let g = super::gemm::Gemm {
+                    pa,
+                    pb,
+                    pc,
+                    m: *m,
+                    n: *n,
+                    k: *k,
+                    count: *count,
+                    trans_a: *trans_a,
+                    trans_b: *trans_b,
+                    stride_a: *stride_a,
+                    stride_b: *stride_b,
+                    stride_c: *stride_c,
+                };
+                if let Some(lt) = &self.lt {
+                    if lt.gemm(&g, self.stream.cu_stream())? {
+                        return Ok(());
+                    }
+                }
+                super::gemm::gemm(self.blas, self.precision, &g)
+            }
+        }
+    }
+
+    /// Fills the constants of the plan for `batch`, and its `training` flag for `mode`
+    /// (before the kernels).
+    pub fn begin(&mut self, batch: usize, mode: Mode) -> Result<(), CudaError> {
+        if batch > self.max_batch {
+            return Err(CudaError::Exec(format!(
+                "the batch of {batch} is larger than the {} the executor was sized for",
+                self.max_batch
+            )));
+        }
+        self.ensure_module(batch)?;
+        self.batch = batch;
+        let training = f32::from(u8::from(mode != Mode::Eval));
+        let flags = self.training_flags.iter().map(|&s| (s, training));
+        for (step, value) in self.fills.iter().copied().chain(flags) {
+            let n = numel(&self.shape(step, batch));
+            let values = [
+                ArgValue::U64(self.ptr(step)?),
+                ArgValue::U64(n),
+                ArgValue::F32(value),
+            ];
+            self.launch_entry(
+                batch,
+                codegen::FILL,
+                codegen::grid_for(n, codegen::BLOCK),
+                codegen::BLOCK,
+                &values,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Runs kernel `k` of the plan (after `begin`).
+    pub fn run_kernel(
+        &self,
+        k: usize,
+        mode: Mode,
+        step: u64,
+        first_sample: u64,
+    ) -> Result<(), CudaError> {
+        let batch = self.batch;
+        let code = &self.modules[&(batch as u64)].code.kernels[k];
+        for l in &code.launches {
+            self.run_launch(batch, l, mode, step, first_sample)?;
+        }
+        Ok(())
+    }
+
+    /// Runs one training step with a CUDA event around every launch and returns the time of
+    /// each launch, labelled by what it computes (for `gpu-check --profile`).
+    pub fn profile_step(
+        &mut self,
+        batch: usize,
+        step: u64,
+    ) -> Result<Vec<(String, f64)>, CudaError> {
+        self.begin(batch, Mode::Train)?;
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut labels = Vec::new();
+        let first = self.ctx.new_event(flags)?;
+        first.record(&self.stream)?;
+        let mut events = vec![first];
+        for k in 0..self.plan.kernels.len() {
+            let code = self.modules[&(batch as u64)].code.kernels[k].clone();
+            for l in &code.launches {
+                self.run_launch(batch, l, Mode::Train, step, 0)?;
+                let e = self.ctx.new_event(flags)?;
+                e.record(&self.stream)?;
+                let label = match l {
+                    Launch::Gemm { .. } => format!("gemm ({:?})", self.precision),
+                    Launch::Kernel { .. } | Launch::Copy { .. } => code.ops.join("+"),
+                };
+                labels.push(label);
+                events.push(e);
+            }
+        }
+        self.finish(Mode::Train)?;
+        self.stream.synchronize()?;
+        labels
+            .into_iter()
+            .zip(events.windows(2))
+            .map(|(label, w)| Ok((label, w[0].elapsed_ms(&w[1])? as f64)))
+            .collect()
+    }
+
+    /// Copies the updated parameters and state over the old (the end of a training step).
+    pub fn finish(&mut self, mode: Mode) -> Result<(), CudaError> {
+        if mode == Mode::Train {
+            for &(p, u) in self.plan.updates.iter() {
+                // Written in place (see the schedule pass).
+                if self.plan.steps[p].buffer == self.plan.steps[u].buffer {
+                    continue;
+                }
+                let n = numel(&self.shape(p, self.batch));
+                let values = [
+                    ArgValue::U64(self.ptr(p)?),
+                    ArgValue::U64(self.ptr(u)?),
+                    ArgValue::U64(n),
+                ];
+                self.launch_entry(
+                    self.batch,
+                    codegen::COPY,
+                    codegen::grid_for(n, codegen::BLOCK),
+                    codegen::BLOCK,
+                    &values,
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one step on a batch of `batch` samples (inputs set before), as the CPU executor.
+    pub fn run(
+        &mut self,
+        batch: usize,
+        mode: Mode,
+        step: u64,
+        first_sample: u64,
+    ) -> Result<(), CudaError> {
+        self.begin(batch, mode)?;
+        for k in 0..self.plan.kernels.len() {
+            if mode.runs(&self.plan, k) {
+                self.run_kernel(k, mode, step, first_sample)?;
+            }
+        }
+        self.finish(mode)
+    }
+}

@@ -1,0 +1,293 @@
+//! The CUDA executor driven step by step by a rank (`ranks::rank`, through `RankExecutor`),
+//! as the CPU executor is (`cpu::stepwise`): the step kernel by kernel, a step's value copied
+//! to or from the host for a collective or a transfer, and the parameters and optimizer
+//! state lent between the executors of one rank's micro-shards.
+//!
+//! Lending hands over device addresses, not memory: every plan buffer lives in its
+//! executor's arena (one allocation), so a loan is the persistent buffers' addresses plus a
+//! handle on the arena holding them, which keeps it alive while lent. The borrower's kernels
+//! then read and update the lender's copy in place. The lender's slots hold `LENT` until the
+//! loan comes back, so a use meanwhile is an error, never a fault. A loan only works on the
+//! GPU it was made on: another device cannot address that memory, so it is refused.
+//! What this does not save: a borrower's arena still has room for its own copy (the CPU
+//! executors of a rank drop theirs); separating the persistent buffers from the arena would.
+
+use super::exec::{describe, CudaExecutor, DeviceBuffer, LENT};
+use super::CudaError;
+use crate::exec::{ExecError, Mode, RankExecutor};
+use cudarc::driver::CudaStream;
+use parallax_compiler::ir::DType;
+use std::sync::Arc;
+
+/// What a step's kernels share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepCtx {
+    pub mode: Mode,
+    pub step: u64,
+    pub first_sample: u64,
+}
+
+/// The parameters and optimizer state one executor lends another of the same rank, on the
+/// same GPU (see the module's comment).
+pub struct Loan {
+    /// `(plan buffer, device address, elements)`, parameters then state.
+    buffers: Vec<(usize, u64, u64)>,
+    /// The arena the addresses point into.
+    home: Arc<DeviceBuffer>,
+    ordinal: usize,
+    /// The lender's stream: its queued updates must land before another stream reads them.
+    stream: Arc<CudaStream>,
+}
+
+impl RankExecutor for CudaExecutor {
+    type Ctx = StepCtx;
+    type Persistent = Loan;
+
+    fn begin_step(
+        &mut self,
+        batch: usize,
+        mode: Mode,
+        step: u64,
+        first_sample: u64,
+    ) -> Result<StepCtx, ExecError> {
+        if batch > self.max_batch {
+            return Err(ExecError::BatchTooLarge {
+                batch,
+                max: self.max_batch,
+            });
+        }
+        // A rank's thread may not be the one that built the executor: raw driver calls
+        // (copies) act on the thread's current context.
+        let fail = |e: CudaError| ExecError::Cuda {
+            step: 0,
+            what: "the step's constants".into(),
+            source: e,
+        };
+        self.ctx.bind_to_thread().map_err(|e| fail(e.into()))?;
+        self.begin(batch, mode).map_err(fail)?;
+        Ok(StepCtx {
+            mode,
+            step,
+            first_sample,
+        })
+    }
+
+    fn run_kernel(&mut self, k: usize, ctx: &StepCtx) -> Result<(), ExecError> {
+        CudaExecutor::run_kernel(self, k, ctx.mode, ctx.step, ctx.first_sample).map_err(|e| {
+            let step = self.plan.kernels[k].steps.last().copied().unwrap_or(0);
+            self.failed(step, format!("kernel {k}"), e)
+        })
+    }
+
+    fn read(&self, step: usize) -> Result<Option<Vec<f32>>, ExecError> {
+        if !self.readable(step) {
+            return Ok(None);
+        }
+        let n = self.elements(step);
+        self.download_f32(step, n)
+            .map(Some)
+            .map_err(|e| self.failed(step, "copying to the host".into(), e))
+    }
+
+    fn write(&mut self, step: usize, values: &[f32]) -> Result<(), ExecError> {
+        // A step without a buffer of its own (kept inside a kernel) keeps nothing.
+        if !self.stored(step) {
+            return Ok(());
+        }
+        if !self.readable(step) {
+            return Err(ExecError::Device(format!(
+                "step {step} received values, but this executor holds no f32 value of it (another stage's, or not f32)"
+            )));
+        }
+        check_len(step, &self.shape(step, self.batch), values.len())?;
+        self.upload(step, values)
+            .map_err(|e| self.failed(step, "copying from the host".into(), e))
+    }
+
+    fn finish_step(&mut self, mode: Mode) -> Result<(), ExecError> {
+        self.finish(mode).map_err(|e| ExecError::Cuda {
+            step: 0,
+            what: "the updates' copies".into(),
+            source: e,
+        })
+    }
+
+    fn take_persistent(&mut self) -> Loan {
+        if let Some(refused) = self.refused.take() {
+            return refused;
+        }
+        let buffers = self
+            .persistent_buffers()
+            .into_iter()
+            .map(|b| {
+                let lent = (b, self.buffers[b], self.capacity[b]);
+                self.buffers[b] = LENT;
+                lent
+            })
+            .collect();
+        Loan {
+            buffers,
+            home: self.persistent_home.clone(),
+            ordinal: self.ctx.ordinal(),
+            stream: self.stream.clone(),
+        }
+    }
+
+    fn put_persistent(&mut self, loan: Loan) -> Result<(), ExecError> {
+        let mine: Vec<(usize, u64)> = self
+            .persistent_buffers()
+            .into_iter()
+            .map(|b| (b, self.capacity[b]))
+            .collect();
+        let theirs: Vec<(usize, u64)> = loan.buffers.iter().map(|l| (l.0, l.2)).collect();
+        if let Some(why) = loan_refusal(self.ctx.ordinal(), &mine, loan.ordinal, &theirs) {
+            self.refused = Some(loan);
+            return Err(ExecError::Device(format!(
+                "parameters and optimizer state lent between executors: {why}"
+            )));
+        }
+        // Executors of one GPU share its default stream (in order); any other stream must
+        // finish the lender's updates first.
+        if loan.stream.cu_stream() != self.stream.cu_stream() {
+            if let Err(e) = loan.stream.synchronize() {
+                self.refused = Some(loan);
+                return Err(ExecError::Cuda {
+                    step: 0,
+                    what: "waiting for the lender's stream".into(),
+                    source: e.into(),
+                });
+            }
+        }
+        for &(b, address, _) in &loan.buffers {
+            self.buffers[b] = address;
+        }
+        self.persistent_home = loan.home;
+        Ok(())
+    }
+}
+
+impl CudaExecutor {
+    /// Restricts the values a rank reads and writes here to those of the kernels `owned`
+    /// marks (a pipeline stage's, as `plan.kernel_mask` gives them); `None`: every value.
+    /// Every buffer stays allocated: this changes what `read` offers, not memory.
+    pub fn hold_only(&mut self, owned: Option<&[bool]>) {
+        self.held = self.plan.steps_touched(owned);
+    }
+
+    fn readable(&self, step: usize) -> bool {
+        readable(
+            self.slot.get(step).copied().flatten(),
+            self.held.get(step).copied().unwrap_or(false),
+            self.plan.steps.get(step).map(|s| s.ty.dtype),
+        )
+    }
+
+    /// Elements of `step`'s value at the current batch.
+    fn elements(&self, step: usize) -> usize {
+        self.shape(step, self.batch).iter().product::<u64>() as usize
+    }
+
+    /// The plan buffers of the parameters, then the optimizer state.
+    fn persistent_buffers(&self) -> Vec<usize> {
+        self.params
+            .iter()
+            .chain(&self.states)
+            .filter_map(|p| self.slot[p.1])
+            .collect()
+    }
+
+    fn failed(&self, step: usize, doing: String, source: CudaError) -> ExecError {
+        let what = self.plan.steps.get(step).map_or(doing.clone(), |s| {
+            format!("{doing}: {}", describe(&s.op, &s.layer))
+        });
+        ExecError::Cuda { step, what, source }
+    }
+}
+
+/// Whether a rank may read or write a step's value here: it has a buffer, this executor
+/// holds it (its stage's), and it is floats (collectives and transfers carry f32 only).
+fn readable(buffer: Option<usize>, held: bool, dtype: Option<DType>) -> bool {
+    buffer.is_some() && held && dtype == Some(DType::F32)
+}
+
+/// Values written to `step` must fill its shape at the current batch exactly: every rank
+/// knows the shape from the plan, so a mismatch is a bug elsewhere, reported, not copied.
+fn check_len(step: usize, shape: &[u64], got: usize) -> Result<(), ExecError> {
+    let expected: u64 = shape.iter().product();
+    if expected as usize != got {
+        return Err(ExecError::Device(format!(
+            "step {step} received {got} f32 values for a tensor of shape {shape:?} ({expected} values)"
+        )));
+    }
+    Ok(())
+}
+
+/// Why a loan of `theirs` (buffers and sizes, from GPU `from`) cannot be installed in an
+/// executor with `mine` on GPU `here`, if it cannot.
+fn loan_refusal(
+    here: usize,
+    mine: &[(usize, u64)],
+    from: usize,
+    theirs: &[(usize, u64)],
+) -> Option<String> {
+    if here != from {
+        return Some(format!(
+            "GPU {from}'s buffers cannot be lent to an executor on GPU {here}"
+        ));
+    }
+    if mine != theirs {
+        return Some(format!(
+            "the lender's buffers (plan buffer, elements) {theirs:?} differ from the borrower's {mine:?} (executors of different plans)"
+        ));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_stored_held_f32_values_are_readable() {
+        assert!(readable(Some(3), true, Some(DType::F32)));
+        // Kept inside a kernel, another stage's, integer labels, no such step.
+        assert!(!readable(None, true, Some(DType::F32)));
+        assert!(!readable(Some(3), false, Some(DType::F32)));
+        assert!(!readable(Some(3), true, Some(DType::I32)));
+        assert!(!readable(Some(3), true, None));
+    }
+
+    #[test]
+    fn a_write_must_fill_the_shape_at_the_batch() {
+        assert!(check_len(7, &[4, 3], 12).is_ok());
+        assert!(check_len(7, &[], 1).is_ok());
+        let e = check_len(7, &[4, 3], 11).unwrap_err().to_string();
+        assert!(
+            e.contains("step 7") && e.contains("11") && e.contains("[4, 3]"),
+            "{e}"
+        );
+        assert!(check_len(7, &[0, 3], 1).is_err());
+    }
+
+    #[test]
+    fn loans_stay_on_one_gpu_and_one_plan() {
+        let bufs = [(0, 12), (5, 4)];
+        assert_eq!(loan_refusal(0, &bufs, 0, &bufs), None);
+        let e = loan_refusal(1, &bufs, 0, &bufs).unwrap();
+        assert!(e.contains("GPU 0") && e.contains("GPU 1"), "{e}");
+        assert!(loan_refusal(0, &bufs, 0, &[(0, 12), (5, 8)]).is_some());
+        assert!(loan_refusal(0, &bufs, 0, &bufs[..1]).is_some());
+    }
+
+    #[test]
+    fn errors_name_the_step_and_the_cuda_error() {
+        let e = ExecError::Cuda {
+            step: 9,
+            what: "kernel 4: matmul in layer `fc1`".into(),
+            source: CudaError::Driver("CUDA_ERROR_ILLEGAL_ADDRESS".into()),
+        };
+        let s = e.to_string();
+        assert!(s.contains("step 9") && s.contains("fc1"), "{s}");
+        assert!(s.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{s}");
+    }
+}
