@@ -215,7 +215,7 @@ impl CudaExecutor {
         let buffers: Vec<u64> = offsets.iter().map(|&o| arena.ptr + o).collect();
         // The scratch: the largest any batch size needs (its size is known from the
         // module at the largest batch).
-        let code = codegen::generate(&plan, max_batch as u64, target)?;
+        let code = codegen::generate_with(&plan, max_batch as u64, target, &options(precision))?;
         let scratch = alloc(code.scratch, "scratch")?;
         let names = plan.names();
         let inputs: HashMap<String, usize> = names.inputs.into_iter().collect();
@@ -314,7 +314,8 @@ impl CudaExecutor {
 
     pub(super) fn ensure_module(&mut self, batch: usize) -> Result<(), CudaError> {
         if !self.modules.contains_key(&(batch as u64)) {
-            let code = codegen::generate(&self.plan, batch as u64, self.target)?;
+            let options = options(self.precision);
+            let code = codegen::generate_with(&self.plan, batch as u64, self.target, &options)?;
             self.load(code)?;
         }
         Ok(())
@@ -537,5 +538,13 @@ pub(super) fn describe(op: &Op, layer: &str) -> String {
     match op {
         Op::Param { name, .. } | Op::Input { name, .. } | Op::State { name, .. } => name.clone(),
         _ => format!("{} in layer `{layer}`", op.name()),
+    }
+}
+
+/// What codegen is asked for at a precision: bf16 plans take the tensor-core attention
+/// forward (its operands rounded to bf16, as their matmuls' are).
+fn options(precision: Precision) -> codegen::CodegenOptions {
+    codegen::CodegenOptions {
+        bf16_attention: precision == Precision::Bf16,
     }
 }
