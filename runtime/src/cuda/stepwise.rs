@@ -61,7 +61,7 @@ impl RankExecutor for CudaExecutor {
         let fail = |e: CudaError| ExecError::Cuda {
             step: 0,
             what: "the step's constants".into(),
-            source: e,
+            source: Box::new(e),
         };
         self.ctx.bind_to_thread().map_err(|e| fail(e.into()))?;
         self.begin(batch, mode).map_err(fail)?;
@@ -108,7 +108,7 @@ impl RankExecutor for CudaExecutor {
         self.finish(mode).map_err(|e| ExecError::Cuda {
             step: 0,
             what: "the updates' copies".into(),
-            source: e,
+            source: Box::new(e),
         })
     }
 
@@ -154,7 +154,7 @@ impl RankExecutor for CudaExecutor {
                 return Err(ExecError::Cuda {
                     step: 0,
                     what: "waiting for the lender's stream".into(),
-                    source: e.into(),
+                    source: Box::new(CudaError::from(e)),
                 });
             }
         }
@@ -200,7 +200,11 @@ impl CudaExecutor {
         let what = self.plan.steps.get(step).map_or(doing.clone(), |s| {
             format!("{doing}: {}", describe(&s.op, &s.layer))
         });
-        ExecError::Cuda { step, what, source }
+        ExecError::Cuda {
+            step,
+            what,
+            source: Box::new(source),
+        }
     }
 }
 
@@ -284,7 +288,7 @@ mod tests {
         let e = ExecError::Cuda {
             step: 9,
             what: "kernel 4: matmul in layer `fc1`".into(),
-            source: CudaError::Driver("CUDA_ERROR_ILLEGAL_ADDRESS".into()),
+            source: Box::new(CudaError::Driver("CUDA_ERROR_ILLEGAL_ADDRESS".into())),
         };
         let s = e.to_string();
         assert!(s.contains("step 9") && s.contains("fc1"), "{s}");

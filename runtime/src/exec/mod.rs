@@ -48,12 +48,12 @@ pub enum ExecError {
     #[error("{0}")]
     Device(String),
     /// The CUDA executor, driven step by step by a rank (`cuda::stepwise`): the plan step it
-    /// was at and what CUDA reported.
+    /// was at and what CUDA reported (boxed: `exec` sits below `cuda` in the crate's layers).
     #[error("step {step} ({what}) on the GPU: {source}")]
     Cuda {
         step: usize,
         what: String,
-        source: crate::cuda::CudaError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A rank's exchange with the others (rank threads, or processes).
     #[error(transparent)]
