@@ -9,6 +9,7 @@ mod gemm;
 mod launch;
 mod lt;
 pub mod nccl;
+pub mod nccl_comm;
 mod stepwise;
 
 pub use cudarc;
