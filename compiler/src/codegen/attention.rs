@@ -161,6 +161,24 @@ fn each_task(k: &mut Kernel, count: u64, body: impl FnOnce(&mut Kernel, Rd)) {
     k.for_range(first, end, stride, body);
 }
 
+/// A task's head and its block's first row: tasks run `tiles` blocks of `WARPS` rows per head.
+fn head_and_first(k: &mut Kernel, task: Rd, tiles: u64) -> (Rd, Rd) {
+    let h = k.op64("div", task, tiles);
+    let tile = k.op64("rem", task, tiles);
+    (h, k.op64("mul.lo", tile, WARPS))
+}
+
+/// The end of the keys the block's queries `[i0, i0 + WARPS)` see: all `S`, or when causal
+/// up to the block's last query.
+fn keys_end(k: &mut Kernel, dm: &Dims, i0: Rd) -> Rd {
+    if dm.causal {
+        let e = k.op64("add", i0, WARPS);
+        k.op64("min", e, dm.s)
+    } else {
+        k.u64c(dm.s)
+    }
+}
+
 /// The column chunks `(first, width)` of a row of `width` values.
 fn chunks(width: u64) -> Vec<(u64, u64)> {
     (0..width)
@@ -319,9 +337,7 @@ fn forward(
     let tiles = dm.t.div_ceil(WARPS);
     let tasks = dm.heads * tiles;
     each_task(&mut k, tasks, |k, task| {
-        let h = k.op64("div", task, tiles);
-        let i0 = k.op64("rem", task, tiles);
-        let i0 = k.op64("mul.lo", i0, WARPS);
+        let (h, i0) = head_and_first(k, task, tiles);
         let (i, ic, valid) = warp_row(k, &ctx, i0, dm.t);
         let hs = k.op64("mul.lo", h, dm.s);
         let hq = k.op64("mul.lo", h, dm.t);
@@ -334,12 +350,7 @@ fn forward(
             o.clear();
         }
         // Causal: the block's last query sees keys up to itself.
-        let end = if dm.causal {
-            let e = k.op64("add", i0, WARPS);
-            k.op64("min", e, dm.s)
-        } else {
-            k.u64c(dm.s)
-        };
+        let end = keys_end(k, &dm, i0);
         let zero = k.u64c(0);
         k.for_range(zero, end, ROWS, |k, j0| {
             let first = k.op64("add", hs, j0);

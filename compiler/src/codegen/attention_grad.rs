@@ -4,8 +4,8 @@
 //! gradient `P^T dy` take a warp per key and walk the queries, so neither needs atomics.
 
 use super::{
-    accumulate, bad, check, chunks, dot, each_task, regs, setup, stage, store_row, tile_rows,
-    visible, warp_row, zeros, Dims, BLOCK, PITCH, ROWS, WARPS,
+    accumulate, bad, check, chunks, dot, each_task, head_and_first, keys_end, regs, setup, stage,
+    store_row, tile_rows, visible, warp_row, zeros, Dims, BLOCK, PITCH, ROWS, WARPS,
 };
 use crate::codegen::builder::{Kernel, Rd, F, P};
 use crate::codegen::{grid_for, CodegenError, Gen, Launch, Operand};
@@ -80,9 +80,7 @@ pub(super) fn query(
     let tasks = dm.heads * tiles;
     let one_d_chunk = chunks(dm.d).len() == 1;
     each_task(&mut k, tasks, |k, task| {
-        let h = k.op64("div", task, tiles);
-        let i0 = k.op64("rem", task, tiles);
-        let i0 = k.op64("mul.lo", i0, WARPS);
+        let (h, i0) = head_and_first(k, task, tiles);
         let (i, ic, valid) = warp_row(k, &ctx, i0, dm.t);
         let hs = k.op64("mul.lo", h, dm.s);
         let hq = k.op64("mul.lo", h, dm.t);
@@ -92,12 +90,7 @@ pub(super) fn query(
         let lse = k.load(lp, row);
         let delta = k.load(dp, row);
         let acc = zeros(k, dm.d);
-        let end = if dm.causal {
-            let e = k.op64("add", i0, WARPS);
-            k.op64("min", e, dm.s)
-        } else {
-            k.u64c(dm.s)
-        };
+        let end = keys_end(k, &dm, i0);
         let zero = k.u64c(0);
         k.for_range(zero, end, ROWS, |k, j0| {
             let first = k.op64("add", hs, j0);
@@ -159,9 +152,7 @@ pub(super) fn key_value(
     let tasks = dm.heads * tiles;
     let one_d_chunk = chunks(dm.d).len() == 1;
     each_task(&mut k, tasks, |k, task| {
-        let h = k.op64("div", task, tiles);
-        let j0 = k.op64("rem", task, tiles);
-        let j0 = k.op64("mul.lo", j0, WARPS);
+        let (h, j0) = head_and_first(k, task, tiles);
         let (j, jc, valid) = warp_row(k, &ctx, j0, dm.s);
         let hs = k.op64("mul.lo", h, dm.s);
         let hq = k.op64("mul.lo", h, dm.t);
