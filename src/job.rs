@@ -15,7 +15,7 @@ pub fn world(file: &Path) -> Result<World, Exit> {
     })?;
     if world.launcher == Launcher::Torchrun && world.size > 1 {
         errln!(
-            "{}: error: torchrun-style variables set a world of {} rank(s), but CPU ranks meet over MPI only",
+            "{}: error: torchrun-style variables set a world of {} rank(s), but ranks meet over MPI only (start them with mpirun or srun)",
             file.display(),
             world.size
         );

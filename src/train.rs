@@ -5,9 +5,11 @@ use indicatif::{ProgressBar, ProgressStyle};
 use parallax_compiler::partition;
 use parallax_compiler::target;
 use parallax_compiler::Options;
+use parallax_runtime::gpu_placement;
 use parallax_runtime::run_record::RunRecord;
 use parallax_runtime::train::{
-    parallel_devices, train, train_rank, Device, Event, Simulated, TrainConfig, TrainError,
+    parallel_devices, train, train_rank, CudaRanks, Device, Event, Simulated, TrainConfig,
+    TrainError,
 };
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -124,6 +126,27 @@ fn simulated_devices(
     Ok((Simulated::from(&split), split))
 }
 
+/// Where GPU ranks run: a rank per GPU (this process's `n`, or this rank of a job).
+fn gpu_placement(
+    file: &Path,
+    n: u32,
+    in_job: bool,
+    world: &parallax_runtime::launch::World,
+    found: &parallax_runtime::cuda::Devices,
+) -> Result<gpu_placement::Placement, Exit> {
+    let memory: Vec<u64> = found.gpus.iter().map(|g| g.memory_bytes).collect();
+    let share = gpu_placement::share_asked(&|k| std::env::var(k).ok());
+    let placed = match in_job {
+        true => gpu_placement::in_job(world.rank, world.local_rank, &memory, share),
+        false => gpu_placement::in_process(n as usize, &memory, share),
+    };
+    placed.map_err(|e| {
+        errln!("{}: error: --backend cuda: {e}", file.display());
+        errln!("  = hint: {}", e.hint());
+        Exit(1)
+    })
+}
+
 /// A refusal of the split or its plan, printed (a compile error with its line of the file).
 fn refuse(file: &Path, source: &parallax_compiler::Source, e: target::TargetError) -> Exit {
     if let target::TargetError::Compile(e) = &e {
@@ -206,44 +229,40 @@ pub fn run(args: Args) -> Result<(), Exit> {
             file.display()
         );
     }
-    let cuda = match backend {
-        Backend::Cpu => false,
+    let found = match backend {
+        Backend::Cpu => None,
         Backend::Cuda => match parallax_runtime::cuda::probe() {
-            Ok(_) => true,
+            Ok(found) => Some(found),
             Err(e) => {
                 errln!("{}: error: --backend cuda: {e}", file.display());
                 errln!("  = hint: `parallax devices` says what was found; `--backend cpu` trains on the CPU");
                 return Err(Exit(1));
             }
         },
-        Backend::Auto => parallax_runtime::cuda::probe().is_ok(),
+        Backend::Auto => parallax_runtime::cuda::probe().ok(),
     };
-    let cuda = if cuda {
-        Some(precision.runtime()?)
-    } else {
-        None
+    let cuda = match found {
+        Some(_) => Some(precision.runtime()?),
+        None => None,
     };
-    let simulated = match (parallel, cuda) {
-        (Some(n), Some(_)) if n > 1 => {
-            errln!(
-                "{}: error: --gpus {n}: training on several GPUs (NCCL) is not built yet",
-                file.display()
-            );
-            errln!("  = hint: `--backend cpu` runs the same data-parallel plan on {n} simulated devices, with the same bits");
-            return Err(Exit(1));
-        }
-        (Some(n), None) => Some(simulated_devices(
+    // GPU ranks: which GPU each binds, and the memory each plans for.
+    let placement = match (parallel, &found) {
+        (Some(n), Some(found)) => Some(gpu_placement(file, n, in_job, &world, found)?),
+        _ => None,
+    };
+    let simulated = match parallel {
+        Some(n) => Some(simulated_devices(
             file,
             &source,
             &target::Request {
                 gpus: n,
                 strategy: strategy.as_deref(),
                 zero,
-                memory: gpu_memory,
+                memory: gpu_memory.or(placement.map(|p| p.capacity)),
             },
             lead,
         )?),
-        _ => None,
+        None => None,
     };
     // Data and pipeline degrees never change the bits; the tensor-parallel degree changes
     // the rounding of the row-parallel sums (checkpoints are whole tensors, so the state is
@@ -277,11 +296,16 @@ pub fn run(args: Args) -> Result<(), Exit> {
     let simulated = simulated.map(|(s, _)| s);
     let run_dir =
         run_dir.unwrap_or_else(|| parallax_runtime::run_dir::default_path(&source.experiment.name));
-    // Simulated devices exist only without CUDA (several GPUs were refused above).
-    let device = match (simulated, cuda) {
-        (Some(s), _) => Device::Simulated(s),
-        (None, Some(p)) => Device::Cuda(p),
-        (None, None) => Device::Cpu,
+    let device = match (simulated, cuda, placement) {
+        (Some(ranks), Some(precision), Some(p)) => Device::CudaRanks(CudaRanks {
+            ranks,
+            precision,
+            first_gpu: p.first_gpu,
+            gpus: p.gpus,
+        }),
+        (Some(s), _, _) => Device::Simulated(s),
+        (None, Some(p), _) => Device::Cuda(p),
+        (None, None, _) => Device::Cpu,
     };
     let cfg = TrainConfig {
         steps,
@@ -313,6 +337,18 @@ pub fn run(args: Args) -> Result<(), Exit> {
             plan.sharding.map_or(1, |s| s.shards)
         ),
         Device::Cpu => "CPU backend".to_string(),
+        Device::CudaRanks(g) => format!(
+            "CUDA backend, {} GPU {} (dp{}.tp{}.pp{}) over {} micro-shards",
+            g.ranks.grid.devices(),
+            match in_job {
+                true => format!("rank(s) under {}", world.launcher),
+                false => format!("rank(s) in this process on {} GPU(s)", g.gpus),
+            },
+            g.ranks.grid.dp,
+            g.ranks.grid.tp,
+            g.ranks.grid.pp,
+            plan.sharding.map_or(1, |s| s.shards)
+        ),
     };
     let terminal = std::io::stderr().is_terminal();
     let mut bar: Option<ProgressBar> = None;
@@ -384,7 +420,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         }
     };
     let job = match (in_job, device) {
-        (true, Device::Simulated(_)) => Some(crate::job::start(
+        (true, Device::Simulated(_) | Device::CudaRanks(_)) => Some(crate::job::start(
             file,
             std::time::Duration::from_secs(collective_timeout),
         )?),

@@ -224,7 +224,7 @@ fn launcher_variables_that_cannot_be_honoured_are_refused() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
         stderr(&o).contains(
-            "torchrun-style variables set a world of 2 rank(s), but CPU ranks meet over MPI only"
+            "torchrun-style variables set a world of 2 rank(s), but ranks meet over MPI only"
         ),
         "{}",
         stderr(&o)

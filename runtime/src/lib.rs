@@ -12,6 +12,7 @@ pub mod exec;
 pub mod files;
 pub mod finite;
 pub mod gpu_check;
+pub mod gpu_placement;
 pub mod grid;
 pub mod host_memory;
 pub mod launch;

@@ -26,7 +26,7 @@ pub enum Precision {
 /// arena lent to another executor (`stepwise`) can outlive the executor that allocated it.
 pub(super) struct DeviceBuffer {
     pub(super) ptr: sys::CUdeviceptr,
-    bytes: usize,
+    pub(super) bytes: usize,
     ctx: Arc<CudaContext>,
 }
 
@@ -95,6 +95,13 @@ pub struct CudaExecutor {
     /// The batch of the inputs set last (the batch `run` must be called with).
     pub(super) batch: usize,
 }
+
+// SAFETY: an executor is used by one thread at a time (`&mut self`), and a rank's thread
+// binds the executor's context before its first call (`RankExecutor::begin_step`). Its raw
+// handles may move between threads: cuBLAS and cuBLASLt functions "can be called from
+// multiple host threads, even with the same handle" (cuBLAS guide, Thread Safety), and the
+// driver's objects (context, stream, module) are cudarc's, which are Send.
+unsafe impl Send for CudaExecutor {}
 
 impl Drop for CudaExecutor {
     fn drop(&mut self) {

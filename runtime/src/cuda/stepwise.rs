@@ -19,6 +19,9 @@ use cudarc::driver::CudaStream;
 use parallax_compiler::ir::DType;
 use std::sync::Arc;
 
+/// A tensor's shape and values, copied to the host.
+pub type Shaped = (Vec<usize>, Vec<f32>);
+
 /// What a step's kernels share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepCtx {
@@ -172,6 +175,41 @@ impl CudaExecutor {
     /// Every buffer stays allocated: this changes what `read` offers, not memory.
     pub fn hold_only(&mut self, owned: Option<&[bool]>) {
         self.held = self.plan.steps_touched(owned);
+    }
+
+    /// Bytes its allocations hold: the arena of the plan's buffers and the scratch.
+    pub fn allocated_bytes(&self) -> u64 {
+        (self._arena.bytes + self.scratch.bytes) as u64
+    }
+
+    /// Parameter (or, with `state`, optimizer state) `name` and its values, copied to the
+    /// host; `None` when the plan has none of that name.
+    pub fn persistent_value(&self, name: &str, state: bool) -> Result<Option<Shaped>, CudaError> {
+        let Some(shape) = self.persistent_shape(name, state) else {
+            return Ok(None);
+        };
+        let id = self.persistent_step(name, state).unwrap_or(0);
+        let v = self.download_f32(id, shape.iter().product())?;
+        Ok(Some((shape, v)))
+    }
+
+    /// The shape of parameter (or state) `name`.
+    pub fn persistent_shape(&self, name: &str, state: bool) -> Option<Vec<usize>> {
+        let id = self.persistent_step(name, state)?;
+        Some(self.shape(id, 1).iter().map(|&d| d as usize).collect())
+    }
+
+    fn persistent_step(&self, name: &str, state: bool) -> Option<usize> {
+        let list = if state { &self.states } else { &self.params };
+        list.iter().find(|(n, _)| n == name).map(|p| p.1)
+    }
+
+    /// Step `step`'s shape at the current batch.
+    pub fn value_shape(&self, step: usize) -> Vec<usize> {
+        self.shape(step, self.batch)
+            .iter()
+            .map(|&d| d as usize)
+            .collect()
     }
 
     fn readable(&self, step: usize) -> bool {

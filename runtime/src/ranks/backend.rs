@@ -3,9 +3,8 @@
 //! and outputs gathered whole from the devices that hold them.
 
 use super::rank::Step;
-use super::{lock, Device, Held, Links, Ranks};
+use super::{lock, Device, Held, Links, Ranks, ShardExecutor};
 use crate::backend::{Backend, ParamValues};
-use crate::cpu::kernels::Ctx;
 use crate::data::Values;
 use crate::exec::tensor::Tensor;
 use crate::exec::{ExecError, Mode};
@@ -15,9 +14,11 @@ use parallax_compiler::plan::{LABELS, LOSS};
 use parallax_compiler::shards::{assign, INV_BATCH, SHARD_WEIGHT};
 use std::borrow::Cow;
 
-impl Backend for Ranks {
+impl<E: ShardExecutor> Backend for Ranks<E> {
     fn backend_name(&self) -> &'static str {
-        "cpu"
+        self.devices
+            .first()
+            .map_or("cpu", |d| d.shards[0].backend_name())
     }
 
     fn set_input(&mut self, name: &str, batch: usize, v: &Values) -> Result<(), ExecError> {
@@ -53,7 +54,7 @@ impl Backend for Ranks {
             .then(|| self.batched.get(LABELS).map(|(_, v)| v))
             .flatten();
         let weights = shard_weights(&self.last, batch, labels);
-        let mut ctxs: Vec<Vec<Ctx>> = Vec::with_capacity(self.devices.len());
+        let mut ctxs: Vec<Vec<E::Ctx>> = Vec::with_capacity(self.devices.len());
         for (i, dev) in self.devices.iter_mut().enumerate() {
             let own = self.owners[self.grid.place(self.first + i).0].clone();
             let mut mine = Vec::new();
@@ -157,9 +158,12 @@ impl Backend for Ranks {
         };
         let (r, j) = self.holder_of_shard(0);
         let d = self.device(r, 0, self.stage_of_step(step.step));
-        let read = |dev: &Device| {
-            let t = dev.shards.get(j)?.value(step.step)?;
-            Some((Vec::new(), vec![t.f32()[0]]))
+        let read = |dev: &Device<E>| {
+            let Some(e) = dev.shards.get(j) else {
+                return Ok(None);
+            };
+            Ok(e.value_of(step.step)?
+                .and_then(|(_, v)| Some((Vec::new(), vec![*v.first()?]))))
         };
         Ok(self.fetch(d, &read)?.map_or(f32::NAN, |h| h.1[0]))
     }
@@ -176,11 +180,22 @@ impl Backend for Ranks {
             if own.is_empty() {
                 continue;
             }
-            let read = |dev: &Device| {
-                let tensors: Option<Vec<&Tensor>> = (0..own.len())
-                    .map(|j| dev.shards.get(j)?.value(out.step))
-                    .collect();
-                concat(tensors?.into_iter().map(|t| (t.shape.as_slice(), t.f32())))
+            let read = |dev: &Device<E>| {
+                let mut held = Vec::with_capacity(own.len());
+                for j in 0..own.len() {
+                    match dev
+                        .shards
+                        .get(j)
+                        .map(|e| e.value_of(out.step))
+                        .transpose()?
+                    {
+                        Some(Some(h)) => held.push(h),
+                        _ => return Ok(None),
+                    }
+                }
+                Ok(concat(
+                    held.iter().map(|(s, v)| (s.as_slice(), v.as_slice())),
+                ))
             };
             match self.fetch(self.device(r, 0, stage), &read)? {
                 Some(held) => parts.push(held),
@@ -234,26 +249,30 @@ impl Backend for Ranks {
         };
         if let Links::Process(peers) = &self.links {
             let (r, _, s) = self.grid.place(self.first);
-            let here = checked.iter().any(|(_, _, step)| {
-                holder(*step) == (r, s) && any.held_f32(*step).is_some_and(|v| !all_finite(v))
-            });
+            let mut here = false;
+            for (_, _, step) in &checked {
+                if holder(*step) == (r, s) {
+                    here |= any.held_f32(*step)?.is_some_and(|v| !all_finite(&v));
+                }
+            }
             if !lock(peers).any(here)? {
                 return Ok(None);
             }
         }
-        for (kind, name, step) in checked {
+        for (kind, name, step) in &checked {
             let (rank, stage) = holder(*step);
             let mut parts: Vec<Cow<[f32]>> = Vec::new();
             for t in 0..tensor_ranks(name) {
                 let d = self.device(rank, t, stage);
                 match (&self.links, self.here(d)) {
                     (Links::Threads { .. }, Some(dev)) => {
-                        parts.extend(dev.shards[0].held_f32(*step).map(Cow::Borrowed))
+                        parts.extend(dev.shards[0].held_f32(*step)?)
                     }
                     _ => {
-                        let read = |dev: &Device| {
-                            let v = dev.shards[0].held_f32(*step)?;
-                            Some((vec![v.len()], v.to_vec()))
+                        let read = |dev: &Device<E>| {
+                            Ok(dev.shards[0]
+                                .held_f32(*step)?
+                                .map(|v| (vec![v.len()], v.into_owned())))
                         };
                         parts.extend(self.fetch(d, &read)?.map(|h| Cow::Owned(h.1)));
                     }

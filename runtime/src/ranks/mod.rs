@@ -19,6 +19,7 @@ use crate::comm::Communicator;
 
 mod backend;
 mod rank;
+pub mod shard;
 use crate::cpu::Executor;
 use crate::data::Values;
 use crate::exec::tensor as slice;
@@ -26,8 +27,8 @@ use crate::exec::ExecError;
 use parallax_compiler::plan::bytes;
 use parallax_compiler::shards::{assign, Sharding};
 use parallax_compiler::Plan;
-/// A device of this process: the CPU executor of each of its micro-shards.
-type Device = rank::Device<Executor>;
+use rank::Device;
+pub use shard::ShardExecutor;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -63,14 +64,19 @@ enum Links {
 /// A tensor's shape and values, as one rank passes it to the others.
 type Held = (Vec<usize>, Vec<f32>);
 
-pub struct Ranks {
+/// What `Ranks::fetch` reads on the device that holds a value.
+type Read<'a, E> = dyn Fn(&Device<E>) -> Result<Option<Held>, ExecError> + 'a;
+
+/// The devices of this process, each an executor `E` per micro-shard it holds (the CPU
+/// executor for simulated devices and CPU ranks, the CUDA executor for GPU ranks).
+pub struct Ranks<E: ShardExecutor = Executor> {
     plan: Plan,
     sharding: Sharding,
     grid: Grid,
     /// The devices this process runs: `first..first + devices.len()` of the grid, where device
     /// `(r * tp + t) * pp + s` is data rank `r`, tensor rank `t`, stage `s`.
     first: usize,
-    devices: Vec<Device>,
+    devices: Vec<Device<E>>,
     kernel_stage: Vec<usize>,
     links: Links,
     /// Inputs with a batch axis, as set for the whole batch: split into shards at `run`.
@@ -93,7 +99,7 @@ pub struct DeviceMemory {
     pub bytes: u64,
 }
 
-impl Ranks {
+impl Ranks<Executor> {
     /// Every device of `grid` in this process, a thread each (simulated devices). `plan` must
     /// be a per-shard plan (`Plan::sharding` set). Each device gets `capacity` bytes; a device
     /// whose buffers do not fit is refused before anything runs.
@@ -103,17 +109,8 @@ impl Ranks {
         seed: u64,
         capacity: u64,
     ) -> Result<Ranks, ExecError> {
-        let grid = whole(grid);
-        let world = Threads::new(grid.devices(), TIMEOUT);
-        let comms = world.comms();
-        Ranks::build(
-            plan,
-            grid,
-            seed,
-            capacity,
-            0..grid.devices(),
-            Links::Threads { world, comms },
-        )
+        let make = shard::cpu(plan.batch_size as usize, seed);
+        Ranks::in_process_with(plan, grid, capacity, &make)
     }
 
     /// Device `rank` of `grid` (the communicator's rank), one of a job of processes, one
@@ -125,6 +122,40 @@ impl Ranks {
         capacity: u64,
         peers: Peers,
     ) -> Result<Ranks, ExecError> {
+        let make = shard::cpu(plan.batch_size as usize, seed);
+        Ranks::process_with(plan, grid, capacity, peers, &make)
+    }
+}
+
+impl<E: ShardExecutor> Ranks<E> {
+    /// `in_process` with the executors `make` builds (GPU ranks: `shard::cuda`).
+    pub fn in_process_with(
+        plan: Plan,
+        grid: Grid,
+        capacity: u64,
+        make: &shard::Make<E>,
+    ) -> Result<Ranks<E>, ExecError> {
+        let grid = whole(grid);
+        let world = Threads::new(grid.devices(), TIMEOUT);
+        let comms = world.comms();
+        Ranks::build(
+            plan,
+            grid,
+            capacity,
+            0..grid.devices(),
+            Links::Threads { world, comms },
+            make,
+        )
+    }
+
+    /// `process` with the executors `make` builds.
+    pub fn process_with(
+        plan: Plan,
+        grid: Grid,
+        capacity: u64,
+        peers: Peers,
+        make: &shard::Make<E>,
+    ) -> Result<Ranks<E>, ExecError> {
         let grid = whole(grid);
         let (rank, size) = {
             let comm = lock(&peers);
@@ -142,21 +173,21 @@ impl Ranks {
         Ranks::build(
             plan,
             grid,
-            seed,
             capacity,
             rank..rank + 1,
             Links::Process(peers),
+            make,
         )
     }
 
     fn build(
         plan: Plan,
         grid: Grid,
-        seed: u64,
         capacity: u64,
         here: Range<usize>,
         links: Links,
-    ) -> Result<Ranks, ExecError> {
+        make: &shard::Make<E>,
+    ) -> Result<Ranks<E>, ExecError> {
         let Some(sharding) = plan.sharding else {
             return Err(ExecError::Device(
                 "devices run a per-shard plan (compiled with micro-shards)".into(),
@@ -189,7 +220,6 @@ impl Ranks {
             .into_iter()
             .map(|s| s as usize)
             .collect();
-        let max_batch = plan.batch_size as usize;
         let held = assign(sharding.shards as usize, grid.dp);
         let devices = here
             .clone()
@@ -198,15 +228,15 @@ impl Ranks {
                 let owned = plan.kernel_mask(stage as u32, rank as u32);
                 let owned = owned.as_deref();
                 // Even a rank without shards holds the parameters and runs the update.
-                let mut shards: Vec<Executor> = (0..held[rank].len().max(1))
-                    .map(|_| Executor::for_kernels(plan.clone(), max_batch, seed, owned, t))
-                    .collect();
+                let mut shards: Vec<E> = (0..held[rank].len().max(1))
+                    .map(|_| make(&plan, d, owned, t))
+                    .collect::<Result<_, _>>()?;
                 for e in shards.iter_mut().skip(1) {
                     drop(e.take_persistent());
                 }
-                Device { shards }
+                Ok(Device { shards })
             })
-            .collect();
+            .collect::<Result<_, ExecError>>()?;
         let ranks = Ranks {
             counts_labels: crate::loss_share::counts_labels(&plan),
             plan,
@@ -256,7 +286,7 @@ impl Ranks {
                     tensor_rank,
                     stage,
                     shards: d.shards.len(),
-                    bytes: d.shards.iter().map(Executor::allocated_bytes).sum(),
+                    bytes: d.shards.iter().map(E::allocated_bytes).sum(),
                 }
             })
             .collect()
@@ -268,9 +298,12 @@ impl Ranks {
         (0..self.grid.devices())
             .map(|d| {
                 let held = self.fetch(d, &|dev| {
-                    let b: u64 = dev.shards.iter().map(Executor::allocated_bytes).sum();
+                    let b: u64 = dev.shards.iter().map(E::allocated_bytes).sum();
                     // In two halves: dimensions travel as 32 bits.
-                    Some((vec![b as u32 as usize, (b >> 32) as usize], Vec::new()))
+                    Ok(Some((
+                        vec![b as u32 as usize, (b >> 32) as usize],
+                        Vec::new(),
+                    )))
                 })?;
                 Ok(held.map_or(0, |h| h.0[0] as u64 | (h.0[1] as u64) << 32))
             })
@@ -297,32 +330,38 @@ impl Ranks {
     }
 
     /// Device `d`, if this process runs it.
-    fn here(&self, d: usize) -> Option<&Device> {
+    fn here(&self, d: usize) -> Option<&Device<E>> {
         d.checked_sub(self.first).and_then(|i| self.devices.get(i))
     }
 
     /// What `read` finds on device `d`, on every process: read in place where `d` runs here,
     /// else sent (as a broadcast over the job) by the process that runs it. Every process
-    /// of a job must fetch the same devices in the same order.
-    fn fetch(
-        &self,
-        d: usize,
-        read: &dyn Fn(&Device) -> Option<Held>,
-    ) -> Result<Option<Held>, ExecError> {
-        let mine = self.here(d);
+    /// of a job must fetch the same devices in the same order; a read that fails (a copy
+    /// off a GPU) fails on every process, so none goes on with a value missing.
+    fn fetch(&self, d: usize, read: &Read<E>) -> Result<Option<Held>, ExecError> {
+        let mine = self.here(d).map(read).transpose().map(Option::flatten);
         let Links::Process(peers) = &self.links else {
-            return Ok(mine.and_then(read));
+            return mine;
         };
-        let mut wire = mine.and_then(read).map_or_else(Vec::new, encode);
+        let mut wire = match &mine {
+            Ok(held) => held.clone().map_or_else(Vec::new, encode),
+            Err(_) => vec![f32::from_bits(FAILED_READ)],
+        };
         let mut comm = lock(peers);
         let world: Vec<usize> = (0..comm.size()).collect();
         comm.broadcast(&world, d, &mut wire)?;
-        decode(&wire).ok_or_else(|| {
-            ExecError::Device(format!(
+        drop(comm);
+        mine?;
+        match decode(&wire) {
+            Some(Ok(held)) => Ok(held),
+            Some(Err(())) => Err(ExecError::Device(format!(
+                "device {d} could not read the value it holds (its own error says why)"
+            ))),
+            None => Err(ExecError::Device(format!(
                 "device {d} sent a malformed tensor ({} words)",
                 wire.len()
-            ))
-        })
+            ))),
+        }
     }
 
     /// The data rank holding shard `i` of the last step, and the shard's place there.
@@ -353,10 +392,7 @@ impl Ranks {
             // Under ZeRO-1 a state lives only on its owner rank.
             let rank = self.plan.steps[*step].owner.unwrap_or(0) as usize;
             for t in 0..ranks {
-                let read = |dev: &Device| {
-                    let e = &dev.shards[0];
-                    persistent_of(e, name, states).map(|t| (t.shape.clone(), t.f32().to_vec()))
-                };
+                let read = |dev: &Device<E>| dev.shards[0].persistent(name, states);
                 if let Some(held) = self.fetch(self.device(rank, t, stage), &read)? {
                     parts.push(held);
                 }
@@ -386,9 +422,7 @@ impl Ranks {
             .holders(name)
             .into_iter()
             .find(|&d| self.here(d).is_some())?;
-        let mut shape = persistent_of(&self.here(d)?.shards[0], name, state)?
-            .shape
-            .clone();
+        let mut shape = self.here(d)?.shards[0].persistent_shape(name, state)?;
         if let Some(axis) = self.plan.tensor_parallel.as_ref()?.axis_of(name) {
             if let Some(n) = shape.get_mut(axis) {
                 *n *= self.grid.tp;
@@ -430,9 +464,9 @@ impl Ranks {
             };
             let e = &mut self.devices[i].shards[0];
             if state {
-                e.set_state(name, &part)?;
+                crate::backend::Backend::set_state(e, name, &part)?;
             } else {
-                e.set_param(name, &local, &part)?;
+                crate::backend::Backend::set_param(e, name, &local, &part)?;
             }
         }
         Ok(())
@@ -466,19 +500,6 @@ fn whole(grid: Grid) -> Grid {
     }
 }
 
-/// Parameter or state `name` of `e`.
-fn persistent_of<'a>(
-    e: &'a Executor,
-    name: &str,
-    state: bool,
-) -> Option<&'a crate::exec::tensor::Tensor> {
-    if state {
-        e.states().into_iter().find(|s| s.0 == name).map(|s| s.1)
-    } else {
-        e.params().find(|p| p.0 == name).map(|p| p.1)
-    }
-}
-
 /// A held tensor as words: its rank, its dimensions (as bits), its values; nothing for none.
 fn encode((shape, values): Held) -> Vec<f32> {
     let mut w = Vec::with_capacity(1 + shape.len() + values.len());
@@ -488,16 +509,43 @@ fn encode((shape, values): Held) -> Vec<f32> {
     w
 }
 
-/// `encode`'s words back (`Some(None)` for nothing; `None` when malformed).
-fn decode(w: &[f32]) -> Option<Option<Held>> {
+/// The first word of a device's answer to a read that failed there.
+const FAILED_READ: u32 = u32::MAX;
+
+/// `encode`'s words back (`Some(Ok(None))` for nothing, `Some(Err)` for a failed read;
+/// `None` when malformed).
+fn decode(w: &[f32]) -> Option<Result<Option<Held>, ()>> {
     let Some(rank) = w.first() else {
-        return Some(None);
+        return Some(Ok(None));
     };
+    if rank.to_bits() == FAILED_READ {
+        return Some(Err(()));
+    }
     let rank = rank.to_bits() as usize;
     let shape: Vec<usize> = w
         .get(1..1 + rank)?
         .iter()
         .map(|d| d.to_bits() as usize)
         .collect();
-    Some(Some((shape, w[1 + rank..].to_vec())))
+    Some(Ok(Some((shape, w[1 + rank..].to_vec()))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn held_tensors_travel_as_words_and_a_failed_read_says_so() {
+        let held = (
+            vec![2, 3],
+            vec![1.5, -2.0, 0.0, 7.0, f32::MIN_POSITIVE, 3.0],
+        );
+        assert_eq!(decode(&encode(held.clone())), Some(Ok(Some(held))));
+        let scalar = (Vec::new(), vec![4.0]);
+        assert_eq!(decode(&encode(scalar.clone())), Some(Ok(Some(scalar))));
+        assert_eq!(decode(&[]), Some(Ok(None)));
+        assert_eq!(decode(&[f32::from_bits(FAILED_READ)]), Some(Err(())));
+        // A rank word longer than the message is malformed, never a panic.
+        assert_eq!(decode(&[f32::from_bits(5), f32::from_bits(1)]), None);
+    }
 }

@@ -44,6 +44,29 @@ pub enum Device {
     Cuda(crate::cuda::Precision),
     /// A per-shard plan on simulated devices (`crate::ranks`), on the CPU.
     Simulated(Simulated),
+    /// A per-shard plan on GPU ranks (`crate::ranks` over CUDA executors): the same device
+    /// code as simulated devices, each device on a GPU.
+    CudaRanks(CudaRanks),
+}
+
+/// GPU ranks: the partition, the GEMM precision, and which GPUs this process's devices use.
+#[derive(Debug, Clone, Copy)]
+pub struct CudaRanks {
+    pub ranks: Simulated,
+    pub precision: crate::cuda::Precision,
+    /// The GPU of this process's first device; the next take the next GPUs in turn, modulo
+    /// `gpus`.
+    pub first_gpu: usize,
+    /// How many GPUs this process's devices take in turn (fewer than its devices only when
+    /// several ranks share a GPU, `PARALLAX_SHARE_GPUS=1`).
+    pub gpus: usize,
+}
+
+impl CudaRanks {
+    /// The GPU of this process's `i`-th device.
+    pub fn gpu(&self, i: usize) -> usize {
+        (self.first_gpu + i) % self.gpus.max(1)
+    }
 }
 
 impl Device {
@@ -51,6 +74,15 @@ impl Device {
     pub fn simulated(&self) -> Option<Simulated> {
         match *self {
             Device::Simulated(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The partition of a per-shard plan (simulated devices or GPU ranks).
+    pub fn partition(&self) -> Option<Simulated> {
+        match *self {
+            Device::Simulated(s) => Some(s),
+            Device::CudaRanks(g) => Some(g.ranks),
             _ => None,
         }
     }
@@ -71,6 +103,19 @@ impl Device {
                 s.grid.dp,
                 s.grid.tp,
                 s.grid.pp
+            ),
+            Device::CudaRanks(g) => format!(
+                "{} GPU rank(s) {} (dp{}.tp{}.pp{}, {:?})",
+                g.ranks.grid.devices(),
+                if in_processes {
+                    "in separate processes"
+                } else {
+                    "in one process"
+                },
+                g.ranks.grid.dp,
+                g.ranks.grid.tp,
+                g.ranks.grid.pp,
+                g.precision
             ),
         }
     }

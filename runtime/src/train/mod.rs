@@ -11,7 +11,7 @@ mod records;
 mod session;
 mod validate;
 
-pub use config::{parallel_devices, resolved, Device, Simulated, TrainConfig};
+pub use config::{parallel_devices, resolved, CudaRanks, Device, Simulated, TrainConfig};
 pub use error::{signal_name, TrainError};
 pub use session::{feed, model_io, run_id, set_scalars, BatchInfo, Session, SessionData};
 
@@ -190,7 +190,7 @@ fn train_in(
         batch_size: plan.batch_size,
     };
     // Checked before the data is loaded or anything allocated (a GPU's is `compile`'s).
-    if !matches!(cfg.device, Device::Cuda(_)) {
+    if !matches!(cfg.device, Device::Cuda(_) | Device::CudaRanks(_)) {
         crate::host_memory::check(&plan, cfg.device.simulated().map(|s| s.grid))?;
     }
     let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
@@ -201,6 +201,7 @@ fn train_in(
     let id = run_id(&exp_text, &session.data_hash);
     let mut device_memory = None;
     let file_shapes = weights::FileShapes::of(&plan);
+    let max_batch = plan.batch_size as usize;
     let mut exec: Box<dyn Backend> = match (cfg.device, &peers) {
         (Device::Simulated(sim), Some(peers)) => {
             let peers = peers.clone();
@@ -208,11 +209,29 @@ fn train_in(
             device_memory = Some(ranks.memory_of_all()?);
             Box::new(ranks)
         }
+        (Device::CudaRanks(g), Some(peers)) => {
+            let make = crate::ranks::shard::cuda(max_batch, seed, g.precision, move |_| g.gpu(0));
+            let ranks = crate::ranks::Ranks::process_with(
+                plan,
+                g.ranks.grid,
+                g.ranks.capacity,
+                peers.clone(),
+                &make,
+            )?;
+            device_memory = Some(ranks.memory_of_all()?);
+            Box::new(ranks)
+        }
         (_, Some(_)) => {
             return Err(TrainError::Model(
-                "a job of processes runs a partitioned plan on the CPU (one device per rank)"
-                    .into(),
+                "a job of processes runs a partitioned plan (one device per rank)".into(),
             ))
+        }
+        (Device::CudaRanks(g), None) => {
+            let make = crate::ranks::shard::cuda(max_batch, seed, g.precision, move |d| g.gpu(d));
+            let ranks =
+                crate::ranks::Ranks::in_process_with(plan, g.ranks.grid, g.ranks.capacity, &make)?;
+            device_memory = Some(ranks.memory_of_all()?);
+            Box::new(ranks)
         }
         (Device::Simulated(sim), None) => {
             let ranks = crate::ranks::Ranks::in_process(plan, sim.grid, seed, sim.capacity)?;
