@@ -6,14 +6,17 @@
 
 use parallax_compiler::{compile, parse_bytes, Options, Plan};
 use parallax_runtime::backend::{Backend, ParamValues};
+use parallax_runtime::collective::{total, Partial};
 use parallax_runtime::cpu::kernels::Ctx;
 use parallax_runtime::cpu::{Executor, Mode};
 use parallax_runtime::data::Values;
 use parallax_runtime::exec::tensor::Tensor;
 use parallax_runtime::exec::{ExecError, RankExecutor};
 use parallax_runtime::finite::{Kind, NonFinite};
-use parallax_runtime::ranks::{Grid, Ranks, ShardExecutor};
+use parallax_runtime::ranks::{DeviceSum, Grid, Ranks, ShardExecutor, SumCall};
 use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 const TINY: &str = r#"Experiment(
@@ -229,4 +232,139 @@ fn a_failed_copy_fails_the_step_on_every_device() {
     let e = step(&mut ranks, 1).unwrap_err().to_string();
     assert!(e.contains("(planted)"), "{e}");
     assert!(started.elapsed() < Duration::from_secs(30), "{e}");
+}
+
+/// What the devices of one process deposit for their sums: each shard's values by
+/// (group, call), and a wake-up when some arrive.
+type Table = Arc<(
+    Mutex<HashMap<(Vec<usize>, u64), BTreeMap<usize, Vec<f32>>>>,
+    Condvar,
+)>;
+
+/// A sum over shards outside the communicator, as a GPU rank's over NCCL is: every shard's
+/// values go to every member as a single-leaf partial, and each member combines them along
+/// the fixed tree (`collective::total`).
+struct Deposited {
+    table: Table,
+    calls: u64,
+}
+
+impl DeviceSum<Copied> for Deposited {
+    fn sum(&mut self, shards: &mut [Copied], call: &SumCall) -> Result<(), ExecError> {
+        let key = (call.group.to_vec(), self.calls);
+        self.calls += 1;
+        let own = call.held[call.member].clone();
+        let (lock, wake) = &*self.table;
+        {
+            let mut table = lock.lock().unwrap();
+            let entry = table.entry(key.clone()).or_default();
+            for i in own.clone() {
+                let v = RankExecutor::read(&shards[i - own.start], call.operand)?.unwrap();
+                entry.insert(i, v);
+            }
+            wake.notify_all();
+        }
+        let mut table = lock.lock().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while table.get(&key).map_or(0, |e| e.len()) < call.leaves {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ExecError::Device("a member never deposited".into()));
+            }
+            table = wake.wait_timeout(table, left).unwrap().0;
+        }
+        let partials = table[&key]
+            .iter()
+            .map(|(&i, v)| {
+                let p = Partial {
+                    range: i..i + 1,
+                    values: v.clone(),
+                };
+                (i, p)
+            })
+            .collect();
+        drop(table);
+        if call.root.is_some_and(|r| r != call.member) {
+            return Ok(());
+        }
+        let sum = total(call.leaves, partials).map_err(|e| ExecError::Device(e.to_string()))?;
+        for e in shards.iter_mut().take(own.len().max(1)) {
+            RankExecutor::write(e, call.out, &sum)?;
+        }
+        Ok(())
+    }
+}
+
+/// Sums done by the devices' own `DeviceSum` (here single-leaf partials combined by each
+/// member, the shape of the NCCL path) give the bits of the communicator's sums, on data
+/// and pipeline grids, with ZeRO's reduce to one rank and ranks holding no shard.
+#[test]
+fn device_sums_give_the_communicators_bits() {
+    for (dp, pp, zero) in [
+        (2, 1, 0),
+        (3, 1, 0),
+        (2, 2, 0),
+        (8, 1, 0),
+        (2, 1, 2),
+        (4, 1, 1),
+    ] {
+        let grid = Grid {
+            dp: dp as usize,
+            tp: 1,
+            pp: pp as usize,
+        };
+        let source = parse_bytes(TINY.as_bytes()).unwrap();
+        let strategy = parallax_compiler::plan::Strategy { dp, tp: 1, pp };
+        let options = Options::partitioned(&source, strategy, zero);
+        let plan = compile(&source, &options, &mut |_, _| {})
+            .unwrap()
+            .plan(&source, &options);
+        let mut host = copied(plan.clone(), grid, None);
+        let mut device = copied(plan, grid, None);
+        let table: Table = Arc::default();
+        let sums = (0..grid.devices())
+            .map(|_| {
+                Box::new(Deposited {
+                    table: table.clone(),
+                    calls: 0,
+                }) as Box<dyn DeviceSum<Copied>>
+            })
+            .collect();
+        device.set_device_sums(sums).unwrap();
+        for s in 0..3 {
+            step(&mut host, s).unwrap();
+            step(&mut device, s).unwrap();
+        }
+        let at = format!("dp{dp}.pp{pp} zero {zero}");
+        assert!(
+            !table.0.lock().unwrap().is_empty(),
+            "{at}: no device sum ran"
+        );
+        assert_eq!(
+            host.param_values().unwrap(),
+            device.param_values().unwrap(),
+            "{at}"
+        );
+        assert_eq!(
+            host.state_values().unwrap(),
+            device.state_values().unwrap(),
+            "{at}"
+        );
+        assert_eq!(
+            host.loss(8).unwrap().to_bits(),
+            device.loss(8).unwrap().to_bits(),
+            "{at}"
+        );
+    }
+    let mut one = copied(
+        plan(1, 1),
+        Grid {
+            dp: 1,
+            tp: 1,
+            pp: 1,
+        },
+        None,
+    );
+    let e = one.set_device_sums(Vec::new()).unwrap_err().to_string();
+    assert!(e.contains("0 device sum(s) for the 1 device(s)"), "{e}");
 }

@@ -28,7 +28,7 @@ use parallax_compiler::plan::bytes;
 use parallax_compiler::shards::{assign, Sharding};
 use parallax_compiler::Plan;
 use rank::Device;
-pub use shard::ShardExecutor;
+pub use shard::{DeviceSum, ShardExecutor, SumCall};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -234,7 +234,7 @@ impl<E: ShardExecutor> Ranks<E> {
                 for e in shards.iter_mut().skip(1) {
                     drop(e.take_persistent());
                 }
-                Ok(Device { shards })
+                Ok(Device { shards, sum: None })
             })
             .collect::<Result<_, ExecError>>()?;
         let ranks = Ranks {
@@ -318,6 +318,22 @@ impl<E: ShardExecutor> Ranks<E> {
             *world = Threads::new(self.grid.devices(), timeout);
             *comms = world.comms();
         }
+    }
+
+    /// Sums over shards done by `sums` (one per device of this process, in device order)
+    /// where the values live, instead of on the host through the communicator.
+    pub fn set_device_sums(&mut self, sums: Vec<Box<dyn DeviceSum<E>>>) -> Result<(), ExecError> {
+        if sums.len() != self.devices.len() {
+            return Err(ExecError::Device(format!(
+                "{} device sum(s) for the {} device(s) of this process",
+                sums.len(),
+                self.devices.len()
+            )));
+        }
+        for (d, sum) in self.devices.iter_mut().zip(sums) {
+            d.sum = Some(sum);
+        }
+        Ok(())
     }
 
     /// Whether this process runs every device (else it is one rank of a job of processes).

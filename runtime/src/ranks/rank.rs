@@ -9,6 +9,7 @@
 //! buffered, so a peer never waits on a send; the earliest blocked call therefore always has
 //! its messages on the way.
 
+use super::shard::{DeviceSum, SumCall};
 use super::Grid;
 use crate::collective::{partials, Partial};
 use crate::comm::{CommError, Communicator};
@@ -21,6 +22,9 @@ use std::ops::Range;
 /// parameters and optimizer state, which the others borrow kernel by kernel.
 pub(super) struct Device<E> {
     pub shards: Vec<E>,
+    /// Sums over shards done where the values live (GPU ranks over NCCL); `None`: on the
+    /// host, through the communicator.
+    pub sum: Option<Box<dyn DeviceSum<E>>>,
 }
 
 /// What every rank knows of a step: the plan, the grid and which shards each data rank
@@ -207,6 +211,19 @@ impl<E: RankExecutor> Device<E> {
     ) -> Result<(), ExecError> {
         let grid = step.grid;
         let (r, t, s) = grid.place(me);
+        let group: Vec<usize> = (0..grid.dp).map(|q| grid.device(q, t, s)).collect();
+        if let Some(sum) = self.sum.as_mut() {
+            let call = SumCall {
+                group: &group,
+                held: step.owners,
+                member: r,
+                leaves: step.leaves,
+                operand,
+                out,
+                root,
+            };
+            return sum.sum(&mut self.shards, &call);
+        }
         let own = step.owners[r].clone();
         // Read first (a read can fail on a GPU); the tree takes each shard's values once.
         let read: Vec<Vec<f32>> = (0..own.len())
@@ -215,7 +232,6 @@ impl<E: RankExecutor> Device<E> {
         let read: Vec<std::cell::Cell<Vec<f32>>> =
             read.into_iter().map(std::cell::Cell::new).collect();
         let mine = partials(step.leaves, own.clone(), &|i| read[i - own.start].take());
-        let group: Vec<usize> = (0..grid.dp).map(|q| grid.device(q, t, s)).collect();
         let total = match root {
             None => Some(comm.all_reduce(&group, step.leaves, mine)?),
             Some(root) => comm.reduce(&group, grid.device(root, t, s), step.leaves, mine)?,
