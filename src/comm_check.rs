@@ -117,7 +117,9 @@ pub enum CommBackend {
 /// without MPI in this build) it fails before any rank waits on another.
 pub fn cuda(timeout: u64, fail_rank: Option<usize>) -> Result<(), Exit> {
     let devices = parallax_runtime::cuda::probe().map_err(|e| {
-        eprintln!("error: comm-check --backend cuda: {e}");
+        // One write, so that the ranks' lines do not interleave.
+        let line = format!("error: comm-check --backend cuda: {e}\n");
+        let _ = std::io::Write::write_all(&mut std::io::stderr(), line.as_bytes());
         Exit(1)
     })?;
     cuda_ranks(devices, timeout, fail_rank)
