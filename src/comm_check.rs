@@ -177,6 +177,9 @@ fn cuda_ranks(
     let target = parallax_runtime::cuda::target_for(gpu.compute_capability);
     let setup = (|| {
         let ctx = CudaContext::new(ordinal).map_err(|e| format!("GPU {ordinal}: {e:?}"))?;
+        // NCCL's init takes the current device.
+        ctx.bind_to_thread()
+            .map_err(|e| format!("GPU {ordinal}: binding it: {e:?}"))?;
         let stream = ctx
             .new_stream()
             .map_err(|e| format!("GPU {ordinal}: a stream: {e:?}"))?;

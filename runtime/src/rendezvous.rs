@@ -123,8 +123,8 @@ pub fn share_id(
 }
 
 /// Rank 0's id on every rank of a torchrun-style world (`World::master` is
-/// `MASTER_ADDR:MASTER_PORT`): rank 0 listens there (on every interface, as torchrun's store
-/// does) and hands `id` to each rank once all have come; the others connect. Every rank
+/// `MASTER_ADDR:MASTER_PORT`): rank 0 listens on that port of every interface (as
+/// torchrun's store does) and hands `id` to each rank once all have come; the others connect. Every rank
 /// gives up after `timeout`.
 pub fn share_id_tcp(
     world: &World,
@@ -144,9 +144,11 @@ pub fn share_id_tcp(
         return fetch_id(&host, port, rank, world.size, token, timeout);
     }
     let id = id.ok_or(RendezvousError::NoId { rank })?;
-    let listener =
-        TcpListener::bind(("0.0.0.0", port)).map_err(|source| RendezvousError::Listen {
-            addr: format!("0.0.0.0:{port}"),
+    // Both IPv6 and IPv4 where the host has IPv6 (a dual-stack socket), else IPv4.
+    let listener = TcpListener::bind(("::", port))
+        .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
+        .map_err(|source| RendezvousError::Listen {
+            addr: format!("port {port} of every interface"),
             source,
         })?;
     serve_id(listener, world.size, token, id, timeout)?;
