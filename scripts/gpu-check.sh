@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: for a machine with an NVIDIA GPU, driver 580 and the CUDA 13 libraries from
-# Python wheels, and no Rust toolchain. Build the binary beforehand (`cargo build --release`)
-# and copy it along (or point PARALLAX at it). Prints a short table last.
+# Python wheels, and no Rust toolchain. Build the binary beforehand (`cargo build --release`;
+# `--features mpi` for the NCCL ranks' checks, which also need Open MPI's mpirun and libmpi
+# on the GPU machine) and copy it along (or point PARALLAX at it). Prints a short table last.
 #
 #   scripts/gpu-check.sh            # every check
 #   LOCKSTEP=1 scripts/gpu-check.sh # also compare every kernel with the CPU oracle
@@ -108,6 +109,108 @@ fi
 echo "== collectives"
 timeout 90 "$BIN" collectives-check models/mlp.ron | tee -a "$LOG" \
     || echo "ROW|collectives|fp32|-|-|FAIL|-|-|-" >>"$LOG"
+echo "== NCCL ranks: comm-check --backend cuda under mpirun (a binary built with --features mpi)"
+# The fixed-tree all-reduce on the GPU over NCCL against the host's sum, bit for bit: (a) one
+# rank, its NCCL id broadcast over MPI; (b) two processes on the one GPU (NCCL >= 2.30 with
+# NCCL_MULTI_RANK_GPU_ENABLE=1, from the nvidia-nccl-cu13 wheel; set NCCL_WHEEL to a wheel
+# file where the machine has no network); (c) the same with rank 1 leaving in the middle:
+# what rank 0 reports, and how long it took. Each under a hard timeout; a failure is a FAIL
+# row with its reason, and the script goes on.
+MPIRUN="mpirun --allow-run-as-root --oversubscribe -x LD_LIBRARY_PATH -x NCCL_SOCKET_IFNAME -x NCCL_DEBUG"
+NOTES=$(mktemp)
+# nccl_run NAME LIMIT CMD...: runs CMD under `timeout LIMIT`, leaving its output in $RUN_OUT,
+# its exit status in $RUN_RC and its seconds in $RUN_SECS.
+nccl_run() {
+    local name=$1 limit=$2 start
+    shift 2
+    echo "-- $name"
+    RUN_OUT=$(mktemp)
+    start=$(date +%s.%N)
+    timeout "$limit" "$@" >"$RUN_OUT" 2>&1
+    RUN_RC=$?
+    RUN_SECS=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f", e - s }')
+    grep -v '^ *$' "$RUN_OUT" | head -40
+}
+# The first error line of the last run (or its exit status), fit for a table cell.
+nccl_reason() {
+    local r
+    r=$(grep -m1 'error' "$RUN_OUT" | tr '|' '/' | cut -c1-160)
+    [ "$RUN_RC" = 124 ] && r="timed out after ${RUN_SECS}s (a hang); $r"
+    echo "${r:-exit $RUN_RC}"
+}
+# The result hashes of a run's table (one per length and layout), to compare rank counts.
+nccl_hashes() {
+    grep -E '^\| [0-9]+ \|' "$RUN_OUT" | awk -F'|' '{ print $2, $4, $6 }'
+}
+HASH1=""
+if ! command -v mpirun >/dev/null; then
+    for c in "(a) 1 rank" "(b) 2 ranks on one GPU" "(c) 2 ranks, --fail-rank 1"; do
+        echo "ROW|comm-check cuda $c: mpirun not found|fp32|-|-|FAIL|-|-|-" >>"$LOG"
+    done
+else
+    nccl_run "(a) mpirun -np 1 comm-check --backend cuda" 180 \
+        $MPIRUN -np 1 "$BIN" comm-check --backend cuda --timeout 60
+    if [ "$RUN_RC" = 0 ] && grep -q '| yes |' "$RUN_OUT" && ! grep -q '| no |' "$RUN_OUT"; then
+        HASH1=$(nccl_hashes)
+        echo "ROW|comm-check cuda (a) 1 rank, NCCL id over MPI: same bits|fp32|-|-|ok|-|-|-" >>"$LOG"
+    else
+        echo "ROW|comm-check cuda (a) 1 rank|fp32|-|-|FAIL|-|-|-" >>"$LOG"
+        echo "(a) 1 rank: $(nccl_reason)" >>"$NOTES"
+    fi
+    # NCCL >= 2.30 beside the binary: the wheel's libnccl.so.2 under the name cudarc opens.
+    NEW=/tmp/parallax-nccl-new
+    if [ ! -e "$NEW/lib/libnccl.so" ]; then
+        rm -rf "$NEW" && mkdir -p "$NEW/lib"
+        timeout 300 python3 -m pip install --quiet --disable-pip-version-check --no-deps \
+            --target "$NEW/site" "${NCCL_WHEEL:-nvidia-nccl-cu13}" >"$NEW/pip.log" 2>&1
+        so=$(find "$NEW/site" -name 'libnccl.so.2' 2>/dev/null | head -1)
+        [ -n "$so" ] && ln -sf "$so" "$NEW/lib/libnccl.so"
+    fi
+    if [ ! -e "$NEW/lib/libnccl.so" ]; then
+        why="pip install ${NCCL_WHEEL:-nvidia-nccl-cu13} failed: $(tail -1 "$NEW/pip.log" 2>/dev/null | tr '|' '/' | cut -c1-120)"
+        for c in "(b) 2 ranks on one GPU" "(c) 2 ranks, --fail-rank 1"; do
+            echo "ROW|comm-check cuda $c: no NCCL >= 2.30|fp32|-|-|FAIL|-|-|-" >>"$LOG"
+            echo "$c: $why" >>"$NOTES"
+        done
+    else
+        TWO="env LD_LIBRARY_PATH=$NEW/lib:$LD_LIBRARY_PATH NCCL_MULTI_RANK_GPU_ENABLE=1"
+        echo "NCCL for two ranks on one GPU: $($TWO "$BIN" devices 2>&1 | grep -i nccl | head -1)"
+        nccl_run "(b) mpirun -np 2 comm-check --backend cuda, one GPU" 240 \
+            $TWO $MPIRUN -x NCCL_MULTI_RANK_GPU_ENABLE -np 2 "$BIN" comm-check --backend cuda --timeout 60
+        if [ "$RUN_RC" = 0 ] && grep -q '| yes |' "$RUN_OUT" && ! grep -q '| no |' "$RUN_OUT"; then
+            # The hashes per length and shard count must be those of one rank.
+            if [ -z "$HASH1" ]; then
+                same="ok"; what="same bits as the host (no 1-rank run to compare)"
+            elif [ "$HASH1" = "$(nccl_hashes)" ]; then
+                same="ok"; what="same bits as 1 rank"
+            else
+                same="FAIL"; what="bits differ from 1 rank"
+            fi
+            echo "ROW|comm-check cuda (b) 2 ranks on one GPU: $what|fp32|-|-|$same|-|-|-" >>"$LOG"
+        else
+            echo "ROW|comm-check cuda (b) 2 ranks on one GPU|fp32|-|-|FAIL|-|-|-" >>"$LOG"
+            echo "(b) 2 ranks: $(nccl_reason)" >>"$NOTES"
+        fi
+        # mpirun must not end rank 0 when rank 1 exits, so that rank 0 shows what it sees.
+        nccl_run "(c) the same, rank 1 exits in the middle (--fail-rank 1, --timeout 20)" 120 \
+            $TWO $MPIRUN -x NCCL_MULTI_RANK_GPU_ENABLE --mca orte_abort_on_non_zero_status 0 \
+            -np 2 "$BIN" comm-check --backend cuda --timeout 20 --fail-rank 1
+        said=$(grep -m1 'error: rank 0' "$RUN_OUT" | tr '|' '/')
+        echo "(c) after ${RUN_SECS}s (mpirun exit $RUN_RC), rank 0 said: ${said:-nothing; $(nccl_reason)}" >>"$NOTES"
+        # Expected: rank 0 fails within its 20 s timeout (plus setup), naming the tree
+        # all-reduce; a hang (124) or silence is a FAIL. mpirun's own status says nothing
+        # here: with abort_on_non_zero_status off it can exit 0 whatever the ranks did.
+        if [ "$RUN_RC" != 124 ] && echo "$said" | grep -q 'tree all-reduce' \
+            && awk -v s="$RUN_SECS" 'BEGIN { exit !(s < 80) }'; then
+            echo "ROW|comm-check cuda (c) --fail-rank 1: rank 0 failed after ${RUN_SECS}s|fp32|-|-|ok|-|-|-" >>"$LOG"
+        else
+            echo "ROW|comm-check cuda (c) --fail-rank 1: after ${RUN_SECS}s (notes above)|fp32|-|-|FAIL|-|-|-" >>"$LOG"
+        fi
+    fi
+fi
+echo
+echo "NCCL ranks, what the runs reported:"
+cat "$NOTES"
 echo
 echo "gpt-large: not run (13 B parameters with Adam state need about 210 GB, more than one GPU holds; the CPU oracle cannot run it)"
 echo

@@ -148,6 +148,12 @@ enum Command {
         /// same buffers (a table on rank 0).
         #[arg(long)]
         bench: bool,
+        /// `cuda`: instead, the fixed-tree all-reduce on GPUs over NCCL (each rank binds GPU
+        /// local rank % GPU count; the NCCL id goes out over MPI), compared bit for bit with
+        /// the host's sum for several lengths and shard layouts (a table on rank 0).
+        /// `--fail-rank` then makes that rank exit in the middle.
+        #[arg(long, value_enum, default_value = "cpu")]
+        backend: comm_check::CommBackend,
     },
     /// Compile an experiment into a plan.
     Compile {
@@ -285,9 +291,11 @@ fn main() -> ExitCode {
             fail_rank,
             hang_rank,
             bench,
-        } => match bench {
-            true => comm_check::bench(timeout),
-            false => comm_check::run(timeout, fail_rank, hang_rank),
+            backend,
+        } => match (backend, bench) {
+            (comm_check::CommBackend::Cuda, _) => comm_check::cuda(timeout, fail_rank),
+            (_, true) => comm_check::bench(timeout),
+            (_, false) => comm_check::run(timeout, fail_rank, hang_rank),
         },
         Command::Report { runs, out } => report::report(&runs, out.as_deref()),
         Command::Diff { a, b } => report::diff(&a, &b),

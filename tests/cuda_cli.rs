@@ -57,6 +57,27 @@ fn gpu_check_without_a_gpu_exits_1() {
 }
 
 #[test]
+fn comm_check_on_cuda_without_a_gpu_exits_1_before_any_rank_waits() {
+    // Without mpirun too: the GPU is looked for first, so a machine without one (or a build
+    // without MPI) fails at once, on every rank alike.
+    let t = std::time::Instant::now();
+    let o = parallax(&["comm-check", "--backend", "cuda", "--timeout", "5"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("error: comm-check --backend cuda:"), "{err}");
+    assert!(
+        err.contains("libcuda") || err.contains("no usable GPU"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(5),
+        "{:?}",
+        t.elapsed()
+    );
+}
+
+#[test]
 fn compile_emits_one_ptx_file_per_kernel_and_a_manifest() {
     let dir = std::env::temp_dir().join(format!("parallax-ptx-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

@@ -18,6 +18,7 @@ pub mod host_memory;
 pub mod launch;
 pub mod loss_share;
 pub mod ranks;
+pub mod rendezvous;
 pub mod resume;
 pub mod rng;
 pub mod run_dir;

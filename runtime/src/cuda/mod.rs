@@ -10,6 +10,7 @@ mod launch;
 mod lt;
 pub mod nccl;
 pub mod nccl_comm;
+pub mod nccl_tree;
 mod stepwise;
 
 pub use cudarc;

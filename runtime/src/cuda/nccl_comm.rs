@@ -278,6 +278,12 @@ impl NcclComm {
         self.world
     }
 
+    /// The stream the communicator's operations run on (work that must follow them, such as
+    /// a kernel reading what was received, goes on the same one).
+    pub fn stream(&self) -> cu::CUstream {
+        self.stream
+    }
+
     /// Whether an error or timeout aborted the communicator.
     pub fn is_aborted(&self) -> bool {
         self.comm.is_null()
