@@ -208,6 +208,45 @@ else
         fi
     fi
 fi
+echo "== GPU ranks in train: the bits of --gpus 1 on --gpus 2 (two ranks sharing the one GPU)"
+# Each against `--gpus 1 --backend cuda` (one rank, the same micro-shards): final.safetensors
+# byte-identical. Sums on the host (the default), on the GPU over NCCL (PARALLAX_NCCL=1), a
+# pipeline split, and a process per rank under mpirun and under torchrun.
+ranks_train() {
+    local dir=$1 model=$2
+    shift 2
+    rm -rf "$dir"
+    timeout 240 "$@" train "$model" --backend cuda --steps 12 --run-dir "$dir" >"$dir.log" 2>&1
+}
+for model in models/mlp.ron models/transformer.ron; do
+    m=$(basename "$model" .ron)
+    if ! ranks_train /tmp/parallax-r1 "$model" "$BIN" --gpus 1; then
+        echo "ROW|train $m --gpus 1 --backend cuda: $(grep -m1 error /tmp/parallax-r1.log | tr '|' '/' | cut -c1-80)|tf32|-|-|FAIL|-|-|-" >>"$LOG"
+        continue
+    fi
+    ms=$(grep -o '"step_time_ms_median": [0-9.]*' /tmp/parallax-r1/summary.json | grep -o '[0-9.]*$')
+    echo "ROW|train $m --gpus 1 --backend cuda|tf32|-|-|ok|$ms|-|-" >>"$LOG"
+    variants=("host sums|env PARALLAX_SHARE_GPUS=1 $BIN --gpus 2"
+        "pp2|env PARALLAX_SHARE_GPUS=1 $BIN --gpus 2 --strategy pp2")
+    [ -e /tmp/parallax-nccl-new/lib/libnccl.so ] && variants+=("NCCL sums|env PARALLAX_SHARE_GPUS=1 PARALLAX_NCCL=1 NCCL_MULTI_RANK_GPU_ENABLE=1 LD_LIBRARY_PATH=/tmp/parallax-nccl-new/lib:$LD_LIBRARY_PATH $BIN --gpus 2")
+    command -v mpirun >/dev/null && variants+=("mpirun -np 2|env PARALLAX_SHARE_GPUS=1 mpirun --allow-run-as-root --oversubscribe -x PARALLAX_SHARE_GPUS -x LD_LIBRARY_PATH -np 2 $BIN")
+    # torchrun's ranks meet over TCP through rank 0 (no MPI); its port picked per run.
+    command -v torchrun >/dev/null && variants+=("torchrun 2 ranks|env PARALLAX_SHARE_GPUS=1 torchrun --nproc-per-node 2 --master-port $((20000 + RANDOM % 20000)) --no-python $BIN")
+    for v in "${variants[@]}"; do
+        what=${v%%|*}
+        # shellcheck disable=SC2086
+        if ranks_train /tmp/parallax-r2 "$model" ${v#*|}; then
+            ms=$(grep -o '"step_time_ms_median": [0-9.]*' /tmp/parallax-r2/summary.json | grep -o '[0-9.]*$')
+            if cmp -s /tmp/parallax-r1/final.safetensors /tmp/parallax-r2/final.safetensors; then
+                echo "ROW|train $m --gpus 2, $what: the bits of --gpus 1|tf32|-|-|ok|$ms|-|-" >>"$LOG"
+            else
+                echo "ROW|train $m --gpus 2, $what: bits differ from --gpus 1|tf32|-|-|FAIL|$ms|-|-" >>"$LOG"
+            fi
+        else
+            echo "ROW|train $m --gpus 2, $what: $(grep -m1 error /tmp/parallax-r2.log | tr '|' '/' | cut -c1-80)|tf32|-|-|FAIL|-|-|-" >>"$LOG"
+        fi
+    done
+done
 echo
 echo "NCCL ranks, what the runs reported:"
 cat "$NOTES"

@@ -302,6 +302,8 @@ pub fn run(args: Args) -> Result<(), Exit> {
             precision,
             first_gpu: p.first_gpu,
             gpus: p.gpus,
+            nccl: (std::env::var(parallax_runtime::ranks::nccl_sum::ENV).as_deref() == Ok("1"))
+                .then(|| std::time::Duration::from_secs(collective_timeout)),
         }),
         (Some(s), _, _) => Device::Simulated(s),
         (None, Some(p), _) => Device::Cuda(p),
@@ -338,7 +340,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         ),
         Device::Cpu => "CPU backend".to_string(),
         Device::CudaRanks(g) => format!(
-            "CUDA backend, {} GPU {} (dp{}.tp{}.pp{}) over {} micro-shards",
+            "CUDA backend, {} GPU {} (dp{}.tp{}.pp{}) over {} micro-shards, summed {}",
             g.ranks.grid.devices(),
             match in_job {
                 true => format!("rank(s) under {}", world.launcher),
@@ -347,7 +349,11 @@ pub fn run(args: Args) -> Result<(), Exit> {
             g.ranks.grid.dp,
             g.ranks.grid.tp,
             g.ranks.grid.pp,
-            plan.sharding.map_or(1, |s| s.shards)
+            plan.sharding.map_or(1, |s| s.shards),
+            match g.nccl {
+                Some(_) => "on the GPUs over NCCL",
+                None => "on the host",
+            }
         ),
     };
     let terminal = std::io::stderr().is_terminal();
@@ -422,6 +428,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
     let job = match (in_job, device) {
         (true, Device::Simulated(_) | Device::CudaRanks(_)) => Some(crate::job::start(
             file,
+            &world,
             std::time::Duration::from_secs(collective_timeout),
         )?),
         _ => None,

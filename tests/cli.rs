@@ -206,28 +206,33 @@ fn compile_checks_the_plan_fits_the_device_before_anything_runs() {
     assert!(stderr(&o).contains("did you mean `h100`"), "{}", stderr(&o));
 }
 
-/// Launchers' variables are read: a torchrun-style world of CPU ranks (which meet over MPI
-/// only) and a world too large for `--gpus`, refused before anything runs; `--strategy`
-/// without a device count is a usage error.
+/// Launchers' variables are read: a torchrun-style world whose other rank never comes (rank
+/// 0 gives up after the collective timeout, naming it), a world too large for `--gpus`,
+/// refused before anything runs; `--strategy` without a device count is a usage error.
 #[test]
 fn launcher_variables_that_cannot_be_honoured_are_refused() {
     let dir = temp("launcher-refused");
     let d = dir.to_str().unwrap();
-    let o = common::binary()
-        .args(["train", "models/mlp.ron", "--steps", "1", "--run-dir", d])
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let mut c = common::binary();
+    c.args(["train", "models/mlp.ron", "--steps", "1", "--run-dir", d])
+        .args(["--collective-timeout", "2"])
         .env("RANK", "0")
         .env("WORLD_SIZE", "2")
         .env("MASTER_ADDR", "127.0.0.1")
-        .env("MASTER_PORT", "29511")
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        .env("MASTER_PORT", &port);
+    let o = common::run_limited(c, std::time::Duration::from_secs(60));
+    assert_eq!(o.code, Some(1), "{}", o.stderr);
     assert!(
-        stderr(&o).contains(
-            "torchrun-style variables set a world of 2 rank(s), but ranks meet over MPI only"
-        ),
+        o.stderr
+            .contains("rank 0: rank(s) [1] of 2 never connected within 2s"),
         "{}",
-        stderr(&o)
+        o.stderr
     );
     let o = common::binary()
         .args(["train", "models/mlp.ron", "--run-dir", d])

@@ -12,6 +12,7 @@ pub mod check;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod protocol;
+pub mod tcp;
 pub mod threads;
 
 use crate::collective::{CollectiveError, Partial};

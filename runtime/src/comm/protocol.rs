@@ -38,6 +38,81 @@ impl Message {
     }
 }
 
+/// The little-endian bytes of `v`: its memory as it is (a copy at memory speed; a value at
+/// a time is several times slower, and messages are the gradients).
+#[cfg(target_endian = "little")]
+fn le_bytes(v: &[f32]) -> &[u8] {
+    // SAFETY: an f32 is 4 initialised bytes without padding, u8 has alignment 1, and the
+    // length covers exactly the slice's memory.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+/// What goes over the wire: one tag byte, then the payload.
+impl Message {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let floats = |out: &mut Vec<u8>, v: &[f32]| out.extend_from_slice(le_bytes(v));
+        let mut out = Vec::new();
+        match self {
+            Message::Values(v) => {
+                out.push(0);
+                floats(&mut out, v);
+            }
+            Message::Partials(ps) => {
+                out.push(1);
+                out.extend((ps.len() as u64).to_le_bytes());
+                for p in ps {
+                    for n in [p.range.start, p.range.end, p.values.len()] {
+                        out.extend((n as u64).to_le_bytes());
+                    }
+                    floats(&mut out, &p.values);
+                }
+            }
+            Message::Flag(f) => out.extend([2, u8::from(*f)]),
+            Message::Token => out.push(3),
+            Message::Vote(v) => out.extend([4, u8::from(*v)]),
+        }
+        out
+    }
+
+    /// `None` for bytes no rank of this build sends.
+    pub(super) fn decode(bytes: &[u8]) -> Option<Message> {
+        let (&tag, mut rest) = bytes.split_first()?;
+        let u64s = |rest: &mut &[u8]| -> Option<usize> {
+            let (head, tail) = rest.split_at_checked(8)?;
+            *rest = tail;
+            Some(u64::from_le_bytes(head.try_into().ok()?) as usize)
+        };
+        let floats = |b: &[u8]| -> Vec<f32> {
+            let mut v = vec![0f32; b.len() / 4];
+            v.iter_mut()
+                .zip(b.chunks_exact(4))
+                .for_each(|(x, c)| *x = f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            v
+        };
+        Some(match tag {
+            0 if rest.len() % 4 == 0 => Message::Values(floats(rest)),
+            1 => {
+                let n = u64s(&mut rest)?;
+                let mut ps = Vec::with_capacity(n.min(1024));
+                for _ in 0..n {
+                    let (start, end, len) = (u64s(&mut rest)?, u64s(&mut rest)?, u64s(&mut rest)?);
+                    let (vals, tail) = rest.split_at_checked(len.checked_mul(4)?)?;
+                    rest = tail;
+                    ps.push(Partial {
+                        range: start..end,
+                        values: floats(vals),
+                    });
+                }
+                Message::Partials(ps)
+            }
+            2 if rest.len() == 1 => Message::Flag(rest[0] != 0),
+            3 if rest.is_empty() => Message::Token,
+            4 if rest.len() == 1 => Message::Vote(rest[0] != 0),
+            _ => return None,
+        })
+    }
+}
+
 /// Messages between two ranks, in the order sent.
 pub(super) trait Transport: Send {
     fn this_rank(&self) -> usize;

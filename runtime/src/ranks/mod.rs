@@ -18,6 +18,7 @@ use crate::comm::threads::{ThreadComm, Threads};
 use crate::comm::Communicator;
 
 mod backend;
+pub mod nccl_sum;
 mod rank;
 pub mod shard;
 use crate::cpu::Executor;

@@ -60,6 +60,9 @@ pub struct CudaRanks {
     /// How many GPUs this process's devices take in turn (fewer than its devices only when
     /// several ranks share a GPU, `PARALLAX_SHARE_GPUS=1`).
     pub gpus: usize,
+    /// Sums over shards on the GPUs over NCCL (`PARALLAX_NCCL=1`), each wait bounded by
+    /// this; `None`: on the host.
+    pub nccl: Option<std::time::Duration>,
 }
 
 impl CudaRanks {
@@ -105,7 +108,7 @@ impl Device {
                 s.grid.pp
             ),
             Device::CudaRanks(g) => format!(
-                "{} GPU rank(s) {} (dp{}.tp{}.pp{}, {:?})",
+                "{} GPU rank(s) {} (dp{}.tp{}.pp{}, {:?}, sums {})",
                 g.ranks.grid.devices(),
                 if in_processes {
                     "in separate processes"
@@ -115,7 +118,12 @@ impl Device {
                 g.ranks.grid.dp,
                 g.ranks.grid.tp,
                 g.ranks.grid.pp,
-                g.precision
+                g.precision,
+                if g.nccl.is_some() {
+                    "over NCCL"
+                } else {
+                    "on the host"
+                }
             ),
         }
     }

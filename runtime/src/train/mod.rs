@@ -211,13 +211,16 @@ fn train_in(
         }
         (Device::CudaRanks(g), Some(peers)) => {
             let make = crate::ranks::shard::cuda(max_batch, seed, g.precision, move |_| g.gpu(0));
-            let ranks = crate::ranks::Ranks::process_with(
+            let mut ranks = crate::ranks::Ranks::process_with(
                 plan,
                 g.ranks.grid,
                 g.ranks.capacity,
                 peers.clone(),
                 &make,
             )?;
+            if let Some(timeout) = g.nccl {
+                ranks.use_nccl(timeout)?;
+            }
             device_memory = Some(ranks.memory_of_all()?);
             Box::new(ranks)
         }
@@ -228,8 +231,11 @@ fn train_in(
         }
         (Device::CudaRanks(g), None) => {
             let make = crate::ranks::shard::cuda(max_batch, seed, g.precision, move |d| g.gpu(d));
-            let ranks =
+            let mut ranks =
                 crate::ranks::Ranks::in_process_with(plan, g.ranks.grid, g.ranks.capacity, &make)?;
+            if let Some(timeout) = g.nccl {
+                ranks.use_nccl(timeout)?;
+            }
             device_memory = Some(ranks.memory_of_all()?);
             Box::new(ranks)
         }

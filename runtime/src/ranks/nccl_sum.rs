@@ -1,0 +1,270 @@
+//! GPU ranks' sums over micro-shards on the GPUs, over NCCL (`PARALLAX_NCCL=1`): each shard's
+//! gradient goes, chunk by chunk, from its GPU to the chunk's owner with grouped
+//! `ncclSend`/`ncclRecv`, the owner adds them along the fixed tree with our own kernel
+//! (`cuda::nccl_tree`), and the summed chunks are gathered back: the bits of the host path
+//! (every shard a single-leaf partial, combined as `collective::total` combines them), without
+//! a copy to the host. Not yet run on a GPU: the host path stays the default until
+//! `scripts/gpu-check.sh` has compared the two.
+
+use super::shard::{DeviceSum, SumCall};
+use super::{lock, Links, Ranks};
+use crate::cuda::cudarc::driver::{result, CudaContext, CudaStream};
+use crate::cuda::nccl_comm::{NcclComm, NcclId};
+use crate::cuda::nccl_tree::{DeviceTree, Schedule};
+use crate::cuda::CudaExecutor;
+use crate::exec::ExecError;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The variable that turns the NCCL path on.
+pub const ENV: &str = "PARALLAX_NCCL";
+
+/// A schedule's identity: the shards each member holds, the shard count and the length.
+type Key = (Vec<usize>, Vec<Range<usize>>, usize, usize);
+
+/// One GPU rank's side of the sums.
+pub struct NcclSum {
+    comm: NcclComm,
+    tree: DeviceTree,
+    stream: Arc<CudaStream>,
+    ctx: Arc<CudaContext>,
+    timeout: Duration,
+    schedules: HashMap<Key, Schedule>,
+    /// Where the total lands before it is copied to each shard's step: never one of the
+    /// operands (a total may share its buffer with a shard's gradient).
+    total: Option<Total>,
+}
+
+/// A device allocation of f32s.
+struct Total {
+    ptr: u64,
+    floats: usize,
+    ctx: Arc<CudaContext>,
+}
+
+impl Drop for Total {
+    fn drop(&mut self) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by `malloc_sync` in this context, freed once.
+            let _ = unsafe { result::free_sync(self.ptr) };
+        }
+    }
+}
+
+impl NcclSum {
+    fn total_buffer(&mut self, floats: usize) -> Result<u64, ExecError> {
+        if self.total.as_ref().is_none_or(|t| t.floats < floats) {
+            self.total = None;
+            self.ctx
+                .bind_to_thread()
+                .map_err(|e| self.error("binding the GPU", e))?;
+            // SAFETY: a plain device allocation, freed by `Total`.
+            let ptr = unsafe { result::malloc_sync(floats.max(1) * 4) }
+                .map_err(|e| self.error("allocating the sum's buffer", e))?;
+            self.total = Some(Total {
+                ptr,
+                floats,
+                ctx: self.ctx.clone(),
+            });
+        }
+        Ok(self.total.as_ref().map_or(0, |t| t.ptr))
+    }
+
+    fn error(&self, doing: &str, e: impl std::fmt::Debug) -> ExecError {
+        ExecError::Device(format!("rank {} (NCCL): {doing}: {e:?}", self.comm.rank()))
+    }
+}
+
+// SAFETY: a rank's sum is used by one thread at a time (`&mut self`), after that thread
+// bound the rank's context; NCCL communicators may move between threads (they must not be
+// used by two at once, which `&mut` rules out), and the stream and context are cudarc's.
+unsafe impl Send for NcclSum {}
+
+impl DeviceSum<CudaExecutor> for NcclSum {
+    fn sum(&mut self, shards: &mut [CudaExecutor], call: &SumCall) -> Result<(), ExecError> {
+        let own = call.held[call.member].clone();
+        let len: usize = shards[0].value_shape(call.operand).iter().product();
+        // Every shard its own single-leaf partial: what the host path's partials sum to.
+        let key: Key = (call.group.to_vec(), call.held.to_vec(), call.leaves, len);
+        if !self.schedules.contains_key(&key) {
+            let s = Schedule::new(call.leaves, call.group, &single_leaves(call.held), len)
+                .map_err(|e| ExecError::Device(format!("rank {}: {e}", self.comm.rank())))?;
+            self.schedules.insert(key.clone(), s);
+        }
+        let mine: Vec<u64> = shards
+            .iter()
+            .take(own.len())
+            .map(|e| e.device_ptr(call.operand))
+            .collect::<Result<_, _>>()
+            .map_err(|e| self.error("a shard's gradient", e))?;
+        let total = self.total_buffer(len)?;
+        let schedule = &self.schedules[&key];
+        let root = call.root.map(|q| call.group[q]);
+        // SAFETY: `mine` are this rank's shards' buffers of the operand (`len` f32 each, in
+        // the schedule's order of its single-leaf partials), `total` has room for `len`, all
+        // on the communicator's GPU; `stream` is the one the communicator was made with.
+        let done = unsafe {
+            match root {
+                None => self.tree.all_reduce(
+                    &mut self.comm,
+                    &self.stream,
+                    schedule,
+                    &mine,
+                    total,
+                    self.timeout,
+                ),
+                Some(root) => self.tree.reduce(
+                    &mut self.comm,
+                    &self.stream,
+                    schedule,
+                    root,
+                    &mine,
+                    total,
+                    self.timeout,
+                ),
+            }
+        };
+        done.map_err(|e| ExecError::Device(e.to_string()))?;
+        if call.root.is_some_and(|q| q != call.member) {
+            return Ok(());
+        }
+        // A device without shards this step still updates its own copy.
+        for e in shards.iter().take(own.len().max(1)) {
+            if !e.stored(call.out) {
+                continue;
+            }
+            let dst = e
+                .device_ptr(call.out)
+                .map_err(|e| self.error("the sum's step", e))?;
+            // SAFETY: both buffers hold `len` f32 on this GPU; the copy is ordered on the
+            // executors' stream before their next kernels.
+            unsafe { result::memcpy_dtod_async(dst, total, len * 4, self.stream.cu_stream()) }
+                .map_err(|e| self.error("copying the total", e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Each member's shards as single-leaf partials (each a subtree of the fixed tree).
+fn single_leaves(held: &[Range<usize>]) -> Vec<Vec<Range<usize>>> {
+    held.iter()
+        .map(|r| r.clone().map(|i| i..i + 1).collect())
+        .collect()
+}
+
+impl Ranks<CudaExecutor> {
+    /// Sums over shards on the GPUs over NCCL instead of on the host (see the module). Every
+    /// device of the job joins one NCCL communicator, whose ranks are the devices: in one
+    /// process each device's thread joins with an id made here; in a job of processes rank
+    /// 0's id is broadcast over the job's communicator. Joining waits at most `timeout`.
+    pub fn use_nccl(&mut self, timeout: Duration) -> Result<(), ExecError> {
+        let world = self.grid.devices();
+        let first = self.first;
+        // What each device's thread needs (an executor stays on its own thread).
+        let places: Vec<(Arc<CudaContext>, Arc<CudaStream>, &'static str)> = self
+            .devices
+            .iter()
+            .map(|d| {
+                let e = &d.shards[0];
+                (e.context().clone(), e.stream().clone(), e.target())
+            })
+            .collect();
+        let fail = |e: String| ExecError::Device(format!("NCCL: {e}"));
+        let id = match &self.links {
+            Links::Threads { .. } => NcclId::new().map_err(|e| fail(e.to_string()))?,
+            Links::Process(peers) => {
+                let made = match first {
+                    0 => Some(NcclId::new().map_err(|e| fail(e.to_string()))?),
+                    _ => None,
+                };
+                let mut comm = lock(peers);
+                let bytes = crate::rendezvous::share_id(&mut **comm, 0, made.map(|i| i.to_bytes()))
+                    .map_err(|e| fail(e.to_string()))?;
+                NcclId::from_bytes(bytes)
+            }
+        };
+        let join = |i: usize| -> Result<Box<dyn DeviceSum<CudaExecutor>>, ExecError> {
+            let (ctx, stream, target) = &places[i];
+            let rank = first + i;
+            ctx.bind_to_thread()
+                .map_err(|e| fail(format!("rank {rank}: binding its GPU: {e:?}")))?;
+            // SAFETY: the executors' stream, of this context, lives as long as the
+            // executors, which the sum (and so the communicator) does not outlive.
+            let comm = unsafe { NcclComm::init(&id, rank, world, stream.cu_stream(), timeout) }
+                .map_err(|e| fail(format!("rank {rank}: {e}")))?;
+            let tree = DeviceTree::new(ctx, target)
+                .map_err(|e| fail(format!("rank {rank}: the add kernel: {e}")))?;
+            Ok(Box::new(NcclSum {
+                comm,
+                tree,
+                stream: stream.clone(),
+                ctx: ctx.clone(),
+                timeout,
+                schedules: HashMap::new(),
+                total: None,
+            }))
+        };
+        // Every rank must join at once: NCCL's init waits for all of them.
+        let sums: Vec<Result<_, ExecError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..places.len())
+                .map(|i| s.spawn(move || join(i)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(fail("a rank's thread panicked".into())))
+                })
+                .collect()
+        });
+        let sums = sums.into_iter().collect::<Result<Vec<_>, _>>()?;
+        self.set_device_sums(sums)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::collective::{partials, total};
+    use crate::cuda::nccl_tree::check_value;
+    use parallax_compiler::shards::assign;
+
+    /// The NCCL path sends every shard as its own partial; the host path sums each rank's
+    /// whole subtrees first. Both follow the fixed tree, so the same bits, for every
+    /// assignment of shards to ranks (ranks holding none included).
+    #[test]
+    fn single_leaf_partials_give_the_host_paths_bits() {
+        for leaves in [1, 2, 3, 5, 8, 13] {
+            for ranks in [1, 2, 3, 4, 8] {
+                let held = assign(leaves, ranks);
+                let len = 150;
+                let value = |i: usize| (0..len).map(|e| check_value(7, i, e)).collect::<Vec<f32>>();
+                let group: Vec<usize> = (0..ranks).map(|r| 10 + 3 * r).collect();
+                let schedule = Schedule::new(leaves, &group, &single_leaves(&held), len).unwrap();
+                let mine: Vec<Vec<Vec<f32>>> = held
+                    .iter()
+                    .map(|r| r.clone().map(value).collect())
+                    .collect();
+                let device = schedule.run_host(&mine).unwrap();
+                let host: Vec<_> = held
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(q, r)| {
+                        partials(leaves, r.clone(), &value)
+                            .into_iter()
+                            .map(move |p| (q, p))
+                    })
+                    .collect();
+                let host = total(leaves, host).unwrap();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&device),
+                    bits(&host),
+                    "{leaves} shards on {ranks} ranks"
+                );
+            }
+        }
+    }
+}
