@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The GPU check: for a machine with an NVIDIA GPU, driver 580 and the CUDA 13 libraries from
-# Python wheels, and no Rust toolchain. Build the binary beforehand (`cargo build --release`;
-# `--features mpi` for the NCCL ranks' checks, which also need Open MPI's mpirun and libmpi
-# on the GPU machine) and copy it along (or point PARALLAX at it). Prints a short table last.
+# Python wheels, and no Rust toolchain. Build the binary beforehand (`cargo build --release`)
+# and copy it along (or point PARALLAX at it). The checks under mpirun need a second binary
+# built with `--features mpi` (PARALLAX_MPI; it links libmpi, so it starts only where Open MPI
+# is installed) and mpirun on the GPU machine; without them those rows say FAIL and why, and
+# the GPU ranks are still checked in one process and under torchrun (no MPI). Prints a short
+# table last.
 #
 #   scripts/gpu-check.sh            # every check
 #   LOCKSTEP=1 scripts/gpu-check.sh # also compare every kernel with the CPU oracle
 set -u
 cd "$(dirname "$0")/.."
 BIN=${PARALLAX:-target/release/parallax}
+MPI_BIN=${PARALLAX_MPI:-$BIN}
 if [ ! -x "$BIN" ]; then
     echo "no parallax binary at $BIN: build it with 'cargo build --release' and copy it along" >&2
     exit 1
@@ -149,7 +153,7 @@ if ! command -v mpirun >/dev/null; then
     done
 else
     nccl_run "(a) mpirun -np 1 comm-check --backend cuda" 180 \
-        $MPIRUN -np 1 "$BIN" comm-check --backend cuda --timeout 60
+        $MPIRUN -np 1 "$MPI_BIN" comm-check --backend cuda --timeout 60
     if [ "$RUN_RC" = 0 ] && grep -q '| yes |' "$RUN_OUT" && ! grep -q '| no |' "$RUN_OUT"; then
         HASH1=$(nccl_hashes)
         echo "ROW|comm-check cuda (a) 1 rank, NCCL id over MPI: same bits|fp32|-|-|ok|-|-|-" >>"$LOG"
@@ -176,7 +180,7 @@ else
         TWO="env LD_LIBRARY_PATH=$NEW/lib:$LD_LIBRARY_PATH NCCL_MULTI_RANK_GPU_ENABLE=1"
         echo "NCCL for two ranks on one GPU: $($TWO "$BIN" devices 2>&1 | grep -i nccl | head -1)"
         nccl_run "(b) mpirun -np 2 comm-check --backend cuda, one GPU" 240 \
-            $TWO $MPIRUN -x NCCL_MULTI_RANK_GPU_ENABLE -np 2 "$BIN" comm-check --backend cuda --timeout 60
+            $TWO $MPIRUN -x NCCL_MULTI_RANK_GPU_ENABLE -np 2 "$MPI_BIN" comm-check --backend cuda --timeout 60
         if [ "$RUN_RC" = 0 ] && grep -q '| yes |' "$RUN_OUT" && ! grep -q '| no |' "$RUN_OUT"; then
             # The hashes per length and shard count must be those of one rank.
             if [ -z "$HASH1" ]; then
@@ -194,7 +198,7 @@ else
         # mpirun must not end rank 0 when rank 1 exits, so that rank 0 shows what it sees.
         nccl_run "(c) the same, rank 1 exits in the middle (--fail-rank 1, --timeout 20)" 120 \
             $TWO $MPIRUN -x NCCL_MULTI_RANK_GPU_ENABLE --mca orte_abort_on_non_zero_status 0 \
-            -np 2 "$BIN" comm-check --backend cuda --timeout 20 --fail-rank 1
+            -np 2 "$MPI_BIN" comm-check --backend cuda --timeout 20 --fail-rank 1
         said=$(grep -m1 'error: rank 0' "$RUN_OUT" | tr '|' '/')
         echo "(c) after ${RUN_SECS}s (mpirun exit $RUN_RC), rank 0 said: ${said:-nothing; $(nccl_reason)}" >>"$NOTES"
         # Expected: rank 0 fails within its 20 s timeout (plus setup), naming the tree
@@ -229,7 +233,7 @@ for model in models/mlp.ron models/transformer.ron; do
     variants=("host sums|env PARALLAX_SHARE_GPUS=1 $BIN --gpus 2"
         "pp2|env PARALLAX_SHARE_GPUS=1 $BIN --gpus 2 --strategy pp2")
     [ -e /tmp/parallax-nccl-new/lib/libnccl.so ] && variants+=("NCCL sums|env PARALLAX_SHARE_GPUS=1 PARALLAX_NCCL=1 NCCL_MULTI_RANK_GPU_ENABLE=1 LD_LIBRARY_PATH=/tmp/parallax-nccl-new/lib:$LD_LIBRARY_PATH $BIN --gpus 2")
-    command -v mpirun >/dev/null && variants+=("mpirun -np 2|env PARALLAX_SHARE_GPUS=1 mpirun --allow-run-as-root --oversubscribe -x PARALLAX_SHARE_GPUS -x LD_LIBRARY_PATH -np 2 $BIN")
+    command -v mpirun >/dev/null && variants+=("mpirun -np 2|env PARALLAX_SHARE_GPUS=1 mpirun --allow-run-as-root --oversubscribe -x PARALLAX_SHARE_GPUS -x LD_LIBRARY_PATH -np 2 $MPI_BIN")
     # torchrun's ranks meet over TCP through rank 0 (no MPI); its port picked per run.
     command -v torchrun >/dev/null && variants+=("torchrun 2 ranks|env PARALLAX_SHARE_GPUS=1 torchrun --nproc-per-node 2 --master-port $((20000 + RANDOM % 20000)) --no-python $BIN")
     for v in "${variants[@]}"; do

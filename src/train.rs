@@ -430,6 +430,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
             file,
             &world,
             std::time::Duration::from_secs(collective_timeout),
+            &cfg.stop.clone().unwrap_or_default(),
         )?),
         _ => None,
     };

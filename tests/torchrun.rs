@@ -28,7 +28,18 @@ struct Rank {
 /// `n` ranks of `parallax ARGS` with torchrun's variables; each one's exit code (`None`:
 /// killed at the limit) and stderr, and how long the slowest took.
 fn ranks(n: usize, args: &[&str], tag: &str) -> (Vec<(Option<i32>, String)>, Duration) {
-    let port = free_port().to_string();
+    ranks_at(n, args, tag, free_port(), &[])
+}
+
+/// `ranks` with `MASTER_PORT=port` and the variables `env`.
+fn ranks_at(
+    n: usize,
+    args: &[&str],
+    tag: &str,
+    port: u16,
+    env: &[(&str, &str)],
+) -> (Vec<(Option<i32>, String)>, Duration) {
+    let port = port.to_string();
     let started = Instant::now();
     let mut running: Vec<Rank> = (0..n)
         .map(|r| {
@@ -41,6 +52,7 @@ fn ranks(n: usize, args: &[&str], tag: &str) -> (Vec<(Option<i32>, String)>, Dur
                 .env("WORLD_SIZE", n.to_string())
                 .env("MASTER_ADDR", "127.0.0.1")
                 .env("MASTER_PORT", &port)
+                .envs(env.iter().copied())
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(std::fs::File::create(&err).unwrap())
@@ -184,4 +196,29 @@ fn a_killed_torchrun_rank_ends_the_others_and_the_run_resumes() {
         final_bytes(&dir) == reference,
         "the resumed run's bytes differ from an uninterrupted run's"
     );
+}
+
+/// Under torchrun its agent holds `MASTER_PORT` for its own store and tells the workers so
+/// (`TORCHELASTIC_USE_AGENT_STORE=True`): the ranks meet at the next port.
+#[test]
+fn under_torchrun_the_ranks_meet_beside_the_agents_store() {
+    let reference = one("models/mlp.ron", "2", "agent");
+    // The agent's store, listening (a port whose next one is free).
+    let (agent, port) = loop {
+        let l = TcpListener::bind("0.0.0.0:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        if p < u16::MAX && TcpListener::bind(("0.0.0.0", p + 1)).is_ok() {
+            break (l, p);
+        }
+    };
+    let dir = fresh("agent");
+    let d = dir.to_str().unwrap();
+    let args = ["train", "models/mlp.ron", "--steps", "2", "--run-dir", d];
+    let env = [("TORCHELASTIC_USE_AGENT_STORE", "True")];
+    let (out, _) = ranks_at(2, &args, "agent", port, &env);
+    drop(agent);
+    for (r, (code, err)) in out.iter().enumerate() {
+        assert_eq!(*code, Some(0), "rank {r}: {err}");
+    }
+    assert!(final_bytes(&dir) == reference);
 }

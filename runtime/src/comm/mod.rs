@@ -65,6 +65,22 @@ pub enum CommError {
 }
 
 impl CommError {
+    /// `rank`'s wait (in `op`) on `peer` ended because rank `failed` failed.
+    pub(crate) fn peer_failed(
+        rank: usize,
+        peer: usize,
+        op: &'static str,
+        (failed, reason): (usize, String),
+    ) -> CommError {
+        CommError::PeerFailed {
+            rank,
+            peer,
+            op,
+            failed,
+            reason,
+        }
+    }
+
     /// Whether the error only reports another rank's failure (so the job's error is that
     /// rank's, not this one).
     pub fn is_echo(&self) -> bool {

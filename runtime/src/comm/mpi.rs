@@ -190,13 +190,12 @@ impl MpiComm {
             }
             if abortable {
                 if let Some((failed, reason)) = self.poll_failure() {
-                    return Err(CommError::PeerFailed {
-                        rank: self.rank,
-                        peer: from,
+                    return Err(CommError::peer_failed(
+                        self.rank,
+                        from,
                         op,
-                        failed,
-                        reason,
-                    });
+                        (failed, reason),
+                    ));
                 }
             }
             let now = Instant::now();

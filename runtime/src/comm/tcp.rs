@@ -13,8 +13,9 @@
 use super::protocol::{Message, Transport};
 use super::{CommError, Traffic};
 use std::collections::VecDeque;
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -58,6 +59,8 @@ pub enum TcpError {
     },
     #[error("rank {rank}: refused by rank 0: {why}")]
     Refused { rank: usize, why: String },
+    #[error("rank {rank}: stopped by a signal while the ranks were meeting")]
+    Interrupted { rank: usize },
     #[error("rank {rank}: {what}: {source}")]
     Io {
         rank: usize,
@@ -165,7 +168,8 @@ impl TcpComm {
     /// Joins the job as `rank` of `size`: rank 0 listens at `port` on every interface and
     /// waits for the others; they connect to `host:port`. Each side gives up after
     /// `timeout`, which also bounds every wait for a message. `token` (the build, say) must
-    /// be the same on every rank.
+    /// be the same on every rank. A non-zero `stop` (a signal's number) ends the meeting.
+    #[allow(clippy::too_many_arguments)]
     pub fn connect(
         rank: usize,
         size: usize,
@@ -173,6 +177,7 @@ impl TcpComm {
         port: u16,
         token: &str,
         timeout: Duration,
+        stop: &AtomicUsize,
     ) -> Result<TcpComm, TcpError> {
         let inbox = Arc::new(Inbox::new(size));
         let mut links: Vec<Option<Arc<Link>>> = (0..size).map(|_| None).collect();
@@ -181,10 +186,11 @@ impl TcpComm {
         if rank == 0 {
             let listener = TcpListener::bind(("0.0.0.0", port))
                 .map_err(|source| TcpError::Listen { rank, port, source })?;
-            let streams: Vec<TcpStream> = accept_all(&listener, size, token, deadline, timeout)?
-                .into_iter()
-                .flatten()
-                .collect();
+            let streams: Vec<TcpStream> =
+                accept_all(&listener, size, token, deadline, timeout, stop)?
+                    .into_iter()
+                    .flatten()
+                    .collect();
             for (r, stream) in streams.iter().enumerate() {
                 links[r + 1] = Some(Arc::new(Link::new(stream).map_err(io("a connection"))?));
             }
@@ -194,7 +200,7 @@ impl TcpComm {
                 reader(stream, r + 1, &inbox, Some(links.clone()));
             }
         } else {
-            let stream = dial(rank, size, host, port, token, deadline, timeout)?;
+            let stream = dial(rank, size, host, port, token, deadline, timeout, stop)?;
             links[0] = Some(Arc::new(Link::new(&stream).map_err(io("a connection"))?));
             reader(stream, 0, &inbox, None);
         }
@@ -235,6 +241,7 @@ fn accept_all(
     token: &str,
     deadline: Instant,
     timeout: Duration,
+    stop: &AtomicUsize,
 ) -> Result<Vec<Option<TcpStream>>, TcpError> {
     let mut streams: Vec<Option<TcpStream>> = (0..size).map(|_| None).collect();
     let io = |what| {
@@ -246,6 +253,9 @@ fn accept_all(
     };
     listener.set_nonblocking(true).map_err(io("listening"))?;
     while streams.iter().skip(1).any(Option::is_none) {
+        if stop.load(Ordering::SeqCst) != 0 {
+            return Err(TcpError::Interrupted { rank: 0 });
+        }
         if Instant::now() >= deadline {
             let missing = (1..size).filter(|&r| streams[r].is_none()).collect();
             return Err(TcpError::Missing {
@@ -324,6 +334,7 @@ fn write_refusal(s: &mut TcpStream, why: &str) -> std::io::Result<()> {
 
 /// Another rank: connects to rank 0 (again and again until the deadline: rank 0 may start
 /// later), says hello, and waits for every rank to have come.
+#[allow(clippy::too_many_arguments)]
 fn dial(
     rank: usize,
     size: usize,
@@ -332,6 +343,7 @@ fn dial(
     token: &str,
     deadline: Instant,
     timeout: Duration,
+    stop: &AtomicUsize,
 ) -> Result<TcpStream, TcpError> {
     let addr = format!("{host}:{port}");
     let mut last = String::from("no attempt");
@@ -343,6 +355,9 @@ fn dial(
     };
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
+        if stop.load(Ordering::SeqCst) != 0 {
+            return Err(TcpError::Interrupted { rank });
+        }
         if left.is_zero() {
             return Err(unreachable(last));
         }
@@ -374,11 +389,26 @@ fn dial(
             std::thread::sleep(RETRY);
             continue;
         }
-        // Rank 0 answers once every rank has come: wait for it until the deadline.
-        let left = deadline.saturating_duration_since(Instant::now());
-        let _ = stream.set_read_timeout(Some(left.max(Duration::from_millis(1))));
+        // Rank 0 answers once every rank has come: wait for it until the deadline (in short
+        // reads, so that a signal is seen).
+        let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
         let mut answer = [0u8; 1];
-        match stream.read_exact(&mut answer) {
+        let got = loop {
+            match stream.read(&mut answer) {
+                Ok(0) => break Err(std::io::ErrorKind::UnexpectedEof.into()),
+                Ok(_) => break Ok(()),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    if stop.load(Ordering::SeqCst) != 0 {
+                        return Err(TcpError::Interrupted { rank });
+                    }
+                    if Instant::now() >= deadline {
+                        break Err(e);
+                    }
+                }
+                Err(e) => break Err(e),
+            }
+        };
+        match got {
             Ok(()) if answer[0] == 1 => {
                 let _ = stream.set_read_timeout(None);
                 return Ok(stream);
@@ -462,6 +492,25 @@ fn gone_reason() -> String {
 
 impl Drop for TcpComm {
     fn drop(&mut self) {
+        // Rank 0 relays the others' messages: it leaves only once each of them has left
+        // (closed its connection), so none is left waiting for a message still to pass,
+        // and waits at most the timeout for that.
+        if self.rank == 0 {
+            let deadline = Instant::now() + self.timeout;
+            let mut s = lock(&self.inbox.state);
+            while !s.gone.iter().skip(1).all(|&g| g) {
+                let now = Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                s = self
+                    .inbox
+                    .ready
+                    .wait_timeout(s, deadline - now)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+            }
+        }
         for l in self.links.iter().flatten() {
             let _ = lock(&l.stream).shutdown(Shutdown::Both);
         }
@@ -509,13 +558,12 @@ impl Transport for TcpComm {
             if s.gone[from] || relay_gone || (abortable && s.failure.is_some()) {
                 let silent = if s.gone[from] { from } else { 0 };
                 let (failed, reason) = s.failure.clone().unwrap_or((silent, gone_reason()));
-                return Err(CommError::PeerFailed {
-                    rank: self.rank,
-                    peer: from,
+                return Err(CommError::peer_failed(
+                    self.rank,
+                    from,
                     op,
-                    failed,
-                    reason,
-                });
+                    (failed, reason),
+                ));
             }
             let now = Instant::now();
             if now >= deadline {

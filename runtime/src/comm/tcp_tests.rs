@@ -3,6 +3,8 @@ use crate::comm::check::{self, Fault};
 use crate::comm::Communicator;
 use std::net::TcpListener;
 
+static GO: AtomicUsize = AtomicUsize::new(0);
+
 /// A port free now on this machine (the tests' ranks meet there).
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -23,7 +25,17 @@ fn on_ranks<T: Send>(
         let handles: Vec<_> = (0..n)
             .map(|r| {
                 let f = &f;
-                s.spawn(move || f(TcpComm::connect(r, n, "127.0.0.1", port, "test", timeout)))
+                s.spawn(move || {
+                    f(TcpComm::connect(
+                        r,
+                        n,
+                        "127.0.0.1",
+                        port,
+                        "test",
+                        timeout,
+                        &GO,
+                    ))
+                })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
@@ -119,8 +131,8 @@ fn wrong_joiners_are_refused_and_missing_ones_named() {
     let port = free_port();
     let timeout = Duration::from_secs(3);
     let (a, b) = std::thread::scope(|s| {
-        let a = s.spawn(|| TcpComm::connect(0, 2, "127.0.0.1", port, "v1", timeout));
-        let b = s.spawn(|| TcpComm::connect(1, 2, "127.0.0.1", port, "v2", timeout));
+        let a = s.spawn(|| TcpComm::connect(0, 2, "127.0.0.1", port, "v1", timeout, &GO));
+        let b = s.spawn(|| TcpComm::connect(1, 2, "127.0.0.1", port, "v2", timeout, &GO));
         (a.join().unwrap(), b.join().unwrap())
     });
     let e = b.err().unwrap().to_string();
@@ -135,9 +147,40 @@ fn wrong_joiners_are_refused_and_missing_ones_named() {
         free_port(),
         "v1",
         Duration::from_millis(500),
+        &GO,
     )
     .err()
     .unwrap()
     .to_string();
     assert!(e.contains("rank 1: rank 0 at 127.0.0.1:"), "{e}");
+}
+
+/// A signal while the ranks meet (rank 0 waiting for the others, another rank for rank 0)
+/// ends the wait at once, not at the timeout.
+#[test]
+fn a_signal_ends_the_meeting() {
+    let port = free_port();
+    for rank in [0, 1] {
+        let stop = AtomicUsize::new(0);
+        let started = Instant::now();
+        let e = std::thread::scope(|s| {
+            let h = s.spawn(|| {
+                TcpComm::connect(
+                    rank,
+                    2,
+                    "127.0.0.1",
+                    port,
+                    "v1",
+                    Duration::from_secs(60),
+                    &stop,
+                )
+            });
+            std::thread::sleep(Duration::from_millis(300));
+            stop.store(15, std::sync::atomic::Ordering::SeqCst);
+            h.join().unwrap()
+        });
+        let e = e.err().unwrap().to_string();
+        assert!(e.contains("stopped by a signal"), "rank {rank}: {e}");
+        assert!(started.elapsed() < Duration::from_secs(5), "rank {rank}");
+    }
 }

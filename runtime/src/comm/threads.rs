@@ -161,13 +161,12 @@ impl ThreadComm {
             if gone || (abortable && shared.aborted.load(Ordering::SeqCst)) {
                 drop(queues);
                 let (failed, reason) = shared.failure();
-                return Err(CommError::PeerFailed {
-                    rank: self.rank,
-                    peer: from,
+                return Err(CommError::peer_failed(
+                    self.rank,
+                    from,
                     op,
-                    failed,
-                    reason,
-                });
+                    (failed, reason),
+                ));
             }
             let now = Instant::now();
             if now >= deadline {
