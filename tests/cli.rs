@@ -213,12 +213,7 @@ fn compile_checks_the_plan_fits_the_device_before_anything_runs() {
 fn launcher_variables_that_cannot_be_honoured_are_refused() {
     let dir = temp("launcher-refused");
     let d = dir.to_str().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string();
+    let port = common::job_port().to_string();
     let mut c = common::binary();
     c.args(["train", "models/mlp.ron", "--steps", "1", "--run-dir", d])
         .args(["--collective-timeout", "2"])

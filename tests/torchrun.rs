@@ -12,14 +12,6 @@ use std::time::{Duration, Instant};
 
 const LIMIT: Duration = Duration::from_secs(240);
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 struct Rank {
     child: Child,
     err: std::path::PathBuf,
@@ -28,7 +20,7 @@ struct Rank {
 /// `n` ranks of `parallax ARGS` with torchrun's variables; each one's exit code (`None`:
 /// killed at the limit) and stderr, and how long the slowest took.
 fn ranks(n: usize, args: &[&str], tag: &str) -> (Vec<(Option<i32>, String)>, Duration) {
-    ranks_at(n, args, tag, free_port(), &[])
+    ranks_at(n, args, tag, common::job_port(), &[])
 }
 
 /// `ranks` with `MASTER_PORT=port` and the variables `env`.
@@ -203,14 +195,9 @@ fn a_killed_torchrun_rank_ends_the_others_and_the_run_resumes() {
 #[test]
 fn under_torchrun_the_ranks_meet_beside_the_agents_store() {
     let reference = one("models/mlp.ron", "2", "agent");
-    // The agent's store, listening (a port whose next one is free).
-    let (agent, port) = loop {
-        let l = TcpListener::bind("0.0.0.0:0").unwrap();
-        let p = l.local_addr().unwrap().port();
-        if p < u16::MAX && TcpListener::bind(("0.0.0.0", p + 1)).is_ok() {
-            break (l, p);
-        }
-    };
+    // The agent's store, listening.
+    let port = common::job_port();
+    let agent = TcpListener::bind(("0.0.0.0", port)).unwrap();
     let dir = fresh("agent");
     let d = dir.to_str().unwrap();
     let args = ["train", "models/mlp.ron", "--steps", "2", "--run-dir", d];

@@ -253,3 +253,19 @@ pub fn write_f32_tensors(
         .collect();
     std::fs::write(path, safetensors::serialize(views, None).unwrap()).unwrap();
 }
+
+/// A port for a job's rank 0 to listen at, free now and outside the kernel's ephemeral range
+/// (32768 and up on Linux), so that no connection another test makes takes it meanwhile.
+pub fn job_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20000 + ((std::process::id().wrapping_mul(7919) + n * 104729) % 12000) as u16;
+        let both = std::net::TcpListener::bind(("0.0.0.0", port)).is_ok()
+            && std::net::TcpListener::bind(("0.0.0.0", port + 1)).is_ok();
+        if both {
+            return port;
+        }
+    }
+}

@@ -80,6 +80,14 @@ pub struct TcpComm {
     traffic: Traffic,
 }
 
+/// Where a rank meets the others.
+enum Place<'a> {
+    /// Rank 0: listening here.
+    Listen(TcpListener),
+    /// The others: rank 0's host and port.
+    Dial(&'a str, u16),
+}
+
 /// A connection's writing end (frames are written whole under its lock).
 struct Link {
     stream: Mutex<TcpStream>,
@@ -179,13 +187,44 @@ impl TcpComm {
         timeout: Duration,
         stop: &AtomicUsize,
     ) -> Result<TcpComm, TcpError> {
+        let place = match rank {
+            0 => Place::Listen(
+                TcpListener::bind(("0.0.0.0", port)).map_err(|source| TcpError::Listen {
+                    rank,
+                    port,
+                    source,
+                })?,
+            ),
+            _ => Place::Dial(host, port),
+        };
+        TcpComm::join(rank, size, place, token, timeout, stop)
+    }
+
+    /// Rank 0 of `size`, on a listener already bound (so that no other program can take
+    /// its port between choosing and binding it, as in tests).
+    pub fn connect_listening(
+        listener: TcpListener,
+        size: usize,
+        token: &str,
+        timeout: Duration,
+        stop: &AtomicUsize,
+    ) -> Result<TcpComm, TcpError> {
+        TcpComm::join(0, size, Place::Listen(listener), token, timeout, stop)
+    }
+
+    fn join(
+        rank: usize,
+        size: usize,
+        place: Place,
+        token: &str,
+        timeout: Duration,
+        stop: &AtomicUsize,
+    ) -> Result<TcpComm, TcpError> {
         let inbox = Arc::new(Inbox::new(size));
         let mut links: Vec<Option<Arc<Link>>> = (0..size).map(|_| None).collect();
         let deadline = Instant::now() + timeout;
         let io = |what| move |source| TcpError::Io { rank, what, source };
-        if rank == 0 {
-            let listener = TcpListener::bind(("0.0.0.0", port))
-                .map_err(|source| TcpError::Listen { rank, port, source })?;
+        if let Place::Listen(listener) = place {
             let streams: Vec<TcpStream> =
                 accept_all(&listener, size, token, deadline, timeout, stop)?
                     .into_iter()
@@ -199,7 +238,7 @@ impl TcpComm {
                 stream.write_all(&[1]).map_err(io("starting the job"))?;
                 reader(stream, r + 1, &inbox, Some(links.clone()));
             }
-        } else {
+        } else if let Place::Dial(host, port) = place {
             let stream = dial(rank, size, host, port, token, deadline, timeout, stop)?;
             links[0] = Some(Arc::new(Link::new(&stream).map_err(io("a connection"))?));
             reader(stream, 0, &inbox, None);
@@ -412,6 +451,12 @@ fn dial(
             Ok(()) if answer[0] == 1 => {
                 let _ = stream.set_read_timeout(None);
                 return Ok(stream);
+            }
+            Ok(()) if answer[0] != 0 => {
+                return Err(TcpError::Refused {
+                    rank,
+                    why: format!("{addr} answered as no rank 0 of Parallax does (is MASTER_PORT another program's?)"),
+                })
             }
             Ok(()) => {
                 let mut len = [0u8; 4];

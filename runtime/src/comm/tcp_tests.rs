@@ -5,36 +5,26 @@ use std::net::TcpListener;
 
 static GO: AtomicUsize = AtomicUsize::new(0);
 
-/// A port free now on this machine (the tests' ranks meet there).
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// `f` on each rank of a world of `n` over TCP on this machine, with what each returned.
 fn on_ranks<T: Send>(
     n: usize,
     timeout: Duration,
     f: impl Fn(Result<TcpComm, TcpError>) -> T + Sync,
 ) -> Vec<T> {
-    let port = free_port();
+    // Bound here, before any rank dials: no other test can take the port meanwhile.
+    let listener = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut listener = Some(listener);
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|r| {
                 let f = &f;
+                let l = if r == 0 { listener.take() } else { None };
                 s.spawn(move || {
-                    f(TcpComm::connect(
-                        r,
-                        n,
-                        "127.0.0.1",
-                        port,
-                        "test",
-                        timeout,
-                        &GO,
-                    ))
+                    f(match l {
+                        Some(l) => TcpComm::connect_listening(l, n, "test", timeout, &GO),
+                        None => TcpComm::connect(r, n, "127.0.0.1", port, "test", timeout, &GO),
+                    })
                 })
             })
             .collect();
@@ -125,13 +115,20 @@ fn messages_arrive_in_order_between_any_two_ranks() {
     assert_eq!(out, vec![40, 40, 40]);
 }
 
+/// A listener on a port of its own (bound before anyone dials: no other test can take it).
+fn listening() -> (TcpListener, u16) {
+    let l = TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    (l, port)
+}
+
 #[test]
 fn wrong_joiners_are_refused_and_missing_ones_named() {
     // A rank of another build.
-    let port = free_port();
+    let (l, port) = listening();
     let timeout = Duration::from_secs(3);
     let (a, b) = std::thread::scope(|s| {
-        let a = s.spawn(|| TcpComm::connect(0, 2, "127.0.0.1", port, "v1", timeout, &GO));
+        let a = s.spawn(|| TcpComm::connect_listening(l, 2, "v1", timeout, &GO));
         let b = s.spawn(|| TcpComm::connect(1, 2, "127.0.0.1", port, "v2", timeout, &GO));
         (a.join().unwrap(), b.join().unwrap())
     });
@@ -139,19 +136,13 @@ fn wrong_joiners_are_refused_and_missing_ones_named() {
     assert!(e.contains("refused by rank 0") && e.contains("(v2)"), "{e}");
     let e = a.err().unwrap().to_string();
     assert!(e.contains("rank(s) [1] of 2 never connected"), "{e}");
-    // Nobody listening.
-    let e = TcpComm::connect(
-        1,
-        2,
-        "127.0.0.1",
-        free_port(),
-        "v1",
-        Duration::from_millis(500),
-        &GO,
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    // A rank 0 that never answers (its port held by a listener that accepts no one).
+    let (_held, port) = listening();
+    let wait = Duration::from_millis(500);
+    let e = TcpComm::connect(1, 2, "127.0.0.1", port, "v1", wait, &GO)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("rank 1: rank 0 at 127.0.0.1:"), "{e}");
 }
 
@@ -159,21 +150,16 @@ fn wrong_joiners_are_refused_and_missing_ones_named() {
 /// ends the wait at once, not at the timeout.
 #[test]
 fn a_signal_ends_the_meeting() {
-    let port = free_port();
     for rank in [0, 1] {
+        let (l, port) = listening();
         let stop = AtomicUsize::new(0);
         let started = Instant::now();
+        let wait = Duration::from_secs(60);
         let e = std::thread::scope(|s| {
-            let h = s.spawn(|| {
-                TcpComm::connect(
-                    rank,
-                    2,
-                    "127.0.0.1",
-                    port,
-                    "v1",
-                    Duration::from_secs(60),
-                    &stop,
-                )
+            let h = s.spawn(|| match rank {
+                0 => TcpComm::connect_listening(l, 2, "v1", wait, &stop),
+                // `l` stays bound and answers no one: rank 1 waits for rank 0.
+                _ => TcpComm::connect(rank, 2, "127.0.0.1", port, "v1", wait, &stop),
             });
             std::thread::sleep(Duration::from_millis(300));
             stop.store(15, std::sync::atomic::Ordering::SeqCst);
