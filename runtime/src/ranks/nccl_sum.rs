@@ -8,7 +8,7 @@
 
 use super::shard::{DeviceSum, SumCall};
 use super::{lock, Links, Ranks};
-use crate::cuda::cudarc::driver::{result, CudaContext, CudaStream};
+use crate::cuda::cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DevicePtr};
 use crate::cuda::nccl_comm::{NcclComm, NcclId};
 use crate::cuda::nccl_tree::{DeviceTree, Schedule};
 use crate::cuda::CudaExecutor;
@@ -29,47 +29,27 @@ pub struct NcclSum {
     comm: NcclComm,
     tree: DeviceTree,
     stream: Arc<CudaStream>,
-    ctx: Arc<CudaContext>,
     timeout: Duration,
     schedules: HashMap<Key, Schedule>,
     /// Where the total lands before it is copied to each shard's step: never one of the
     /// operands (a total may share its buffer with a shard's gradient).
-    total: Option<Total>,
-}
-
-/// A device allocation of f32s.
-struct Total {
-    ptr: u64,
-    floats: usize,
-    ctx: Arc<CudaContext>,
-}
-
-impl Drop for Total {
-    fn drop(&mut self) {
-        if self.ctx.bind_to_thread().is_ok() {
-            // SAFETY: allocated by `malloc_sync` in this context, freed once.
-            let _ = unsafe { result::free_sync(self.ptr) };
-        }
-    }
+    total: Option<CudaSlice<f32>>,
 }
 
 impl NcclSum {
     fn total_buffer(&mut self, floats: usize) -> Result<u64, ExecError> {
-        if self.total.as_ref().is_none_or(|t| t.floats < floats) {
+        if self.total.as_ref().is_none_or(|t| t.len() < floats) {
             self.total = None;
-            self.ctx
-                .bind_to_thread()
-                .map_err(|e| self.error("binding the GPU", e))?;
-            // SAFETY: a plain device allocation, freed by `Total`.
-            let ptr = unsafe { result::malloc_sync(floats.max(1) * 4) }
+            let t = self
+                .stream
+                .alloc_zeros::<f32>(floats.max(1))
                 .map_err(|e| self.error("allocating the sum's buffer", e))?;
-            self.total = Some(Total {
-                ptr,
-                floats,
-                ctx: self.ctx.clone(),
-            });
+            self.total = Some(t);
         }
-        Ok(self.total.as_ref().map_or(0, |t| t.ptr))
+        Ok(self
+            .total
+            .as_ref()
+            .map_or(0, |t| t.device_ptr(&self.stream).0))
     }
 
     fn error(&self, doing: &str, e: impl std::fmt::Debug) -> ExecError {
@@ -200,7 +180,6 @@ impl Ranks<CudaExecutor> {
                 comm,
                 tree,
                 stream: stream.clone(),
-                ctx: ctx.clone(),
                 timeout,
                 schedules: HashMap::new(),
                 total: None,
