@@ -128,6 +128,14 @@ impl Inbox {
         self.ready.notify_all();
     }
 
+    /// Waits at most `left` for news (a message, a failure, a rank gone).
+    fn wait<'a>(&self, s: MutexGuard<'a, State>, left: Duration) -> MutexGuard<'a, State> {
+        self.ready
+            .wait_timeout(s, left)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0
+    }
+
     fn fail(&self, rank: usize, reason: String) {
         self.update(|s| {
             s.failure.get_or_insert((rank, reason));
@@ -233,9 +241,12 @@ impl TcpComm {
             for (r, stream) in streams.iter().enumerate() {
                 links[r + 1] = Some(Arc::new(Link::new(stream).map_err(io("a connection"))?));
             }
-            // Every rank has come: tell them, then read (and pass on) what each sends.
-            for (r, mut stream) in streams.into_iter().enumerate() {
+            // Every rank has come: tell them all before reading (and passing on) what any
+            // sends, so that no message passed on can reach a rank ahead of its start.
+            for mut stream in &streams {
                 stream.write_all(&[1]).map_err(io("starting the job"))?;
+            }
+            for (r, stream) in streams.into_iter().enumerate() {
                 reader(stream, r + 1, &inbox, Some(links.clone()));
             }
         } else if let Place::Dial(host, port) = place {
@@ -342,12 +353,7 @@ impl Drop for TcpComm {
                 if now >= deadline {
                     break;
                 }
-                s = self
-                    .inbox
-                    .ready
-                    .wait_timeout(s, deadline - now)
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .0;
+                s = self.inbox.wait(s, deadline - now);
             }
         }
         for l in self.links.iter().flatten() {
@@ -413,12 +419,7 @@ impl Transport for TcpComm {
                     waited: self.timeout,
                 });
             }
-            s = self
-                .inbox
-                .ready
-                .wait_timeout(s, deadline - now)
-                .unwrap_or_else(PoisonError::into_inner)
-                .0;
+            s = self.inbox.wait(s, deadline - now);
         }
     }
 
