@@ -1,10 +1,15 @@
 //! Attention's kernels, plain f32: the forward (the output and its log-sum-exp, or the
 //! log-sum-exp alone), the query gradient, and the key and value gradients (`attention_grad.rs`).
 //!
+//! Operands are token-major: q `[.., T, H, D]`, k `[.., S, H, D]`, v `[.., S, H, E]`, the
+//! output `[.., T, H, E]` and the log-sum-exp `[.., T, H]`, so projections reshape into them
+//! without a permute. Each (batch position, head) pair is one independent problem, whose rows
+//! lie `H` tensor rows apart (`Tensor::offset`).
+//!
 //! The design follows the CPU oracle (`runtime/src/cpu/kernels/attention.rs`): the forward and
 //! the query gradient walk the keys of one query row in tiles of 32 with an online softmax; the
 //! key and value gradients walk the queries of one key row. Each warp owns one row (8 rows, of
-//! one head, per 256-thread block); the block stages the other side's tiles in shared memory,
+//! one problem, per 256-thread block); the block stages the other side's tiles in shared memory,
 //! 32 rows by at most `CHUNK` columns at a time, so any head width fits. Scores and `dP` take
 //! lanes over the tile's rows (one dot product per lane), the outputs lanes over the row's
 //! columns (registers, `ceil(width / 32)` per lane). Every sum runs in one fixed order and each
@@ -31,10 +36,11 @@ const CHUNK: u64 = 128;
 /// different banks.
 const PITCH: u64 = CHUNK + 1;
 
-/// The sizes of one attention: `heads` problems of `t` queries, `s` keys of width `d` and
-/// values of width `e` (0 for the log-sum-exp alone).
+/// The sizes of one attention: `problems` (batch positions times `heads`) of `t` queries, `s`
+/// keys of width `d` and values of width `e` (0 for the log-sum-exp alone).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) struct Dims {
+    problems: u64,
     heads: u64,
     t: u64,
     s: u64,
@@ -62,31 +68,34 @@ fn params(op: &Op) -> Option<(bool, f32)> {
 }
 
 impl Dims {
-    /// Checks `q [.., T, D]`, `k [.., S, D]` and `v [.., S, E]` (f32, one leading shape).
+    /// Checks `q [.., T, H, D]`, `k [.., S, H, D]` and `v [.., S, H, E]` (one batch shape `..`).
     fn of(op: &Op, q: &Operand, k: &Operand, v: Option<&Operand>) -> Result<Dims, CodegenError> {
         let (causal, scale) = params(op).ok_or(CodegenError::Unsupported { op: op.name() })?;
         let r = q.shape.len();
         let vs = v.unwrap_or(k);
-        let fits = r >= 2
-            && k.shape.len() == r
-            && vs.shape.len() == r
-            && q.shape[..r - 2] == k.shape[..r - 2]
-            && q.shape[..r - 2] == vs.shape[..r - 2]
+        // The batch axes and the heads, which all three share (`None`: another rank).
+        let bh =
+            |o: &Operand| (o.shape.len() == r).then(|| (o.shape[..r - 3].to_vec(), o.shape[r - 2]));
+        let fits = r >= 3
+            && bh(k) == bh(q)
+            && bh(vs) == bh(q)
             && q.shape[r - 1] == k.shape[r - 1]
-            && k.shape[r - 2] == vs.shape[r - 2];
+            && k.shape[r - 3] == vs.shape[r - 3];
         if !fits {
             return Err(bad(
                 op,
                 format!(
-                    "needs q [.., T, D], k [.., S, D], v [.., S, E], got {:?}, {:?}, {:?}",
+                    "needs q [.., T, H, D], k [.., S, H, D], v [.., S, H, E], got {:?}, {:?}, {:?}",
                     q.shape, k.shape, vs.shape
                 ),
             ));
         }
+        let heads = q.shape[r - 2];
         let dm = Dims {
-            heads: q.shape[..r - 2].iter().product(),
-            t: q.shape[r - 2],
-            s: k.shape[r - 2],
+            problems: q.shape[..r - 3].iter().product::<u64>() * heads,
+            heads,
+            t: q.shape[r - 3],
+            s: k.shape[r - 3],
             d: q.shape[r - 1],
             e: v.map_or(0, |v| v.shape[r - 1]),
             causal,
@@ -96,6 +105,57 @@ impl Dims {
             return Err(bad(op, format!("a causal attention needs T = S: {dm:?}")));
         }
         Ok(dm)
+    }
+
+    /// The operand at `ptr` with `len` rows of `width` per problem.
+    fn tensor(&self, ptr: Rd, len: u64, width: u64) -> Tensor {
+        Tensor {
+            ptr,
+            len,
+            width,
+            heads: self.heads,
+        }
+    }
+}
+
+/// A token-major operand `[.., len, heads, width]` at `ptr` (lse and delta: width 1).
+#[derive(Clone, Copy)]
+pub(super) struct Tensor {
+    ptr: Rd,
+    len: u64,
+    width: u64,
+    heads: u64,
+}
+
+/// A task's problem `g = b H + h`: batch position `b`, head `h`.
+#[derive(Clone, Copy)]
+pub(super) struct Problem {
+    b: Rd,
+    h: Rd,
+}
+
+impl Tensor {
+    /// Elements from one of a problem's rows to the next: the other heads' rows lie between.
+    fn stride(&self) -> u64 {
+        self.heads * self.width
+    }
+
+    /// The element offset of row `i` of problem `pb`: `((b len + i) H + h) width`. Every
+    /// global access of the attention kernels goes through it.
+    fn offset(&self, k: &mut Kernel, pb: &Problem, i: Rd) -> Rd {
+        let (row, at) = (k.rd(), k.rd());
+        k.ins(format!("mad.lo.u64 {row}, {}, {}, {i}", pb.b, self.len));
+        k.ins(format!("mad.lo.u64 {at}, {row}, {}, {}", self.heads, pb.h));
+        if self.width == 1 {
+            return at;
+        }
+        k.op64("mul.lo", at, self.width)
+    }
+
+    /// The global address of row `i` of problem `pb`.
+    fn at(&self, k: &mut Kernel, pb: &Problem, i: Rd) -> Rd {
+        let o = self.offset(k, pb, i);
+        k.addr(self.ptr, o)
     }
 }
 
@@ -161,11 +221,16 @@ fn each_task(k: &mut Kernel, count: u64, body: impl FnOnce(&mut Kernel, Rd)) {
     k.for_range(first, end, stride, body);
 }
 
-/// A task's head and its block's first row: tasks run `tiles` blocks of `WARPS` rows per head.
-fn head_and_first(k: &mut Kernel, task: Rd, tiles: u64) -> (Rd, Rd) {
-    let h = k.op64("div", task, tiles);
+/// A task's problem and its block's first row: tasks run `tiles` blocks of `rows` rows per
+/// problem. `H` is baked in, so splitting the problem is a division by a constant, once.
+fn problem_and_first(k: &mut Kernel, dm: &Dims, task: Rd, tiles: u64, rows: u64) -> (Problem, Rd) {
+    let g = k.op64("div", task, tiles);
     let tile = k.op64("rem", task, tiles);
-    (h, k.op64("mul.lo", tile, WARPS))
+    let pb = Problem {
+        b: k.op64("div", g, dm.heads),
+        h: k.op64("rem", g, dm.heads),
+    };
+    (pb, k.op64("mul.lo", tile, rows))
 }
 
 /// The end of the keys the block's queries `[i0, i0 + WARPS)` see: all `S`, or when causal
@@ -187,33 +252,34 @@ fn chunks(width: u64) -> Vec<(u64, u64)> {
         .collect()
 }
 
-/// Copies rows `first..first + rows` (of `width` floats) of `src`, columns `c0..c0 + cw`, into
-/// the tile at `buf`, zeros past `rows`, so padded rows add nothing. The whole block runs it,
+/// Copies problem `pb`'s rows `first..first + rows` of `src`, columns `c0..c0 + cw`, into the
+/// tile at `buf`, zeros past `rows`, so padded rows add nothing. The whole block runs it,
 /// between barriers: the one before lets every warp finish reading the tile's last contents.
 #[allow(clippy::too_many_arguments)]
 fn stage(
     k: &mut Kernel,
     ctx: &Ctx,
     buf: Rd,
-    src: Rd,
+    src: &Tensor,
+    pb: &Problem,
     first: Rd,
     rows: Rd,
-    width: u64,
     c: (u64, u64),
 ) {
     let (c0, cw) = c;
     k.ins("bar.sync 0");
+    let base = src.offset(k, pb, first);
+    let base = k.op64("add", base, c0);
     let end = k.u64c(ROWS * cw);
     k.for_range(ctx.tid, end, BLOCK, |k, idx| {
         let r = k.op64("div", idx, cw);
         let c = k.op64("rem", idx, cw);
         let v = k.fc(0.0);
         let inside = k.cmp64("lt", r, rows);
-        let row = k.op64("add", first, r);
-        let at = k.op64("mul.lo", row, width);
+        let at = k.rd();
+        k.ins(format!("mad.lo.u64 {at}, {r}, {}, {base}", src.stride()));
         let at = k.op64("add", at, c);
-        let at = k.op64("add", at, c0);
-        let addr = k.addr(src, at);
+        let addr = k.addr(src.ptr, at);
         k.ins(format!("@{inside} ld.global.f32 {v}, [{addr}]"));
         let s = k.op64("mul.lo", r, PITCH);
         let s = k.op64("add", s, c);
@@ -272,11 +338,12 @@ fn zeros(k: &mut Kernel, width: u64) -> Vec<F> {
     (0..width.div_ceil(32)).map(|_| k.fc(0.0)).collect()
 }
 
-/// Stores this lane's columns `acc * by` of row `row` (of `width` floats) of `dst`.
-fn store_row(k: &mut Kernel, ctx: &Ctx, dst: Rd, row: Rd, width: u64, acc: &[F], by: F) {
-    let at = k.op64("mul.lo", row, width);
+/// Stores this lane's columns `acc * by` of problem `pb`'s row `i` of `dst`.
+fn store_row(k: &mut Kernel, ctx: &Ctx, dst: &Tensor, pb: &Problem, i: Rd, acc: &[F], by: F) {
+    let width = dst.width;
+    let at = dst.offset(k, pb, i);
     let at = k.op64("add", at, ctx.lane64);
-    let addr = k.addr(dst, at);
+    let addr = k.addr(dst.ptr, at);
     for (m, &a) in acc.iter().enumerate() {
         let v = k.mul(a, by);
         let col = 32 * m as u64;
@@ -330,20 +397,20 @@ fn forward(
     lse: Option<&Operand>,
 ) -> Launch {
     let mut k = Kernel::new(name);
-    let (qp, kp) = (k.param_ptr(q.arg), k.param_ptr(key.arg));
-    let vo = vo.map(|(v, o)| (k.param_ptr(v.arg), k.param_ptr(o.arg)));
-    let lp = lse.map(|l| k.param_ptr(l.arg));
+    let tq = dm.tensor(k.param_ptr(q.arg), dm.t, dm.d);
+    let tk = dm.tensor(k.param_ptr(key.arg), dm.s, dm.d);
+    let vo = vo.map(|(v, o)| {
+        let v = dm.tensor(k.param_ptr(v.arg), dm.s, dm.e);
+        (v, dm.tensor(k.param_ptr(o.arg), dm.t, dm.e))
+    });
+    let tl = lse.map(|l| dm.tensor(k.param_ptr(l.arg), dm.t, 1));
     let ctx = setup(&mut k);
     let tiles = dm.t.div_ceil(WARPS);
-    let tasks = dm.heads * tiles;
+    let tasks = dm.problems * tiles;
     each_task(&mut k, tasks, |k, task| {
-        let (h, i0) = head_and_first(k, task, tiles);
+        let (pb, i0) = problem_and_first(k, &dm, task, tiles, WARPS);
         let (i, ic, valid) = warp_row(k, &ctx, i0, dm.t);
-        let hs = k.op64("mul.lo", h, dm.s);
-        let hq = k.op64("mul.lo", h, dm.t);
-        let qrow = k.op64("add", hq, ic);
-        let qrow = k.op64("mul.lo", qrow, dm.d);
-        let qrow = k.addr(qp, qrow);
+        let qrow = tq.at(k, &pb, ic);
         let (m, l) = (k.fc(f32::NEG_INFINITY), k.fc(0.0));
         let mut o = zeros(k, dm.e);
         if vo.is_none() {
@@ -353,11 +420,10 @@ fn forward(
         let end = keys_end(k, &dm, i0);
         let zero = k.u64c(0);
         k.for_range(zero, end, ROWS, |k, j0| {
-            let first = k.op64("add", hs, j0);
             let rows = tile_rows(k, j0, dm.s);
             let s = k.fc(0.0);
             for c in chunks(dm.d) {
-                stage(k, &ctx, ctx.a, kp, first, rows, dm.d, c);
+                stage(k, &ctx, ctx.a, &tk, &pb, j0, rows, c);
                 let row = k.op64("mul.lo", ctx.lane64, 4 * PITCH);
                 let row = k.op64("add", row, ctx.a);
                 let vec = k.op64("add", qrow, 4 * c.0);
@@ -385,30 +451,29 @@ fn forward(
             k.ins(format!("mul.rn.f32 {l}, {l}, {corr}"));
             k.ins(format!("add.rn.f32 {l}, {l}, {sum}"));
             k.set(m, m_new);
-            if let Some((vp, _)) = vo {
+            if let Some((tv, _)) = &vo {
                 for &a in &o {
                     k.ins(format!("mul.rn.f32 {a}, {a}, {corr}"));
                 }
                 for c in chunks(dm.e) {
-                    stage(k, &ctx, ctx.b, vp, first, rows, dm.e, c);
+                    stage(k, &ctx, ctx.b, tv, &pb, j0, rows, c);
                     accumulate(k, &ctx, regs(&o, c), p, ctx.b);
                 }
             }
         });
         let skip = k.label();
         k.bra_unless(valid, &skip);
-        let row = k.op64("add", hq, i);
-        if let Some((_, op)) = vo {
+        if let Some((_, to)) = &vo {
             let one = k.fc(1.0);
             let inv = k.div(one, l);
-            store_row(k, &ctx, op, row, dm.e, &o, inv);
+            store_row(k, &ctx, to, &pb, i, &o, inv);
         }
-        if let Some(lp) = lp {
+        if let Some(tl) = &tl {
             let ln = k.ln(l);
             let v = k.add(m, ln);
             let p = k.p();
             k.ins(format!("setp.eq.u32 {p}, {}, 0", ctx.lane));
-            let a = k.addr(lp, row);
+            let a = tl.at(k, &pb, i);
             k.ins(format!("@{p} st.global.f32 [{a}], {v}"));
         }
         k.place(&skip);
@@ -494,15 +559,15 @@ fn forward_checked(
     }
     let v = o.and(ins.get(2));
     let dm = Dims::of(op, &ins[0], &ins[1], v)?;
-    let (h, t, s) = (dm.heads, dm.t, dm.s);
+    let (n, t, s) = (dm.problems, dm.t, dm.s);
     check(
         op,
         &[
-            ("q", Some(&ins[0]), h * t * dm.d),
-            ("k", Some(&ins[1]), h * s * dm.d),
-            ("v", v, h * s * dm.e),
-            ("o", o, h * t * dm.e),
-            ("lse", lse, h * t),
+            ("q", Some(&ins[0]), n * t * dm.d),
+            ("k", Some(&ins[1]), n * s * dm.d),
+            ("v", v, n * s * dm.e),
+            ("o", o, n * t * dm.e),
+            ("lse", lse, n * t),
         ],
     )?;
     let vo = v.zip(o);

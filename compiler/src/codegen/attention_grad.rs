@@ -4,15 +4,15 @@
 //! gradient `P^T dy` take a warp per key and walk the queries, so neither needs atomics.
 
 use super::{
-    accumulate, bad, check, chunks, dot, each_task, head_and_first, keys_end, regs, setup, stage,
-    store_row, tile_rows, visible, warp_row, zeros, Dims, BLOCK, PITCH, ROWS, WARPS,
+    accumulate, bad, check, chunks, dot, each_task, keys_end, problem_and_first, regs, setup,
+    stage, store_row, tile_rows, visible, warp_row, zeros, Dims, BLOCK, PITCH, ROWS, WARPS,
 };
 use crate::codegen::builder::{Kernel, Rd, F, P};
 use crate::codegen::{grid_for, CodegenError, Gen, Launch, Operand};
 use crate::ir::Op;
 
-/// Checks the six operands `(q, k, v, dy, lse, delta)` and the outputs (`[.., T, D]` for the
-/// query's, `[.., S, D]` and `[.., S, E]` for the key's and value's).
+/// Checks the six operands `(q, k, v, dy, lse, delta)` and the outputs (`[.., T, H, D]` for
+/// the query's, `[.., S, H, D]` and `[.., S, H, E]` for the key's and value's).
 fn dims(
     op: &Op,
     ins: &[Operand],
@@ -22,28 +22,22 @@ fn dims(
         return Err(bad(op, format!("got {} operands", ins.len())));
     }
     let dm = Dims::of(op, &ins[0], &ins[1], Some(&ins[2]))?;
-    let (h, t, s, d, e) = (dm.heads, dm.t, dm.s, dm.d, dm.e);
+    let (n, t, s, d, e) = (dm.problems, dm.t, dm.s, dm.d, dm.e);
     let mut vals = vec![
-        ("q", Some(&ins[0]), h * t * d),
-        ("k", Some(&ins[1]), h * s * d),
-        ("v", Some(&ins[2]), h * s * e),
-        ("dy", Some(&ins[3]), h * t * e),
-        ("lse", Some(&ins[4]), h * t),
-        ("delta", Some(&ins[5]), h * t),
+        ("q", Some(&ins[0]), n * t * d),
+        ("k", Some(&ins[1]), n * s * d),
+        ("v", Some(&ins[2]), n * s * e),
+        ("dy", Some(&ins[3]), n * t * e),
+        ("lse", Some(&ins[4]), n * t),
+        ("delta", Some(&ins[5]), n * t),
     ];
     for &(what, o, by_key) in outs {
         // The query's and key's gradients are `D` wide, the value's `E`.
         let width = if what == "dv" { e } else { d };
-        vals.push((what, o, h * if by_key { s } else { t } * width));
+        vals.push((what, o, n * if by_key { s } else { t } * width));
     }
     check(op, &vals)?;
     Ok(dm)
-}
-
-/// The address of row `row` of a tensor of rows of `width` floats at `base`.
-fn row_addr(k: &mut Kernel, base: Rd, row: Rd, width: u64) -> Rd {
-    let at = k.op64("mul.lo", row, width);
-    k.addr(base, at)
 }
 
 /// The shared address of this lane's row of the tile at `buf`.
@@ -73,37 +67,38 @@ pub(super) fn query(
     let dm = dims(op, ins, &[("dq", Some(out), false)])?;
     let mut k = Kernel::new(name);
     let p: Vec<Rd> = ins.iter().map(|o| k.param_ptr(o.arg)).collect();
-    let (qp, kp, vp, dyp, lp, dp) = (p[0], p[1], p[2], p[3], p[4], p[5]);
-    let outp = k.param_ptr(out.arg);
+    let (lp, dp) = (p[4], p[5]);
+    let (tq, tk) = (dm.tensor(p[0], dm.t, dm.d), dm.tensor(p[1], dm.s, dm.d));
+    let (tv, tdy) = (dm.tensor(p[2], dm.s, dm.e), dm.tensor(p[3], dm.t, dm.e));
+    // lse and delta: one offset serves both.
+    let tl = dm.tensor(lp, dm.t, 1);
+    let tout = dm.tensor(k.param_ptr(out.arg), dm.t, dm.d);
     let ctx = setup(&mut k);
     let tiles = dm.t.div_ceil(WARPS);
-    let tasks = dm.heads * tiles;
+    let tasks = dm.problems * tiles;
     let one_d_chunk = chunks(dm.d).len() == 1;
     each_task(&mut k, tasks, |k, task| {
-        let (h, i0) = head_and_first(k, task, tiles);
+        let (pb, i0) = problem_and_first(k, &dm, task, tiles, WARPS);
         let (i, ic, valid) = warp_row(k, &ctx, i0, dm.t);
-        let hs = k.op64("mul.lo", h, dm.s);
-        let hq = k.op64("mul.lo", h, dm.t);
-        let row = k.op64("add", hq, ic);
-        let qrow = row_addr(k, qp, row, dm.d);
-        let dyrow = row_addr(k, dyp, row, dm.e);
-        let lse = k.load(lp, row);
-        let delta = k.load(dp, row);
+        let qrow = tq.at(k, &pb, ic);
+        let dyrow = tdy.at(k, &pb, ic);
+        let at = tl.offset(k, &pb, ic);
+        let lse = k.load(lp, at);
+        let delta = k.load(dp, at);
         let acc = zeros(k, dm.d);
         let end = keys_end(k, &dm, i0);
         let zero = k.u64c(0);
         k.for_range(zero, end, ROWS, |k, j0| {
-            let first = k.op64("add", hs, j0);
             let rows = tile_rows(k, j0, dm.s);
             let (s, dpv) = (k.fc(0.0), k.fc(0.0));
             for c in chunks(dm.d) {
-                stage(k, &ctx, ctx.a, kp, first, rows, dm.d, c);
+                stage(k, &ctx, ctx.a, &tk, &pb, j0, rows, c);
                 let r = lane_row(k, ctx.lane64, ctx.a);
                 let vec = k.op64("add", qrow, 4 * c.0);
                 dot(k, s, vec, r, c.1);
             }
             for c in chunks(dm.e) {
-                stage(k, &ctx, ctx.b, vp, first, rows, dm.e, c);
+                stage(k, &ctx, ctx.b, &tv, &pb, j0, rows, c);
                 let r = lane_row(k, ctx.lane64, ctx.b);
                 let vec = k.op64("add", dyrow, 4 * c.0);
                 dot(k, dpv, vec, r, c.1);
@@ -116,16 +111,15 @@ pub(super) fn query(
             for c in chunks(dm.d) {
                 // One chunk of keys is still staged from the scores.
                 if !one_d_chunk {
-                    stage(k, &ctx, ctx.a, kp, first, rows, dm.d, c);
+                    stage(k, &ctx, ctx.a, &tk, &pb, j0, rows, c);
                 }
                 accumulate(k, &ctx, regs(&acc, c), ds, ctx.a);
             }
         });
         let skip = k.label();
         k.bra_unless(valid, &skip);
-        let row = k.op64("add", hq, i);
         let scale = k.fc(dm.scale);
-        store_row(k, &ctx, outp, row, dm.d, &acc, scale);
+        store_row(k, &ctx, &tout, &pb, i, &acc, scale);
         k.place(&skip);
     });
     Ok(vec![g.launch(k, grid_for(tasks, 1), BLOCK)])
@@ -144,27 +138,27 @@ pub(super) fn key_value(
     let dm = dims(op, ins, &[("dk", dk, true), ("dv", dv, true)])?;
     let mut k = Kernel::new(name);
     let p: Vec<Rd> = ins.iter().map(|o| k.param_ptr(o.arg)).collect();
-    let (qp, kp, vp, dyp, lp, dp) = (p[0], p[1], p[2], p[3], p[4], p[5]);
-    let dkp = dk.map(|o| k.param_ptr(o.arg));
-    let dvp = dv.map(|o| k.param_ptr(o.arg));
+    let (lp, dp) = (p[4], p[5]);
+    let (tq, tk) = (dm.tensor(p[0], dm.t, dm.d), dm.tensor(p[1], dm.s, dm.d));
+    let (tv, tdy) = (dm.tensor(p[2], dm.s, dm.e), dm.tensor(p[3], dm.t, dm.e));
+    let tl = dm.tensor(lp, dm.t, 1);
+    let tdk = dk.map(|o| dm.tensor(k.param_ptr(o.arg), dm.s, dm.d));
+    let tdv = dv.map(|o| dm.tensor(k.param_ptr(o.arg), dm.s, dm.e));
     let ctx = setup(&mut k);
     let tiles = dm.s.div_ceil(WARPS);
-    let tasks = dm.heads * tiles;
+    let tasks = dm.problems * tiles;
     let one_d_chunk = chunks(dm.d).len() == 1;
     each_task(&mut k, tasks, |k, task| {
-        let (h, j0) = head_and_first(k, task, tiles);
+        let (pb, j0) = problem_and_first(k, &dm, task, tiles, WARPS);
         let (j, jc, valid) = warp_row(k, &ctx, j0, dm.s);
-        let hs = k.op64("mul.lo", h, dm.s);
-        let hq = k.op64("mul.lo", h, dm.t);
-        let row = k.op64("add", hs, jc);
-        let krow = row_addr(k, kp, row, dm.d);
-        let vrow = row_addr(k, vp, row, dm.e);
-        let dka = if dkp.is_some() {
+        let krow = tk.at(k, &pb, jc);
+        let vrow = tv.at(k, &pb, jc);
+        let dka = if tdk.is_some() {
             zeros(k, dm.d)
         } else {
             vec![]
         };
-        let dva = if dvp.is_some() {
+        let dva = if tdv.is_some() {
             zeros(k, dm.e)
         } else {
             vec![]
@@ -177,16 +171,15 @@ pub(super) fn key_value(
         };
         let end = k.u64c(dm.t);
         k.for_range(start, end, ROWS, |k, i0| {
-            let first = k.op64("add", hq, i0);
             let rows = tile_rows(k, i0, dm.t);
             let i = k.op64("add", i0, ctx.lane64);
             let vis = visible(k, &dm, i, jc, (i, dm.t));
             let ic = k.op64("min", i, dm.t.saturating_sub(1));
-            let at = k.op64("add", hq, ic);
+            let at = tl.offset(k, &pb, ic);
             let lse = k.load(lp, at);
             let s = k.fc(0.0);
             for c in chunks(dm.d) {
-                stage(k, &ctx, ctx.a, qp, first, rows, dm.d, c);
+                stage(k, &ctx, ctx.a, &tq, &pb, i0, rows, c);
                 let r = lane_row(k, ctx.lane64, ctx.a);
                 let vec = k.op64("add", krow, 4 * c.0);
                 dot(k, s, vec, r, c.1);
@@ -195,23 +188,23 @@ pub(super) fn key_value(
             let dpv = k.fc(0.0);
             // One pass over dy's chunks serves both: dv's sums and dk's dP.
             for c in chunks(dm.e) {
-                stage(k, &ctx, ctx.b, dyp, first, rows, dm.e, c);
-                if dvp.is_some() {
+                stage(k, &ctx, ctx.b, &tdy, &pb, i0, rows, c);
+                if tdv.is_some() {
                     accumulate(k, &ctx, regs(&dva, c), pr, ctx.b);
                 }
-                if dkp.is_some() {
+                if tdk.is_some() {
                     let r = lane_row(k, ctx.lane64, ctx.b);
                     let vec = k.op64("add", vrow, 4 * c.0);
                     dot(k, dpv, vec, r, c.1);
                 }
             }
-            if dkp.is_some() {
+            if tdk.is_some() {
                 let delta = k.load(dp, at);
                 let t = k.sub(dpv, delta);
                 let ds = k.mul(pr, t);
                 for c in chunks(dm.d) {
                     if !one_d_chunk {
-                        stage(k, &ctx, ctx.a, qp, first, rows, dm.d, c);
+                        stage(k, &ctx, ctx.a, &tq, &pb, i0, rows, c);
                     }
                     accumulate(k, &ctx, regs(&dka, c), ds, ctx.a);
                 }
@@ -219,14 +212,13 @@ pub(super) fn key_value(
         });
         let skip = k.label();
         k.bra_unless(valid, &skip);
-        let row = k.op64("add", hs, j);
-        if let Some(dkp) = dkp {
+        if let Some(tdk) = &tdk {
             let scale = k.fc(dm.scale);
-            store_row(k, &ctx, dkp, row, dm.d, &dka, scale);
+            store_row(k, &ctx, tdk, &pb, j, &dka, scale);
         }
-        if let Some(dvp) = dvp {
+        if let Some(tdv) = &tdv {
             let one = k.fc(1.0);
-            store_row(k, &ctx, dvp, row, dm.e, &dva, one);
+            store_row(k, &ctx, tdv, &pb, j, &dva, one);
         }
         k.place(&skip);
     });

@@ -1,9 +1,9 @@
 //! Attention's forward on tensor cores (FlashAttention-2 style): bf16 operands, f32
 //! accumulation, `mma.sync.m16n8k16` (sm_80 and later), for head widths 64 and 128.
 //!
-//! A block of 4 warps takes 64 queries of one head; each warp owns 16 of them (one m16 tile),
-//! so the softmax statistics of a row never leave the 4 lanes that hold it. Keys and values
-//! stream in tiles of 64. Operands stay f32 in global memory: `cp.async` copies bytes and
+//! A block of 4 warps takes 64 queries of one problem (batch position and head); each warp
+//! owns 16 of them (one m16 tile), so the softmax statistics of a row never leave the 4 lanes
+//! that hold it. Keys and values stream in tiles of 64. Operands stay f32 in global memory: `cp.async` copies bytes and
 //! cannot convert, so tiles are staged with plain vector loads, `cvt.rn.bf16x2.f32` and shared
 //! stores, single-buffered between two barriers (no copy/compute overlap yet: a second K/V
 //! buffer at width 128 would pass the 48 KB of static shared memory). The query tile goes
@@ -18,7 +18,7 @@
 
 use super::super::builder::{imm, Kernel, Rd, F, P, R};
 use super::super::{grid_for, Gen, Launch, Operand};
-use super::{each_task, Dims};
+use super::{each_task, problem_and_first, Dims, Problem, Tensor};
 
 /// Warps per block, 16 query rows each.
 const WARPS: u64 = 4;
@@ -57,20 +57,22 @@ fn lane_bits(k: &mut Kernel, r: Rd, shift: u64, mask: u64) -> Rd {
     d
 }
 
-/// Copies `rows` rows (of `width` f32) from row `first` of `src` into the tile at `buf` as
+/// Copies `rows` rows from problem `pb`'s row `first` of `src` into the tile at `buf` as
 /// bf16, zeros past `rows` (padded keys then add nothing, padded queries stay finite). The
 /// caller puts a barrier on each side.
-fn stage(k: &mut Kernel, ctx: &Ctx, buf: Rd, src: Rd, first: Rd, rows: Rd, width: u64) {
+fn stage(k: &mut Kernel, ctx: &Ctx, buf: Rd, src: &Tensor, pb: &Problem, first: Rd, rows: Rd) {
     // Thread t moves columns 4 (t % q) .. + 4 of rows t / q + step u: one 16-byte load each.
+    let width = src.width;
     let q = width / 4;
     let step = THREADS / q;
     let r0 = k.op64("div", ctx.tid, q);
     let c0 = k.op64("rem", ctx.tid, q);
     let c0 = k.op64("mul.lo", c0, 4);
-    let row = k.op64("add", first, r0);
-    let at = k.op64("mul.lo", row, width);
+    let base = src.offset(k, pb, first);
+    let at = k.rd();
+    k.ins(format!("mad.lo.u64 {at}, {r0}, {}, {base}", src.stride()));
     let at = k.op64("add", at, c0);
-    let g = k.addr(src, at);
+    let g = k.addr(src.ptr, at);
     let s = k.op64("mul.lo", r0, pitch(width));
     let s = k.op64("add", s, buf);
     let sa = k.rd();
@@ -89,7 +91,7 @@ fn stage(k: &mut Kernel, ctx: &Ctx, buf: Rd, src: Rd, first: Rd, rows: Rd, width
                 v[1],
                 v[2],
                 v[3],
-                4 * u * step * width
+                4 * u * step * src.stride()
             ));
             loaded.push((u, v));
         }
@@ -178,9 +180,13 @@ pub(super) fn forward(
     lse: Option<&Operand>,
 ) -> Launch {
     let mut k = Kernel::new(name);
-    let (qp, kp) = (k.param_ptr(q.arg), k.param_ptr(key.arg));
-    let vo = vo.map(|(v, o)| (k.param_ptr(v.arg), k.param_ptr(o.arg)));
-    let lp = lse.map(|l| k.param_ptr(l.arg));
+    let tq = dm.tensor(k.param_ptr(q.arg), dm.t, dm.d);
+    let tk = dm.tensor(k.param_ptr(key.arg), dm.s, dm.d);
+    let vo = vo.map(|(v, o)| {
+        let v = dm.tensor(k.param_ptr(v.arg), dm.s, dm.e);
+        (v, dm.tensor(k.param_ptr(o.arg), dm.t, dm.e))
+    });
+    let tl = lse.map(|l| dm.tensor(k.param_ptr(l.arg), dm.t, 1));
     let (d, e) = (dm.d, if vo.is_some() { dm.e } else { 0 });
     let kname = k.shared_b16((BC * (d + PAD)) as u32);
     let vname = (e > 0).then(|| k.shared_b16((BC * (e + PAD)) as u32));
@@ -210,21 +216,16 @@ pub(super) fn forward(
     let k_at = lane_row(&mut k, &ctx, kbuf, d, false);
     let v_at = vbuf.map(|b| lane_row(&mut k, &ctx, b, e, true));
     let qtiles = dm.t.div_ceil(BR);
-    let tasks = dm.heads * qtiles;
+    let tasks = dm.problems * qtiles;
     let c = dm.scale * std::f32::consts::LOG2_E;
     each_task(&mut k, tasks, |k, task| {
-        let h = k.op64("div", task, qtiles);
-        let i0 = k.op64("rem", task, qtiles);
-        let i0 = k.op64("mul.lo", i0, BR);
-        let hq = k.op64("mul.lo", h, dm.t);
-        let hs = k.op64("mul.lo", h, dm.s);
-        let first = k.op64("add", hq, i0);
+        let (pb, i0) = problem_and_first(k, &dm, task, qtiles, BR);
         let left = k.u64c(dm.t);
         let left = k.op64("sub", left, i0);
         let rows = k.op64("min", left, BR);
         // The previous task's warps may still read the key buffer.
         k.ins("bar.sync 0");
-        stage(k, &ctx, kbuf, qp, first, rows, d);
+        stage(k, &ctx, kbuf, &tq, &pb, i0, rows);
         k.ins("bar.sync 0");
         let qf = query_fragments(k, &ctx, d);
         // This lane's two query rows.
@@ -244,14 +245,13 @@ pub(super) fn forward(
         };
         let zero = k.u64c(0);
         k.for_range(zero, end, BC, |k, j0| {
-            let kfirst = k.op64("add", hs, j0);
             let left = k.u64c(dm.s);
             let left = k.op64("sub", left, j0);
             let krows = k.op64("min", left, BC);
             k.ins("bar.sync 0");
-            stage(k, &ctx, kbuf, kp, kfirst, krows, d);
-            if let (Some(vb), Some((vp, _))) = (vbuf, vo) {
-                stage(k, &ctx, vb, vp, kfirst, krows, e);
+            stage(k, &ctx, kbuf, &tk, &pb, j0, krows);
+            if let (Some(vb), Some((tv, _))) = (vbuf, &vo) {
+                stage(k, &ctx, vb, tv, &pb, j0, krows);
             }
             k.ins("bar.sync 0");
             let s = scores(k, &qf, k_at, d, c);
@@ -269,7 +269,8 @@ pub(super) fn forward(
                 }
             }
         });
-        finish(k, &dm, (hq, [row0, row1], tig), &m, &sum, &o, vo, lp);
+        let out = (vo.map(|(_, to)| to), tl);
+        finish(k, &dm, (&pb, [row0, row1], tig), &m, &sum, &o, out);
     });
     g.launch(k, grid_for(tasks, 1), THREADS as u32)
 }
@@ -369,17 +370,15 @@ fn softmax_step(k: &mut Kernel, s: &[F], m: &[F; 2], sum: &[F; 2], o: &[F]) -> V
     pa
 }
 
-/// `o / l` and `lse = ln 2 (m + log2 l)` of this lane's rows below `T`.
-#[allow(clippy::too_many_arguments)]
+/// `o / l` and `lse = ln 2 (m + log2 l)` of this lane's rows below `T`, into `out`'s tensors.
 fn finish(
     k: &mut Kernel,
     dm: &Dims,
-    (hq, rows, tig): (Rd, [Rd; 2], Rd),
+    (pb, rows, tig): (&Problem, [Rd; 2], Rd),
     m: &[F; 2],
     sum: &[F; 2],
     o: &[F],
-    vo: Option<(Rd, Rd)>,
-    lp: Option<Rd>,
+    out: (Option<Tensor>, Option<Tensor>),
 ) {
     let col = k.op64("mul.lo", tig, 2);
     let lead = k.cmp64("eq", tig, 0);
@@ -391,14 +390,13 @@ fn finish(
             k.ins(format!("add.rn.f32 {l}, {l}, {t}"));
         }
         let inside = k.cmp64("lt", row, dm.t);
-        let at = k.op64("add", hq, row);
-        if let Some((_, op)) = vo {
+        if let Some(to) = &out.0 {
             let one = k.fc(1.0);
             let inv = k.div(one, l);
             let e = dm.e;
-            let base = k.op64("mul.lo", at, e);
+            let base = to.offset(k, pb, row);
             let base = k.op64("add", base, col);
-            let base = k.addr(op, base);
+            let base = k.addr(to.ptr, base);
             for nt in 0..e / 8 {
                 let c = 4 * nt as usize + 2 * half;
                 let (x, y) = (k.mul(o[c], inv), k.mul(o[c + 1], inv));
@@ -408,13 +406,13 @@ fn finish(
                 ));
             }
         }
-        if let Some(lp) = lp {
+        if let Some(tl) = &out.1 {
             let lg = k.un("lg2.approx.f32", l);
             let v = k.add(m[half], lg);
             let v = k.mulc(v, std::f32::consts::LN_2);
             let p = k.p();
             k.ins(format!("and.pred {p}, {inside}, {lead}"));
-            let a = k.addr(lp, at);
+            let a = tl.at(k, pb, row);
             k.ins(format!("@{p} st.global.f32 [{a}], {v}"));
         }
     }

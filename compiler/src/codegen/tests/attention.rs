@@ -13,23 +13,24 @@ fn f(i: usize, shape: &[u64]) -> Operand {
     }
 }
 
-/// `[B, H, T, D]` operands of one attention: q, k, v, dy, lse, delta as values 0..6.
-fn operands(t: u64, d: u64, e: u64) -> Vec<Operand> {
-    let (b, h) = (2, 3);
+/// Token-major `[B, T, H, D]` operands of one attention, B = 2: q, k, v, dy, lse, delta as
+/// values 0..6.
+fn operands(h: u64, t: u64, d: u64, e: u64) -> Vec<Operand> {
+    let b = 2;
     vec![
-        f(0, &[b, h, t, d]),
-        f(1, &[b, h, t, d]),
-        f(2, &[b, h, t, e]),
-        f(3, &[b, h, t, e]),
-        f(4, &[b, h, t]),
-        f(5, &[b, h, t]),
+        f(0, &[b, t, h, d]),
+        f(1, &[b, t, h, d]),
+        f(2, &[b, t, h, e]),
+        f(3, &[b, t, h, e]),
+        f(4, &[b, t, h]),
+        f(5, &[b, t, h]),
     ]
 }
 
-/// Every kernel variant of one shape into `g`; their launches, named `{tag}_*`.
-fn variants(g: &mut Gen, tag: &str, t: u64, d: u64, e: u64, causal: bool) -> Vec<Launch> {
+/// Every kernel variant of one shape (`h` heads) into `g`; their launches, named `{tag}_*`.
+fn variants(g: &mut Gen, tag: &str, h: u64, t: u64, d: u64, e: u64, causal: bool) -> Vec<Launch> {
     let scale = 1.0 / (d as f64).sqrt();
-    let x = operands(t, d, e);
+    let x = operands(h, t, d, e);
     let o = f(
         6,
         &x[2].shape[..3]
@@ -88,12 +89,14 @@ fn every_variant_assembles_on_every_shape() {
         let mut g = Gen::new();
         for d in [16, 64, 80] {
             for t in [1, 33, 128] {
-                variants(&mut g, &format!("d{d}t{t}"), t, d, d, causal);
+                variants(&mut g, &format!("d{d}t{t}"), 3, t, d, d, causal);
             }
         }
-        // Value width unlike the keys', and heads wider than one staged chunk.
-        variants(&mut g, "e24", 33, 64, 24, causal);
-        variants(&mut g, "wide", 40, 200, 300, causal);
+        // One head (the head-major layout's addressing), a value width unlike the keys', and
+        // heads wider than one staged chunk.
+        variants(&mut g, "h1", 1, 33, 64, 64, causal);
+        variants(&mut g, "e24", 3, 33, 64, 24, causal);
+        variants(&mut g, "wide", 3, 40, 200, 300, causal);
         assemble(&g.text("sm_80")).unwrap_or_else(|e| panic!("{e}"));
     }
 }
@@ -113,9 +116,9 @@ fn kernel(l: &Launch) -> (String, u32, u32, Vec<Arg>) {
 #[test]
 fn launch_shapes_and_arguments() {
     let mut g = Gen::new();
-    let l = variants(&mut g, "k", 33, 64, 64, true);
+    let l = variants(&mut g, "k", 3, 33, 64, 64, true);
     let v = |ids: &[usize]| ids.iter().map(|&i| Arg::Value(i)).collect::<Vec<_>>();
-    // 6 heads of 33 queries (or keys): 5 tiles of 8 rows each, a block per tile.
+    // 2 x 3 problems of 33 queries (or keys): 5 tiles of 8 rows each, a block per tile.
     let grid = 6 * 5;
     assert_eq!(
         kernel(&l[0]),
@@ -137,38 +140,50 @@ fn launch_shapes_and_arguments() {
     assert_eq!(l.len(), 7);
     // Grids stay within limits (the kernels loop over their tasks).
     let mut g = Gen::new();
-    let x = [f(0, &[4096, 64, 64]), f(1, &[4096, 64, 64])];
+    let x = [f(0, &[256, 64, 16, 64]), f(1, &[256, 64, 16, 64])];
     let lse_op = Op::AttentionLse {
         causal: false,
         scale: 0.125,
     };
-    let big = single(&mut g, "big", &lse_op, &x, &f(2, &[4096, 64])).unwrap();
+    let big = single(&mut g, "big", &lse_op, &x, &f(2, &[256, 64, 16])).unwrap();
     assert_eq!(kernel(&big[0]).1, 32_768);
-    let x = [f(0, &[65536, 64, 64]), f(1, &[65536, 64, 64])];
-    let big = single(&mut g, "big", &lse_op, &x, &f(2, &[65536, 64])).unwrap();
+    let x = [f(0, &[65536, 64, 1, 64]), f(1, &[65536, 64, 1, 64])];
+    let big = single(&mut g, "big", &lse_op, &x, &f(2, &[65536, 64, 1])).unwrap();
     assert_eq!(kernel(&big[0]).1, 65_535);
 }
 
 #[test]
 fn bad_operands_are_refused() {
     let mut g = Gen::new();
-    let x = operands(16, 32, 32);
+    let x = operands(3, 16, 32, 32);
     let att = Op::Attention {
         causal: true,
         scale: 0.5,
     };
-    let o = f(6, &[2, 3, 16, 32]);
+    let o = f(6, &[2, 16, 3, 32]);
+    let refused = |g: &mut Gen, q: &[u64], k: &[u64], v: &[u64]| {
+        let ins = [f(0, q), f(1, k), f(2, v)];
+        matches!(
+            single(g, "k", &att, &ins, &o),
+            Err(CodegenError::Bad { .. })
+        )
+    };
+    let q = [2, 16, 3, 32];
+    // The shapes pass.
+    assert!(single(&mut g, "k", &att, &x[..3], &o).is_ok());
     // Causal needs T = S.
-    let k = [x[0].clone(), f(1, &[2, 3, 8, 32]), f(2, &[2, 3, 8, 32])];
-    assert!(matches!(
-        single(&mut g, "k", &att, &k, &o),
-        Err(CodegenError::Bad { .. })
-    ));
-    // Widths of q and k differ.
-    let k = [x[0].clone(), f(1, &[2, 3, 16, 16]), x[2].clone()];
-    assert!(single(&mut g, "k", &att, &k, &o).is_err());
+    assert!(refused(&mut g, &q, &[2, 8, 3, 32], &[2, 8, 3, 32]));
+    // Widths of q and k differ; keys and values differ in count.
+    assert!(refused(&mut g, &q, &[2, 16, 3, 16], &q));
+    assert!(refused(&mut g, &q, &q, &[2, 8, 3, 32]));
+    // Heads, or batch axes, differ; a rank below 3 (no heads axis).
+    assert!(refused(&mut g, &q, &[2, 16, 1, 32], &q));
+    assert!(refused(&mut g, &q, &q, &[2, 16, 1, 32]));
+    assert!(refused(&mut g, &q, &[1, 16, 3, 32], &[1, 16, 3, 32]));
+    assert!(refused(&mut g, &q, &[2, 1, 16, 3, 32], &q));
+    assert!(refused(&mut g, &[16, 32], &[16, 32], &[16, 32]));
     // An output of the wrong size, a non-f32 operand, too few operands.
-    assert!(single(&mut g, "k", &att, &x[..3], &f(6, &[2, 3, 16, 31])).is_err());
+    assert!(single(&mut g, "k", &att, &x[..3], &f(6, &[2, 16, 3, 31])).is_err());
     let mut h = x[..3].to_vec();
     h[2].dtype = DType::BF16;
     assert!(single(&mut g, "k", &att, &h, &o).is_err());
@@ -189,7 +204,7 @@ fn bad_operands_are_refused() {
 #[test]
 fn head_width_64_kernels_do_not_spill() {
     let mut g = Gen::new();
-    variants(&mut g, "k", 128, 64, 64, true);
+    variants(&mut g, "k", 3, 128, 64, 64, true);
     let file = std::env::temp_dir().join(format!("parallax-attn-{}.ptx", std::process::id()));
     std::fs::write(&file, g.text("sm_80")).unwrap();
     let out = std::process::Command::new(ptxas())

@@ -23,16 +23,16 @@ fn bf16() -> Gen {
     }
 }
 
-/// The forward with its log-sum-exp, the output alone and the log-sum-exp alone, of 2 x 3
-/// heads: q, k, v as values 0..3, o 3, lse 4.
-fn forwards(g: &mut Gen, tag: &str, t: u64, d: u64, causal: bool) -> Vec<Launch> {
-    let (b, h) = (2, 3);
+/// The forward with its log-sum-exp, the output alone and the log-sum-exp alone, of 2 batch
+/// positions and `h` heads, token-major: q, k, v as values 0..3, o 3, lse 4.
+fn forwards(g: &mut Gen, tag: &str, h: u64, t: u64, d: u64, causal: bool) -> Vec<Launch> {
+    let b = 2;
     let x = [
-        f(0, &[b, h, t, d]),
-        f(1, &[b, h, t, d]),
-        f(2, &[b, h, t, d]),
+        f(0, &[b, t, h, d]),
+        f(1, &[b, t, h, d]),
+        f(2, &[b, t, h, d]),
     ];
-    let (o, lse) = (f(3, &[b, h, t, d]), f(4, &[b, h, t]));
+    let (o, lse) = (f(3, &[b, t, h, d]), f(4, &[b, t, h]));
     let scale = 1.0 / (d as f64).sqrt();
     let att = Op::Attention { causal, scale };
     let lse_op = Op::AttentionLse { causal, scale };
@@ -60,8 +60,10 @@ fn every_shape_assembles() {
         let mut g = bf16();
         for d in [64, 128] {
             for t in [1, 33, 128, 1024] {
-                forwards(&mut g, &format!("d{d}t{t}"), t, d, causal);
+                forwards(&mut g, &format!("d{d}t{t}"), 3, t, d, causal);
             }
+            // One head: the head-major layout's addressing.
+            forwards(&mut g, &format!("d{d}h1"), 1, 33, d, causal);
         }
         let text = g.text("sm_80");
         assert!(text.contains("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"));
@@ -76,12 +78,12 @@ fn every_shape_assembles() {
 fn launches_and_fallback() {
     let v = |ids: &[usize]| ids.iter().map(|&i| Arg::Value(i)).collect::<Vec<_>>();
     let mut g = bf16();
-    let l = forwards(&mut g, "k", 33, 64, true);
-    // 6 heads of 33 queries: one 64-query tile each, 128 threads (4 warps) per block.
+    let l = forwards(&mut g, "k", 3, 33, 64, true);
+    // 2 x 3 problems of 33 queries: one 64-query tile each, 128 threads (4 warps) per block.
     assert_eq!(kernel(&l[0]), ("k_fwd".into(), 6, 128, v(&[0, 1, 2, 3, 4])));
     assert_eq!(kernel(&l[1]), ("k_o".into(), 6, 128, v(&[0, 1, 2, 3])));
     assert_eq!(kernel(&l[2]), ("k_lse".into(), 6, 128, v(&[0, 1, 4])));
-    let l = forwards(&mut g, "long", 1024, 128, false);
+    let l = forwards(&mut g, "long", 3, 1024, 128, false);
     assert_eq!(kernel(&l[0]).1, 6 * 16);
     // Static shared memory only (the launch passes none): the widest case stays below 48 KB.
     let text = g.text("sm_80");
@@ -97,7 +99,7 @@ fn launches_and_fallback() {
     }
     // Other widths, and the default options, take the f32 kernels (256 threads).
     for (mut g, d) in [(bf16(), 32), (bf16(), 80), (Gen::new(), 64)] {
-        let l = forwards(&mut g, "f", 33, d, false);
+        let l = forwards(&mut g, "f", 3, 33, d, false);
         assert!(l.iter().all(|l| kernel(l).2 == 256), "{d}");
         assert!(!g.text("sm_80").contains("mma.sync"));
     }
@@ -108,7 +110,7 @@ fn launches_and_fallback() {
 fn registers_and_no_spills() {
     let mut g = bf16();
     for d in [64, 128] {
-        forwards(&mut g, &format!("d{d}"), 1024, d, true);
+        forwards(&mut g, &format!("d{d}"), 3, 1024, d, true);
     }
     let file = std::env::temp_dir().join(format!("parallax-mma-{}.ptx", std::process::id()));
     for target in ["sm_80", "sm_90"] {
