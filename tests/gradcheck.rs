@@ -253,9 +253,10 @@ fn rows_and_reductions() {
 fn attention() {
     for (causal, t, s, d, e) in [(false, 3, 5, 4, 6), (true, 70, 70, 8, 8)] {
         let mut g = OpGraph::new();
-        let q = g.param(&[2, 2, t, d]);
-        let k = g.param(&[2, 2, s, d]);
-        let v = g.param(&[2, 2, s, e]);
+        // Token-major `[B, T, H, D]`: two heads, rows of one head apart in memory.
+        let q = g.param(&[2, t, 2, d]);
+        let k = g.param(&[2, s, 2, d]);
+        let v = g.param(&[2, s, 2, e]);
         let y = g.op(Op::Attention { causal, scale: 0.5 }, &[q, k, v]);
         g.check_through(y, &format!("attention, causal {causal}"), &|_| {});
     }

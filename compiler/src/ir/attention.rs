@@ -2,13 +2,19 @@
 //! shape and cost rules. Attention is one op rather than two products and a softmax so that
 //! the `T x S` scores are never stored: a value of `O(T)` per head (the output, the
 //! log-sum-exp) is all the backward reads.
+//!
+//! The operands are token-major, `[.., T, H, D]`: each of the `H` heads is a strided matrix
+//! (rows `H * D` apart), which is how a projection's output `[.., T, H * D]` is laid out, so
+//! no permute runs before or after the op. One head per row, `[.., T, 1, D]`, is the plain
+//! `[.., T, D]` attention.
 
 use super::ops::{AttentionInput, Op};
 use super::types::TensorType;
 
 type Rule = Result<TensorType, String>;
 
-/// `(q [.., T, D], k [.., S, D], v [.., S, E])`: checked, to the output type `[.., T, E]`.
+/// `(q [.., T, H, D], k [.., S, H, D], v [.., S, H, E])`: checked, to the output type
+/// `[.., T, H, E]`.
 fn output(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     let (q, k, v) = (x[0], x[1], x[2]);
     let show = |t: &TensorType| t.show(names);
@@ -22,18 +28,22 @@ fn output(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
         ));
     }
     let r = q.rank();
-    if r < 2 || k.rank() != r || v.rank() != r {
+    if r < 3 || k.rank() != r || v.rank() != r {
         return Err(format!(
-            "{} needs q [.., T, D], k [.., S, D] and v [.., S, E] of one rank (2 or more), got {}, {} and {}",
+            "{} needs q [.., T, H, D], k [.., S, H, D] and v [.., S, H, E] of one rank (3 or more), got {}, {} and {}",
             op.name(),
             show(q),
             show(k),
             show(v)
         ));
     }
-    if q.shape[..r - 2] != k.shape[..r - 2] || q.shape[..r - 2] != v.shape[..r - 2] {
+    let (lead, heads) = (r - 3, r - 2);
+    let same = |a: &TensorType, b: &TensorType| {
+        a.shape[..lead] == b.shape[..lead] && a.shape[heads] == b.shape[heads]
+    };
+    if !same(q, k) || !same(q, v) {
         return Err(format!(
-            "{}: the leading (batch, head) axes of q, k and v differ: {}, {} and {}",
+            "{}: the batch or head axes of q, k and v differ: {}, {} and {}",
             op.name(),
             show(q),
             show(k),
@@ -48,7 +58,7 @@ fn output(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
             show(k)
         ));
     }
-    if k.shape[r - 2] != v.shape[r - 2] {
+    if k.shape[r - 3] != v.shape[r - 3] {
         return Err(format!(
             "{}: keys and values differ in count: {} and {}",
             op.name(),
@@ -62,7 +72,7 @@ fn output(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
             | Op::AttentionLse { causal: true, .. }
             | Op::AttentionGrad { causal: true, .. }
     );
-    if causal && q.shape[r - 2] != k.shape[r - 2] {
+    if causal && q.shape[r - 3] != k.shape[r - 3] {
         return Err(format!(
             "a causal {} needs as many queries as keys, got {} and {}",
             op.name(),
@@ -75,7 +85,7 @@ fn output(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     Ok(TensorType::new(q.dtype, shape))
 }
 
-/// One value per query: `[.., T]`.
+/// One value per query and head: `[.., T, H]`.
 fn per_query(q: &TensorType) -> TensorType {
     TensorType::new(q.dtype, q.shape[..q.rank() - 1].to_vec())
 }
@@ -115,15 +125,16 @@ pub fn attention_grad_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rul
     Ok(x[wrt.index()].clone())
 }
 
-/// `(batch, T, S, D, E)` of operands `q, k, v` (or `q, k`: `E = D`), and the share of the
-/// `T x S` scores a causal mask keeps (about half).
+/// `(problems, T, S, D, E)` of operands `q, k, v` (or `q, k`: `E = D`), problems being
+/// batch times heads, and the share of the `T x S` scores a causal mask keeps (about half).
 fn sizes(op: &Op, ins: &[Vec<u64>]) -> (u64, u64, u64, u64, u64, f64) {
     let (q, k) = (&ins[0], &ins[1]);
     let r = q.len();
     let at = |s: &Vec<u64>, i: usize| s.get(i).copied().unwrap_or(1);
-    let batch: u64 = q.iter().take(r.saturating_sub(2)).product();
-    let (t, d) = (at(q, r.wrapping_sub(2)), at(q, r.wrapping_sub(1)));
-    let s = at(k, r.wrapping_sub(2));
+    let heads = at(q, r.wrapping_sub(2));
+    let batch: u64 = q.iter().take(r.saturating_sub(3)).product::<u64>() * heads;
+    let (t, d) = (at(q, r.wrapping_sub(3)), at(q, r.wrapping_sub(1)));
+    let s = at(k, r.wrapping_sub(3));
     let e = ins.get(2).map_or(d, |v| at(v, r.wrapping_sub(1)));
     let causal = matches!(
         op,

@@ -232,14 +232,15 @@ pub enum Op {
     },
 
     // ---- attention ----
-    /// `softmax(scale * q k^T, masked when causal) v` over the last two axes: `q [.., T, D]`,
-    /// `k [.., S, D]`, `v [.., S, E]` to `[.., T, E]`. One op, so the `T x S` scores are
-    /// never stored: the kernel streams tiles of keys with an online softmax.
+    /// `softmax(scale * q k^T, masked when causal) v` per head, token-major: `q [.., T, H, D]`,
+    /// `k [.., S, H, D]`, `v [.., S, H, E]` to `[.., T, H, E]` (a projection's output reshaped,
+    /// no permute). One op, so the `T x S` scores are never stored: the kernel streams tiles
+    /// of keys with an online softmax.
     Attention {
         causal: bool,
         scale: f64,
     },
-    /// `(q, k)` to each query's log-sum-exp of its scaled, masked scores, `[.., T]`: what
+    /// `(q, k)` to each query's log-sum-exp of its scaled, masked scores, `[.., T, H]`: what
     /// the backward reads instead of the probabilities. The fuse pass runs it in the same
     /// kernel as the `Attention` of the same `q` and `k`.
     AttentionLse {

@@ -3,15 +3,14 @@
 //! `plan.json` too), and a backend may take each or run the plan as it is, with the same
 //! bits either way.
 //!
-//! - **Folded permutes.** Attention permutes `[B, S, H, D]` to `[B, H, S, D]` and back around
-//!   its batched products; as kernels of their own, those permutes are a pass over memory
-//!   each (eight per transformer block and step). When a permute's operand (through reshapes
-//!   that share its buffer) is read by nothing else and comes out of a matmul or a matmul's
-//!   epilogue, that kernel may write the permuted tensor directly, and the permute's kernel
-//!   does nothing. The permuted tensor is then written earlier than the schedule says (when
+//! - **Folded permutes.** A `Permute` layer (heads split by hand, `[B, S, H, D]` to
+//!   `[B, H, S, D]`) is a pass over memory of its own. When a permute's operand (through
+//!   reshapes that share its buffer) is read by nothing else and comes out of a matmul or a
+//!   matmul's epilogue, that kernel may write the permuted tensor directly, and the permute's
+//!   kernel does nothing. The permuted tensor is then written earlier than the schedule says (when
 //!   its operand is), so a fold needs the permute's buffer free from the operand's kernel on.
 //! - **Scaled softmax.** A kernel `softmax(x * by)` whose scaled values nothing else reads
-//!   (attention's scores) may run as one pass over `x`, the scaling done in the row.
+//!   (a composed attention's scores) may run as one pass over `x`, the scaling done in the row.
 //!
 //! Reshapes need no rewrite: the schedule pass already gives a reshape its operand's buffer.
 

@@ -114,8 +114,8 @@ impl Lowerer<'_> {
             } else {
                 l.linear(x, d, bias, &layer, span)?
             };
-            let y = l.reshape(y, split.clone(), name, span)?;
-            l.permute(y, vec![0, 2, 1, 3], name, span)
+            // Token-major heads `[B, S, H, hd]`: a view of the projection, no permute.
+            l.reshape(y, split.clone(), name, span)
         };
         let q = heads_of(self, "q")?;
         let k = heads_of(self, "k")?;
@@ -129,7 +129,6 @@ impl Lowerer<'_> {
             name,
             span,
         )?;
-        let ctx = self.permute(ctx, vec![0, 2, 1, 3], name, span)?;
         let ctx = self.reshape(ctx, vec![b, s, Dim::known(d_local)], name, span)?;
         let out = format!("{name}.out");
         if tp > 1 {

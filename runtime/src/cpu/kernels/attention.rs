@@ -3,11 +3,15 @@
 //! query, so a head needs `O(T)` memory beyond its operands; the backward recomputes the
 //! probabilities tile by tile from the saved log-sum-exp.
 //!
-//! Threads take whole tasks: a (head, query tile) forward and query gradient, a (head, key
-//! tile) key and value gradient. Each task runs in one fixed order whose tiles depend only on
-//! the sizes, its products through the GEMM crates on one thread, so the same inputs give
-//! the same bits at any thread count. Operands are `[.., T, D]` row-major; the leading axes
-//! (batch, heads) are the heads here.
+//! Threads take whole tasks: a (problem, query tile) forward and query gradient, a (problem,
+//! key tile) key and value gradient. Each task runs in one fixed order whose tiles depend only
+//! on the sizes, its products through the GEMM crates on one thread, so the same inputs give
+//! the same bits at any thread count.
+//!
+//! Operands are token-major, `[.., T, H, D]` row-major: a problem is one (batch, head) pair,
+//! its rows `H * D` apart, read in place as strided matrices. A task computes its output rows
+//! in a contiguous scratch tile and then copies each row to its place, so no two tasks ever
+//! hold overlapping slices of an output.
 
 use super::gemm::{check_f32, gemm_into, View};
 use super::simd::vectorised;
@@ -20,10 +24,11 @@ use rayon::prelude::*;
 pub const QUERY_TILE: usize = 64;
 pub const KEY_TILE: usize = 64;
 
-/// The sizes of one attention: `heads` independent problems of `t` queries and `s` keys of
-/// width `d`, values of width `e`.
+/// The sizes of one attention: `problems` (batch times `heads`) independent problems of `t`
+/// queries and `s` keys of width `d`, values of width `e`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Dims {
+    pub problems: usize,
     pub heads: usize,
     pub t: usize,
     pub s: usize,
@@ -38,7 +43,7 @@ fn bad(op: &'static str, message: String) -> KernelError {
 }
 
 impl Dims {
-    /// Checks `q [.., T, D]`, `k [.., S, D]`, `v [.., S, E]` (f32, one leading shape).
+    /// Checks `q [.., T, H, D]`, `k [.., S, H, D]`, `v [.., S, H, E]` (f32, one batch shape).
     pub fn of(
         op: &'static str,
         q: &Tensor,
@@ -51,24 +56,31 @@ impl Dims {
             check_f32(op, what, t)?;
         }
         let r = q.shape.len();
-        let same_lead = k.shape.len() == r
-            && v.shape.len() == r
-            && r >= 2
-            && q.shape[..r - 2] == k.shape[..r - 2]
-            && q.shape[..r - 2] == v.shape[..r - 2];
-        if !same_lead || q.shape[r - 1] != k.shape[r - 1] || k.shape[r - 2] != v.shape[r - 2] {
+        let same = |a: &Tensor| {
+            a.shape.len() == r
+                && a.shape[..r - 3] == q.shape[..r - 3]
+                && a.shape[r - 2] == q.shape[r - 2]
+        };
+        let fits = r >= 3
+            && same(k)
+            && same(v)
+            && q.shape[r - 1] == k.shape[r - 1]
+            && k.shape[r - 3] == v.shape[r - 3];
+        if !fits {
             return Err(bad(
                 op,
                 format!(
-                    "needs q [.., T, D], k [.., S, D], v [.., S, E], got {:?}, {:?}, {:?}",
+                    "needs q [.., T, H, D], k [.., S, H, D], v [.., S, H, E], got {:?}, {:?}, {:?}",
                     q.shape, k.shape, v.shape
                 ),
             ));
         }
+        let heads = q.shape[r - 2];
         let dims = Dims {
-            heads: q.shape[..r - 2].iter().product(),
-            t: q.shape[r - 2],
-            s: k.shape[r - 2],
+            problems: q.shape[..r - 3].iter().product::<usize>() * heads,
+            heads,
+            t: q.shape[r - 3],
+            s: k.shape[r - 3],
             d: q.shape[r - 1],
             e: v.shape[r - 1],
             causal,
@@ -81,6 +93,35 @@ impl Dims {
             ));
         }
         Ok(dims)
+    }
+
+    /// Where row `i` of problem `g` starts in a tensor of `len` rows per problem, `width`
+    /// wide: `[b, i, h, ..]` for `g = b * heads + h`.
+    fn at(&self, g: usize, i: usize, len: usize, width: usize) -> usize {
+        ((g / self.heads * len + i) * self.heads + g % self.heads) * width
+    }
+
+    /// Rows `[i0, i1)` of problem `g` as a strided matrix (rows `heads * width` apart).
+    fn rows<'a>(
+        &self,
+        x: &'a [f32],
+        g: usize,
+        (i0, i1): (usize, usize),
+        len: usize,
+        width: usize,
+    ) -> Rows<'a> {
+        let stride = self.heads * width;
+        let data = if i1 > i0 {
+            let first = self.at(g, i0, len, width);
+            &x[first..first + (i1 - i0 - 1) * stride + width]
+        } else {
+            &[]
+        };
+        Rows {
+            data,
+            stride,
+            width,
+        }
     }
 
     /// The keys query `i` sees among `[j0, j0 + cols)`: a prefix of that tile.
@@ -111,8 +152,43 @@ impl Dims {
     }
 }
 
+/// Rows of one problem inside a token-major tensor: row `r` starts at `r * stride`.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    data: &'a [f32],
+    stride: usize,
+    width: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// Rows `[r0, r1)` of these.
+    fn sub(self, r0: usize, r1: usize) -> Rows<'a> {
+        let data = if r1 > r0 {
+            &self.data[r0 * self.stride..(r1 - 1) * self.stride + self.width]
+        } else {
+            &[]
+        };
+        Rows { data, ..self }
+    }
+
+    /// As the left operand `[rows, width]` of a product.
+    fn view(self) -> View<'a> {
+        View::new(self.data, self.stride, 1)
+    }
+
+    /// Transposed, as the right operand `[width, rows]` of a product.
+    fn view_t(self) -> View<'a> {
+        View::new(self.data, 1, self.stride)
+    }
+
+    /// Element `r` of a one-wide column (the per-row statistics).
+    fn get(self, r: usize) -> f32 {
+        self.data[r * self.stride]
+    }
+}
+
 /// `s [rows, cols] = q_tile [rows, D] x k_tile^T` (leading dimension `KEY_TILE`).
-fn scores(q: &[f32], k: &[f32], rows: usize, cols: usize, d: usize, s: &mut [f32]) {
+fn scores(q: Rows, k: Rows, rows: usize, cols: usize, d: usize, s: &mut [f32]) {
     gemm_into(
         rows,
         cols,
@@ -120,8 +196,8 @@ fn scores(q: &[f32], k: &[f32], rows: usize, cols: usize, d: usize, s: &mut [f32
         s,
         KEY_TILE,
         false,
-        View::new(q, d, 1),
-        View::new(k, 1, d),
+        q.view(),
+        k.view_t(),
         Parallelism::None,
     );
 }
@@ -170,7 +246,44 @@ fn scale_row_at(row: &mut [f32], by: f32) {
     }
 }
 
-/// The forward: `out [.., T, E]` and, when given, each query's log-sum-exp `lse [.., T]`.
+/// Where a task's output rows go: a token-major output tensor shared by every task, each
+/// task writing rows no other task writes.
+#[derive(Clone, Copy)]
+struct Out {
+    ptr: *mut f32,
+    len: usize,
+}
+// SAFETY: see `Out::put`: every task writes its own rows only.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    fn of(t: &mut [f32]) -> Out {
+        Out {
+            ptr: t.as_mut_ptr(),
+            len: t.len(),
+        }
+    }
+
+    /// Copies the rows of `tile` (`width` wide) to rows `[i0, ..)` of problem `g`.
+    fn put(self, dm: &Dims, g: usize, i0: usize, len: usize, width: usize, tile: &[f32]) {
+        if width == 0 {
+            return;
+        }
+        for (r, row) in tile.chunks_exact(width).enumerate() {
+            let at = dm.at(g, i0 + r, len, width);
+            assert!(
+                at + width <= self.len,
+                "attention: output row out of bounds"
+            );
+            // SAFETY: in bounds (checked); tasks own disjoint (problem, row) pairs, so no
+            // other thread reads or writes these elements while this one copies them.
+            unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), self.ptr.add(at), width) };
+        }
+    }
+}
+
+/// The forward: `out [.., T, H, E]` and, when given, each query's log-sum-exp `lse [.., T, H]`.
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -183,7 +296,9 @@ pub fn attention(
     const OP: &str = "attention";
     let dm = Dims::of(OP, q, k, v, causal, scale)?;
     let (t, e) = (dm.t, dm.e);
-    if out.numel() != dm.heads * t * e || lse.as_ref().is_some_and(|l| l.numel() != dm.heads * t) {
+    if out.numel() != dm.problems * t * e
+        || lse.as_ref().is_some_and(|l| l.numel() != dm.problems * t)
+    {
         return Err(bad(
             OP,
             format!("outputs sized for other operands ({dm:?})"),
@@ -200,7 +315,7 @@ pub fn attention(
     Ok(())
 }
 
-/// The log-sum-exp alone `[.., T]` (the forward without values: `AttentionLse` run by
+/// The log-sum-exp alone `[.., T, H]` (the forward without values: `AttentionLse` run by
 /// itself; beside its `Attention` the fuse pass gives it that kernel).
 pub fn attention_lse(
     q: &Tensor,
@@ -214,79 +329,76 @@ pub fn attention_lse(
         e: 0,
         ..Dims::of(OP, q, k, k, causal, scale)?
     };
-    if lse.numel() != dm.heads * dm.t {
+    if lse.numel() != dm.problems * dm.t {
         return Err(bad(OP, format!("output sized {:?} for {dm:?}", lse.shape)));
     }
     forward_all(&dm, q.f32(), k.f32(), &[], &mut [], lse.f32_mut());
     Ok(())
 }
 
-/// Every (head, query tile) task of the forward, in parallel.
+/// Every (problem, query tile) task of the forward, in parallel.
 fn forward_all(dm: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &mut [f32]) {
     let (t, s, d, e) = (dm.t, dm.s, dm.d, dm.e);
     let with_lse = !lse.is_empty();
-    let o_ptr = SendPtr(o.as_mut_ptr());
-    let l_ptr = SendPtr(lse.as_mut_ptr());
-    for_each_tile(dm.heads, t, QUERY_TILE, |h, i0, i1| {
+    let (o, lse) = (Out::of(o), Out::of(lse));
+    for_each_tile(dm.problems, t, QUERY_TILE, |g, i0, i1| {
         let rows = i1 - i0;
-        // SAFETY: tasks write disjoint rows `[i0, i1)` of head `h` of the outputs, which
-        // outlive this parallel loop.
-        let (o_tile, l_tile) = unsafe {
-            let o_tile =
-                std::slice::from_raw_parts_mut(o_ptr.get().add((h * t + i0) * e), rows * e);
-            let l_tile = if with_lse {
-                Some(std::slice::from_raw_parts_mut(
-                    l_ptr.get().add(h * t + i0),
-                    rows,
-                ))
-            } else {
-                None
-            };
-            (o_tile, l_tile)
+        let qg = dm.rows(q, g, (i0, i1), t, d);
+        let kg = dm.rows(k, g, (0, s), s, d);
+        let vg = if e > 0 {
+            dm.rows(v, g, (0, s), s, e)
+        } else {
+            kg
         };
-        let qh = &q[(h * t + i0) * d..(h * t + i1) * d];
-        let (kh, vh) = (
-            &k[h * s * d..(h + 1) * s * d],
-            &v[h * s * e..(h + 1) * s * e],
+        scratch::with(
+            rows * KEY_TILE + 3 * rows + rows * e,
+            |buf: &mut [f32]| {
+                let (sc, rest) = buf.split_at_mut(rows * KEY_TILE);
+                let (m, rest) = rest.split_at_mut(rows);
+                let (l, rest) = rest.split_at_mut(rows);
+                let (stat, ot) = rest.split_at_mut(rows);
+                forward_tile(dm, (i0, rows), (qg, kg, vg), sc, (m, l), ot);
+                o.put(dm, g, i0, t, e, ot);
+                if with_lse {
+                    for r in 0..rows {
+                        stat[r] = m[r] + l[r].ln();
+                    }
+                    lse.put(dm, g, i0, t, 1, stat);
+                }
+            },
         );
-        forward_tile(dm, i0, rows, qh, kh, vh, o_tile, l_tile);
     });
 }
 
-/// One task of the forward: queries `[i0, i0 + rows)` of one head into `o` (and `lse`).
-#[allow(clippy::too_many_arguments)]
+/// One task of the forward: queries `[i0, i0 + rows)` of one problem into the tile `o`
+/// (`[rows, E]`, zeros), with their running maximum `m` and sum `l`.
 fn forward_tile(
     dm: &Dims,
-    i0: usize,
-    rows: usize,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    (i0, rows): (usize, usize),
+    (q, k, v): (Rows, Rows, Rows),
+    sc: &mut [f32],
+    (m, l): (&mut [f32], &mut [f32]),
     o: &mut [f32],
-    lse: Option<&mut [f32]>,
 ) {
     let (d, e) = (dm.d, dm.e);
-    o.fill(0.0);
-    scratch::with(rows * KEY_TILE + 2 * rows, |buf: &mut [f32]| {
-        let (s, stats) = buf.split_at_mut(rows * KEY_TILE);
-        let (m, l) = stats.split_at_mut(rows);
-        m.fill(f32::NEG_INFINITY);
-        let end = dm.keys_end(i0 + rows);
-        for j0 in (0..end).step_by(KEY_TILE) {
-            let cols = KEY_TILE.min(end - j0);
-            scores(q, &k[j0 * d..(j0 + cols) * d], rows, cols, d, s);
-            for r in 0..rows {
-                let visible = dm.visible(i0 + r, j0, cols);
-                let row = &mut s[r * KEY_TILE..r * KEY_TILE + cols];
-                if visible == 0 {
-                    row.fill(0.0);
-                    continue;
-                }
-                let c = online_row(row, visible, dm.scale, &mut m[r], &mut l[r]);
-                if c != 1.0 {
-                    scale_row(&mut o[r * e..(r + 1) * e], c);
-                }
+    m.fill(f32::NEG_INFINITY);
+    let end = dm.keys_end(i0 + rows);
+    for j0 in (0..end).step_by(KEY_TILE) {
+        let cols = KEY_TILE.min(end - j0);
+        scores(q, k.sub(j0, j0 + cols), rows, cols, d, sc);
+        for r in 0..rows {
+            let visible = dm.visible(i0 + r, j0, cols);
+            let row = &mut sc[r * KEY_TILE..r * KEY_TILE + cols];
+            if visible == 0 {
+                row.fill(0.0);
+                continue;
             }
+            let c = online_row(row, visible, dm.scale, &mut m[r], &mut l[r]);
+            if c != 1.0 && e > 0 {
+                scale_row(&mut o[r * e..(r + 1) * e], c);
+            }
+        }
+        if e > 0 {
             // o += p [rows, cols] x v_tile [cols, E]
             gemm_into(
                 rows,
@@ -295,38 +407,35 @@ fn forward_tile(
                 o,
                 e,
                 true,
-                View::new(s, KEY_TILE, 1),
-                View::new(&v[j0 * e..(j0 + cols) * e], e, 1),
+                View::new(sc, KEY_TILE, 1),
+                v.sub(j0, j0 + cols).view(),
                 Parallelism::None,
             );
         }
+    }
+    if e > 0 {
         for r in 0..rows {
             scale_row(&mut o[r * e..(r + 1) * e], 1.0 / l[r]);
         }
-        if let Some(lse) = lse {
-            for r in 0..rows {
-                lse[r] = m[r] + l[r].ln();
-            }
-        }
-    });
+    }
 }
 
 /// The saved statistics and the output's gradient the backward reads besides q, k, v.
 pub struct Saved<'a> {
-    /// `dy [.., T, E]`
+    /// `dy [.., T, H, E]`
     pub dy: &'a Tensor,
-    /// `lse [.., T]`
+    /// `lse [.., T, H]`
     pub lse: &'a Tensor,
-    /// `delta = rowsum(dy * y) [.., T]`
+    /// `delta = rowsum(dy * y) [.., T, H]`
     pub delta: &'a Tensor,
 }
 
 impl Saved<'_> {
     fn check(&self, op: &'static str, dm: &Dims) -> Result<(), KernelError> {
         for (what, t, n) in [
-            ("dy", self.dy, dm.heads * dm.t * dm.e),
-            ("lse", self.lse, dm.heads * dm.t),
-            ("delta", self.delta, dm.heads * dm.t),
+            ("dy", self.dy, dm.problems * dm.t * dm.e),
+            ("lse", self.lse, dm.problems * dm.t),
+            ("delta", self.delta, dm.problems * dm.t),
         ] {
             check_f32(op, what, t)?;
             if t.numel() != n {
@@ -337,6 +446,15 @@ impl Saved<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Queries `[i0, i1)` of problem `g`: their `dy` rows, `lse` and `delta`.
+    fn rows(&self, dm: &Dims, g: usize, at: (usize, usize)) -> (Rows<'_>, Rows<'_>, Rows<'_>) {
+        (
+            dm.rows(self.dy.f32(), g, at, dm.t, dm.e),
+            dm.rows(self.lse.f32(), g, at, dm.t, 1),
+            dm.rows(self.delta.f32(), g, at, dm.t, 1),
+        )
     }
 }
 
@@ -367,23 +485,23 @@ fn ds_row_at(p: &mut [f32], dp: &[f32], delta: f32) {
 }
 
 /// The probabilities `P` of queries `[i0, i0 + rows)` against keys `[j0, j0 + cols)` of one
-/// head into `p` (`[rows, KEY_TILE]`): the scores recomputed, `exp(scale * x - lse)`.
+/// problem into `p` (`[rows, KEY_TILE]`): the scores recomputed, `exp(scale * x - lse)`.
 fn probs_tile(
     dm: &Dims,
     (i0, rows): (usize, usize),
     (j0, cols): (usize, usize),
-    (q, k): (&[f32], &[f32]),
-    lse: &[f32],
+    (q, k): (Rows, Rows),
+    lse: Rows,
     p: &mut [f32],
 ) {
     scores(q, k, rows, cols, dm.d, p);
-    for (r, &l) in lse.iter().enumerate().take(rows) {
+    for r in 0..rows {
         let visible = dm.visible(i0 + r, j0, cols);
         probs_row(
             &mut p[r * KEY_TILE..r * KEY_TILE + cols],
             visible,
             dm.scale,
-            l,
+            lse.get(r),
         );
     }
 }
@@ -392,8 +510,8 @@ fn probs_tile(
 /// `[rows, KEY_TILE]`).
 fn ds_tile(
     (rows, cols, e): (usize, usize, usize),
-    (dy, v): (&[f32], &[f32]),
-    delta: &[f32],
+    (dy, v): (Rows, Rows),
+    delta: Rows,
     p: &mut [f32],
     dp: &mut [f32],
 ) {
@@ -405,17 +523,17 @@ fn ds_tile(
         dp,
         KEY_TILE,
         false,
-        View::new(dy, e, 1),
-        View::new(v, 1, e),
+        dy.view(),
+        v.view_t(),
         Parallelism::None,
     );
-    for (r, &dl) in delta.iter().enumerate().take(rows) {
+    for r in 0..rows {
         let at = r * KEY_TILE..r * KEY_TILE + cols;
-        ds_row(&mut p[at.clone()], &dp[at], dl);
+        ds_row(&mut p[at.clone()], &dp[at], delta.get(r));
     }
 }
 
-/// The query gradient `[.., T, D]`: `scale * dS k` over every key tile, by query tile.
+/// The query gradient `[.., T, H, D]`: `scale * dS k` over every key tile, by query tile.
 pub fn attention_grad_query(
     q: &Tensor,
     k: &Tensor,
@@ -429,38 +547,28 @@ pub fn attention_grad_query(
     let dm = Dims::of(OP, q, k, v, causal, scale)?;
     saved.check(OP, &dm)?;
     let (t, s, d, e) = (dm.t, dm.s, dm.d, dm.e);
-    if out.numel() != dm.heads * t * d {
+    if out.numel() != dm.problems * t * d {
         return Err(bad(
             OP,
             format!("the query gradient sized {:?} for {dm:?}", out.shape),
         ));
     }
     let (q, k, v) = (q.f32(), k.f32(), v.f32());
-    let (dy, lse, delta) = (saved.dy.f32(), saved.lse.f32(), saved.delta.f32());
-    let out_ptr = SendPtr(out.f32_mut().as_mut_ptr());
-    for_each_tile(dm.heads, t, QUERY_TILE, |h, i0, i1| {
+    let out = Out::of(out.f32_mut());
+    for_each_tile(dm.problems, t, QUERY_TILE, |g, i0, i1| {
         let rows = i1 - i0;
-        // SAFETY: each task writes its own rows of the output, which outlives the loop.
-        let dq = unsafe {
-            std::slice::from_raw_parts_mut(out_ptr.get().add((h * t + i0) * d), rows * d)
-        };
-        dq.fill(0.0);
-        let qh = &q[(h * t + i0) * d..(h * t + i1) * d];
-        let dyh = &dy[(h * t + i0) * e..(h * t + i1) * e];
-        let (kh, vh) = (
-            &k[h * s * d..(h + 1) * s * d],
-            &v[h * s * e..(h + 1) * s * e],
-        );
-        let rows_at = h * t + i0..h * t + i1;
-        scratch::with(2 * rows * KEY_TILE, |buf: &mut [f32]| {
-            let (p, dp) = buf.split_at_mut(rows * KEY_TILE);
+        let qg = dm.rows(q, g, (i0, i1), t, d);
+        let (kg, vg) = (dm.rows(k, g, (0, s), s, d), dm.rows(v, g, (0, s), s, e));
+        let (dyg, lse, delta) = saved.rows(&dm, g, (i0, i1));
+        scratch::with(2 * rows * KEY_TILE + rows * d, |buf: &mut [f32]| {
+            let (p, rest) = buf.split_at_mut(rows * KEY_TILE);
+            let (dp, dq) = rest.split_at_mut(rows * KEY_TILE);
             let end = dm.keys_end(i1);
             for j0 in (0..end).step_by(KEY_TILE) {
                 let cols = KEY_TILE.min(end - j0);
-                let (kt, vt) = (&kh[j0 * d..(j0 + cols) * d], &vh[j0 * e..(j0 + cols) * e]);
-                let (lse, delta) = (&lse[rows_at.clone()], &delta[rows_at.clone()]);
-                probs_tile(&dm, (i0, rows), (j0, cols), (qh, kt), lse, p);
-                ds_tile((rows, cols, e), (dyh, vt), delta, p, dp);
+                let (kt, vt) = (kg.sub(j0, j0 + cols), vg.sub(j0, j0 + cols));
+                probs_tile(&dm, (i0, rows), (j0, cols), (qg, kt), lse, p);
+                ds_tile((rows, cols, e), (dyg, vt), delta, p, dp);
                 // dq += ds [rows, cols] x k_tile [cols, D]
                 gemm_into(
                     rows,
@@ -470,19 +578,20 @@ pub fn attention_grad_query(
                     d,
                     true,
                     View::new(p, KEY_TILE, 1),
-                    View::new(kt, d, 1),
+                    kt.view(),
                     Parallelism::None,
                 );
             }
+            for r in 0..rows {
+                scale_row(&mut dq[r * d..(r + 1) * d], dm.scale);
+            }
+            out.put(&dm, g, i0, t, d, dq);
         });
-        for r in 0..rows {
-            scale_row(&mut dq[r * d..(r + 1) * d], dm.scale);
-        }
     });
     Ok(())
 }
 
-/// The key gradient `[.., S, D]` (`scale * dS^T q`) and the value gradient `[.., S, E]`
+/// The key gradient `[.., S, H, D]` (`scale * dS^T q`) and the value gradient `[.., S, H, E]`
 /// (`P^T dy`), each when given, summed over every query tile, by key tile.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_grad_key_value(
@@ -499,8 +608,12 @@ pub fn attention_grad_key_value(
     let dm = Dims::of(OP, q, k, v, causal, scale)?;
     saved.check(OP, &dm)?;
     let (t, s, d, e) = (dm.t, dm.s, dm.d, dm.e);
-    if dk.as_ref().is_some_and(|x| x.numel() != dm.heads * s * d)
-        || dv.as_ref().is_some_and(|x| x.numel() != dm.heads * s * e)
+    if dk
+        .as_ref()
+        .is_some_and(|x| x.numel() != dm.problems * s * d)
+        || dv
+            .as_ref()
+            .is_some_and(|x| x.numel() != dm.problems * s * e)
     {
         return Err(bad(
             OP,
@@ -508,41 +621,26 @@ pub fn attention_grad_key_value(
         ));
     }
     let (q, k, v) = (q.f32(), k.f32(), v.f32());
-    let (dy, lse, delta) = (saved.dy.f32(), saved.lse.f32(), saved.delta.f32());
-    let want_dk = dk.is_some();
-    let dk_ptr = dk.map(|x| SendPtr(x.f32_mut().as_mut_ptr()));
-    let dv_ptr = dv.map(|x| SendPtr(x.f32_mut().as_mut_ptr()));
-    for_each_tile(dm.heads, s, KEY_TILE, |h, j0, j1| {
+    let (want_dk, want_dv) = (dk.is_some(), dv.is_some());
+    let dk_out = dk.map(|x| Out::of(x.f32_mut()));
+    let dv_out = dv.map(|x| Out::of(x.f32_mut()));
+    for_each_tile(dm.problems, s, KEY_TILE, |g, j0, j1| {
         let cols = j1 - j0;
-        // SAFETY: each task writes its own rows (keys) of the outputs, which outlive the loop.
-        let (dk, dv) = unsafe {
-            (
-                dk_ptr.map(|p| {
-                    std::slice::from_raw_parts_mut(p.get().add((h * s + j0) * d), cols * d)
-                }),
-                dv_ptr.map(|p| {
-                    std::slice::from_raw_parts_mut(p.get().add((h * s + j0) * e), cols * e)
-                }),
-            )
-        };
-        let (mut dk, mut dv) = (dk, dv);
-        for x in [dk.as_deref_mut(), dv.as_deref_mut()].into_iter().flatten() {
-            x.fill(0.0);
-        }
-        let kt = &k[(h * s + j0) * d..(h * s + j1) * d];
-        let vt = &v[(h * s + j0) * e..(h * s + j1) * e];
-        scratch::with(2 * QUERY_TILE * KEY_TILE, |buf: &mut [f32]| {
-            let (p, dp) = buf.split_at_mut(QUERY_TILE * KEY_TILE);
+        let kt = dm.rows(k, g, (j0, j1), s, d);
+        let vt = dm.rows(v, g, (j0, j1), s, e);
+        let sizes = 2 * QUERY_TILE * KEY_TILE + cols * d + cols * e;
+        scratch::with(sizes, |buf: &mut [f32]| {
+            let (p, rest) = buf.split_at_mut(QUERY_TILE * KEY_TILE);
+            let (dp, rest) = rest.split_at_mut(QUERY_TILE * KEY_TILE);
+            let (dk, dv) = rest.split_at_mut(cols * d);
             let first = dm.first_query(j0) / QUERY_TILE * QUERY_TILE;
             for i0 in (first..t).step_by(QUERY_TILE) {
                 let i1 = (i0 + QUERY_TILE).min(t);
                 let rows = i1 - i0;
-                let qh = &q[(h * t + i0) * d..(h * t + i1) * d];
-                let dyh = &dy[(h * t + i0) * e..(h * t + i1) * e];
-                let rows_at = h * t + i0..h * t + i1;
-                let (lse, delta) = (&lse[rows_at.clone()], &delta[rows_at]);
-                probs_tile(&dm, (i0, rows), (j0, cols), (qh, kt), lse, p);
-                if let Some(dv) = dv.as_deref_mut() {
+                let qg = dm.rows(q, g, (i0, i1), t, d);
+                let (dyg, lse, delta) = saved.rows(&dm, g, (i0, i1));
+                probs_tile(&dm, (i0, rows), (j0, cols), (qg, kt), lse, p);
+                if want_dv {
                     // dv += p^T [cols, rows] x dy [rows, E]
                     gemm_into(
                         cols,
@@ -552,7 +650,7 @@ pub fn attention_grad_key_value(
                         e,
                         true,
                         View::new(p, 1, KEY_TILE),
-                        View::new(dyh, e, 1),
+                        dyg.view(),
                         Parallelism::None,
                     );
                 }
@@ -560,56 +658,45 @@ pub fn attention_grad_key_value(
                     continue;
                 }
                 // dS over the same probabilities: the scores are recomputed once per tile.
-                ds_tile((rows, cols, e), (dyh, vt), delta, p, dp);
-                if let Some(dk) = dk.as_deref_mut() {
-                    // dk += ds^T [cols, rows] x q [rows, D]
-                    gemm_into(
-                        cols,
-                        d,
-                        rows,
-                        dk,
-                        d,
-                        true,
-                        View::new(p, 1, KEY_TILE),
-                        View::new(qh, d, 1),
-                        Parallelism::None,
-                    );
+                ds_tile((rows, cols, e), (dyg, vt), delta, p, dp);
+                // dk += ds^T [cols, rows] x q [rows, D]
+                gemm_into(
+                    cols,
+                    d,
+                    rows,
+                    dk,
+                    d,
+                    true,
+                    View::new(p, 1, KEY_TILE),
+                    qg.view(),
+                    Parallelism::None,
+                );
+            }
+            if let Some(out) = dk_out {
+                for r in 0..cols {
+                    scale_row(&mut dk[r * d..(r + 1) * d], dm.scale);
                 }
+                out.put(&dm, g, j0, s, d, dk);
+            }
+            if let Some(out) = dv_out {
+                out.put(&dm, g, j0, s, e, dv);
             }
         });
-        if let Some(dk) = dk {
-            for r in 0..cols {
-                scale_row(&mut dk[r * d..(r + 1) * d], dm.scale);
-            }
-        }
     });
     Ok(())
 }
 
-/// Runs `f(head, first, end)` on every tile of `tile` rows (the last may be shorter) of
-/// `len` in each of `heads` heads, in parallel: the tasks of a kernel.
-fn for_each_tile(heads: usize, len: usize, tile: usize, f: impl Fn(usize, usize, usize) + Sync) {
+/// Runs `f(problem, first, end)` on every tile of `tile` rows (the last may be shorter)
+/// of `len` in each of `problems` problems, in parallel: the tasks of a kernel.
+fn for_each_tile(problems: usize, len: usize, tile: usize, f: impl Fn(usize, usize, usize) + Sync) {
     let tiles = len.div_ceil(tile).max(1);
-    (0..heads * tiles).into_par_iter().for_each(|task| {
-        let (h, first) = (task / tiles, task % tiles * tile);
+    (0..problems * tiles).into_par_iter().for_each(|task| {
+        let (g, first) = (task / tiles, task % tiles * tile);
         let end = (first + tile).min(len);
         if first < end {
-            f(h, first, end);
+            f(g, first, end);
         }
     });
-}
-
-/// A raw pointer that tasks writing disjoint parts share.
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: see its uses: every task writes its own elements only.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 #[cfg(test)]
