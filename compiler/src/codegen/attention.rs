@@ -1,5 +1,7 @@
 //! Attention's kernels, plain f32: the forward (the output and its log-sum-exp, or the
 //! log-sum-exp alone), the query gradient, and the key and value gradients (`attention_grad.rs`).
+//! With `CodegenOptions::bf16_attention`, widths 64 and 128 run on tensor cores instead
+//! (`attention_mma.rs`, `attention_mma_grad.rs`).
 //!
 //! Operands are token-major: q `[.., T, H, D]`, k `[.., S, H, D]`, v `[.., S, H, E]`, the
 //! output `[.., T, H, E]` and the log-sum-exp `[.., T, H]`, so projections reshape into them
@@ -24,6 +26,8 @@ use crate::plan::Plan;
 mod grad;
 #[path = "attention_mma.rs"]
 mod mma;
+#[path = "attention_mma_grad.rs"]
+mod mma_grad;
 
 /// Warps per block, each with a row of the block's tile.
 const WARPS: u64 = 8;
@@ -532,7 +536,7 @@ pub fn kernel(
         (None, None, k, v) if k.is_some() || v.is_some() => {
             let s = k.or(v).expect("a gradient");
             let (dk, dv) = (k.map(of), v.map(of));
-            grad::key_value(
+            mma_grad::key_value_grad(
                 g,
                 name,
                 &plan.steps[s].op,
@@ -589,9 +593,9 @@ pub fn single(
         Op::Attention { .. } => forward_checked(g, name, op, ins, Some(out), None),
         Op::AttentionLse { .. } => forward_checked(g, name, op, ins, None, Some(out)),
         Op::AttentionGrad { wrt, .. } => match wrt {
-            AttentionInput::Query => grad::query(g, name, op, ins, out),
-            AttentionInput::Key => grad::key_value(g, name, op, ins, Some(out), None),
-            AttentionInput::Value => grad::key_value(g, name, op, ins, None, Some(out)),
+            AttentionInput::Query => mma_grad::query_grad(g, name, op, ins, out),
+            AttentionInput::Key => mma_grad::key_value_grad(g, name, op, ins, Some(out), None),
+            AttentionInput::Value => mma_grad::key_value_grad(g, name, op, ins, None, Some(out)),
         },
         _ => Err(CodegenError::Unsupported { op: op.name() }),
     }

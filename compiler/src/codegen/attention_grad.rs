@@ -13,7 +13,7 @@ use crate::ir::Op;
 
 /// Checks the six operands `(q, k, v, dy, lse, delta)` and the outputs (`[.., T, H, D]` for
 /// the query's, `[.., S, H, D]` and `[.., S, H, E]` for the key's and value's).
-fn dims(
+pub(super) fn dims(
     op: &Op,
     ins: &[Operand],
     outs: &[(&str, Option<&Operand>, bool)],

@@ -21,14 +21,14 @@ use super::super::{grid_for, Gen, Launch, Operand};
 use super::{each_task, problem_and_first, Dims, Problem, Tensor};
 
 /// Warps per block, 16 query rows each.
-const WARPS: u64 = 4;
-const THREADS: u64 = 32 * WARPS;
+pub(super) const WARPS: u64 = 4;
+pub(super) const THREADS: u64 = 32 * WARPS;
 /// Query rows per block and keys per tile.
-const BR: u64 = 16 * WARPS;
+pub(super) const BR: u64 = 16 * WARPS;
 const BC: u64 = 64;
 /// bf16 elements of padding per staged row: 16 bytes, so the 8 rows one `ldmatrix` reads
 /// fall in 8 different 16-byte bank groups.
-const PAD: u64 = 8;
+pub(super) const PAD: u64 = 8;
 
 /// Whether the tensor-core forward takes these sizes (others use the f32 kernel).
 pub(super) fn fits(dm: &Dims) -> bool {
@@ -36,20 +36,30 @@ pub(super) fn fits(dm: &Dims) -> bool {
 }
 
 /// A staged tile's row pitch in bytes.
-fn pitch(width: u64) -> u64 {
+pub(super) fn pitch(width: u64) -> u64 {
     2 * (width + PAD)
 }
 
-/// The lane's registers and the block's shared tiles.
-struct Ctx {
-    tid: Rd,
-    lane: Rd,
-    warp: Rd,
-    kbuf: Rd,
+/// The thread's place in the block.
+pub(super) struct Ctx {
+    pub(super) tid: Rd,
+    pub(super) lane: Rd,
+    pub(super) warp: Rd,
+}
+
+impl Ctx {
+    pub(super) fn new(k: &mut Kernel) -> Ctx {
+        let t = k.special("%tid.x");
+        let tid = k.wide(t);
+        let l = k.special("%laneid");
+        let lane = k.wide(l);
+        let warp = k.op64("shr", tid, 5);
+        Ctx { tid, lane, warp }
+    }
 }
 
 /// `(r >> shift) & mask`.
-fn lane_bits(k: &mut Kernel, r: Rd, shift: u64, mask: u64) -> Rd {
+pub(super) fn lane_bits(k: &mut Kernel, r: Rd, shift: u64, mask: u64) -> Rd {
     let s = k.rd();
     k.ins(format!("shr.u64 {s}, {r}, {shift}"));
     let d = k.rd();
@@ -57,10 +67,18 @@ fn lane_bits(k: &mut Kernel, r: Rd, shift: u64, mask: u64) -> Rd {
     d
 }
 
-/// Copies `rows` rows from problem `pb`'s row `first` of `src` into the tile at `buf` as
-/// bf16, zeros past `rows` (padded keys then add nothing, padded queries stay finite). The
-/// caller puts a barrier on each side.
-fn stage(k: &mut Kernel, ctx: &Ctx, buf: Rd, src: &Tensor, pb: &Problem, first: Rd, rows: Rd) {
+/// Copies `rows` rows from problem `pb`'s row `first` of `src` into the `tile`-row buffer at
+/// `buf` as bf16, zeros past `rows` (padded keys then add nothing, padded queries stay
+/// finite). The caller puts a barrier on each side.
+pub(super) fn stage(
+    k: &mut Kernel,
+    ctx: &Ctx,
+    (buf, tile): (Rd, u64),
+    src: &Tensor,
+    pb: &Problem,
+    first: Rd,
+    rows: Rd,
+) {
     // Thread t moves columns 4 (t % q) .. + 4 of rows t / q + step u: one 16-byte load each.
     let width = src.width;
     let q = width / 4;
@@ -77,7 +95,7 @@ fn stage(k: &mut Kernel, ctx: &Ctx, buf: Rd, src: &Tensor, pb: &Problem, first: 
     let s = k.op64("add", s, buf);
     let sa = k.rd();
     k.ins(format!("mad.lo.u64 {sa}, {c0}, 2, {s}"));
-    let units: Vec<u64> = (0..BC / step).collect();
+    let units: Vec<u64> = (0..tile / step).collect();
     // Four loads in flight before their conversions.
     for group in units.chunks(4) {
         let mut loaded = Vec::new();
@@ -109,7 +127,7 @@ fn stage(k: &mut Kernel, ctx: &Ctx, buf: Rd, src: &Tensor, pb: &Problem, first: 
 }
 
 /// `ldmatrix` x4 (`.trans` if `trans`) with this lane's row address `at + off`.
-fn ldmatrix(k: &mut Kernel, at: Rd, off: u64, trans: bool) -> [R; 4] {
+pub(super) fn ldmatrix(k: &mut Kernel, at: Rd, off: u64, trans: bool) -> [R; 4] {
     let d = [k.r(), k.r(), k.r(), k.r()];
     let t = if trans { ".trans" } else { "" };
     k.ins(format!(
@@ -120,7 +138,7 @@ fn ldmatrix(k: &mut Kernel, at: Rd, off: u64, trans: bool) -> [R; 4] {
 }
 
 /// `c += a b` on one m16n8k16 tile.
-fn mma(k: &mut Kernel, c: &[F], a: &[R], b: [R; 2]) {
+pub(super) fn mma(k: &mut Kernel, c: &[F], a: &[R], b: [R; 2]) {
     k.ins(format!(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {{{c0}, {c1}, {c2}, {c3}}}, \
          {{{}, {}, {}, {}}}, {{{}, {}}}, {{{c0}, {c1}, {c2}, {c3}}}",
@@ -137,10 +155,47 @@ fn mma(k: &mut Kernel, c: &[F], a: &[R], b: [R; 2]) {
     ));
 }
 
+/// `acc += A B^T` of one warp: A 16 rows by `width` (`a(k, kk)`: the 4 fragment registers
+/// of columns `16 kk..`), B `acc.len() / 4` rows by `width`, staged row-major, read by
+/// `ldmatrix` at this lane's `b_at` (`lane_row`, not split).
+pub(super) fn mma_abt(
+    k: &mut Kernel,
+    acc: &[F],
+    a: &mut dyn FnMut(&mut Kernel, usize) -> Vec<R>,
+    b_at: Rd,
+    width: u64,
+) {
+    for nt in 0..acc.len() as u64 / 4 {
+        let c = &acc[4 * nt as usize..4 * nt as usize + 4];
+        for pr in 0..width / 32 {
+            let b = ldmatrix(k, b_at, 8 * nt * pitch(width) + 64 * pr, false);
+            let a0 = a(k, 2 * pr as usize);
+            mma(k, c, &a0, [b[0], b[1]]);
+            let a1 = a(k, 2 * pr as usize + 1);
+            mma(k, c, &a1, [b[2], b[3]]);
+        }
+    }
+}
+
+/// `acc += A B` of one warp: A 16 rows by `a.len() * 4` (packed bf16 fragments, 4 registers
+/// per 16 columns), B that many rows by `width`, staged row-major, read by `ldmatrix.trans`
+/// at this lane's `b_at` (`lane_row`, split).
+pub(super) fn mma_ab(k: &mut Kernel, acc: &[F], a: &[R], b_at: Rd, width: u64) {
+    for kk in 0..a.len() as u64 / 4 {
+        let a = &a[4 * kk as usize..4 * kk as usize + 4];
+        for np in 0..width / 16 {
+            let b = ldmatrix(k, b_at, 16 * kk * pitch(width) + 32 * np, true);
+            let n = 8 * np as usize;
+            mma(k, &acc[n..n + 4], a, [b[0], b[1]]);
+            mma(k, &acc[n + 4..n + 8], a, [b[2], b[3]]);
+        }
+    }
+}
+
 /// The row address this lane gives `ldmatrix` x4: matrix `m = lane / 8`, its row `lane % 8`.
 /// `split_rows`: matrices 0-3 are (rows 0-7, columns 0-7), (rows 8-15, columns 0-7), then
 /// the same of columns 8-15; otherwise rows 0-7 of columns 0-7, 8-15, 16-23, 24-31.
-fn lane_row(k: &mut Kernel, ctx: &Ctx, buf: Rd, width: u64, split_rows: bool) -> Rd {
+pub(super) fn lane_row(k: &mut Kernel, ctx: &Ctx, buf: Rd, width: u64, split_rows: bool) -> Rd {
     let mut r = lane_bits(k, ctx.lane, 0, 7);
     let m = lane_bits(k, ctx.lane, 3, 3);
     let mut c = m;
@@ -157,16 +212,21 @@ fn lane_row(k: &mut Kernel, ctx: &Ctx, buf: Rd, width: u64, split_rows: bool) ->
     k.op64("add", a, buf)
 }
 
-/// The query tile's A fragments (4 registers per 16 columns) of this warp's 16 rows, read
-/// from `kbuf`.
-fn query_fragments(k: &mut Kernel, ctx: &Ctx, d: u64) -> Vec<R> {
-    // Matrices: rows 0-7 / 8-15 of columns 0-7, then of columns 8-15 (a0..a3).
-    let at = lane_row(k, ctx, ctx.kbuf, d, true);
-    let w = k.op64("mul.lo", ctx.warp, 16 * pitch(d));
-    let at = k.op64("add", at, w);
+/// The A fragments (4 registers per 16 columns) of this warp's 16 rows of the tile at `buf`.
+pub(super) fn fragments(k: &mut Kernel, ctx: &Ctx, buf: Rd, d: u64) -> Vec<R> {
+    let at = fragment_row(k, ctx, buf, d);
     (0..d / 16)
         .flat_map(|kk| ldmatrix(k, at, 32 * kk, false))
         .collect()
+}
+
+/// This lane's `ldmatrix` row address for the A fragments of this warp's 16 rows at `buf`:
+/// columns `16 kk..` at offset `32 kk`.
+pub(super) fn fragment_row(k: &mut Kernel, ctx: &Ctx, buf: Rd, d: u64) -> Rd {
+    // Matrices: rows 0-7 / 8-15 of columns 0-7, then of columns 8-15 (a0..a3).
+    let at = lane_row(k, ctx, buf, d, true);
+    let w = k.op64("mul.lo", ctx.warp, 16 * pitch(d));
+    k.op64("add", at, w)
 }
 
 /// The forward: `o = softmax(scale q k^T) v` when `vo` is given, `lse = ln sum exp` when
@@ -197,17 +257,8 @@ pub(super) fn forward(
         k.ins(format!("mov.u64 {b}, {n}"));
         b
     });
-    let t = k.special("%tid.x");
-    let tid = k.wide(t);
-    let l = k.special("%laneid");
-    let lane = k.wide(l);
-    let warp = k.op64("shr", tid, 5);
-    let ctx = Ctx {
-        tid,
-        lane,
-        warp,
-        kbuf,
-    };
+    let ctx = Ctx::new(&mut k);
+    let (lane, warp) = (ctx.lane, ctx.warp);
     // This lane's place in a C fragment: row `grp` (and `grp + 8`), columns 2 tig, 2 tig + 1.
     let grp = lane_bits(&mut k, lane, 2, 7);
     let tig = lane_bits(&mut k, lane, 0, 3);
@@ -225,9 +276,9 @@ pub(super) fn forward(
         let rows = k.op64("min", left, BR);
         // The previous task's warps may still read the key buffer.
         k.ins("bar.sync 0");
-        stage(k, &ctx, kbuf, &tq, &pb, i0, rows);
+        stage(k, &ctx, (kbuf, BR), &tq, &pb, i0, rows);
         k.ins("bar.sync 0");
-        let qf = query_fragments(k, &ctx, d);
+        let qf = fragments(k, &ctx, kbuf, d);
         // This lane's two query rows.
         let wr = k.op64("mul.lo", warp, 16);
         let wr = k.op64("add", wr, grp);
@@ -249,24 +300,16 @@ pub(super) fn forward(
             let left = k.op64("sub", left, j0);
             let krows = k.op64("min", left, BC);
             k.ins("bar.sync 0");
-            stage(k, &ctx, kbuf, &tk, &pb, j0, krows);
+            stage(k, &ctx, (kbuf, BC), &tk, &pb, j0, krows);
             if let (Some(vb), Some((tv, _))) = (vbuf, &vo) {
-                stage(k, &ctx, vb, tv, &pb, j0, krows);
+                stage(k, &ctx, (vb, BC), tv, &pb, j0, krows);
             }
             k.ins("bar.sync 0");
             let s = scores(k, &qf, k_at, d, c);
             mask(k, &dm, &s, (j0, i0), (row0, row1), tig);
             let pa = softmax_step(k, &s, &m, &sum, &o);
             if let Some(v_at) = v_at {
-                for kk in 0..BC / 16 {
-                    let a = &pa[4 * kk as usize..4 * kk as usize + 4];
-                    for np in 0..e / 16 {
-                        let b = ldmatrix(k, v_at, 16 * kk * pitch(e) + 32 * np, true);
-                        let n = 8 * np as usize;
-                        mma(k, &o[n..n + 4], a, [b[0], b[1]]);
-                        mma(k, &o[n + 4..n + 8], a, [b[2], b[3]]);
-                    }
-                }
+                mma_ab(k, &o, &pa, v_at, e);
             }
         });
         let out = (vo.map(|(_, to)| to), tl);
@@ -278,15 +321,7 @@ pub(super) fn forward(
 /// `S = Q K^T * c` for this warp's 16 rows and the tile's 64 keys: 8 C fragments of 4.
 fn scores(k: &mut Kernel, qf: &[R], k_at: Rd, d: u64, c: f32) -> Vec<F> {
     let s: Vec<F> = (0..BC / 2).map(|_| k.fc(0.0)).collect();
-    for nt in 0..BC / 8 {
-        let acc = &s[4 * nt as usize..4 * nt as usize + 4];
-        for pr in 0..d / 32 {
-            let b = ldmatrix(k, k_at, 8 * nt * pitch(d) + 64 * pr, false);
-            let a = 8 * pr as usize;
-            mma(k, acc, &qf[a..a + 4], [b[0], b[1]]);
-            mma(k, acc, &qf[a + 4..a + 8], [b[2], b[3]]);
-        }
-    }
+    mma_abt(k, &s, &mut |_, kk| qf[4 * kk..4 * kk + 4].to_vec(), k_at, d);
     for &x in &s {
         k.ins(format!("mul.rn.f32 {x}, {x}, {}", imm(c)));
     }
@@ -359,6 +394,12 @@ fn softmax_step(k: &mut Kernel, s: &[F], m: &[F; 2], sum: &[F; 2], o: &[F]) -> V
             }
         }
     }
+    pack(k, s)
+}
+
+/// C fragments (4 per 8 columns) repacked as the bf16 A fragments of the next `mma` (4
+/// registers per 16 columns, the same rows).
+pub(super) fn pack(k: &mut Kernel, s: &[F]) -> Vec<R> {
     // A fragment of keys 16 kk..: (row g, keys 2 tig..) = c0 c1 of n-tile 2 kk, (row g + 8)
     // = its c2 c3, then the same of n-tile 2 kk + 1.
     let mut pa = Vec::new();

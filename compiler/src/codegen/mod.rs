@@ -164,9 +164,9 @@ impl Operand {
 /// Choices of kernel beyond what the plan says. `Default` is what `generate` uses.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CodegenOptions {
-    /// Attention forwards of head width 64 or 128 on tensor cores (`mma.sync`, bf16 operands
-    /// rounded from the stored f32, f32 accumulation; sm_80 and later) instead of the plain
-    /// f32 kernels. For plans whose matmuls run in bf16 anyway.
+    /// Attention (forward and backward) of head width 64 or 128 on tensor cores (`mma.sync`,
+    /// bf16 operands rounded from the stored f32, f32 accumulation; sm_80 and later) instead
+    /// of the plain f32 kernels. For plans whose matmuls run in bf16 anyway.
     pub bf16_attention: bool,
 }
 
@@ -560,11 +560,11 @@ mod tests {
         }
     }
 
-    /// With `bf16_attention`, gpt-large's attention forwards (head width 128) run on tensor
-    /// cores, its backward stays f32, and the module assembles; the small transformer's heads
-    /// (width 16) keep the f32 kernels; by default nothing changes.
+    /// With `bf16_attention`, gpt-large's attention (head width 128) runs on tensor cores,
+    /// forward and backward, and the module assembles; the small transformer's heads (width
+    /// 16) keep the f32 kernels; by default nothing changes.
     #[test]
-    fn bf16_attention_option_selects_the_mma_forward() {
+    fn bf16_attention_option_selects_the_mma_kernels() {
         let mma = |m: &super::Module| {
             m.entries
                 .iter()
@@ -577,7 +577,9 @@ mod tests {
         let with = |f: &str| super::testing::model_module_with(f, &options);
         assert_eq!(mma(&model_module("gpt-large.ron")), 0);
         let m = with("gpt-large.ron");
-        assert_eq!(mma(&m), 1, "one forward entry shared by every layer");
+        // The forward, the query gradient and the fused key and value gradients: one entry
+        // each, shared by every layer.
+        assert_eq!(mma(&m), 3);
         assemble(&m.text()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(mma(&with("transformer.ron")), 0);
     }
