@@ -4,7 +4,7 @@
 
 use parallax_compiler::ir::ops::OpClass;
 use parallax_compiler::ir::KernelKind;
-use parallax_compiler::ir::Op;
+use parallax_compiler::ir::{Op, Phase};
 use parallax_compiler::plan::Plan;
 use parallax_compiler::{compile, parse_bytes, Options, Source};
 use parallax_runtime::cpu::{Executor, Mode};
@@ -179,6 +179,41 @@ fn fused_plans_compute_the_same_bits() {
 }
 
 #[test]
+fn the_logits_gradient_is_written_over_the_logits() {
+    // A cross-entropy's gradient takes its logits' buffer (one pass over the vocabulary
+    // instead of two buffers of it); the logits stay readable after an eval step, and a
+    // read after a training step is refused rather than giving the gradient.
+    for name in ["mlp", "transformer"] {
+        let (s, fused, plain) = plans(name);
+        let grad = fused
+            .steps
+            .iter()
+            .find(|x| matches!(x.op, Op::CrossEntropyGrad { .. }))
+            .unwrap();
+        let output = fused
+            .output_steps
+            .iter()
+            .find(|o| o.step == grad.operands[0])
+            .expect("the logits are an output")
+            .clone();
+        assert_eq!(grad.buffer, fused.steps[output.step].buffer, "{name}");
+        assert!(!fused.kept_after_training(output.step), "{name}");
+        let (mut a, mut b) = (train(&s, fused, 2), train(&s, plain, 2));
+        let err = a.output_kept(&output.name).unwrap_err().to_string();
+        assert!(err.contains(&format!("`{}`", output.name)), "{err}");
+        assert!(a.output(&output.name).is_none(), "{name}");
+        for e in [&mut a, &mut b] {
+            e.run(8, Mode::Eval, 2, 0).unwrap();
+        }
+        assert_eq!(
+            a.output(&output.name).unwrap().f32(),
+            b.output(&output.name).unwrap().f32(),
+            "{name}: the logits after an eval step"
+        );
+    }
+}
+
+#[test]
 fn buffers_are_reused_but_never_shared_by_live_values() {
     for name in ["mlp", "cnn", "transformer", "gpt-large"] {
         let (_, p, _) = plans(name);
@@ -199,10 +234,24 @@ fn buffers_are_reused_but_never_shared_by_live_values() {
             .enumerate()
             .flat_map(|(k, kern)| kern.steps.iter().map(move |&s| (s, k)))
             .collect();
+        // Outputs a training step writes over (a cross-entropy's logits) are kept through
+        // the forward kernels only, what an eval step runs.
+        let last_forward = p
+            .kernels
+            .iter()
+            .rposition(|k| p.steps[*k.steps.last().unwrap()].phase == Phase::Forward)
+            .unwrap();
+        let forward_only: Vec<usize> = p
+            .output_steps
+            .iter()
+            .map(|o| o.step)
+            .filter(|&s| !p.kept_after_training(s))
+            .collect();
         let roots: Vec<usize> = p
             .output_steps
             .iter()
             .map(|o| o.step)
+            .filter(|s| !forward_only.contains(s))
             .chain(p.grads.iter().map(|g| g.1))
             .chain(p.updates.iter().map(|u| u.1))
             .collect();
@@ -231,6 +280,11 @@ fn buffers_are_reused_but_never_shared_by_live_values() {
                     .max()
                     .unwrap_or(k)
             };
+            let last = if forward_only.contains(&s.id) {
+                last.max(last_forward)
+            } else {
+                last
+            };
             let span = spans.entry(owner(s.id)).or_insert((k, last));
             span.0 = span.0.min(k);
             span.1 = span.1.max(last);
@@ -245,13 +299,15 @@ fn buffers_are_reused_but_never_shared_by_live_values() {
             iv.sort();
             for w in iv.windows(2) {
                 // The next value may be written only after the previous one's last reader ran,
-                // or by that reader, an elementwise kernel writing over its operand.
+                // or by that reader, an elementwise kernel writing over its operand (or a
+                // cross-entropy's gradient over its logits, row by row).
+                let steps = &p.kernels[w[1].0].steps;
                 let over = w[1].0 == w[0].1
                     && p.steps[w[1].2].operands.contains(&w[0].2)
-                    && p.kernels[w[1].0]
-                        .steps
+                    && (steps
                         .iter()
-                        .all(|&x| p.steps[x].op.def().class == OpClass::Elementwise);
+                        .all(|&x| p.steps[x].op.def().class == OpClass::Elementwise)
+                        || matches!(steps[..], [x] if matches!(p.steps[x].op, Op::CrossEntropyGrad { .. })));
                 handed_on += usize::from(over);
                 assert!(
                     w[1].0 > w[0].1 || over,

@@ -206,6 +206,13 @@ fn a_wrapped_executor_gives_the_cpu_devices_bits() {
             wrapped.state_values().unwrap(),
             "dp{dp}.pp{pp}: optimizer state"
         );
+        // The logits after a training step hold their gradient (refused); an eval step
+        // (the same inputs) gives them back.
+        let refused = cpu.output_values(&output, 8).unwrap_err().to_string();
+        assert!(refused.contains("eval step"), "{refused}");
+        for e in [&mut cpu as &mut dyn Backend, &mut wrapped] {
+            e.run(8, Mode::Eval, 3, 0).unwrap();
+        }
         let (x, y) = (
             cpu.output_values(&output, 8).unwrap(),
             wrapped.output_values(&output, 8).unwrap(),

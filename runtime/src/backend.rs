@@ -74,7 +74,7 @@ impl Backend for Executor {
             .map_or(f32::NAN, |t| t.f32()[0]))
     }
     fn output_values(&self, name: &str, _batch: usize) -> Result<Option<Tensor>, ExecError> {
-        Ok(self.output(name).cloned())
+        Ok(self.output_kept(name)?.cloned())
     }
     fn param_values(&self) -> Result<ParamValues, ExecError> {
         Ok(self

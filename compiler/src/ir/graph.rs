@@ -9,7 +9,7 @@ use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::{EdgeRef, IntoEdgeReferences, NodeIndexable};
 use petgraph::Direction;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 
 /// Which part of a training step a node belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -300,6 +300,49 @@ impl Graph {
     pub fn place(&self, n: NodeIndex) -> (Option<u32>, Option<u32>) {
         let stage = self.stages.as_ref().and_then(|s| s.get(&n).copied());
         (stage, self.owners.get(&n).copied())
+    }
+
+    /// The outputs that are a cross-entropy's logits (and no gradient or update): an eval
+    /// step reads them after its forward kernels and nothing reads them after a training
+    /// step, so the schedule keeps them through the last forward kernel only and their
+    /// gradient may be written over them (`Plan::kept_after_training`).
+    pub fn outputs_kept_through_forward(&self) -> HashSet<NodeIndex> {
+        let other_roots: HashSet<NodeIndex> = self
+            .grads
+            .iter()
+            .map(|(_, n)| *n)
+            .chain(self.updates.iter().map(|(_, n)| *n))
+            .collect();
+        self.outputs
+            .iter()
+            .map(|(_, n)| *n)
+            .filter(|&n| !other_roots.contains(&n) && !self.g[n].op.is_source())
+            .filter(|&n| {
+                self.g.edges_directed(n, Direction::Outgoing).any(|e| {
+                    *e.weight() == 0 && matches!(self.g[e.target()].op, Op::CrossEntropyGrad { .. })
+                })
+            })
+            .collect()
+    }
+
+    /// The last kernel an eval step runs (by the phase of its last node, as the runtime's
+    /// modes decide), or 0.
+    pub fn last_forward_kernel(&self) -> usize {
+        self.kernels
+            .iter()
+            .rposition(|k| {
+                k.nodes
+                    .last()
+                    .is_some_and(|&n| self.g[n].phase == Phase::Forward)
+            })
+            .unwrap_or(0)
+    }
+
+    /// Whether a kernel of `nodes` may write its result over an operand row by row: a
+    /// cross-entropy's gradient alone reads each row whole (its maximum and sum) before
+    /// writing any of it, and each element before its write (as llm.c does).
+    pub fn rewrites_rows_in_place(&self, nodes: &[NodeIndex]) -> bool {
+        matches!(nodes, [n] if matches!(self.g[*n].op, Op::CrossEntropyGrad { .. }))
     }
 
     /// Every node that must survive dead-code removal: outputs, gradients, updates.

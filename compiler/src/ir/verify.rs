@@ -186,6 +186,7 @@ fn verify_buffers(g: &Graph, s: &BufferSchedule) -> Result<(), String> {
     let end = g.kernels.len();
     let kernel_of = g.kernel_of();
     let roots: HashSet<NodeIndex> = g.roots().into_iter().collect();
+    let (forward_only, last_forward) = (g.outputs_kept_through_forward(), g.last_forward_kernel());
     // A reshape sharing its operand's buffer is one value with it.
     let owner = |mut n: NodeIndex| {
         while let (Op::Reshape { .. }, [o]) = (&g.g[n].op, g.operands(n).as_slice()) {
@@ -227,15 +228,22 @@ fn verify_buffers(g: &Graph, s: &BufferSchedule) -> Result<(), String> {
         } else {
             kernel_of.get(&n).map_or(0, |k| k + 1)
         };
-        let read = if roots.contains(&n) || node.op.is_source() {
+        let read = if (roots.contains(&n) && !forward_only.contains(&n)) || node.op.is_source() {
             end + 1
         } else {
-            g.users(n)
+            let last = g
+                .users(n)
                 .iter()
                 .filter_map(|u| kernel_of.get(u))
                 .map(|k| k + 1)
                 .max()
-                .unwrap_or(made)
+                .unwrap_or(made);
+            // Kept for an eval step, which runs the forward kernels.
+            if forward_only.contains(&n) {
+                last.max(last_forward + 1)
+            } else {
+                last
+            }
         };
         let v = owner(n);
         let e = life.entry(v).or_insert((made, read));
@@ -253,6 +261,7 @@ fn verify_buffers(g: &Graph, s: &BufferSchedule) -> Result<(), String> {
                 KernelKind::Elementwise | KernelKind::ElementwiseReduce
             ) || k.kind == KernelKind::Single
                 && g.g[k.nodes[0]].op.def().class == OpClass::Elementwise
+                || g.rewrites_rows_in_place(&k.nodes)
         }
     };
     // Every reader of `old` runs at or before the kernel numbered `at`.

@@ -6,6 +6,7 @@
 
 use crate::ir::dim::BATCH;
 use crate::ir::{DType, Graph, NodeIndex, OpKind, Phase};
+use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 use serde::Serialize;
 use std::collections::{HashMap, HashSet};
@@ -420,7 +421,12 @@ pub fn model_cost(g: &Graph, name: &str, batch: u64) -> ModelCost {
                 if saved {
                     c.saved_bytes.add(split, bytes(n));
                 }
-                let b = bytes(n);
+                // A cross-entropy's logits take their gradient in their own buffer (the
+                // schedule writes it over them): the pair counts once in the working set.
+                let over = g.g.edges_directed(n, Direction::Outgoing).any(|e| {
+                    *e.weight() == 0 && g.g[e.target()].op.kind() == OpKind::CrossEntropyGrad
+                });
+                let b = if over { bytes(n) / 2.0 } else { bytes(n) };
                 let cur = c.largest_value_bytes.at(1);
                 if b > cur {
                     c.largest_value_bytes = Split::default();

@@ -62,7 +62,12 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> BufferSchedule {
     // When each stored value is made and last read, in kernel order.
     let end = g.kernels.len();
     let kernel_of = g.kernel_of();
-    let roots: std::collections::HashSet<NodeIndex> = g.roots().into_iter().collect();
+    let mut roots: std::collections::HashSet<NodeIndex> = g.roots().into_iter().collect();
+    // Outputs kept only through the forward kernels (what an eval step runs): a training
+    // step writes the logits' gradient over them.
+    let forward_only = g.outputs_kept_through_forward();
+    roots.retain(|v| !forward_only.contains(v));
+    let last_forward = g.last_forward_kernel();
     let mut frees_after: Vec<Vec<NodeIndex>> = vec![Vec::new(); end + 1];
     let values = stored(g);
     let views = reshape_views(g, &values);
@@ -78,6 +83,11 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> BufferSchedule {
                     .copied()
                     .max()
                     .unwrap_or(k)
+            };
+            let last = if forward_only.contains(&v) {
+                last.max(last_forward)
+            } else {
+                last
             };
             let owner = views.get(&v).copied().unwrap_or(v);
             let e = last_use.entry(owner).or_insert(0);
@@ -211,7 +221,8 @@ fn element_by_element(g: &Graph, nodes: &[NodeIndex]) -> bool {
 }
 
 /// Elementwise results written over an operand's buffer: `value -> operand`. Allowed where
-/// the kernel is all elementwise, reading each operand element by element, the operand is an intermediate of the same type (no source,
+/// the kernel is all elementwise, reading each operand element by element (or is a
+/// cross-entropy's gradient, row by row), the operand is an intermediate of the same type (no source,
 /// no reshape view, no view of it) whose last readers are in this kernel at or before the op
 /// that makes the value: element by element, each read then comes before the write, on the
 /// CPU as on the GPU. The step reads and writes one buffer instead of two (a cold one).
@@ -227,7 +238,7 @@ fn written_over_operands(
     let mut taken = std::collections::HashSet::new();
     for (k, kernel) in g.kernels.iter().enumerate() {
         let nodes = &kernel.nodes;
-        if !element_by_element(g, nodes) {
+        if !element_by_element(g, nodes) && !g.rewrites_rows_in_place(nodes) {
             continue;
         }
         for &v in &values[k] {

@@ -169,6 +169,20 @@ pub struct Names {
 }
 
 impl Plan {
+    /// Whether output step `step` still holds its value after a training (or gradients)
+    /// step: not when a later step of the backward or the update shares its buffer (a
+    /// cross-entropy's logits, which their gradient is written over). An eval step runs the
+    /// forward kernels only and keeps every output.
+    pub fn kept_after_training(&self, step: usize) -> bool {
+        let Some(b) = self.steps[step].buffer else {
+            return true;
+        };
+        !self
+            .steps
+            .iter()
+            .any(|s| s.id != step && s.buffer == Some(b) && s.phase != crate::ir::Phase::Forward)
+    }
+
     /// A step's shape with the batch set to `batch` and other symbols at their nominal sizes.
     pub fn shape_at(&self, shape: &[crate::ir::Dim], batch: u64) -> Vec<u64> {
         shape

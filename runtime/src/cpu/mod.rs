@@ -66,6 +66,8 @@ pub struct Executor {
     /// each parameter, each state, with the step holding it (listed once, so a scan
     /// allocates nothing).
     checked: Vec<(Kind, String, usize)>,
+    /// The mode of the last step begun (`None` before the first).
+    last_mode: Option<Mode>,
 }
 
 impl Executor {
@@ -152,6 +154,7 @@ impl Executor {
             profile: None,
             needed,
             checked,
+            last_mode: None,
         };
         e.init_params(tensor_rank);
         e
@@ -369,9 +372,22 @@ impl Executor {
         self.inputs.get(name).is_some_and(|&s| self.needed[s])
     }
 
-    /// A named output (`loss`, the model's outputs) after `run`.
+    /// A named output (`loss`, the model's outputs) after `run`; `None` also for an output
+    /// the last step did not keep (see `output_kept`).
     pub fn output(&self, name: &str) -> Option<&Tensor> {
-        self.outputs.get(name).map(|&id| self.buf(id))
+        self.output_kept(name).ok().flatten()
+    }
+
+    /// A named output after `run`, refused when the last step was a training step that
+    /// wrote over it (`Plan::kept_after_training`: a cross-entropy's logits).
+    pub fn output_kept(&self, name: &str) -> Result<Option<&Tensor>, ExecError> {
+        let Some(&id) = self.outputs.get(name) else {
+            return Ok(None);
+        };
+        if self.last_mode != Some(Mode::Eval) && !self.plan.kept_after_training(id) {
+            return Err(ExecError::OutputNotKept(name.to_string()));
+        }
+        Ok(Some(self.buf(id)))
     }
 
     /// Replaces a step's stored value (lockstep comparisons resynchronise from the oracle).

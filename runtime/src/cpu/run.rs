@@ -100,6 +100,7 @@ impl Executor {
             });
         }
         self.ensure_shapes(batch);
+        self.last_mode = Some(mode);
         // Constants are sources too: fill them for this batch.
         for k in 0..self.fills.len() {
             let (step, value) = self.fills[k];
@@ -238,6 +239,13 @@ impl Executor {
             {
                 self.run_fused(steps, None, ctx, None, None)
             }
+            // A cross-entropy's gradient written over its logits, row by row.
+            KernelKind::Single
+                if self.writes_over_operand(steps[0])
+                    && matches!(plan.steps[steps[0]].op, Op::CrossEntropyGrad { .. }) =>
+            {
+                self.run_xent_grad_in_place(steps[0])
+            }
             KernelKind::Single => self.run_single(steps[0], ctx, false),
             KernelKind::Elementwise => self.run_fused(steps, None, ctx, None, None),
             KernelKind::Gemm { .. } => {
@@ -334,6 +342,20 @@ impl Executor {
         *self.buf_mut(gk) = dk;
         *self.buf_mut(gv) = dv;
         r.map_err(|e| self.kernel_err(gk, e))
+    }
+
+    /// `CrossEntropyGrad` step `step`, whose buffer is its logits' (see `run_kernel`).
+    fn run_xent_grad_in_place(&mut self, step: usize) -> Result<(), ExecError> {
+        let Op::CrossEntropyGrad { smoothing } = self.plan.steps[step].op else {
+            unreachable!("called for a cross-entropy's gradient");
+        };
+        self.shape_operands(step);
+        let mut logits = self.take_shaped(step);
+        let ops = &self.plan.steps[step].operands;
+        let (labels, dloss) = (self.buf(ops[1]), self.buf(ops[2]));
+        let r = rows::cross_entropy_grad_in_place(&mut logits, labels, dloss, smoothing as f32);
+        *self.buf_mut(step) = logits;
+        r.map_err(|e| self.kernel_err(step, e))
     }
 
     /// Step `step`'s buffer, taken out and shaped for this batch (put it back after).

@@ -4,6 +4,7 @@
 //! keyed generator, so both backends start from the same bits.
 
 use super::{target_for, CudaError};
+use crate::exec::Mode;
 use cudarc::cublas::{result as blas, sys as blas_sys};
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use parallax_compiler::codegen::{self, Module};
@@ -94,6 +95,9 @@ pub struct CudaExecutor {
     pub(super) training_flags: Vec<usize>,
     /// The batch of the inputs set last (the batch `run` must be called with).
     pub(super) batch: usize,
+    /// The mode of the last step begun (`None` before the first): an output a training
+    /// step writes over is read after an eval step only (`Plan::kept_after_training`).
+    pub(super) last_mode: Option<Mode>,
 }
 
 // SAFETY: an executor is used by one thread at a time (`&mut self`), and a rank's thread
@@ -257,6 +261,7 @@ impl CudaExecutor {
             params,
             states,
             batch: max_batch,
+            last_mode: None,
         };
         e.load(code)?;
         e.init_params()?;
@@ -494,6 +499,11 @@ impl CudaExecutor {
             .outputs
             .get(name)
             .ok_or_else(|| CudaError::Exec(format!("no output named `{name}`")))?;
+        if self.last_mode != Some(Mode::Eval) && !self.plan.kept_after_training(id) {
+            return Err(CudaError::Exec(
+                crate::exec::ExecError::OutputNotKept(name.to_string()).to_string(),
+            ));
+        }
         self.value(id, batch)
     }
 

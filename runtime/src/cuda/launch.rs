@@ -169,6 +169,7 @@ impl CudaExecutor {
         }
         self.ensure_module(batch)?;
         self.batch = batch;
+        self.last_mode = Some(mode);
         let training = f32::from(u8::from(mode != Mode::Eval));
         let flags = self.training_flags.iter().map(|&s| (s, training));
         for (step, value) in self.fills.iter().copied().chain(flags) {

@@ -42,6 +42,10 @@ pub enum ExecError {
     },
     #[error("the batch of {batch} is larger than the {max} the executor was sized for")]
     BatchTooLarge { batch: usize, max: usize },
+    #[error(
+        "output `{0}` is kept by an eval step only: a training step writes the loss's gradient over it (read it after an eval step)"
+    )]
+    OutputNotKept(String),
     #[error("parameter `{name}`: {message}")]
     Param { name: String, message: String },
     /// From another backend behind the same interface (`backend::Backend`).

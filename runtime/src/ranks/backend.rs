@@ -48,6 +48,7 @@ impl<E: ShardExecutor> Backend for Ranks<E> {
         first_sample: u64,
     ) -> Result<(), ExecError> {
         self.last = self.sharding.split(batch);
+        self.last_mode = Some(mode);
         self.owners = assign(self.last.len(), self.grid.dp);
         let labels = self
             .counts_labels
@@ -172,6 +173,9 @@ impl<E: ShardExecutor> Backend for Ranks<E> {
         let Some(out) = self.plan.output_steps.iter().find(|o| o.name == name) else {
             return Ok(None);
         };
+        if self.last_mode != Some(Mode::Eval) && !self.plan.kept_after_training(out.step) {
+            return Err(ExecError::OutputNotKept(name.to_string()));
+        }
         let stage = self.stage_of_step(out.step);
         // Each data rank's shards' outputs, then the ranks', concatenated along the batch
         // axis in shard order.

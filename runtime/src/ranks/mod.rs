@@ -87,6 +87,8 @@ pub struct Ranks<E: ShardExecutor = Executor> {
     /// The shards of the last step, and which rank held them.
     last: Vec<Range<usize>>,
     owners: Vec<Range<usize>>,
+    /// The mode of the last step (`None` before the first): see `Plan::kept_after_training`.
+    last_mode: Option<crate::exec::Mode>,
 }
 
 /// What a device holds after setup, in bytes (its executors' allocations).
@@ -250,6 +252,7 @@ impl<E: ShardExecutor> Ranks<E> {
             batched: HashMap::new(),
             last: Vec::new(),
             owners: Vec::new(),
+            last_mode: None,
         };
         let what = if ranks.runs_every_device() {
             "simulated device"

@@ -385,24 +385,59 @@ pub fn cross_entropy_grad(
         ));
     }
     let g = d[0] as f64 / counted(ls).max(1) as f64;
-    let s = smoothing as f64;
-    let off = s / c as f64;
     let o = f32s_mut(OP, out)?;
-    for_rows(o, c, xs.len(), |p, row| {
+    xent_grad_rows(o, Some(xs), ls, c, g, smoothing as f64);
+    Ok(())
+}
+
+/// `cross_entropy_grad` written over the logits (the schedule gives the gradient their
+/// buffer: see `parallax_compiler::passes::schedule`).
+pub fn cross_entropy_grad_in_place(
+    logits: &mut Tensor,
+    labels: &Tensor,
+    dloss: &Tensor,
+    smoothing: f32,
+) -> Result<(), KernelError> {
+    const OP: &str = "cross_entropy_grad";
+    // Checked as the logits of `cross_entropy_grad`; the labels read again once they are.
+    let c = logits_labels(OP, logits, labels)?.2;
+    let ls = i32s(OP, labels, "the labels")?;
+    let d = f32s(OP, dloss, "the loss gradient")?;
+    if d.len() != 1 {
+        return Err(bad(
+            OP,
+            format!("the loss gradient must be a scalar, got {:?}", dloss.shape),
+        ));
+    }
+    let g = d[0] as f64 / counted(ls).max(1) as f64;
+    let o = f32s_mut(OP, logits)?;
+    xent_grad_rows(o, None, ls, c, g, smoothing as f64);
+    Ok(())
+}
+
+/// The gradient into rows `o` (`c` wide) from the logits `xs`, or from `o` itself when
+/// `None`: a row's maximum and sum are read before any of it is written, and each element
+/// before its write, so both give the same bits.
+fn xent_grad_rows(o: &mut [f32], xs: Option<&[f32]>, ls: &[i32], c: usize, g: f64, s: f64) {
+    let off = s / c as f64;
+    let work = o.len();
+    for_rows(o, c, work, |p, row| {
         if ls[p] == IGNORE {
             row.fill(0.0);
             return;
         }
-        let xr = &xs[p * c..][..c];
-        let (m, sum) = max_sum_exp(xr);
+        let x = |k: usize, row: &[f32]| xs.map_or(row[k], |xs| xs[p * c + k]);
+        let (m, sum) = max_sum_exp(match xs {
+            Some(xs) => &xs[p * c..][..c],
+            None => row,
+        });
         let l = ls[p] as usize;
-        for (k, (o, &v)) in row.iter_mut().zip(xr).enumerate() {
-            let prob = math::exp(v - m) as f64 / sum;
+        for k in 0..row.len() {
+            let prob = math::exp(x(k, row) - m) as f64 / sum;
             let target = if k == l { 1.0 - s + off } else { off };
-            *o = (g * (prob - target)) as f32;
+            row[k] = (g * (prob - target)) as f32;
         }
     });
-    Ok(())
 }
 
 #[cfg(test)]
@@ -745,6 +780,17 @@ mod tests {
             for row in dx.f32().chunks(c) {
                 assert!(row.iter().map(|&v| v as f64).sum::<f64>().abs() < 1e-7);
             }
+            // Written over the logits (the schedule's choice), with an ignored position: the
+            // same bits as into a buffer of its own.
+            let mut l = l.clone();
+            l.i32_mut()[4] = IGNORE;
+            let mut own = zeros(&[2, 3, c]);
+            cross_entropy_grad(&x, &l, &d, s, &mut own).unwrap();
+            let mut over = x.clone();
+            cross_entropy_grad_in_place(&mut over, &l, &d, s).unwrap();
+            let bits = |t: &Tensor| t.f32().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&over), bits(&own), "in place, s={s}");
+            assert!(own.f32()[4 * c..5 * c].iter().all(|&v| v == 0.0));
         }
     }
 
