@@ -308,6 +308,7 @@ impl CudaExecutor {
             })?;
             functions.insert(name.clone(), f);
         }
+        super::launch::prepare_dynamic_shared(&self.ctx, &code, &functions)?;
         self.modules.insert(
             code.batch,
             Loaded {
