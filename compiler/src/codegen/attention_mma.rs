@@ -3,11 +3,12 @@
 //!
 //! A block of 4 warps takes 64 queries of one problem (batch position and head); each warp
 //! owns 16 of them (one m16 tile), so the softmax statistics of a row never leave the 4 lanes
-//! that hold it. Keys and values stream in tiles of 64. Operands stay f32 in global memory: `cp.async` copies bytes and
-//! cannot convert, so tiles are staged with plain vector loads, `cvt.rn.bf16x2.f32` and shared
-//! stores, single-buffered between two barriers (no copy/compute overlap yet: a second K/V
-//! buffer at width 128 would pass the 48 KB of static shared memory). The query tile goes
-//! through the key buffer once and then lives in registers as `mma` A fragments.
+//! that hold it. Keys and values stream in tiles of 64, double-buffered in dynamic shared
+//! memory (`Stream`, in `attention_mma_stage.rs`): while the warps compute on tile j in bf16,
+//! tile j + 1 lands as f32 by `cp.async`, and each thread converts its own copies
+//! (`cvt.rn.bf16x2.f32`) when the next step begins (98 KB at width 128, past static shared
+//! memory's 48 KB). The query tile goes through the key buffer once and then lives in
+//! registers as `mma` A fragments.
 //!
 //! Per key tile: `S = Q K^T` (B fragments by `ldmatrix`), scores scaled by `scale * log2 e`
 //! so `ex2.approx` is the exponential, masking only on the diagonal tile of a causal head and
@@ -19,6 +20,10 @@
 use super::super::builder::{imm, Kernel, Rd, F, P, R};
 use super::super::{grid_for, Gen, Launch, Operand};
 use super::{each_task, problem_and_first, Dims, Problem, Tensor};
+
+#[path = "attention_mma_stage.rs"]
+mod staging;
+pub(super) use staging::{rows_left, stage, Stream};
 
 /// Warps per block, 16 query rows each.
 pub(super) const WARPS: u64 = 4;
@@ -65,65 +70,6 @@ pub(super) fn lane_bits(k: &mut Kernel, r: Rd, shift: u64, mask: u64) -> Rd {
     let d = k.rd();
     k.ins(format!("and.b64 {d}, {s}, {mask}"));
     d
-}
-
-/// Copies `rows` rows from problem `pb`'s row `first` of `src` into the `tile`-row buffer at
-/// `buf` as bf16, zeros past `rows` (padded keys then add nothing, padded queries stay
-/// finite). The caller puts a barrier on each side.
-pub(super) fn stage(
-    k: &mut Kernel,
-    ctx: &Ctx,
-    (buf, tile): (Rd, u64),
-    src: &Tensor,
-    pb: &Problem,
-    first: Rd,
-    rows: Rd,
-) {
-    // Thread t moves columns 4 (t % q) .. + 4 of rows t / q + step u: one 16-byte load each.
-    let width = src.width;
-    let q = width / 4;
-    let step = THREADS / q;
-    let r0 = k.op64("div", ctx.tid, q);
-    let c0 = k.op64("rem", ctx.tid, q);
-    let c0 = k.op64("mul.lo", c0, 4);
-    let base = src.offset(k, pb, first);
-    let at = k.rd();
-    k.ins(format!("mad.lo.u64 {at}, {r0}, {}, {base}", src.stride()));
-    let at = k.op64("add", at, c0);
-    let g = k.addr(src.ptr, at);
-    let s = k.op64("mul.lo", r0, pitch(width));
-    let s = k.op64("add", s, buf);
-    let sa = k.rd();
-    k.ins(format!("mad.lo.u64 {sa}, {c0}, 2, {s}"));
-    let units: Vec<u64> = (0..tile / step).collect();
-    // Four loads in flight before their conversions.
-    for group in units.chunks(4) {
-        let mut loaded = Vec::new();
-        for &u in group {
-            let v: Vec<F> = (0..4).map(|_| k.fc(0.0)).collect();
-            let r = k.op64("add", r0, u * step);
-            let p = k.cmp64("lt", r, rows);
-            k.ins(format!(
-                "@{p} ld.global.nc.v4.f32 {{{}, {}, {}, {}}}, [{g}+{}]",
-                v[0],
-                v[1],
-                v[2],
-                v[3],
-                4 * u * step * src.stride()
-            ));
-            loaded.push((u, v));
-        }
-        for (u, v) in loaded {
-            let (lo, hi) = (k.r(), k.r());
-            // The first operand goes to the upper half: the higher column.
-            k.ins(format!("cvt.rn.bf16x2.f32 {lo}, {}, {}", v[1], v[0]));
-            k.ins(format!("cvt.rn.bf16x2.f32 {hi}, {}, {}", v[3], v[2]));
-            k.ins(format!(
-                "st.shared.v2.b32 [{sa}+{}], {{{lo}, {hi}}}",
-                u * step * pitch(width)
-            ));
-        }
-    }
 }
 
 /// `ldmatrix` x4 (`.trans` if `trans`) with this lane's row address `at + off`.
@@ -248,15 +194,15 @@ pub(super) fn forward(
     });
     let tl = lse.map(|l| dm.tensor(k.param_ptr(l.arg), dm.t, 1));
     let (d, e) = (dm.d, if vo.is_some() { dm.e } else { 0 });
-    let kname = k.shared_b16((BC * (d + PAD)) as u32);
-    let vname = (e > 0).then(|| k.shared_b16((BC * (e + PAD)) as u32));
-    let kbuf = k.rd();
-    k.ins(format!("mov.u64 {kbuf}, {kname}"));
-    let vbuf = vname.map(|n| {
-        let b = k.rd();
-        k.ins(format!("mov.u64 {b}, {n}"));
-        b
-    });
+    // Two stages of the K and V tiles in dynamic shared memory (past the 48 KB of static
+    // shared memory at width 128): tile j + 1 lands as f32 (`cp.async`) while the warps
+    // compute on tile j in bf16.
+    let (kb, vb) = (BC * pitch(d), if e > 0 { BC * pitch(e) } else { 0 });
+    let kbuf = k.dynamic_shared(kb + vb);
+    let vbuf = (e > 0).then(|| k.op64("add", kbuf, kb));
+    let widths: Vec<u64> = if e > 0 { vec![d, e] } else { vec![d] };
+    let kf32 = k.dynamic_shared(Stream::staging_bytes(BC, &widths));
+    let vf32 = k.op64("add", kf32, 4 * BC * d);
     let ctx = Ctx::new(&mut k);
     let (lane, warp) = (ctx.lane, ctx.warp);
     // This lane's place in a C fragment: row `grp` (and `grp + 8`), columns 2 tig, 2 tig + 1.
@@ -274,8 +220,27 @@ pub(super) fn forward(
         let left = k.u64c(dm.t);
         let left = k.op64("sub", left, i0);
         let rows = k.op64("min", left, BR);
-        // The previous task's warps may still read the key buffer.
+        // The first key tile's copy goes out first, then the query tile through the key
+        // buffer, which the previous task's warps may still read.
+        let mut tiles = vec![(&tk, kf32, kbuf)];
+        if let (Some(vb), Some((tv, _))) = (vbuf, &vo) {
+            tiles.push((tv, vf32, vb));
+        }
+        let keys = Stream {
+            tiles,
+            rows: BC,
+            len: dm.s,
+        };
+        let zero = k.u64c(0);
+        // Causal: the block's last query sees keys below `i0 + BR`.
+        let end = if dm.causal {
+            let x = k.op64("add", i0, BR);
+            k.op64("min", x, dm.s)
+        } else {
+            k.u64c(dm.s)
+        };
         k.ins("bar.sync 0");
+        keys.copy(k, &ctx, &pb, (zero, end));
         stage(k, &ctx, (kbuf, BR), &tq, &pb, i0, rows);
         k.ins("bar.sync 0");
         let qf = fragments(k, &ctx, kbuf, d);
@@ -287,24 +252,8 @@ pub(super) fn forward(
         let m = [k.fc(f32::NEG_INFINITY), k.fc(f32::NEG_INFINITY)];
         let sum = [k.fc(0.0), k.fc(0.0)];
         let o: Vec<F> = (0..e / 2).map(|_| k.fc(0.0)).collect();
-        // Causal: the block's last query sees keys below `i0 + BR`.
-        let end = if dm.causal {
-            let x = k.op64("add", i0, BR);
-            k.op64("min", x, dm.s)
-        } else {
-            k.u64c(dm.s)
-        };
-        let zero = k.u64c(0);
         k.for_range(zero, end, BC, |k, j0| {
-            let left = k.u64c(dm.s);
-            let left = k.op64("sub", left, j0);
-            let krows = k.op64("min", left, BC);
-            k.ins("bar.sync 0");
-            stage(k, &ctx, (kbuf, BC), &tk, &pb, j0, krows);
-            if let (Some(vb), Some((tv, _))) = (vbuf, &vo) {
-                stage(k, &ctx, (vb, BC), tv, &pb, j0, krows);
-            }
-            k.ins("bar.sync 0");
+            keys.step(k, &ctx, &pb, (j0, end), |_| {});
             let s = scores(k, &qf, k_at, d, c);
             mask(k, &dm, &s, (j0, i0), (row0, row1), tig);
             let pa = softmax_step(k, &s, &m, &sum, &o);

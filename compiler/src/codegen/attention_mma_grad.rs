@@ -13,17 +13,20 @@
 //! P and dS go from the C fragments of one `mma` to the A fragments of the next in registers.
 //! Every sum runs in one fixed order: deterministic.
 //!
-//! Shared memory is static (48 KB at most). At widths up to 64 the block's own tiles are
-//! read into registers once and the other side streams in tiles of 64 rows. At width 128
-//! their fragments would not fit in registers next to the accumulators (a spill), so the own
-//! tiles stay in shared memory (2 x 17 KB), fragments are read per use, and the streamed tiles
-//! are 16 rows, what is left of the 48 KB.
+//! Tiles live in dynamic shared memory (past the 48 KB of static shared memory at width 128).
+//! The streamed tiles are double-buffered as in the forward (`Stream`): the next tile's f32
+//! copies (`cp.async`) are in flight while the warps compute on this one. At widths up to 64
+//! the block's own tiles are read into registers once and the other side streams in tiles of
+//! 64 rows. At width 128 their fragments would not fit in registers next to the accumulators
+//! (a spill), so the own tiles stay in shared memory (2 x 17 KB), fragments are read per use,
+//! and the streamed tiles are 32 rows. The products run over the same keys in the same order
+//! whatever the tile length, so the results do not depend on it.
 
 use super::super::builder::{imm, Kernel, Rd, F, R};
 use super::super::{grid_for, CodegenError, Gen, Launch, Operand};
 use super::mma::{
-    fragment_row, fragments, lane_bits, lane_row, ldmatrix, mma_ab, mma_abt, pack, stage, Ctx, BR,
-    PAD, THREADS,
+    fragment_row, fragments, lane_bits, lane_row, ldmatrix, mma_ab, mma_abt, pack, pitch,
+    rows_left, stage, Ctx, Stream, BR, THREADS,
 };
 use super::{each_task, problem_and_first, Dims, Problem, Tensor};
 use crate::ir::Op;
@@ -66,21 +69,22 @@ pub(super) fn key_value_grad(
     super::grad::key_value(g, name, op, ins, dk, dv)
 }
 
-/// Rows per streamed tile, and whether the own tiles' fragments live in registers.
+/// Rows per streamed tile, and whether the own tiles' fragments live in registers. At width
+/// 128 the own fragments stay in shared memory (in registers they would spill next to the
+/// accumulators) and the streamed tiles are 32 rows: 64 would leave the query gradient at
+/// 240 registers, the key and value gradients past 255.
 fn tiling(dm: &Dims) -> (u64, bool) {
     if dm.d.max(dm.e) <= 64 {
         (64, true)
     } else {
-        (16, false)
+        (32, false)
     }
 }
 
-/// A shared bf16 tile of `rows` rows of `width` and its address.
+/// A bf16 tile of `rows` rows of `width` in the block's dynamic shared memory (the tiles
+/// at width 128 pass the 48 KB of static shared memory), and its address.
 fn tile(k: &mut Kernel, rows: u64, width: u64) -> Rd {
-    let name = k.shared_b16((rows * (width + PAD)) as u32);
-    let b = k.rd();
-    k.ins(format!("mov.u64 {b}, {name}"));
-    b
+    k.dynamic_shared(rows * pitch(width))
 }
 
 /// The A fragments of this warp's 16 rows of an own tile: in registers, or read from the
@@ -179,13 +183,6 @@ fn rows_of(k: &mut Kernel, ctx: &Ctx, r0: Rd) -> (Rd, [Rd; 2]) {
     let row0 = k.op64("add", r0, w);
     let row1 = k.op64("add", row0, 8);
     (tig, [row0, row1])
-}
-
-/// The first `min(tile, n - start)` rows from `start`.
-fn rows_left(k: &mut Kernel, start: Rd, n: u64, tile: u64) -> Rd {
-    let left = k.u64c(n);
-    let left = k.op64("sub", left, start);
-    k.op64("min", left, tile)
 }
 
 /// Stores `acc * by` (C fragments, `dst.width` columns) of the lane's rows below `limit`.
@@ -288,6 +285,8 @@ pub(super) fn query(g: &mut Gen, name: &str, dm: Dims, ins: &[Operand], dq: &Ope
     let (n, regs) = tiling(&dm);
     let (qbuf, dybuf) = (tile(&mut k, BR, d), tile(&mut k, BR, e));
     let (kbuf, vbuf) = (tile(&mut k, n, d), tile(&mut k, n, e));
+    let kf32 = k.dynamic_shared(Stream::staging_bytes(n, &[d, e]));
+    let vf32 = k.op64("add", kf32, 4 * n * d);
     let ctx = Ctx::new(&mut k);
     // K as B of `Q K^T` and (`.trans`) of `dS K`, V as B of `dY V^T`.
     let k_at = lane_row(&mut k, &ctx, kbuf, d, false);
@@ -306,8 +305,23 @@ pub(super) fn query(g: &mut Gen, name: &str, dm: Dims, ins: &[Operand], dq: &Ope
     each_task(&mut k, tasks, |k, task| {
         let (pb, i0) = problem_and_first(k, &dm, task, tiles, BR);
         let rows = rows_left(k, i0, dm.t, BR);
-        // The previous task's warps may still read the tiles.
+        let keys = Stream {
+            tiles: vec![(&tk, kf32, kbuf), (&tv, vf32, vbuf)],
+            rows: n,
+            len: dm.s,
+        };
+        // The first key tile's copy goes out first. The previous task's warps may still read
+        // the tiles.
+        let zero = k.u64c(0);
+        // Causal: the block's last query sees keys below `i0 + BR`.
+        let end = if dm.causal {
+            let x = k.op64("add", i0, BR);
+            k.op64("min", x, dm.s)
+        } else {
+            k.u64c(dm.s)
+        };
         k.ins("bar.sync 0");
+        keys.copy(k, &ctx, &pb, (zero, end));
         stage(k, &ctx, (qbuf, BR), &tq, &pb, i0, rows);
         stage(k, &ctx, (dybuf, BR), &tdy, &pb, i0, rows);
         k.ins("bar.sync 0");
@@ -325,20 +339,8 @@ pub(super) fn query(g: &mut Gen, name: &str, dm: Dims, ins: &[Operand], dq: &Ope
             delta.push(k.load(dp, at));
         }
         let acc: Vec<F> = (0..d / 2).map(|_| k.fc(0.0)).collect();
-        // Causal: the block's last query sees keys below `i0 + BR`.
-        let end = if dm.causal {
-            let x = k.op64("add", i0, BR);
-            k.op64("min", x, dm.s)
-        } else {
-            k.u64c(dm.s)
-        };
-        let zero = k.u64c(0);
         k.for_range(zero, end, n, |k, j0| {
-            let krows = rows_left(k, j0, dm.s, n);
-            k.ins("bar.sync 0");
-            stage(k, &ctx, (kbuf, n), &tk, &pb, j0, krows);
-            stage(k, &ctx, (vbuf, n), &tv, &pb, j0, krows);
-            k.ins("bar.sync 0");
+            keys.step(k, &ctx, &pb, (j0, end), |_| {});
             let s = product(k, &qf, k_at, d, n);
             let dpv = product(k, &dyf, v_at, e, n);
             shift(k, &s, c, &|x| lse[place(x).0]);
@@ -372,10 +374,10 @@ pub(super) fn key_value(
     let kbuf = tile(&mut k, BR, d);
     let vbuf = tdk.is_some().then(|| tile(&mut k, BR, e));
     let (qbuf, dybuf) = (tile(&mut k, n, d), tile(&mut k, n, e));
+    let qf32 = k.dynamic_shared(Stream::staging_bytes(n, &[d, e]));
+    let dyf32 = k.op64("add", qf32, 4 * n * d);
     // The query tile's lse (times log2 e) and delta, f32.
-    let stats = k.shared_f32(2 * n as u32);
-    let sbuf = k.rd();
-    k.ins(format!("mov.u64 {sbuf}, {stats}"));
+    let sbuf = k.dynamic_shared(2 * 4 * n);
     let ctx = Ctx::new(&mut k);
     // Q as B of `K Q^T` and (`.trans`) of `dS^T Q`, dY as B of `V dY^T` and of `P^T dY`.
     let q_at = lane_row(&mut k, &ctx, qbuf, d, false);
@@ -395,7 +397,18 @@ pub(super) fn key_value(
     each_task(&mut k, tasks, |k, task| {
         let (pb, j0) = problem_and_first(k, &dm, task, tiles, BR);
         let rows = rows_left(k, j0, dm.s, BR);
+        let queries = Stream {
+            tiles: vec![(&tq, qf32, qbuf), (&tdy, dyf32, dybuf)],
+            rows: n,
+            len: dm.t,
+        };
+        // Causal: queries before the block's first key see none of its keys (`j0` is a
+        // multiple of the query tile).
+        let start = if dm.causal { j0 } else { k.u64c(0) };
+        let end = k.u64c(dm.t);
+        // The first query tile's copy goes out first.
         k.ins("bar.sync 0");
+        queries.copy(k, &ctx, &pb, (start, end));
         stage(k, &ctx, (kbuf, BR), &tk, &pb, j0, rows);
         if let Some(vb) = vbuf {
             stage(k, &ctx, (vb, BR), &tv, &pb, j0, rows);
@@ -413,17 +426,12 @@ pub(super) fn key_value(
         let dva: Vec<F> = (0..if dv.is_some() { e / 2 } else { 0 })
             .map(|_| k.fc(0.0))
             .collect();
-        // Causal: queries before the block's first key see none of its keys (`j0` is a
-        // multiple of the query tile).
-        let start = if dm.causal { j0 } else { k.u64c(0) };
-        let end = k.u64c(dm.t);
         k.for_range(start, end, n, |k, i0| {
-            let qrows = rows_left(k, i0, dm.t, n);
-            k.ins("bar.sync 0");
-            stage(k, &ctx, (qbuf, n), &tq, &pb, i0, qrows);
-            stage(k, &ctx, (dybuf, n), &tdy, &pb, i0, qrows);
-            stage_stats(k, &ctx, (sbuf, n), &tl, (lp, dp), &pb, (i0, qrows));
-            k.ins("bar.sync 0");
+            // The statistics are loaded as they are needed (4 values a thread).
+            queries.step(k, &ctx, &pb, (i0, end), |k| {
+                let qrows = rows_left(k, i0, dm.t, n);
+                stage_stats(k, &ctx, (sbuf, n), &tl, (lp, dp), &pb, (i0, qrows));
+            });
             let s = product(k, &kf, q_at, d, n);
             // Both halves of a fragment share their columns: one load per column.
             let col_stat = |k: &mut Kernel, which: u64| -> Vec<F> {

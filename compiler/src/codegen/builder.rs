@@ -58,6 +58,8 @@ pub struct Kernel {
     args: Vec<Arg>,
     body: String,
     shared: String,
+    /// Bytes of dynamic shared memory carved out so far (`dynamic_shared`).
+    dynamic: u64,
     nf: u32,
     nr: u32,
     nrd: u32,
@@ -73,6 +75,7 @@ impl Kernel {
             args: Vec::new(),
             body: String::new(),
             shared: String::new(),
+            dynamic: 0,
             nf: 0,
             nr: 0,
             nrd: 0,
@@ -169,6 +172,22 @@ impl Kernel {
         let name = format!("{}_s{}", self.name, self.shared.lines().count());
         let _ = writeln!(self.shared, "\t.shared .align 16 .b16 {name}[{len}];");
         name
+    }
+
+    /// Carves `bytes` (rounded up to 16) out of the block's dynamic shared memory (static
+    /// stops at 48 KB) and returns a register holding its shared address.
+    pub fn dynamic_shared(&mut self, bytes: u64) -> Rd {
+        let at = self.dynamic;
+        self.dynamic += bytes.next_multiple_of(16);
+        let (b, d) = (self.rd(), self.rd());
+        self.ins(format!("mov.u64 {b}, {}_dyn", self.name));
+        self.ins(format!("add.u64 {d}, {b}, {at}"));
+        d
+    }
+
+    /// The bytes of dynamic shared memory its launch passes.
+    pub fn dynamic_bytes(&self) -> u64 {
+        self.dynamic
     }
 
     // ---- integers ----
@@ -526,6 +545,10 @@ impl Kernel {
     /// The finished `.entry` (no module header).
     pub fn finish(self) -> String {
         let mut s = String::new();
+        if self.dynamic > 0 {
+            // Module scope: PTX takes no `.extern .shared` inside a function.
+            let _ = writeln!(s, ".extern .shared .align 16 .b8 {}_dyn[];", self.name);
+        }
         let _ = writeln!(s, ".visible .entry {}(", self.name);
         for (k, (name, ty)) in self.params.iter().enumerate() {
             let t = match ty {

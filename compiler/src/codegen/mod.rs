@@ -59,6 +59,10 @@ impl Arg {
     }
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// One thing the runtime does for a kernel of the plan.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub enum Launch {
@@ -68,6 +72,9 @@ pub enum Launch {
         grid: u32,
         block: u32,
         args: Vec<Arg>,
+        /// Bytes of dynamic shared memory it passes (not in the manifest when 0).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        shared: u32,
     },
     /// A contiguous device-to-device copy of `elements` 4-byte values (a reshape).
     Copy { src: Arg, dst: Arg, elements: u64 },
@@ -207,6 +214,7 @@ impl Gen {
     pub fn launch(&mut self, k: Kernel, grid: u32, block: u32) -> Launch {
         let args = k.args().to_vec();
         let name = k.name().to_string();
+        let shared = u32::try_from(k.dynamic_bytes()).expect("dynamic shared bytes fit a u32");
         let text = k.finish();
         let key = text.replace(&name, "@");
         let entry = match self.seen.get(&key) {
@@ -222,6 +230,7 @@ impl Gen {
             grid,
             block,
             args,
+            shared,
         }
     }
 }

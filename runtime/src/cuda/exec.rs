@@ -313,6 +313,7 @@ impl CudaExecutor {
             })?;
             functions.insert(name.clone(), f);
         }
+        super::launch::prepare_dynamic_shared(&self.ctx, &code, &functions)?;
         self.modules.insert(
             code.batch,
             Loaded {

@@ -7,8 +7,66 @@
 use super::exec::{numel, ArgValue, CudaExecutor};
 use super::CudaError;
 use crate::exec::Mode;
-use cudarc::driver::{result, sys, LaunchConfig, PushKernelArg};
-use parallax_compiler::codegen::{self, Arg, Launch};
+use cudarc::driver::{result, sys, CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
+use parallax_compiler::codegen::{self, Arg, Launch, Module};
+use std::collections::HashMap;
+
+/// What a block gets without opting in (and the ceiling of static shared memory).
+const SHARED_DEFAULT: u32 = 48 * 1024;
+
+/// Whether a kernel `bytes` of dynamic shared memory per block needs the opt-in attribute;
+/// an error naming it when the device's opt-in limit `optin` is below that.
+pub(super) fn dynamic_shared_opt_in(
+    kernel: &str,
+    bytes: u32,
+    optin: u32,
+) -> Result<bool, CudaError> {
+    if bytes > optin {
+        return Err(CudaError::PtxLoad {
+            kernel: kernel.to_string(),
+            message: format!(
+                "it needs {bytes} bytes of shared memory per block, this GPU allows {optin}"
+            ),
+        });
+    }
+    Ok(bytes > SHARED_DEFAULT)
+}
+
+/// Lets each function of a loaded module that launches with more than 48 KB of dynamic shared
+/// memory have it (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`), before its first launch;
+/// refuses sizes past the device's opt-in limit (read once, if any launch needs dynamic memory).
+pub(super) fn prepare_dynamic_shared(
+    ctx: &CudaContext,
+    code: &Module,
+    functions: &HashMap<String, CudaFunction>,
+) -> Result<(), CudaError> {
+    let mut optin = None;
+    for l in code.kernels.iter().flat_map(|k| &k.launches) {
+        let Launch::Kernel { entry, shared, .. } = l else {
+            continue;
+        };
+        if *shared == 0 {
+            continue;
+        }
+        let limit = match optin {
+            Some(n) => n,
+            None => {
+                let a =
+                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
+                let n = ctx.attribute(a)?.max(0) as u32;
+                *optin.insert(n)
+            }
+        };
+        if dynamic_shared_opt_in(entry, *shared, limit)? {
+            let f = functions
+                .get(entry)
+                .ok_or_else(|| CudaError::Exec(format!("no kernel `{entry}` in the module")))?;
+            let a = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+            f.set_attribute(a, *shared as i32)?;
+        }
+    }
+    Ok(())
+}
 
 impl CudaExecutor {
     fn resolve(
@@ -43,6 +101,7 @@ impl CudaExecutor {
         entry: &str,
         grid: u32,
         block: u32,
+        shared: u32,
         values: &[ArgValue],
     ) -> Result<(), CudaError> {
         let f = self.modules[&(batch as u64)]
@@ -59,7 +118,7 @@ impl CudaExecutor {
         let cfg = LaunchConfig {
             grid_dim: (grid, 1, 1),
             block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: shared,
         };
         // SAFETY: the arguments match the entry's parameters (both come from one `Kernel`
         // of the code generator), and every pointer addresses a live buffer of the size the
@@ -85,12 +144,13 @@ impl CudaExecutor {
                 grid,
                 block,
                 args,
+                shared,
             } => {
                 let values = args
                     .iter()
                     .map(|a| self.resolve(a, mode, step, first_sample))
                     .collect::<Result<Vec<_>, _>>()?;
-                self.launch_entry(batch, entry, *grid, *block, &values)
+                self.launch_entry(batch, entry, *grid, *block, *shared, &values)
             }
             Launch::Copy { src, dst, elements } => {
                 let ptr = |x: &Arg| match self.resolve(x, mode, step, first_sample)? {
@@ -184,6 +244,7 @@ impl CudaExecutor {
                 codegen::FILL,
                 codegen::grid_for(n, codegen::BLOCK),
                 codegen::BLOCK,
+                0,
                 &values,
             )?;
         }
@@ -261,6 +322,7 @@ impl CudaExecutor {
                     codegen::COPY,
                     codegen::grid_for(n, codegen::BLOCK),
                     codegen::BLOCK,
+                    0,
                     &values,
                 )?;
             }
@@ -283,5 +345,26 @@ impl CudaExecutor {
             }
         }
         self.finish(mode)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dynamic_shared_sizes() {
+        let h100 = 227 * 1024;
+        // Up to 48 KB needs nothing; above, the attribute; past the opt-in, an error.
+        assert!(!dynamic_shared_opt_in("k", 0, h100).unwrap());
+        assert!(!dynamic_shared_opt_in("k", 48 * 1024, h100).unwrap());
+        assert!(dynamic_shared_opt_in("k", 69_632, h100).unwrap());
+        assert!(dynamic_shared_opt_in("k", h100, h100).unwrap());
+        let e = dynamic_shared_opt_in("attn_fwd", 200 * 1024, 163 * 1024).unwrap_err();
+        let text = e.to_string();
+        assert!(
+            text.contains("`attn_fwd`") && text.contains("204800"),
+            "{text}"
+        );
     }
 }

@@ -108,6 +108,7 @@ fn kernel(l: &Launch) -> (String, u32, u32, Vec<Arg>) {
             grid,
             block,
             args,
+            ..
         } => (entry.clone(), *grid, *block, args.clone()),
         other => panic!("{other:?}"),
     }

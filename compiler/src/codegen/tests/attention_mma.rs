@@ -49,7 +49,16 @@ fn kernel(l: &Launch) -> (String, u32, u32, Vec<Arg>) {
             grid,
             block,
             args,
+            ..
         } => (entry.clone(), *grid, *block, args.clone()),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The dynamic shared memory a launch passes.
+fn shared(l: &Launch) -> u32 {
+    match l {
+        Launch::Kernel { shared, .. } => *shared,
         other => panic!("{other:?}"),
     }
 }
@@ -85,22 +94,31 @@ fn launches_and_fallback() {
     assert_eq!(kernel(&l[2]), ("k_lse".into(), 6, 128, v(&[0, 1, 4])));
     let l = forwards(&mut g, "long", 3, 1024, 128, false);
     assert_eq!(kernel(&l[0]).1, 6 * 16);
-    // Static shared memory only (the launch passes none): the widest case stays below 48 KB.
+    // Dynamic shared memory, recorded in the launch: the bf16 K (and V) tile of 64 rows padded
+    // by 8 columns, and its f32 staging tile; 98 KB at width 128, past the 48 KB of static
+    // shared memory.
+    assert_eq!(
+        l.iter().map(shared).collect::<Vec<_>>(),
+        [100_352, 100_352, 50_176]
+    );
+    // The manifest names the size where there is one, and only there.
+    let json = serde_json::to_value(&l[0]).unwrap();
+    assert_eq!(json["Kernel"]["shared"], 100_352);
+    let l = forwards(&mut g, "narrow", 3, 33, 64, false);
+    assert_eq!(
+        l.iter().map(shared).collect::<Vec<_>>(),
+        [51_200, 51_200, 25_600]
+    );
     let text = g.text("sm_80");
-    for line in text.lines().filter(|l| l.contains(".shared .align 16")) {
-        let n: u64 = line
-            .split('[')
-            .nth(1)
-            .unwrap()
-            .trim_end_matches("];")
-            .parse()
-            .unwrap();
-        assert!(n * 2 <= 64 * 136 * 2, "{line}");
-    }
+    assert!(!text.contains("\t.shared"), "no static shared memory");
+    assert_eq!(text.matches(".extern .shared .align 16 .b8").count(), 9);
     // Other widths, and the default options, take the f32 kernels (256 threads).
     for (mut g, d) in [(bf16(), 32), (bf16(), 80), (Gen::new(), 64)] {
         let l = forwards(&mut g, "f", 3, 33, d, false);
         assert!(l.iter().all(|l| kernel(l).2 == 256), "{d}");
+        assert!(l.iter().all(|l| shared(l) == 0), "{d}");
+        let json = serde_json::to_value(&l[0]).unwrap();
+        assert!(json["Kernel"].get("shared").is_none(), "{json}");
         assert!(!g.text("sm_80").contains("mma.sync"));
     }
 }
@@ -141,4 +159,21 @@ fn registers_and_no_spills() {
         }
     }
     let _ = std::fs::remove_file(&file);
+}
+
+/// `PARALLAX_MMA_FWD_DUMP=file`: the kernels the PTX interpreter checks.
+#[test]
+fn dump_for_interpreter() {
+    let Some(file) = std::env::var_os("PARALLAX_MMA_FWD_DUMP") else {
+        return;
+    };
+    let mut g = bf16();
+    for causal in [false, true] {
+        for d in [64, 128] {
+            for (h, t) in [(3, 70), (1, 70), (3, 1), (3, 130)] {
+                forwards(&mut g, &format!("f{d}h{h}t{t}c{causal}"), h, t, d, causal);
+            }
+        }
+    }
+    std::fs::write(file, g.text("sm_80")).unwrap();
 }

@@ -89,7 +89,16 @@ fn kernel(l: &Launch) -> (String, u32, u32, Vec<Arg>) {
             grid,
             block,
             args,
+            ..
         } => (entry.clone(), *grid, *block, args.clone()),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// The dynamic shared memory a launch passes.
+fn shared(l: &Launch) -> u32 {
+    match l {
+        Launch::Kernel { shared, .. } => *shared,
         other => panic!("{other:?}"),
     }
 }
@@ -139,20 +148,6 @@ fn every_variant_assembles() {
     }
 }
 
-/// The static shared memory of each entry of `text`, in bytes.
-fn shared_bytes(text: &str) -> Vec<u64> {
-    let mut out = Vec::new();
-    for entry in text.split(".entry ").skip(1) {
-        let mut n = 0;
-        for line in entry.lines().filter(|l| l.contains(".shared .align")) {
-            let len = line.split('[').nth(1).unwrap().trim_end_matches("];");
-            n += len.parse::<u64>().unwrap() * if line.contains(".b16") { 2 } else { 4 };
-        }
-        out.push(n);
-    }
-    out
-}
-
 #[test]
 fn launches_shared_memory_and_fallback() {
     let v = |ids: &[usize]| ids.iter().map(|&i| Arg::Value(i)).collect::<Vec<_>>();
@@ -169,13 +164,23 @@ fn launches_shared_memory_and_fallback() {
     let l = backward(&mut g, "long", case(3, 1024, 130, 128, false));
     assert_eq!(kernel(&l[0]).1, 6 * 16);
     assert_eq!(kernel(&l[1]).1, 6 * 3);
-    // Static shared memory only (the launch passes none): every entry below 48 KB.
+    // Dynamic shared memory, recorded in the launches: the own and streamed bf16 tiles, the
+    // streamed ones' f32 staging (and the key side's lse and delta); at width 64 tiles of 64
+    // rows, at width 128 streamed tiles of 32, past the 48 KB of static shared memory.
+    let sizes = |l: &[Launch]| l.iter().map(shared).collect::<Vec<_>>();
+    let l = backward(&mut g, "k64", case(3, 33, 33, 64, true));
+    assert_eq!(sizes(&l), [69_632, 70_144, 70_144, 60_928]);
+    let l = backward(&mut g, "k128", case(3, 33, 33, 128, true));
+    assert_eq!(sizes(&l), [84_992, 85_248, 85_248, 67_840]);
     for (tag, c) in all_cases() {
-        backward(&mut g, &tag, c);
+        let l = backward(&mut g, &tag, c);
+        assert!(
+            l.iter().all(|l| (1..=96 * 1024).contains(&shared(l))),
+            "{tag}"
+        );
     }
-    let sizes = shared_bytes(&g.text("sm_80"));
-    assert!(sizes.len() > 20);
-    assert!(sizes.iter().all(|&n| n > 0 && n <= 48 * 1024), "{sizes:?}");
+    let text = g.text("sm_80");
+    assert!(!text.contains("\t.shared"), "no static shared memory");
     // Other widths, and the default options, take the f32 kernels (256 threads).
     for (mut g, w) in [
         (bf16(), 32),

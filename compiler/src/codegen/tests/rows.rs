@@ -82,6 +82,7 @@ fn launch_shapes_and_arguments() {
             grid,
             block,
             args,
+            ..
         } => (entry.clone(), *grid, *block, args.clone()),
         other => panic!("{other:?}"),
     };
