@@ -181,6 +181,37 @@ impl<'a> Rows<'a> {
         View::new(self.data, 1, self.stride)
     }
 
+    /// These rows copied contiguous into `buf` when they are strided (several heads):
+    /// products of a tile with rows `H * D` apart run slower in the GEMM crates than the
+    /// copy costs, which each task makes once per tile it reuses.
+    fn packed<'b>(self, buf: &'b mut [f32]) -> Rows<'b>
+    where
+        'a: 'b,
+    {
+        if self.stride == self.width || self.data.is_empty() {
+            return self;
+        }
+        let n = (self.data.len() - self.width) / self.stride + 1;
+        let buf = &mut buf[..n * self.width];
+        for (r, row) in buf.chunks_exact_mut(self.width).enumerate() {
+            row.copy_from_slice(&self.data[r * self.stride..][..self.width]);
+        }
+        Rows {
+            data: buf,
+            stride: self.width,
+            width: self.width,
+        }
+    }
+
+    /// Elements `packed` needs for `n` rows (none when they are contiguous).
+    fn packing(self, n: usize) -> usize {
+        if self.stride == self.width {
+            0
+        } else {
+            n * self.width
+        }
+    }
+
     /// Element `r` of a one-wide column (the per-row statistics).
     fn get(self, r: usize) -> f32 {
         self.data[r * self.stride]
@@ -350,23 +381,33 @@ fn forward_all(dm: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &
         } else {
             kg
         };
-        scratch::with(
-            rows * KEY_TILE + 3 * rows + rows * e,
-            |buf: &mut [f32]| {
-                let (sc, rest) = buf.split_at_mut(rows * KEY_TILE);
-                let (m, rest) = rest.split_at_mut(rows);
-                let (l, rest) = rest.split_at_mut(rows);
-                let (stat, ot) = rest.split_at_mut(rows);
-                forward_tile(dm, (i0, rows), (qg, kg, vg), sc, (m, l), ot);
-                o.put(dm, g, i0, t, e, ot);
-                if with_lse {
-                    for r in 0..rows {
-                        stat[r] = m[r] + l[r].ln();
-                    }
-                    lse.put(dm, g, i0, t, 1, stat);
+        let pack = [
+            qg.packing(rows),
+            kg.packing(s),
+            if e > 0 { vg.packing(s) } else { 0 },
+        ];
+        let len = rows * KEY_TILE + 3 * rows + rows * e + pack.iter().sum::<usize>();
+        with_scratch(len, |buf: &mut [f32]| {
+            let (sc, rest) = buf.split_at_mut(rows * KEY_TILE);
+            let (m, rest) = rest.split_at_mut(rows);
+            let (l, rest) = rest.split_at_mut(rows);
+            let (stat, rest) = rest.split_at_mut(rows);
+            let (ot, rest) = rest.split_at_mut(rows * e);
+            l.fill(0.0);
+            ot.fill(0.0);
+            let (qb, rest) = rest.split_at_mut(pack[0]);
+            let (kb, vb) = rest.split_at_mut(pack[1]);
+            let (qg, kg) = (qg.packed(qb), kg.packed(kb));
+            let vg = if e > 0 { vg.packed(vb) } else { kg };
+            forward_tile(dm, (i0, rows), (qg, kg, vg), sc, (m, l), ot);
+            o.put(dm, g, i0, t, e, ot);
+            if with_lse {
+                for r in 0..rows {
+                    stat[r] = m[r] + l[r].ln();
                 }
-            },
-        );
+                lse.put(dm, g, i0, t, 1, stat);
+            }
+        });
     });
 }
 
@@ -560,9 +601,23 @@ pub fn attention_grad_query(
         let qg = dm.rows(q, g, (i0, i1), t, d);
         let (kg, vg) = (dm.rows(k, g, (0, s), s, d), dm.rows(v, g, (0, s), s, e));
         let (dyg, lse, delta) = saved.rows(&dm, g, (i0, i1));
-        scratch::with(2 * rows * KEY_TILE + rows * d, |buf: &mut [f32]| {
+        let pack = [
+            qg.packing(rows),
+            dyg.packing(rows),
+            kg.packing(s),
+            vg.packing(s),
+        ];
+        let len = 2 * rows * KEY_TILE + rows * d + pack.iter().sum::<usize>();
+        with_scratch(len, |buf: &mut [f32]| {
             let (p, rest) = buf.split_at_mut(rows * KEY_TILE);
-            let (dp, dq) = rest.split_at_mut(rows * KEY_TILE);
+            let (dp, rest) = rest.split_at_mut(rows * KEY_TILE);
+            let (dq, rest) = rest.split_at_mut(rows * d);
+            dq.fill(0.0);
+            let (qb, rest) = rest.split_at_mut(pack[0]);
+            let (yb, rest) = rest.split_at_mut(pack[1]);
+            let (kb, vb) = rest.split_at_mut(pack[2]);
+            let (qg, dyg) = (qg.packed(qb), dyg.packed(yb));
+            let (kg, vg) = (kg.packed(kb), vg.packed(vb));
             let end = dm.keys_end(i1);
             for j0 in (0..end).step_by(KEY_TILE) {
                 let cols = KEY_TILE.min(end - j0);
@@ -628,17 +683,33 @@ pub fn attention_grad_key_value(
         let cols = j1 - j0;
         let kt = dm.rows(k, g, (j0, j1), s, d);
         let vt = dm.rows(v, g, (j0, j1), s, e);
-        let sizes = 2 * QUERY_TILE * KEY_TILE + cols * d + cols * e;
-        scratch::with(sizes, |buf: &mut [f32]| {
+        // The tiles reused by every query tile, and each query tile's q and dy, packed.
+        let pack = [
+            kt.packing(cols),
+            vt.packing(cols),
+            // q's rows are as wide as k's, dy's as v's, and as far apart.
+            kt.packing(QUERY_TILE),
+            vt.packing(QUERY_TILE),
+        ];
+        let sizes = 2 * QUERY_TILE * KEY_TILE + cols * d + cols * e + pack.iter().sum::<usize>();
+        with_scratch(sizes, |buf: &mut [f32]| {
             let (p, rest) = buf.split_at_mut(QUERY_TILE * KEY_TILE);
             let (dp, rest) = rest.split_at_mut(QUERY_TILE * KEY_TILE);
-            let (dk, dv) = rest.split_at_mut(cols * d);
+            let (dk, rest) = rest.split_at_mut(cols * d);
+            let (dv, rest) = rest.split_at_mut(cols * e);
+            dk.fill(0.0);
+            dv.fill(0.0);
+            let (kb, rest) = rest.split_at_mut(pack[0]);
+            let (vb, rest) = rest.split_at_mut(pack[1]);
+            let (qb, yb) = rest.split_at_mut(pack[2]);
+            let (kt, vt) = (kt.packed(kb), vt.packed(vb));
             let first = dm.first_query(j0) / QUERY_TILE * QUERY_TILE;
             for i0 in (first..t).step_by(QUERY_TILE) {
                 let i1 = (i0 + QUERY_TILE).min(t);
                 let rows = i1 - i0;
-                let qg = dm.rows(q, g, (i0, i1), t, d);
+                let qg = dm.rows(q, g, (i0, i1), t, d).packed(qb);
                 let (dyg, lse, delta) = saved.rows(&dm, g, (i0, i1));
+                let dyg = dyg.packed(yb);
                 probs_tile(&dm, (i0, rows), (j0, cols), (qg, kt), lse, p);
                 if want_dv {
                     // dv += p^T [cols, rows] x dy [rows, E]
@@ -684,6 +755,18 @@ pub fn attention_grad_key_value(
         });
     });
     Ok(())
+}
+
+/// Runs `f` on `len` floats of this thread's kept scratch, as they were left: a task
+/// zeroes what it accumulates into and overwrites the rest (zeroing a packed head of keys
+/// and values on every task would cost more than the task's copies).
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    scratch::with_vec(|v: &mut Vec<f32>| {
+        if v.len() < len {
+            v.resize(len, 0.0);
+        }
+        f(&mut v[..len])
+    })
 }
 
 /// Runs `f(problem, first, end)` on every tile of `tile` rows (the last may be shorter)
