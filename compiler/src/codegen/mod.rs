@@ -496,6 +496,46 @@ pub(crate) mod testing {
         p
     }
 
+    /// `ptxas -v`'s log of `text` (written for `sm_80`) assembled for `target`; panics when it
+    /// does not assemble. `PARALLAX_PTXAS_LOG=1` prints it.
+    pub fn ptxas_log(text: &str, target: &str) -> String {
+        static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let id = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let file = std::env::temp_dir().join(format!("parallax-v-{}-{id}.ptx", std::process::id()));
+        std::fs::write(
+            &file,
+            text.replace(".target sm_80", &format!(".target {target}")),
+        )
+        .unwrap();
+        let out = std::process::Command::new(ptxas())
+            .args(["--gpu-name", target, "-v", "-o", "/dev/null"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&file);
+        let log = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{log}");
+        if std::env::var_os("PARALLAX_PTXAS_LOG").is_some() {
+            eprintln!("{target}\n{log}");
+        }
+        log
+    }
+
+    /// Checks that `text` assembles for sm_80 and sm_90 into `kernels` kernels, none spilling.
+    pub fn assert_no_spills(text: &str, kernels: usize) {
+        for target in ["sm_80", "sm_90"] {
+            let log = ptxas_log(text, target);
+            let used = log.lines().filter(|l| l.contains("Used ")).count();
+            assert_eq!(used, kernels, "{target}: {log}");
+            assert!(
+                log.lines()
+                    .filter(|l| l.contains("spill"))
+                    .all(|l| l.contains("0 bytes spill stores, 0 bytes spill loads")),
+                "{target}: {log}"
+            );
+        }
+    }
+
     /// Assembles `text` for `sm_80` and `sm_90`; the error names the target and ptxas's output.
     pub fn assemble(text: &str) -> Result<(), String> {
         let dir = std::env::temp_dir().join(format!("parallax-ptx-{}", std::process::id()));

@@ -1,6 +1,6 @@
 //! Tests of `codegen/attention.rs` and `attention_grad.rs`: every kernel variant generated and
 //! assembled by ptxas, the launches' arguments and shapes, and refused operands.
-use super::super::testing::{assemble, ptxas};
+use super::super::testing::{assemble, assert_no_spills};
 use super::super::{Arg, CodegenError, Gen, Launch, Operand};
 use super::{forward_checked, grad, single};
 use crate::ir::{AttentionInput, DType, Op};
@@ -206,22 +206,5 @@ fn bad_operands_are_refused() {
 fn head_width_64_kernels_do_not_spill() {
     let mut g = Gen::new();
     variants(&mut g, "k", 3, 128, 64, 64, true);
-    let file = std::env::temp_dir().join(format!("parallax-attn-{}.ptx", std::process::id()));
-    std::fs::write(&file, g.text("sm_80")).unwrap();
-    let out = std::process::Command::new(ptxas())
-        .args(["--gpu-name", "sm_80", "-v", "-o", "/dev/null"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(&file);
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{log}");
-    let used = log.lines().filter(|l| l.contains("Used ")).count();
-    assert_eq!(used, 7, "{log}");
-    assert!(
-        log.lines()
-            .filter(|l| l.contains("spill"))
-            .all(|l| l.contains("0 bytes spill stores, 0 bytes spill loads")),
-        "{log}"
-    );
+    assert_no_spills(&g.text("sm_80"), 7);
 }

@@ -1,7 +1,7 @@
 //! Tests of `codegen/attention_mma.rs`: the tensor-core forward generated for every width,
 //! length and mask and assembled by ptxas, its launches, the fallback to the f32 kernels for
 //! other widths, and ptxas's register and spill counts.
-use super::super::super::testing::{assemble, ptxas};
+use super::super::super::testing::{assemble, assert_no_spills};
 use super::super::super::{Arg, CodegenOptions, Gen, Launch, Operand};
 use super::super::{forward_checked, single};
 use crate::ir::{DType, Op};
@@ -130,35 +130,7 @@ fn registers_and_no_spills() {
     for d in [64, 128] {
         forwards(&mut g, &format!("d{d}"), 3, 1024, d, true);
     }
-    let file = std::env::temp_dir().join(format!("parallax-mma-{}.ptx", std::process::id()));
-    for target in ["sm_80", "sm_90"] {
-        let text = g
-            .text("sm_80")
-            .replace(".target sm_80", &format!(".target {target}"));
-        std::fs::write(&file, text).unwrap();
-        let out = std::process::Command::new(ptxas())
-            .args(["--gpu-name", target, "-v", "-o", "/dev/null"])
-            .arg(&file)
-            .output()
-            .unwrap();
-        let log = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{log}");
-        assert_eq!(
-            log.lines().filter(|l| l.contains("Used ")).count(),
-            6,
-            "{log}"
-        );
-        assert!(
-            log.lines()
-                .filter(|l| l.contains("spill"))
-                .all(|l| l.contains("0 bytes spill stores, 0 bytes spill loads")),
-            "{log}"
-        );
-        if std::env::var_os("PARALLAX_PTXAS_LOG").is_some() {
-            eprintln!("{target}\n{log}");
-        }
-    }
-    let _ = std::fs::remove_file(&file);
+    assert_no_spills(&g.text("sm_80"), 6);
 }
 
 /// `PARALLAX_MMA_FWD_DUMP=file`: the kernels the PTX interpreter checks.

@@ -4,7 +4,7 @@
 //! and spill counts. Numerics are checked outside the tests, by a PTX interpreter against an
 //! f64 reference (the commit message has the figures); `PARALLAX_MMA_GRAD_DUMP=file` writes
 //! the kernels it ran.
-use super::super::super::testing::{assemble, ptxas};
+use super::super::super::testing::{assemble, assert_no_spills};
 use super::super::super::{Arg, CodegenOptions, Gen, Launch, Operand};
 use super::super::single;
 use super::key_value_grad;
@@ -201,33 +201,5 @@ fn registers_and_no_spills() {
     for w in [64, 128] {
         backward(&mut g, &format!("w{w}"), case(3, 1024, 1024, w, true));
     }
-    let file = std::env::temp_dir().join(format!("parallax-mma-grad-{}.ptx", std::process::id()));
-    for target in ["sm_80", "sm_90"] {
-        let text = g
-            .text("sm_80")
-            .replace(".target sm_80", &format!(".target {target}"));
-        std::fs::write(&file, text).unwrap();
-        let out = std::process::Command::new(ptxas())
-            .args(["--gpu-name", target, "-v", "-o", "/dev/null"])
-            .arg(&file)
-            .output()
-            .unwrap();
-        let log = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{log}");
-        assert_eq!(
-            log.lines().filter(|l| l.contains("Used ")).count(),
-            8,
-            "{log}"
-        );
-        assert!(
-            log.lines()
-                .filter(|l| l.contains("spill"))
-                .all(|l| l.contains("0 bytes spill stores, 0 bytes spill loads")),
-            "{log}"
-        );
-        if std::env::var_os("PARALLAX_PTXAS_LOG").is_some() {
-            eprintln!("{target}\n{log}");
-        }
-    }
-    let _ = std::fs::remove_file(&file);
+    assert_no_spills(&g.text("sm_80"), 8);
 }

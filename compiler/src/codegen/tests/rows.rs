@@ -1,5 +1,5 @@
 //! Tests of `codegen/rows.rs`: every op generated and assembled by ptxas.
-use super::super::testing::{assemble, ptxas};
+use super::super::testing::{assemble, ptxas_log};
 use super::super::{Arg, CodegenError, Gen, Launch, Operand};
 use super::generate;
 use crate::ir::{DType, Op};
@@ -102,15 +102,7 @@ fn launch_shapes_and_arguments() {
 fn wide_blocks_fit_in_64_registers_per_thread() {
     // 1024 threads of a block share 64K registers.
     let (_, text) = module(&cases(&[4, 3, 5, 6]));
-    let file = std::env::temp_dir().join(format!("parallax-rows-{}.ptx", std::process::id()));
-    std::fs::write(&file, &text).unwrap();
-    let out = std::process::Command::new(ptxas())
-        .args(["--gpu-name", "sm_80", "-v", "-o", "/dev/null"])
-        .arg(&file)
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_file(&file);
-    let log = String::from_utf8_lossy(&out.stderr);
+    let log = ptxas_log(&text, "sm_80");
     let used: Vec<u32> = log
         .lines()
         .filter_map(|l| l.split("Used ").nth(1))
