@@ -1,0 +1,258 @@
+//! Where attention's operands live: the sizes of a problem set (`Dims`), a problem's rows
+//! inside a token-major tensor (`Rows`, packed contiguous on demand), where a task's output
+//! rows go (`Out`), and the per-thread scratch the tasks work in.
+
+use super::super::gemm::{check_f32, View};
+use super::super::{scratch, KernelError};
+use crate::cpu::tensor::Tensor;
+
+/// The sizes of one attention: `problems` (batch times `heads`) independent problems of `t`
+/// queries and `s` keys of width `d`, values of width `e`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Dims {
+    pub problems: usize,
+    pub heads: usize,
+    pub t: usize,
+    pub s: usize,
+    pub d: usize,
+    pub e: usize,
+    pub causal: bool,
+    pub scale: f32,
+}
+
+pub(super) fn bad(op: &'static str, message: String) -> KernelError {
+    KernelError::Bad { op, message }
+}
+
+impl Dims {
+    /// Checks `q [.., T, H, D]`, `k [.., S, H, D]`, `v [.., S, H, E]` (f32, one batch shape).
+    pub fn of(
+        op: &'static str,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        causal: bool,
+        scale: f64,
+    ) -> Result<Dims, KernelError> {
+        for (what, t) in [("q", q), ("k", k), ("v", v)] {
+            check_f32(op, what, t)?;
+        }
+        let r = q.shape.len();
+        let same = |a: &Tensor| {
+            a.shape.len() == r
+                && a.shape[..r - 3] == q.shape[..r - 3]
+                && a.shape[r - 2] == q.shape[r - 2]
+        };
+        let fits = r >= 3
+            && same(k)
+            && same(v)
+            && q.shape[r - 1] == k.shape[r - 1]
+            && k.shape[r - 3] == v.shape[r - 3];
+        if !fits {
+            return Err(bad(
+                op,
+                format!(
+                    "needs q [.., T, H, D], k [.., S, H, D], v [.., S, H, E], got {:?}, {:?}, {:?}",
+                    q.shape, k.shape, v.shape
+                ),
+            ));
+        }
+        let heads = q.shape[r - 2];
+        let dims = Dims {
+            problems: q.shape[..r - 3].iter().product::<usize>() * heads,
+            heads,
+            t: q.shape[r - 3],
+            s: k.shape[r - 3],
+            d: q.shape[r - 1],
+            e: v.shape[r - 1],
+            causal,
+            scale: scale as f32,
+        };
+        if causal && dims.t != dims.s {
+            return Err(bad(
+                op,
+                format!("a causal attention needs T = S, got {:?}", dims),
+            ));
+        }
+        Ok(dims)
+    }
+
+    /// Where row `i` of problem `g` starts in a tensor of `len` rows per problem, `width`
+    /// wide: `[b, i, h, ..]` for `g = b * heads + h`.
+    pub(super) fn at(&self, g: usize, i: usize, len: usize, width: usize) -> usize {
+        ((g / self.heads * len + i) * self.heads + g % self.heads) * width
+    }
+
+    /// Rows `[i0, i1)` of problem `g` as a strided matrix (rows `heads * width` apart).
+    pub(super) fn rows<'a>(
+        &self,
+        x: &'a [f32],
+        g: usize,
+        (i0, i1): (usize, usize),
+        len: usize,
+        width: usize,
+    ) -> Rows<'a> {
+        let stride = self.heads * width;
+        let data = if i1 > i0 {
+            let first = self.at(g, i0, len, width);
+            &x[first..first + (i1 - i0 - 1) * stride + width]
+        } else {
+            &[]
+        };
+        Rows {
+            data,
+            stride,
+            width,
+        }
+    }
+
+    /// The keys query `i` sees among `[j0, j0 + cols)`: a prefix of that tile.
+    pub(super) fn visible(&self, i: usize, j0: usize, cols: usize) -> usize {
+        if self.causal {
+            (i + 1).saturating_sub(j0).min(cols)
+        } else {
+            cols
+        }
+    }
+
+    /// The keys any of the queries `[i0, i1)` sees: `[0, end)`.
+    pub(super) fn keys_end(&self, i1: usize) -> usize {
+        if self.causal {
+            i1.min(self.s)
+        } else {
+            self.s
+        }
+    }
+
+    /// The first query that sees key `j`.
+    pub(super) fn first_query(&self, j: usize) -> usize {
+        if self.causal {
+            j
+        } else {
+            0
+        }
+    }
+}
+
+/// Rows of one problem inside a token-major tensor: row `r` starts at `r * stride`.
+#[derive(Clone, Copy)]
+pub(super) struct Rows<'a> {
+    data: &'a [f32],
+    stride: usize,
+    width: usize,
+}
+
+impl<'a> Rows<'a> {
+    /// Rows `[r0, r1)` of these.
+    pub(super) fn sub(self, r0: usize, r1: usize) -> Rows<'a> {
+        let data = if r1 > r0 {
+            &self.data[r0 * self.stride..(r1 - 1) * self.stride + self.width]
+        } else {
+            &[]
+        };
+        Rows { data, ..self }
+    }
+
+    /// As the left operand `[rows, width]` of a product.
+    pub(super) fn view(self) -> View<'a> {
+        View::new(self.data, self.stride, 1)
+    }
+
+    /// Transposed, as the right operand `[width, rows]` of a product.
+    pub(super) fn view_t(self) -> View<'a> {
+        View::new(self.data, 1, self.stride)
+    }
+
+    /// These rows copied contiguous into `buf` when they are strided (several heads):
+    /// products of a tile with rows `H * D` apart run slower in the GEMM crates than the
+    /// copy costs, which each task makes once per tile it reuses.
+    pub(super) fn packed<'b>(self, buf: &'b mut [f32]) -> Rows<'b>
+    where
+        'a: 'b,
+    {
+        if self.stride == self.width || self.data.is_empty() {
+            return self;
+        }
+        let n = (self.data.len() - self.width) / self.stride + 1;
+        let buf = &mut buf[..n * self.width];
+        for (r, row) in buf.chunks_exact_mut(self.width).enumerate() {
+            row.copy_from_slice(&self.data[r * self.stride..][..self.width]);
+        }
+        Rows {
+            data: buf,
+            stride: self.width,
+            width: self.width,
+        }
+    }
+
+    /// Elements `packed` needs for `n` rows (none when they are contiguous).
+    pub(super) fn packing(self, n: usize) -> usize {
+        if self.stride == self.width {
+            0
+        } else {
+            n * self.width
+        }
+    }
+
+    /// Element `r` of a one-wide column (the per-row statistics).
+    pub(super) fn get(self, r: usize) -> f32 {
+        self.data[r * self.stride]
+    }
+}
+
+/// Where a task's output rows go: a token-major output tensor shared by every task, each
+/// task writing rows no other task writes.
+#[derive(Clone, Copy)]
+pub(super) struct Out {
+    ptr: *mut f32,
+    len: usize,
+}
+// SAFETY: see `Out::put`: every task writes its own rows only.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+impl Out {
+    pub(super) fn of(t: &mut [f32]) -> Out {
+        Out {
+            ptr: t.as_mut_ptr(),
+            len: t.len(),
+        }
+    }
+
+    /// Copies the rows of `tile` (`width` wide) to rows `[i0, ..)` of problem `g`.
+    pub(super) fn put(
+        self,
+        dm: &Dims,
+        g: usize,
+        i0: usize,
+        len: usize,
+        width: usize,
+        tile: &[f32],
+    ) {
+        if width == 0 {
+            return;
+        }
+        for (r, row) in tile.chunks_exact(width).enumerate() {
+            let at = dm.at(g, i0 + r, len, width);
+            assert!(
+                at + width <= self.len,
+                "attention: output row out of bounds"
+            );
+            // SAFETY: in bounds (checked); tasks own disjoint (problem, row) pairs, so no
+            // other thread reads or writes these elements while this one copies them.
+            unsafe { std::ptr::copy_nonoverlapping(row.as_ptr(), self.ptr.add(at), width) };
+        }
+    }
+}
+
+/// Runs `f` on `len` floats of this thread's kept scratch, as they were left: a task
+/// zeroes what it accumulates into and overwrites the rest (zeroing a packed head of keys
+/// and values on every task would cost more than the task's copies).
+pub(super) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
+    scratch::with_vec(|v: &mut Vec<f32>| {
+        if v.len() < len {
+            v.resize(len, 0.0);
+        }
+        f(&mut v[..len])
+    })
+}
