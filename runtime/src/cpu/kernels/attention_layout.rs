@@ -5,6 +5,7 @@
 use super::super::gemm::{check_f32, View};
 use super::super::{scratch, KernelError};
 use crate::cpu::tensor::Tensor;
+use rayon::prelude::*;
 
 /// The sizes of one attention: `problems` (batch times `heads`) independent problems of `t`
 /// queries and `s` keys of width `d`, values of width `e`.
@@ -104,6 +105,33 @@ impl Dims {
             stride,
             width,
         }
+    }
+
+    /// Every problem's rows of `x` (`len` rows per problem, `width` wide) head-major and
+    /// contiguous, `[problems, len, width]`, with the sizes that address them (one head): a
+    /// tensor every task reads whole is copied once per kernel rather than once per task.
+    /// With one head the rows are already so, and `x` is lent as it is.
+    pub(super) fn head_major<'a>(
+        &self,
+        x: &'a [f32],
+        len: usize,
+        width: usize,
+    ) -> (Dims, std::borrow::Cow<'a, [f32]>) {
+        let flat = Dims { heads: 1, ..*self };
+        if self.heads == 1 || width == 0 || len == 0 {
+            return (flat, std::borrow::Cow::Borrowed(x));
+        }
+        let mut packed = vec![0f32; self.problems * len * width];
+        packed
+            .par_chunks_mut(len * width)
+            .enumerate()
+            .for_each(|(g, rows)| {
+                for (i, row) in rows.chunks_exact_mut(width).enumerate() {
+                    let at = self.at(g, i, len, width);
+                    row.copy_from_slice(&x[at..at + width]);
+                }
+            });
+        (flat, std::borrow::Cow::Owned(packed))
     }
 
     /// The keys query `i` sees among `[j0, j0 + cols)`: a prefix of that tile.
