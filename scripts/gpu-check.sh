@@ -74,6 +74,10 @@ echo "== benches/models/gpt-gpu.ron, bf16, GEMMs through cuBLAS instead of cuBLA
 PARALLAX_CUBLASLT=0 timeout 150 "$BIN" gpu-check benches/models/gpt-gpu.ron --steps 0 --precision bf16 \
     --time-steps 10 | sed 's/^ROW|gpt-gpu|/ROW|gpt-gpu, PARALLAX_CUBLASLT=0|/' | tee -a "$LOG" \
     || echo "ROW|gpt-gpu, PARALLAX_CUBLASLT=0|bf16|-|-|FAIL|-|-|-" >>"$LOG"
+echo "== benches/models/gpt-gpu.ron, bf16, biases added by a launch of their own, not in cuBLASLt's epilogue"
+PARALLAX_GEMM_BIAS=0 timeout 150 "$BIN" gpu-check benches/models/gpt-gpu.ron --steps 0 --precision bf16 \
+    --time-steps 10 | sed 's/^ROW|gpt-gpu|/ROW|gpt-gpu, PARALLAX_GEMM_BIAS=0|/' | tee -a "$LOG" \
+    || echo "ROW|gpt-gpu, PARALLAX_GEMM_BIAS=0|bf16|-|-|FAIL|-|-|-" >>"$LOG"
 echo "== benches/models/gpt-gpu.ron, bf16: time per kind of kernel (attention, GEMMs, the rest)"
 timeout 150 "$BIN" gpu-check benches/models/gpt-gpu.ron --steps 0 --precision bf16 --time-steps 3 \
     --profile | grep -v '^ROW|' || echo "(the profile failed)"

@@ -93,7 +93,20 @@ pub enum Launch {
         stride_a: u64,
         stride_b: u64,
         stride_c: u64,
+        /// When the next launch only adds a bias along the last axis (`c + bias` into another
+        /// buffer), the GEMM may do it in its epilogue instead and skip that launch.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        bias: Option<GemmBias>,
     },
+}
+
+/// A bias a GEMM may add in its epilogue: `out[batch][i, j] = c[batch][i, j] + vector[j]`,
+/// `out` laid out as `c`. The launch after the GEMM computes the same (for a GEMM library that
+/// cannot), and is skipped when the GEMM did it.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct GemmBias {
+    pub vector: Arg,
+    pub out: Arg,
 }
 
 /// The launches of one kernel of the plan.
@@ -346,7 +359,11 @@ pub fn generate_with(
                     scratch = scratch.max(shapes[mm].iter().product());
                     Arg::Scratch
                 };
-                let mut l = vec![gemm(&plan.steps[mm].op, &ins_of(mm), &operand(mm, at))?];
+                let mut mm_launch = gemm(&plan.steps[mm].op, &ins_of(mm), &operand(mm, at))?;
+                if let Launch::Gemm { bias, .. } = &mut mm_launch {
+                    *bias = gemm_bias(plan, kern.kind, steps, at);
+                }
+                let mut l = vec![mm_launch];
                 if steps.len() > 1 {
                     l.push(elementwise::chain(
                         &mut g,
@@ -419,6 +436,33 @@ fn gemm(op: &Op, ins: &[Operand], out: &Operand) -> Result<Launch, CodegenError>
         stride_a: per(a),
         stride_b: per(b),
         stride_c: m * n,
+        bias: None,
+    })
+}
+
+/// The bias of a `gemm+bias` kernel whose product only its epilogue reads (`c` is the
+/// scratch), for the GEMM's own epilogue.
+fn gemm_bias(plan: &Plan, kind: KernelKind, steps: &[usize], c: Arg) -> Option<GemmBias> {
+    let KernelKind::Gemm {
+        bias: true,
+        activation: None,
+    } = kind
+    else {
+        return None;
+    };
+    let [mm, add] = *steps else {
+        return None;
+    };
+    let ops = &plan.steps[add].operands;
+    let vector = *ops.get(1)?;
+    let n = plan.steps[mm].ty.shape.last()?;
+    let along_last = plan.steps[add].op == Op::Add
+        && ops[0] == mm
+        && plan.steps[vector].ty.shape.len() == 1
+        && plan.steps[vector].ty.shape[0] == *n;
+    (c == Arg::Scratch && along_last).then_some(GemmBias {
+        vector: Arg::Value(vector),
+        out: Arg::Value(add),
     })
 }
 
@@ -576,6 +620,12 @@ pub(crate) mod testing {
 
     /// `model_module` with kernel choices.
     pub fn model_module_with(file: &str, codegen: &CodegenOptions) -> Module {
+        let plan = model_plan(file);
+        generate_with(&plan, plan.batch_size, "sm_80", codegen).expect("generates")
+    }
+
+    /// The plan of a model file of `models/`.
+    pub fn model_plan(file: &str) -> crate::Plan {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../models")
             .join(file);
@@ -583,8 +633,7 @@ pub(crate) mod testing {
         let source = crate::parse(&text).expect("parses");
         let options = crate::Options::default();
         let compiled = crate::compile(&source, &options, &mut |_, _| {}).expect("compiles");
-        let plan = compiled.plan(&source, &options);
-        generate_with(&plan, plan.batch_size, "sm_80", codegen).expect("generates")
+        compiled.plan(&source, &options)
     }
 }
 
@@ -631,6 +680,55 @@ mod tests {
         assert_eq!(mma(&m), 3);
         assemble(&m.text()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(mma(&with("transformer.ron")), 0);
+    }
+
+    /// A `gemm+bias` kernel whose product only its epilogue reads offers its bias to the
+    /// GEMM (`Launch::Gemm::bias`): the bias parameter along the product's last axis and the
+    /// add's buffer, with the bias launch after it for a GEMM that cannot; a kernel with an
+    /// activation after the bias keeps its own epilogue.
+    #[test]
+    fn gemm_bias_kernels_offer_their_bias_to_the_gemm() {
+        use super::{Arg, GemmBias, Launch};
+        use crate::ir::{KernelKind, Op};
+        let plan = super::testing::model_plan("transformer.ron");
+        let m = model_module("transformer.ron");
+        let mut offered = 0;
+        for code in &m.kernels {
+            let kern = &plan.kernels[code.index];
+            let Some(Launch::Gemm { c, n, bias, .. }) = code.launches.first() else {
+                continue;
+            };
+            let plain_bias = kern.kind
+                == KernelKind::Gemm {
+                    bias: true,
+                    activation: None,
+                };
+            let Some(GemmBias { vector, out }) = bias else {
+                assert!(!plain_bias || *c != Arg::Scratch, "{:?}", code.ops);
+                continue;
+            };
+            offered += 1;
+            assert!(plain_bias, "{:?}", code.ops);
+            assert_eq!(*c, Arg::Scratch);
+            let (mm, add) = (kern.steps[0], kern.steps[1]);
+            assert_eq!(*out, Arg::Value(add));
+            assert_eq!(plan.steps[add].operands, [mm, vector_step(vector)]);
+            let v = &plan.steps[vector_step(vector)];
+            assert!(matches!(v.op, Op::Param { .. }), "{:?}", v.op);
+            assert_eq!(plan.shape_at(&v.ty.shape, 1), [*n]);
+            assert!(matches!(code.launches[1], Launch::Kernel { .. }));
+            assert_eq!(code.launches.len(), 2);
+        }
+        // Per block: q, k, v, the attention's out projection and the MLP's second layer
+        // (two blocks), and the logits.
+        assert_eq!(offered, 11);
+    }
+
+    fn vector_step(a: &super::Arg) -> usize {
+        match a {
+            super::Arg::Value(s) => *s,
+            other => panic!("a bias is a stored value, got {other:?}"),
+        }
     }
 
     #[test]

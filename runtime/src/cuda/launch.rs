@@ -11,6 +11,14 @@ use cudarc::driver::{result, sys, CudaContext, CudaFunction, LaunchConfig, PushK
 use parallax_compiler::codegen::{self, Arg, Launch, Module};
 use std::collections::HashMap;
 
+/// What a launch did: a GEMM that added its bias (`Launch::Gemm::bias`) makes the launch
+/// after it, which would add it again, unneeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ran {
+    Done,
+    BiasAdded,
+}
+
 /// What a block gets without opting in (and the ceiling of static shared memory).
 const SHARED_DEFAULT: u32 = 48 * 1024;
 
@@ -137,7 +145,7 @@ impl CudaExecutor {
         mode: Mode,
         step: u64,
         first_sample: u64,
-    ) -> Result<(), CudaError> {
+    ) -> Result<Ran, CudaError> {
         match l {
             Launch::Kernel {
                 entry,
@@ -150,7 +158,8 @@ impl CudaExecutor {
                     .iter()
                     .map(|a| self.resolve(a, mode, step, first_sample))
                     .collect::<Result<Vec<_>, _>>()?;
-                self.launch_entry(batch, entry, *grid, *block, *shared, &values)
+                self.launch_entry(batch, entry, *grid, *block, *shared, &values)?;
+                Ok(Ran::Done)
             }
             Launch::Copy { src, dst, elements } => {
                 let ptr = |x: &Arg| match self.resolve(x, mode, step, first_sample)? {
@@ -171,7 +180,7 @@ impl CudaExecutor {
                         )?
                     };
                 }
-                Ok(())
+                Ok(Ran::Done)
             }
             Launch::Gemm {
                 a,
@@ -186,6 +195,7 @@ impl CudaExecutor {
                 stride_a,
                 stride_b,
                 stride_c,
+                bias,
             } => {
                 let ptr = |x: &Arg| match self.resolve(x, mode, step, first_sample)? {
                     ArgValue::U64(p) => Ok(p),
@@ -209,11 +219,21 @@ impl CudaExecutor {
                     stride_c: *stride_c,
                 };
                 if let Some(lt) = &self.lt {
+                    if let Some(b) = bias {
+                        let with_bias = super::gemm::Gemm {
+                            pc: ptr(&b.out)?,
+                            ..g
+                        };
+                        if lt.gemm_bias(&with_bias, ptr(&b.vector)?, self.stream.cu_stream())? {
+                            return Ok(Ran::BiasAdded);
+                        }
+                    }
                     if lt.gemm(&g, self.stream.cu_stream())? {
-                        return Ok(());
+                        return Ok(Ran::Done);
                     }
                 }
-                super::gemm::gemm(self.blas, self.precision, &g)
+                super::gemm::gemm(self.blas, self.precision, &g)?;
+                Ok(Ran::Done)
             }
         }
     }
@@ -261,8 +281,11 @@ impl CudaExecutor {
     ) -> Result<(), CudaError> {
         let batch = self.batch;
         let code = &self.modules[&(batch as u64)].code.kernels[k];
-        for l in &code.launches {
-            self.run_launch(batch, l, mode, step, first_sample)?;
+        let mut launches = code.launches.iter();
+        while let Some(l) = launches.next() {
+            if self.run_launch(batch, l, mode, step, first_sample)? == Ran::BiasAdded {
+                launches.next();
+            }
         }
         Ok(())
     }
@@ -282,13 +305,20 @@ impl CudaExecutor {
         let mut events = vec![first];
         for k in 0..self.plan.kernels.len() {
             let code = self.modules[&(batch as u64)].code.kernels[k].clone();
-            for l in &code.launches {
-                self.run_launch(batch, l, Mode::Train, step, 0)?;
+            let mut launches = code.launches.iter();
+            while let Some(l) = launches.next() {
+                let ran = self.run_launch(batch, l, Mode::Train, step, 0)?;
+                if ran == Ran::BiasAdded {
+                    launches.next();
+                }
                 let e = self.ctx.new_event(flags)?;
                 e.record(&self.stream)?;
-                let label = match l {
-                    Launch::Gemm { .. } => format!("gemm ({:?})", self.precision),
-                    Launch::Kernel { .. } | Launch::Copy { .. } => code.ops.join("+"),
+                let label = match (l, ran) {
+                    (Launch::Gemm { .. }, Ran::BiasAdded) => {
+                        format!("gemm+bias ({:?})", self.precision)
+                    }
+                    (Launch::Gemm { .. }, _) => format!("gemm ({:?})", self.precision),
+                    (Launch::Kernel { .. } | Launch::Copy { .. }, _) => code.ops.join("+"),
                 };
                 labels.push(label);
                 events.push(e);

@@ -15,6 +15,10 @@ use std::ffi::c_void;
 /// Set to `0` to run every GEMM through cuBLAS as before (for A/B timing).
 pub(super) const ENV: &str = "PARALLAX_CUBLASLT";
 
+/// Set to `0` to add the biases of `gemm+bias` kernels in a launch of their own, as the
+/// cuBLAS path does, rather than in the cuBLASLt epilogue (for A/B timing).
+pub(super) const BIAS_ENV: &str = "PARALLAX_GEMM_BIAS";
+
 /// The tensor-core compute of a plan; storage, accumulation and output stay fp32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(super) enum Compute {
@@ -67,6 +71,8 @@ pub(super) struct Key {
     pub compute: Compute,
     /// Bytes (a power of two, at most 256) that every batch's A, B and C start is aligned to.
     pub align: [u32; 3],
+    /// Whether the epilogue adds a bias vector along C's rows (`CUBLASLT_EPILOGUE_BIAS`).
+    pub bias: bool,
 }
 
 impl Key {
@@ -87,6 +93,7 @@ impl Key {
                 alignment(g.pb, g.stride_b, g.count),
                 alignment(g.pc, g.stride_c, g.count),
             ],
+            bias: false,
         }
     }
 }
@@ -356,6 +363,8 @@ pub(super) struct Lt {
     handle: Handle,
     workspace: Workspace,
     compute: Compute,
+    /// Whether `gemm_bias` adds biases in the epilogue (`PARALLAX_GEMM_BIAS` is not `0`).
+    bias_epilogue: bool,
 }
 
 impl Lt {
@@ -378,6 +387,7 @@ impl Lt {
             handle,
             workspace: Workspace { ptr, bytes },
             compute,
+            bias_epilogue: std::env::var(BIAS_ENV).map_or(true, |v| v.trim() != "0"),
         }))
     }
 
@@ -400,13 +410,43 @@ impl Lt {
         if g.k == 0 {
             return Ok(false);
         }
-        let key = Key::of(g, self.compute);
+        self.queue(Key::of(g, self.compute), g, None, stream)
+    }
+
+    /// Queues `g` with `bias` (`n` values) added along each row of C in the epilogue (see
+    /// `codegen::GemmBias`). `Ok(false)`: the caller must run the GEMM and the bias launch.
+    pub(super) fn gemm_bias(
+        &self,
+        g: &Gemm,
+        bias: u64,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<bool, CudaError> {
+        // The heuristic is not told the bias's address: take vectors as aligned as any
+        // kernel loads them (16 bytes; the arena aligns every buffer to more).
+        let aligned = bias.is_multiple_of(16);
+        if !self.bias_epilogue || !aligned || g.m == 0 || g.n == 0 || g.count == 0 || g.k == 0 {
+            return Ok(false);
+        }
+        let key = Key {
+            bias: true,
+            ..Key::of(g, self.compute)
+        };
+        self.queue(key, g, Some(bias), stream)
+    }
+
+    fn queue(
+        &self,
+        key: Key,
+        g: &Gemm,
+        bias: Option<u64>,
+        stream: cudarc::driver::sys::CUstream,
+    ) -> Result<bool, CudaError> {
         let ran = self.plans.with(
             key,
             || self.build(&key),
-            // SAFETY: the plan was built for these sizes, strides and alignments; the
-            // pointers address live buffers holding the operands.
-            |p| unsafe { self.run(p, g, stream) },
+            // SAFETY: the plan was built for these sizes, strides, alignments and epilogue;
+            // the pointers address live buffers holding the operands (and the bias).
+            |p| unsafe { self.run(p, g, bias, stream) },
         )?;
         match ran {
             None => Ok(false),
@@ -438,6 +478,13 @@ impl Lt {
         unsafe {
             set_desc(&desc, D::CUBLASLT_MATMUL_DESC_TRANSA, &ta)?;
             set_desc(&desc, D::CUBLASLT_MATMUL_DESC_TRANSB, &tb)?;
+        }
+        if key.bias {
+            // Row-major C's bias along its last axis is one value per row of column-major D
+            // (`n` of them), broadcast over D's columns and the batch; fp32 like D.
+            let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
+            // SAFETY: a live descriptor; EPILOGUE is a cublasLtEpilogue_t.
+            unsafe { set_desc(&desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)? };
         }
         let a = Layout::new(&cm.a, batch)?;
         let b = Layout::new(&cm.b, batch)?;
@@ -499,8 +546,20 @@ impl Lt {
         &self,
         p: &LtPlan,
         g: &Gemm,
+        bias: Option<u64>,
         stream: cudarc::driver::sys::CUstream,
     ) -> Result<(), result::CublasError> {
+        if let Some(bias) = bias {
+            // The pointer is read when the call is queued, so one descriptor serves every
+            // bias of the shape. BIAS_POINTER is a `void *`.
+            let ptr = bias as *const c_void;
+            result::set_matmul_desc_attribute(
+                p.desc.0,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                &ptr as *const *const c_void as *const c_void,
+                size_of::<*const c_void>(),
+            )?;
+        }
         let (alpha, beta) = (1f32, 0f32);
         result::matmul(
             self.handle.0,

@@ -158,8 +158,15 @@ fn cublaslt_column_major_sizes_and_leading_dimensions() {
     }
 }
 
-/// `D = op(A') op(B')` per batch, as cuBLASLt computes it from column-major layouts.
-fn run_col_major(cm: &ColMajor, k: u64, a: &[f32], b: &[f32], d: &mut [f32]) {
+/// `D = op(A') op(B') (+ bias)` per batch, as cuBLASLt computes it from column-major layouts:
+/// its `CUBLASLT_EPILOGUE_BIAS` adds `bias[i]` to row `i` of D, in every column and batch.
+fn run_col_major(
+    cm: &ColMajor,
+    k: u64,
+    (a, b): (&[f32], &[f32]),
+    bias: Option<&[f32]>,
+    d: &mut [f32],
+) {
     let at = |x: &Matrix, mem: &[f32], t: bool, batch: u64, i: u64, j: u64| {
         let (r, c) = if t { (j, i) } else { (i, j) };
         assert!(r < x.rows && c < x.cols && x.ld >= x.rows);
@@ -184,6 +191,10 @@ fn run_col_major(cm: &ColMajor, k: u64, a: &[f32], b: &[f32], d: &mut [f32]) {
                 for p in 0..k {
                     s += at(&cm.a, a, cm.trans_a, batch, i, p)
                         * at(&cm.b, b, cm.trans_b, batch, p, j);
+                }
+                if let Some(bias) = bias {
+                    assert_eq!(bias.len() as u64, cm.d.rows, "one bias per row of D");
+                    s += bias[i as usize];
                 }
                 d[(batch * cm.d.stride + i + j * cm.d.ld) as usize] = s;
             }
@@ -251,12 +262,39 @@ fn cublaslt_column_major_problem_computes_the_row_major_product() {
             let mut got = want.clone();
             run_row_major(&g, &a, &b, &mut want);
             let cm = col_major(&Key::of(&g, Compute::Bf16));
-            run_col_major(&cm, k, &b, &a, &mut got);
+            run_col_major(&cm, k, (&b, &a), None, &mut got);
             assert_eq!(
                 got, want,
                 "trans {ta}/{tb}, batch {count}, broadcast {broadcast_a}/{broadcast_b}"
             );
         }
+    }
+}
+
+/// A `gemm+bias` kernel's bias (one value per column of row-major C, `codegen::GemmBias`) is
+/// cuBLASLt's bias of column-major D's rows, the same in every batch; such a GEMM has a
+/// plan of its own.
+#[test]
+fn cublaslt_bias_epilogue_adds_the_bias_along_the_last_axis() {
+    let (m, n, k) = (4, 3, 5);
+    let values = |n: u64, at: f32| -> Vec<f32> { (0..n).map(|i| (i % 7) as f32 - at).collect() };
+    for count in [1, 2] {
+        let g = gemm(m, n, k, count, false, true);
+        let (a, b) = (values(m * k * count, 3.0), values(k * n * count, 2.0));
+        let bias = [0.5f32, -1.25, 8.0];
+        let mut want = vec![f32::NAN; (m * n * count) as usize];
+        run_row_major(&g, &a, &b, &mut want);
+        for (i, x) in want.iter_mut().enumerate() {
+            *x += bias[i % n as usize];
+        }
+        let key = Key {
+            bias: true,
+            ..Key::of(&g, Compute::Bf16)
+        };
+        assert_ne!(key, Key::of(&g, Compute::Bf16));
+        let mut got = vec![f32::NAN; want.len()];
+        run_col_major(&col_major(&key), k, (&b, &a), Some(&bias), &mut got);
+        assert_eq!(got, want, "batch {count}");
     }
 }
 
