@@ -89,7 +89,12 @@ fn canonical(g: &Graph, nodes: &[NodeIndex]) -> Vec<NodeIndex> {
 /// Kernel `k` as a possible member: update-phase f32 ops that map element by element, each
 /// outside operand of the member's shape or one value, optionally ending in a sum of
 /// everything (`reduce_sum` over all axes).
-fn candidate(g: &Graph, k: &Kernel, stored: &HashSet<NodeIndex>) -> Option<Candidate> {
+fn candidate(
+    g: &Graph,
+    k: &Kernel,
+    stored: &HashSet<NodeIndex>,
+    roots: &HashSet<NodeIndex>,
+) -> Option<Candidate> {
     let (chain, reduce) = match k.kind {
         KernelKind::Elementwise | KernelKind::Single => (&k.nodes[..], false),
         KernelKind::ElementwiseReduce => {
@@ -139,6 +144,15 @@ fn candidate(g: &Graph, k: &Kernel, stored: &HashSet<NodeIndex>) -> Option<Candi
             wires.push(Wire::Outside(slot));
         }
         ops.push((node.op.clone(), wires));
+    }
+    // A stored value that is neither kept to the end (a root) nor one value would, with all
+    // members at once, live beside every other member's (a ZeRO rank's updates before their
+    // broadcasts): grouping would raise the peak, so such kernels stay alone.
+    if nodes
+        .iter()
+        .any(|&n| stored.contains(&n) && !roots.contains(&n) && !one_value(g, n))
+    {
+        return None;
     }
     let mut touched: HashSet<NodeIndex> = nodes.iter().copied().collect();
     for &(old, new) in &g.updates {
@@ -261,7 +275,11 @@ pub fn group_kernels(g: &Graph) -> Vec<Kernel> {
     let kernels = &g.kernels;
     let kernel_of = g.kernel_of();
     let stored: HashSet<NodeIndex> = super::fuse::stored(g).into_iter().flatten().collect();
-    let cands: Vec<Option<Candidate>> = kernels.iter().map(|k| candidate(g, k, &stored)).collect();
+    let roots: HashSet<NodeIndex> = g.roots().into_iter().collect();
+    let cands: Vec<Option<Candidate>> = kernels
+        .iter()
+        .map(|k| candidate(g, k, &stored, &roots))
+        .collect();
     let mut groups: Vec<Group> = Vec::new();
     // The group each signature's next member may join.
     let mut open: Vec<usize> = Vec::new();
