@@ -84,14 +84,27 @@ fn mlp_fuses_gemm_epilogues_and_optimizer_updates() {
         "sub",
     ];
     adamw.sort_unstable();
-    let updates = k
+    // (All four run as one grouped kernel, a member each: see tests/grouping.rs.)
+    let updates: usize = k
         .iter()
-        .filter(|(kind, ops)| {
-            let mut sorted = ops.clone();
-            sorted.sort_unstable();
-            *kind == KernelKind::Elementwise && sorted == adamw && ops.last() == Some(&"sub")
+        .map(|(kind, ops)| {
+            let members = match kind {
+                KernelKind::Elementwise => 1,
+                KernelKind::Grouped {
+                    members,
+                    reduce: false,
+                } => *members as usize,
+                _ => return 0,
+            };
+            ops.chunks(ops.len() / members)
+                .filter(|ops| {
+                    let mut sorted = ops.to_vec();
+                    sorted.sort_unstable();
+                    sorted == adamw && ops.last() == Some(&"sub")
+                })
+                .count()
         })
-        .count();
+        .sum();
     assert_eq!(updates, 4, "{k:?}");
     // The backward ReLU and dropout mask run together.
     assert!(
@@ -131,13 +144,19 @@ fn transformer_fuses_reductions_after_elementwise_chains() {
     let kv = ["attention_grad", "attention_grad"];
     assert_eq!(count(KernelKind::AttentionGradKeyValue, &kv), 2, "{k:?}");
     assert!(!k.iter().any(|(_, o)| o.contains(&"softmax")), "{k:?}");
-    // Gradient clipping: each gradient's square feeds its sum.
-    let norms = k
+    // Gradient clipping: each gradient's square feeds its sum (the group pass runs them
+    // as grouped kernels, a member each).
+    let norms: usize = k
         .iter()
-        .filter(|(kind, ops)| {
-            *kind == KernelKind::ElementwiseReduce && ops == &vec!["mul", "reduce_sum"]
+        .map(|(kind, ops)| match kind {
+            KernelKind::ElementwiseReduce if ops == &vec!["mul", "reduce_sum"] => 1,
+            KernelKind::Grouped {
+                members,
+                reduce: true,
+            } => *members as usize,
+            _ => 0,
         })
-        .count();
+        .sum();
     // (and each attention's `delta = rowsum(dy * y)` for its gradients).
     assert_eq!(norms, p.grads.len() + 2);
     // MLP: matmul, bias and GELU.

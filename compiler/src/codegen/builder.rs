@@ -49,6 +49,8 @@ pub fn imm(x: f32) -> String {
 pub enum ParamType {
     U64,
     F32,
+    /// `.align 8 .b8 [8 * words]`: a table of 64-bit words passed by value (`param_table`).
+    Table(u32),
 }
 
 /// One `.entry` being written.
@@ -154,7 +156,34 @@ impl Kernel {
         self.ins(format!("ld.param.f32 {a}, [{name}]"));
         a
     }
-    /// The arguments a launch passes, in parameter order.
+    /// A table of 64-bit words (addresses, counts) passed by value as one parameter, as
+    /// apex passes its tensor lists; returns its address in the parameter space, which
+    /// `ld.param` reads at any offset. Its argument is `Arg::Table`, then the words.
+    pub fn param_table(&mut self, words: &[Arg]) -> Rd {
+        let n = words.len() as u32;
+        let name = format!("{}_p{}", self.name, self.params.len());
+        self.params.push((name.clone(), ParamType::Table(n)));
+        self.args.push(Arg::Table { words: n });
+        self.args.extend_from_slice(words);
+        let a = self.rd();
+        self.ins(format!("mov.u64 {a}, {name}"));
+        a
+    }
+    /// The 64-bit word at `at` bytes into a table `param_table` returned.
+    pub fn table_u64(&mut self, table: Rd, at: impl std::fmt::Display) -> Rd {
+        let (a, d) = (self.rd(), self.rd());
+        self.ins(format!("add.u64 {a}, {table}, {at}"));
+        self.ins(format!("ld.param.u64 {d}, [{a}]"));
+        d
+    }
+    /// The global address in the word at `at` bytes into a table.
+    pub fn table_ptr(&mut self, table: Rd, at: impl std::fmt::Display) -> Rd {
+        let a = self.table_u64(table, at);
+        let b = self.rd();
+        self.ins(format!("cvta.to.global.u64 {b}, {a}"));
+        b
+    }
+    /// The arguments a launch passes, in parameter order (a table's words after it).
     pub fn args(&self) -> &[Arg] {
         &self.args
     }
@@ -551,12 +580,14 @@ impl Kernel {
         }
         let _ = writeln!(s, ".visible .entry {}(", self.name);
         for (k, (name, ty)) in self.params.iter().enumerate() {
-            let t = match ty {
-                ParamType::U64 => "u64",
-                ParamType::F32 => "f32",
-            };
             let comma = if k + 1 < self.params.len() { "," } else { "" };
-            let _ = writeln!(s, "\t.param .{t} {name}{comma}");
+            let _ = match ty {
+                ParamType::U64 => writeln!(s, "\t.param .u64 {name}{comma}"),
+                ParamType::F32 => writeln!(s, "\t.param .f32 {name}{comma}"),
+                ParamType::Table(n) => {
+                    writeln!(s, "\t.param .align 8 .b8 {name}[{}]{comma}", 8 * n)
+                }
+            };
         }
         s.push_str(")\n{\n");
         s.push_str(&self.shared);

@@ -4,12 +4,14 @@
 //!
 //! Files: `builder` writes PTX; `elementwise` the fused elementwise chains; `rows` the
 //! reductions along the last axis (softmax, norms, losses); `layout` data movement and general
-//! reductions; `conv` convolution and pooling.
+//! reductions; `conv` convolution and pooling; `grouped` one launch over many like kernels
+//! (each parameter's optimizer step).
 
 mod attention;
 pub mod builder;
 mod conv;
 mod elementwise;
+mod grouped;
 mod layout;
 mod rows;
 
@@ -48,12 +50,16 @@ pub enum Arg {
     U64(u64),
     /// A constant f32 (fill values).
     F32(f32),
+    /// One parameter holding the next `words` arguments (each an address or a u64) as a
+    /// table of 64-bit words, passed by value (`builder::Kernel::param_table`).
+    Table { words: u32 },
 }
 
 impl Arg {
     pub fn param_type(&self) -> ParamType {
         match self {
             Arg::DropoutThreshold { .. } | Arg::DropoutScale { .. } | Arg::F32(_) => ParamType::F32,
+            Arg::Table { words } => ParamType::Table(*words),
             _ => ParamType::U64,
         }
     }
@@ -347,6 +353,9 @@ pub fn generate_with(
                 )?);
                 l
             }
+            KernelKind::Grouped { .. } => {
+                grouped::generate(&mut g, &name, plan, &shapes, kern.kind, steps)?
+            }
             KernelKind::Attention | KernelKind::AttentionGradKeyValue => {
                 let of = |s: usize| operand(s, stored(s));
                 attention::kernel(&mut g, &name, plan, steps, &of)?
@@ -381,7 +390,12 @@ pub fn generate_with(
         kernels.push(KernelCode {
             index,
             phase: plan.steps[last].phase,
-            ops: steps.iter().map(|&s| plan.steps[s].op.name()).collect(),
+            // A grouped kernel's members all fuse the first one's ops.
+            ops: crate::ir::kernels::members_of(kern.kind, steps)[0]
+                .1
+                .iter()
+                .map(|&s| plan.steps[s].op.name())
+                .collect(),
             launches,
         });
     }

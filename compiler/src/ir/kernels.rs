@@ -23,6 +23,12 @@ pub enum KernelKind {
     /// The key and value gradients of one attention (`AttentionGrad` by `Key` and by
     /// `Value`), in one pass over the queries.
     AttentionGradKeyValue,
+    /// `members` kernels that do the same ops to different tensors (each parameter's
+    /// update, or its squared norm when `reduce`), run as one launch over all of them (the
+    /// group pass). Their nodes are concatenated, member by member, equally many each; each
+    /// member alone is an `Elementwise` kernel (`Single` if one op), or with `reduce` an
+    /// `ElementwiseReduce` summing everything.
+    Grouped { members: u32, reduce: bool },
 }
 
 #[derive(Debug, Clone)]
@@ -41,6 +47,14 @@ impl KernelKind {
             KernelKind::ElementwiseReduce => "elementwise+reduce".into(),
             KernelKind::Attention => "attention".into(),
             KernelKind::AttentionGradKeyValue => "attention_grad_kv".into(),
+            KernelKind::Grouped { members, reduce } => {
+                let of = if *reduce {
+                    "elementwise+reduce"
+                } else {
+                    "elementwise"
+                };
+                format!("grouped({members}x{of})")
+            }
             KernelKind::Gemm { bias, activation } => {
                 let mut s = String::from("gemm");
                 if *bias {
@@ -53,5 +67,33 @@ impl KernelKind {
                 s
             }
         }
+    }
+}
+
+/// The members of a kernel of `kind` over `nodes` (plan steps or graph nodes): each member's
+/// kind as a kernel of its own and its share of `nodes`; a kernel that is not grouped is its
+/// own one member.
+pub fn members_of<T>(kind: KernelKind, nodes: &[T]) -> Vec<(KernelKind, &[T])> {
+    let KernelKind::Grouped { members, reduce } = kind else {
+        return vec![(kind, nodes)];
+    };
+    let per = nodes.len() / (members.max(1) as usize);
+    nodes
+        .chunks(per.max(1))
+        .map(|m| {
+            let kind = match (reduce, m.len()) {
+                (true, _) => KernelKind::ElementwiseReduce,
+                (false, 1) => KernelKind::Single,
+                (false, _) => KernelKind::Elementwise,
+            };
+            (kind, m)
+        })
+        .collect()
+}
+
+impl Kernel {
+    /// See `members_of`.
+    pub fn members(&self) -> Vec<(KernelKind, &[NodeIndex])> {
+        members_of(self.kind, &self.nodes)
     }
 }

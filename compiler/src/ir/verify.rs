@@ -112,6 +112,62 @@ pub fn verify(g: &Graph) -> Result<(), String> {
     }
     if let Some(schedule) = &g.schedule {
         verify_buffers(g, schedule)?;
+        verify_groups(g, schedule)?;
+    }
+    Ok(())
+}
+
+/// A grouped kernel's members run at once: equally many ops each, none reading another's
+/// values, and no buffer one member writes read or written by another.
+fn verify_groups(g: &Graph, s: &BufferSchedule) -> Result<(), String> {
+    for (k, kernel) in g.kernels.iter().enumerate() {
+        let KernelKind::Grouped { members, .. } = kernel.kind else {
+            continue;
+        };
+        if members == 0 || kernel.nodes.len() % members as usize != 0 {
+            return Err(format!(
+                "grouped kernel {k} has {} ops, not {members} equal members",
+                kernel.nodes.len()
+            ));
+        }
+        let parts = kernel.members();
+        let member_of: HashMap<NodeIndex, usize> = parts
+            .iter()
+            .enumerate()
+            .flat_map(|(m, (_, nodes))| nodes.iter().map(move |&n| (n, m)))
+            .collect();
+        // Buffers each member writes, and those it reads or writes.
+        let mut writes: Vec<HashSet<usize>> = vec![HashSet::new(); parts.len()];
+        let mut uses: Vec<HashSet<usize>> = vec![HashSet::new(); parts.len()];
+        for (m, (_, nodes)) in parts.iter().enumerate() {
+            for &n in nodes.iter() {
+                if let Some(&b) = s.buffer_of.get(&n) {
+                    writes[m].insert(b);
+                    uses[m].insert(b);
+                }
+                for o in g.operands(n) {
+                    if member_of.get(&o).is_some_and(|&x| x != m) {
+                        return Err(format!(
+                            "grouped kernel {k}: a member reads another's `{}` ({})",
+                            g.g[o].layer,
+                            g.g[o].op.name()
+                        ));
+                    }
+                    if let Some(&b) = s.buffer_of.get(&o) {
+                        uses[m].insert(b);
+                    }
+                }
+            }
+        }
+        for (m, w) in writes.iter().enumerate() {
+            for (x, u) in uses.iter().enumerate() {
+                if let Some(b) = (x != m).then(|| w.intersection(u).next()).flatten() {
+                    return Err(format!(
+                        "grouped kernel {k}: members {m} and {x} both use buffer b{b}, which {m} writes"
+                    ));
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -258,7 +314,9 @@ fn verify_buffers(g: &Graph, s: &BufferSchedule) -> Result<(), String> {
             let k = &g.kernels[made - 1];
             matches!(
                 k.kind,
-                KernelKind::Elementwise | KernelKind::ElementwiseReduce
+                KernelKind::Elementwise
+                    | KernelKind::ElementwiseReduce
+                    | KernelKind::Grouped { .. }
             ) || k.kind == KernelKind::Single
                 && g.g[k.nodes[0]].op.def().class == OpClass::Elementwise
                 || g.rewrites_rows_in_place(&k.nodes)

@@ -6,6 +6,7 @@ pub mod autodiff;
 mod emit;
 pub mod fuse;
 pub mod grad_sync;
+pub mod group;
 pub mod lower;
 pub mod optimizer;
 pub mod pipeline;
@@ -87,6 +88,11 @@ pub static PIPELINE: &[Pass] = &[
         name: "fuse",
         about: "group elementwise chains, reductions and GEMM epilogues into kernels",
         run: fuse::run,
+    },
+    Pass {
+        name: "group",
+        about: "like update kernels (each parameter's step, each squared norm) as one launch",
+        run: group::run,
     },
     Pass {
         name: "schedule",

@@ -323,10 +323,11 @@ impl Plan {
         };
         self.kernels
             .iter()
-            .filter_map(|k| match k.kind {
-                KernelKind::ElementwiseReduce => k.steps.iter().rev().nth(1).map(|&s| numel(s)),
-                KernelKind::Gemm { .. } if self.steps[k.steps[0]].buffer.is_none() => {
-                    Some(numel(k.steps[0]))
+            .flat_map(|k| crate::ir::kernels::members_of(k.kind, &k.steps))
+            .filter_map(|(kind, steps)| match kind {
+                KernelKind::ElementwiseReduce => steps.iter().rev().nth(1).map(|&s| numel(s)),
+                KernelKind::Gemm { .. } if self.steps[steps[0]].buffer.is_none() => {
+                    Some(numel(steps[0]))
                 }
                 _ => None,
             })

@@ -74,6 +74,8 @@ impl Executor {
                     KernelKind::Gemm { .. } => "matmul (with an epilogue)",
                     KernelKind::Attention => "attention",
                     KernelKind::AttentionGradKeyValue => "attention gradient (keys, values)",
+                    KernelKind::Grouped { reduce: false, .. } => "grouped elementwise",
+                    KernelKind::Grouped { reduce: true, .. } => "grouped elementwise+reduce",
                 };
                 let e = p.by_kind.entry(name).or_insert((0.0, 0));
                 e.0 += secs - epilogue.unwrap_or(0.0);
@@ -230,6 +232,29 @@ impl Executor {
                 return self.run_matmul_permuted(*mm, f);
             }
         }
+        if let KernelKind::Grouped { .. } = kind {
+            // Member by member, each as the kernel it would be alone: the same bits.
+            for (kind, member) in parallax_compiler::ir::kernels::members_of(kind, steps) {
+                match kind {
+                    KernelKind::ElementwiseReduce => self.run_chain_then_reduce(member, ctx)?,
+                    _ => self.run_kernel_kind(kind, member, k, ctx, fold)?,
+                }
+            }
+            return Ok(());
+        }
+        self.run_kernel_kind(kind, steps, k, ctx, fold)
+    }
+
+    /// Runs kernel `k`'s `steps` as a kernel of `kind`.
+    fn run_kernel_kind(
+        &mut self,
+        kind: KernelKind,
+        steps: &[usize],
+        k: usize,
+        ctx: &Ctx,
+        fold: bool,
+    ) -> Result<(), ExecError> {
+        let plan = self.plan.clone();
         match kind {
             // An update written over its operand (see the schedule pass) runs as a fused
             // kernel, which reads each element before writing it.
@@ -278,6 +303,7 @@ impl Executor {
                 Some((x, by, causal)) => self.run_scaled_softmax(x, by, causal, steps[1]),
                 None => self.run_chain_then_reduce(steps, ctx),
             },
+            KernelKind::Grouped { .. } => unreachable!("members run one by one"),
         }
     }
 

@@ -53,6 +53,8 @@ pub(super) struct Loaded {
 pub(super) enum ArgValue {
     U64(u64),
     F32(f32),
+    /// A table of 64-bit words passed by value (`codegen::Arg::Table`).
+    Table(Vec<u64>),
 }
 
 pub struct CudaExecutor {

@@ -100,7 +100,46 @@ impl CudaExecutor {
             Arg::FirstSample => ArgValue::U64(first_sample),
             Arg::U64(v) => ArgValue::U64(v),
             Arg::F32(v) => ArgValue::F32(v),
+            Arg::Table { .. } => {
+                return Err(CudaError::Exec(
+                    "a table outside a kernel's arguments".into(),
+                ))
+            }
         })
+    }
+
+    /// A kernel's arguments resolved, each table's words gathered into one value.
+    fn resolve_all(
+        &self,
+        args: &[Arg],
+        mode: Mode,
+        step: u64,
+        first_sample: u64,
+    ) -> Result<Vec<ArgValue>, CudaError> {
+        let mut values = Vec::with_capacity(args.len());
+        let mut rest = args;
+        while let Some((a, tail)) = rest.split_first() {
+            rest = tail;
+            let Arg::Table { words } = *a else {
+                values.push(self.resolve(a, mode, step, first_sample)?);
+                continue;
+            };
+            let words = (words as usize).min(rest.len());
+            let (table, tail) = rest.split_at(words);
+            rest = tail;
+            let table = table
+                .iter()
+                .map(|w| match self.resolve(w, mode, step, first_sample)? {
+                    ArgValue::U64(x) => Ok(x),
+                    _ => Err(CudaError::Exec("a table word is not 64-bit".into())),
+                })
+                .collect::<Result<Vec<u64>, CudaError>>()?;
+            if table.is_empty() {
+                return Err(CudaError::Exec("an empty table argument".into()));
+            }
+            values.push(ArgValue::Table(table));
+        }
+        Ok(values)
     }
 
     fn launch_entry(
@@ -121,6 +160,9 @@ impl CudaExecutor {
             match v {
                 ArgValue::U64(x) => b.arg(x),
                 ArgValue::F32(x) => b.arg(x),
+                // The driver copies the parameter's size (the whole table) from the address
+                // of its first word; `values` outlives the launch.
+                ArgValue::Table(t) => b.arg(&t[0]),
             };
         }
         let cfg = LaunchConfig {
@@ -154,19 +196,14 @@ impl CudaExecutor {
                 args,
                 shared,
             } => {
-                let values = args
-                    .iter()
-                    .map(|a| self.resolve(a, mode, step, first_sample))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let values = self.resolve_all(args, mode, step, first_sample)?;
                 self.launch_entry(batch, entry, *grid, *block, *shared, &values)?;
                 Ok(Ran::Done)
             }
             Launch::Copy { src, dst, elements } => {
                 let ptr = |x: &Arg| match self.resolve(x, mode, step, first_sample)? {
                     ArgValue::U64(p) => Ok(p),
-                    ArgValue::F32(_) => {
-                        Err(CudaError::Exec("a copy operand is not a buffer".into()))
-                    }
+                    _ => Err(CudaError::Exec("a copy operand is not a buffer".into())),
                 };
                 let (s, d) = (ptr(src)?, ptr(dst)?);
                 if s != d && *elements > 0 {
@@ -199,9 +236,7 @@ impl CudaExecutor {
             } => {
                 let ptr = |x: &Arg| match self.resolve(x, mode, step, first_sample)? {
                     ArgValue::U64(p) => Ok(p),
-                    ArgValue::F32(_) => {
-                        Err(CudaError::Exec("a GEMM operand is not a buffer".into()))
-                    }
+                    _ => Err(CudaError::Exec("a GEMM operand is not a buffer".into())),
                 };
                 let (pa, pb, pc) = (ptr(a)?, ptr(b)?, ptr(c)?);
                 let g = super::gemm::Gemm {
