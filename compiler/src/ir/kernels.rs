@@ -10,7 +10,8 @@ pub enum KernelKind {
     Single,
     /// A chain of elementwise ops.
     Elementwise,
-    /// Elementwise ops ending in a reduction.
+    /// Elementwise ops ending in a reduction. Before a layer or RMS norm the chain's last
+    /// value may also be stored (a residual stream): one pass computes, stores and normalizes it.
     ElementwiseReduce,
     /// A matmul, then optionally a bias add and an activation.
     Gemm {
@@ -23,6 +24,9 @@ pub enum KernelKind {
     /// The key and value gradients of one attention (`AttentionGrad` by `Key` and by
     /// `Value`), in one pass over the queries.
     AttentionGradKeyValue,
+    /// A layer or RMS norm's gradient, then an `add` of it and another value of its shape
+    /// (the residual stream's gradient), row by row; the norm's gradient is not stored.
+    NormGradAdd,
 }
 
 #[derive(Debug, Clone)]
@@ -41,6 +45,7 @@ impl KernelKind {
             KernelKind::ElementwiseReduce => "elementwise+reduce".into(),
             KernelKind::Attention => "attention".into(),
             KernelKind::AttentionGradKeyValue => "attention_grad_kv".into(),
+            KernelKind::NormGradAdd => "norm_grad+add".into(),
             KernelKind::Gemm { bias, activation } => {
                 let mut s = String::from("gemm");
                 if *bias {
