@@ -175,26 +175,28 @@ pub fn norm_grad_add(
         None => None,
     };
     let o = f32s_mut(OP, out)?;
+    let grad_row = |xr: &[f32], gr: &[f32], dx: &mut [f32]| match norm {
+        Norm::Layer => layer_norm_grad_row(xr, gr, dx, eps),
+        Norm::Rms => rms_norm_grad_row(xr, gr, dx, eps),
+    };
     for_rows(o, c, 3 * xs.len(), |i, row| {
         let (xr, gr) = (&xs[i * c..][..c], &gs[i * c..][..c]);
-        scratch::with(c, |dx: &mut [f32]| {
-            match norm {
-                Norm::Layer => layer_norm_grad_row(xr, gr, dx, eps),
-                Norm::Rms => rms_norm_grad_row(xr, gr, dx, eps),
-            }
-            match other {
-                Some(t) => {
-                    for ((o, &b), &d) in row.iter_mut().zip(&t[i * c..][..c]).zip(&*dx) {
-                        *o = b + d;
-                    }
-                }
-                None => {
-                    for (o, &d) in row.iter_mut().zip(&*dx) {
-                        *o += d;
-                    }
+        match other {
+            // The gradient into the output row, then the other value added to it.
+            Some(t) => {
+                grad_row(xr, gr, row);
+                for (o, &b) in row.iter_mut().zip(&t[i * c..][..c]) {
+                    *o += b;
                 }
             }
-        })
+            // The output row holds the other value: the gradient goes to a scratch row.
+            None => scratch::with(c, |dx: &mut [f32]| {
+                grad_row(xr, gr, dx);
+                for (o, &d) in row.iter_mut().zip(&*dx) {
+                    *o += d;
+                }
+            }),
+        }
     });
     Ok(())
 }
