@@ -20,15 +20,7 @@ fn source(name: &str) -> Source {
 /// The plan as compiled, and the same graph run one op per kernel without buffer reuse
 /// planning from the fuse pass.
 fn plans(name: &str) -> (Source, Plan, Plan) {
-    let s = source(name);
-    let options = Options::default();
-    let c = compile(&s, &options, &mut |_, _| {}).unwrap();
-    let fused = c.plan(&s, &options);
-    let mut g = c.graph.clone();
-    g.kernels.clear();
-    g.schedule = None;
-    let plain = Plan::single_device(&g, &s, &options);
-    (s, fused, plain)
+    plans_of(source(name))
 }
 
 /// Op names of each multi-op kernel, with its kind.
@@ -169,6 +161,70 @@ fn transformer_fuses_reductions_after_elementwise_chains() {
     )));
 }
 
+/// The plan as compiled and one op per kernel (as `plans`), for a source's text.
+fn plans_of(s: Source) -> (Source, Plan, Plan) {
+    let options = Options::default();
+    let c = compile(&s, &options, &mut |_, _| {}).unwrap();
+    let fused = c.plan(&s, &options);
+    let mut g = c.graph.clone();
+    g.kernels.clear();
+    g.schedule = None;
+    let plain = Plan::single_device(&g, &s, &options);
+    (s, fused, plain)
+}
+
+/// The transformer with RMS norms in place of its layer norms.
+fn rms_transformer() -> Source {
+    let path = format!("{}/models/transformer.ron", env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(text.contains("LayerNorm"));
+    parse_bytes(text.replace("LayerNorm", "RmsNorm").as_bytes()).unwrap()
+}
+
+/// Pre-LN residual blocks: each residual add runs in its norm's kernel (the sum stored for
+/// the next residual add and normalized in one pass), and each norm's gradient in the kernel
+/// of the add of the residual's gradient after it. With layer norms and with RMS norms.
+#[test]
+fn residual_adds_fuse_with_norms_and_their_gradients() {
+    for (s, norm, grad) in [
+        (source("transformer"), "layer_norm", "layer_norm_grad"),
+        (rms_transformer(), "rms_norm", "rms_norm_grad"),
+    ] {
+        let (_, p, _) = plans_of(s);
+        let kernel_of: HashMap<usize, usize> = p
+            .kernels
+            .iter()
+            .enumerate()
+            .flat_map(|(k, kern)| kern.steps.iter().map(move |&s| (s, k)))
+            .collect();
+        let is = |s: usize, name: &str| p.steps[s].op.name() == name;
+        let (mut norms, mut grads) = (0, 0);
+        for st in &p.steps {
+            let k = kernel_of.get(&st.id);
+            // Every norm of an add: one kernel, the add stored (the residual stream).
+            if st.op.name() == norm && is(st.operands[0], "add") {
+                let kern = &p.kernels[k.copied().unwrap()];
+                assert_eq!(kern.kind, KernelKind::ElementwiseReduce, "{norm}");
+                assert_eq!(kern.steps, [st.operands[0], st.id], "{norm}");
+                assert!(p.steps[st.operands[0]].buffer.is_some(), "{norm}");
+                norms += 1;
+            }
+            // Every add of a norm's gradient read by nothing else: one kernel.
+            if st.op.name() == "add" && st.operands.iter().any(|&o| is(o, grad)) {
+                let kern = &p.kernels[k.copied().unwrap()];
+                assert_eq!(kern.kind, KernelKind::NormGradAdd, "{grad}");
+                let ng = kern.steps[0];
+                assert!(is(ng, grad) && kern.steps == [ng, st.id], "{grad}");
+                assert!(p.steps[ng].buffer.is_none(), "{grad}");
+                grads += 1;
+            }
+        }
+        // Two per layer and the final norm; the final norm's gradient is read by its layer's
+        // gradients too, so it is added where the next norm's gradient is.
+        assert_eq!((norms, grads), (5, 4), "{norm}");
+    }
+}
+
 /// Three training steps of `plan` on the data's first batch of 8.
 fn train(s: &Source, plan: Plan, steps: u64) -> Executor {
     let mut session = Session::new(s, plan, 8, 1, std::path::Path::new(".")).unwrap();
@@ -183,8 +239,12 @@ fn train(s: &Source, plan: Plan, steps: u64) -> Executor {
 
 #[test]
 fn fused_plans_compute_the_same_bits() {
-    for name in ["mlp", "cnn", "transformer"] {
-        let (s, fused, plain) = plans(name);
+    let sources = ["mlp", "cnn", "transformer"].map(|name| (name, source(name)));
+    for (name, s) in sources
+        .into_iter()
+        .chain([("rms transformer", rms_transformer())])
+    {
+        let (s, fused, plain) = plans_of(s);
         let (a, b) = (train(&s, fused, 3), train(&s, plain, 3));
         assert_eq!(
             a.output("loss").unwrap().f32(),
@@ -319,14 +379,22 @@ fn buffers_are_reused_but_never_shared_by_live_values() {
             for w in iv.windows(2) {
                 // The next value may be written only after the previous one's last reader ran,
                 // or by that reader, an elementwise kernel writing over its operand (or a
-                // cross-entropy's gradient over its logits, row by row).
-                let steps = &p.kernels[w[1].0].steps;
+                // cross-entropy's gradient over its logits, row by row, a chain before a norm,
+                // a norm gradient's add over its other operand).
+                let (steps, kind) = (&p.kernels[w[1].0].steps, p.kernels[w[1].0].kind);
+                let norm_last = steps.last().is_some_and(|&x| {
+                    matches!(p.steps[x].op, Op::LayerNorm { .. } | Op::RmsNorm { .. })
+                });
                 let over = w[1].0 == w[0].1
                     && p.steps[w[1].2].operands.contains(&w[0].2)
                     && (steps
                         .iter()
                         .all(|&x| p.steps[x].op.def().class == OpClass::Elementwise)
-                        || matches!(steps[..], [x] if matches!(p.steps[x].op, Op::CrossEntropyGrad { .. })));
+                        || matches!(steps[..], [x] if matches!(p.steps[x].op, Op::CrossEntropyGrad { .. }))
+                        || (kind == KernelKind::ElementwiseReduce
+                            && norm_last
+                            && p.steps[w[1].2].op.def().class == OpClass::Elementwise)
+                        || kind == KernelKind::NormGradAdd);
                 handed_on += usize::from(over);
                 assert!(
                     w[1].0 > w[0].1 || over,

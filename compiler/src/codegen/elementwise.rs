@@ -101,6 +101,185 @@ enum Src {
     Memory(Rd, usize),
 }
 
+/// An elementwise chain's parameters, declared on a kernel, and its evaluation at an element:
+/// the grid-stride chain kernel's body, and the first pass of a row kernel that normalizes the
+/// chain's value (`rows::norm_of_chain`).
+pub(super) struct Chain<'a> {
+    plan: &'a Plan,
+    shapes: &'a [Vec<u64>],
+    steps: &'a [usize],
+    srcs: Vec<[Option<Src>; 2]>,
+    /// Per step, where its value is stored.
+    stores: Vec<Vec<Rd>>,
+    drop_params: Vec<(u64, F, F, Rd)>,
+    first: Option<Rd>,
+    per_sample: u64,
+}
+
+impl<'a> Chain<'a> {
+    /// Declares the parameters of the elementwise `steps` (all of the last step's shape):
+    /// the memory operands (each once), then the stores, then dropout's. `given` is a value
+    /// already computed elsewhere (a matmul result at its `Arg`); `stage` is a step whose value
+    /// is also written to the scratch buffer (the input of the reduction that follows).
+    pub(super) fn declare(
+        k: &mut Kernel,
+        plan: &'a Plan,
+        shapes: &'a [Vec<u64>],
+        steps: &'a [usize],
+        given: Option<(usize, Arg)>,
+        stage: Option<usize>,
+    ) -> Result<Chain<'a>, CodegenError> {
+        let last = *steps.last().ok_or(CodegenError::Bad {
+            op: "elementwise",
+            message: "an empty chain".into(),
+        })?;
+        let out_shape = &shapes[last];
+        let n: u64 = out_shape.iter().product();
+        let per_sample = if out_shape.is_empty() {
+            1
+        } else {
+            (n / out_shape[0].max(1)).max(1)
+        };
+        let mut memory: Vec<(usize, Rd)> = Vec::new();
+        let mut srcs: Vec<[Option<Src>; 2]> = Vec::new();
+        for &s in steps {
+            let st = &plan.steps[s];
+            let mut ops = [None, None];
+            for (j, &o) in st.operands.iter().enumerate().take(2) {
+                ops[j] = Some(if let Some(r) = steps.iter().position(|&x| x == o) {
+                    Src::Register(r)
+                } else {
+                    let ptr = match memory.iter().find(|(m, _)| *m == o) {
+                        Some(&(_, p)) => p,
+                        None => {
+                            let arg = match given {
+                                Some((gs, at)) if gs == o => at,
+                                _ => Arg::Value(o),
+                            };
+                            if plan.steps[o].ty.dtype != crate::ir::DType::F32 {
+                                return Err(CodegenError::Bad {
+                                    op: st.op.name(),
+                                    message: "expects f32 operands".into(),
+                                });
+                            }
+                            let p = k.param_ptr(arg);
+                            memory.push((o, p));
+                            p
+                        }
+                    };
+                    Src::Memory(ptr, o)
+                });
+            }
+            srcs.push(ops);
+        }
+        let mut stores: Vec<Vec<Rd>> = Vec::new();
+        for &s in steps {
+            let mut v = Vec::new();
+            if plan.steps[s].buffer.is_some() {
+                v.push(k.param_ptr(Arg::Value(s)));
+            }
+            if stage == Some(s) {
+                v.push(k.param_ptr(Arg::Scratch));
+            }
+            stores.push(v);
+        }
+        // Dropout parameters, declared before the loop.
+        let mut drop_params: Vec<(u64, F, F, Rd)> = Vec::new();
+        let mut first: Option<Rd> = None;
+        for &s in steps {
+            if let Op::Dropout { p, stream } = plan.steps[s].op {
+                let key = k.param_u64(Arg::DropoutKey { stream });
+                let t = k.param_f32(Arg::DropoutThreshold { p });
+                let sc = k.param_f32(Arg::DropoutScale { p });
+                drop_params.push((stream, t, sc, key));
+                if first.is_none() {
+                    first = Some(k.param_u64(Arg::FirstSample));
+                }
+            }
+        }
+        Ok(Chain {
+            plan,
+            shapes,
+            steps,
+            srcs,
+            stores,
+            drop_params,
+            first,
+            per_sample,
+        })
+    }
+
+    /// Where the last step's value is stored (its buffer, else the scratch), if anywhere.
+    pub(super) fn last_store(&self) -> Option<Rd> {
+        self.stores.last().and_then(|v| v.first().copied())
+    }
+
+    /// Evaluates every step at element `i`, stores the stored ones and returns the last value.
+    pub(super) fn eval(&self, k: &mut Kernel, i: Rd) -> Result<F, CodegenError> {
+        let (plan, steps, per_sample) = (self.plan, self.steps, self.per_sample);
+        let out_shape = &self.shapes[*steps.last().expect("declared non-empty")];
+        let mut regs: Vec<F> = Vec::new();
+        // The random index of element `i`, computed once per element if any op drops.
+        let mut rand_index: Option<Rd> = None;
+        for (r, &s) in steps.iter().enumerate() {
+            let st = &plan.steps[s];
+            let mut vals = [None, None];
+            for (v, src) in vals.iter_mut().zip(self.srcs[r]) {
+                *v = match src {
+                    None => None,
+                    Some(Src::Register(x)) => Some(regs[x]),
+                    Some(Src::Memory(ptr, o)) => {
+                        let idx = broadcast_index(k, i, out_shape, &self.shapes[o]);
+                        Some(k.load(ptr, idx))
+                    }
+                };
+            }
+            let Some(a) = vals[0] else {
+                return Err(CodegenError::Bad {
+                    op: st.op.name(),
+                    message: "has no operand".into(),
+                });
+            };
+            let mut dropout = |k: &mut Kernel, _p: f64, stream: u64| {
+                let &(_, t, sc, key) = self
+                    .drop_params
+                    .iter()
+                    .find(|d| d.0 == stream)
+                    .expect("declared above");
+                let index = *rand_index.get_or_insert_with(|| {
+                    let fs = self.first.expect("declared with the dropout");
+                    let q = k.op64("div", i, per_sample);
+                    let rem = k.op64("rem", i, per_sample);
+                    let sample = k.op64("add", fs, q);
+                    let base = k.op64("mul.lo", sample, per_sample);
+                    k.op64("add", base, rem)
+                });
+                // bits = mix(key + index * golden), as `rng::bits`.
+                let t1 = k.op64("mul.lo", index, "0x9E3779B97F4A7C15");
+                let z = k.op64("add", key, t1);
+                (t, sc, mix(k, z))
+            };
+            regs.push(apply(k, &st.op, a, vals[1], &mut dropout)?);
+            let v = regs[r];
+            for &p in &self.stores[r] {
+                k.store(p, i, v);
+            }
+        }
+        Ok(*regs.last().expect("declared non-empty"))
+    }
+}
+
+/// `a op b` for a binary elementwise op (an epilogue's add).
+pub(super) fn binary(k: &mut Kernel, op: &Op, a: F, b: F) -> Result<F, CodegenError> {
+    match op.map() {
+        Some(crate::ir::maps::Elementwise::Binary(m)) => Ok((m.0.ptx)(k, a, b)),
+        _ => Err(CodegenError::Bad {
+            op: op.name(),
+            message: "is not a binary elementwise op".into(),
+        }),
+    }
+}
+
 /// One kernel for the elementwise `steps` (all of the last step's shape). `given` is a value
 /// already computed elsewhere (a matmul result at its `Arg`); `stage` is a step whose value is
 /// also written to the scratch buffer (the input of the reduction that follows).
@@ -113,129 +292,17 @@ pub(super) fn chain(
     given: Option<(usize, Arg)>,
     stage: Option<usize>,
 ) -> Result<Launch, CodegenError> {
-    let last = *steps.last().expect("a chain has steps");
-    let out_shape = &shapes[last];
-    let n: u64 = out_shape.iter().product();
-    let per_sample = if out_shape.is_empty() {
-        1
-    } else {
-        (n / out_shape[0].max(1)).max(1)
-    };
     let mut k = Kernel::new(&format!("{name}e"));
-    // Parameters first: the memory operands (each once), then the stores.
-    let mut memory: Vec<(usize, Rd)> = Vec::new();
-    let mut srcs: Vec<[Option<Src>; 2]> = Vec::new();
-    for &s in steps {
-        let st = &plan.steps[s];
-        let mut ops = [None, None];
-        for (j, &o) in st.operands.iter().enumerate().take(2) {
-            ops[j] = Some(if let Some(r) = steps.iter().position(|&x| x == o) {
-                Src::Register(r)
-            } else {
-                let ptr = match memory.iter().find(|(m, _)| *m == o) {
-                    Some(&(_, p)) => p,
-                    None => {
-                        let arg = match given {
-                            Some((gs, at)) if gs == o => at,
-                            _ => Arg::Value(o),
-                        };
-                        if plan.steps[o].ty.dtype != crate::ir::DType::F32 {
-                            return Err(CodegenError::Bad {
-                                op: st.op.name(),
-                                message: "expects f32 operands".into(),
-                            });
-                        }
-                        let p = k.param_ptr(arg);
-                        memory.push((o, p));
-                        p
-                    }
-                };
-                Src::Memory(ptr, o)
-            });
-        }
-        srcs.push(ops);
-    }
-    let mut stores: Vec<Vec<Rd>> = Vec::new();
-    for &s in steps {
-        let mut v = Vec::new();
-        if plan.steps[s].buffer.is_some() {
-            v.push(k.param_ptr(Arg::Value(s)));
-        }
-        if stage == Some(s) {
-            v.push(k.param_ptr(Arg::Scratch));
-        }
-        stores.push(v);
-    }
-    // Dropout parameters, declared before the loop.
-    let mut drop_params: Vec<(u64, F, F, Rd)> = Vec::new();
-    let mut first: Option<Rd> = None;
-    for &s in steps {
-        if let Op::Dropout { p, stream } = plan.steps[s].op {
-            let key = k.param_u64(Arg::DropoutKey { stream });
-            let t = k.param_f32(Arg::DropoutThreshold { p });
-            let sc = k.param_f32(Arg::DropoutScale { p });
-            drop_params.push((stream, t, sc, key));
-            if first.is_none() {
-                first = Some(k.param_u64(Arg::FirstSample));
-            }
-        }
-    }
+    let c = Chain::declare(&mut k, plan, shapes, steps, given, stage)?;
+    let n: u64 = shapes[*steps.last().expect("declared non-empty")]
+        .iter()
+        .product();
     let (i0, stride) = k.global_index();
     let end = k.u64c(n);
     let mut result: Result<(), CodegenError> = Ok(());
     k.for_range(i0, end, stride, |k, i| {
-        let mut regs: Vec<F> = Vec::new();
-        // The random index of element `i`, computed once per element if any op drops.
-        let mut rand_index: Option<Rd> = None;
-        for (r, &s) in steps.iter().enumerate() {
-            let st = &plan.steps[s];
-            let mut vals = [None, None];
-            for j in 0..2 {
-                vals[j] = match srcs[r][j] {
-                    None => None,
-                    Some(Src::Register(x)) => Some(regs[x]),
-                    Some(Src::Memory(ptr, o)) => {
-                        let idx = broadcast_index(k, i, out_shape, &shapes[o]);
-                        Some(k.load(ptr, idx))
-                    }
-                };
-            }
-            let Some(a) = vals[0] else {
-                result = Err(CodegenError::Bad {
-                    op: st.op.name(),
-                    message: "has no operand".into(),
-                });
-                return;
-            };
-            let mut dropout = |k: &mut Kernel, _p: f64, stream: u64| {
-                let &(_, t, sc, key) = drop_params
-                    .iter()
-                    .find(|d| d.0 == stream)
-                    .expect("declared above");
-                let index = *rand_index.get_or_insert_with(|| {
-                    let fs = first.expect("declared with the dropout");
-                    let q = k.op64("div", i, per_sample);
-                    let rem = k.op64("rem", i, per_sample);
-                    let sample = k.op64("add", fs, q);
-                    let base = k.op64("mul.lo", sample, per_sample);
-                    k.op64("add", base, rem)
-                });
-                // bits = mix(key + index * golden), as `rng::bits`.
-                let t1 = k.op64("mul.lo", index, "0x9E3779B97F4A7C15");
-                let z = k.op64("add", key, t1);
-                (t, sc, mix(k, z))
-            };
-            match apply(k, &st.op, a, vals[1], &mut dropout) {
-                Ok(v) => regs.push(v),
-                Err(e) => {
-                    result = Err(e);
-                    return;
-                }
-            }
-            let v = regs[r];
-            for &p in &stores[r] {
-                k.store(p, i, v);
-            }
+        if let Err(e) = c.eval(k, i) {
+            result = Err(e);
         }
     });
     result?;

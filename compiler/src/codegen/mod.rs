@@ -315,6 +315,12 @@ pub fn generate_with(
                 .map(|&o| operand(o, stored(o)))
                 .collect()
         };
+        let norm_fused = |g: &mut Gen, scratch: &mut u64| -> Result<Vec<Launch>, CodegenError> {
+            let of = |s: usize| operand(s, stored(s));
+            let (l, staged) = rows::norm::fused(g, &name, plan, &shapes, steps, &of)?;
+            *scratch = (*scratch).max(staged);
+            Ok(vec![l])
+        };
         let launches = match kern.kind {
             KernelKind::Single => {
                 let s = steps[0];
@@ -330,6 +336,16 @@ pub fn generate_with(
             KernelKind::Elementwise => vec![elementwise::chain(
                 &mut g, &name, plan, &shapes, steps, None, None,
             )?],
+            // A norm of a chain, or a norm's gradient and an add: one launch (`rows::norm`).
+            KernelKind::NormGradAdd => norm_fused(&mut g, &mut scratch)?,
+            KernelKind::ElementwiseReduce
+                if matches!(
+                    plan.steps[last].op,
+                    Op::LayerNorm { .. } | Op::RmsNorm { .. }
+                ) =>
+            {
+                norm_fused(&mut g, &mut scratch)?
+            }
             KernelKind::ElementwiseReduce => {
                 let (&red, chain) = steps.split_last().expect("a reduction and its chain");
                 let staged = *chain.last().expect("a chain");

@@ -352,7 +352,7 @@ pub(super) fn generate(
         | Op::RmsNormGrad { eps } => {
             check(op, ins, out)?;
             let rms = matches!(op, Op::RmsNorm { .. } | Op::RmsNormGrad { .. });
-            norm(g, name, ins, out, *eps as f32 as f64, rms)
+            norm::norm(g, name, ins, out, *eps as f32 as f64, rms)?
         }
         Op::CrossEntropy { smoothing } => {
             check(op, ins, out)?;
@@ -432,115 +432,6 @@ fn softmax_grad(g: &mut Gen, name: &str, ins: &[Operand], out: &Operand) -> Laun
     g.launch(k, grid, ctx.block)
 }
 
-/// Layer norm or RMS norm, or its gradient given `ins[1]`, as
-/// the CPU: mean and biased variance in two passes, `rstd = 1 / sqrt(var + eps)`, then
-/// `(x - m) rstd` or `rstd (dy - mean(dy) - xhat mean(dy xhat))`; RMS: `r = 1 / sqrt(mean(x^2)
-/// + eps)`, then `x r` or `r dy - x r^3 mean(x dy)`.
-fn norm(g: &mut Gen, name: &str, ins: &[Operand], out: &Operand, eps: f64, rms: bool) -> Launch {
-    let mut k = Kernel::new(name);
-    let xp = k.param_ptr(ins[0].arg);
-    let gp = ins.get(1).map(|d| k.param_ptr(d.arg));
-    let op = k.param_ptr(out.arg);
-    let shape = &ins[0].shape;
-    let (lay, ctx, grid) = row_layout(&mut k, shape);
-    let len = dimm(lay.len() as f64);
-    // The value (and gradient) at `i` in f64.
-    let load = move |k: &mut Kernel, i: Rd| {
-        let x = k.load(xp, i);
-        let x = f64_of(k, x);
-        let d = gp.map(|gp| {
-            let d = k.load(gp, i);
-            f64_of(k, d)
-        });
-        (x, d)
-    };
-    each_segment(&mut k, &ctx, lay.segments(), |k, seg| {
-        let scale = |k: &mut Kernel, sum: Rd| {
-            let v = dop(k, "div", sum, &len);
-            let v = dop(k, "add", v, dimm(eps));
-            let d = k.rd();
-            k.ins(format!("sqrt.rn.f64 {d}, {v}"));
-            let one = dc(k, 1.0);
-            dop(k, "div", one, d)
-        };
-        if rms {
-            let (ss, sxg) = (dc(k, 0.0), dc(k, 0.0));
-            each_elem(k, &ctx, lay, seg, None, |k, i, _| {
-                let (x, d) = load(k, i);
-                let t = dop(k, "mul", x, x);
-                dacc(k, "add", ss, t);
-                if let Some(d) = d {
-                    let t = dop(k, "mul", x, d);
-                    dacc(k, "add", sxg, t);
-                }
-            });
-            let r = reduce(k, &ctx, &[(ss, "add"), (sxg, "add")], false);
-            let sc = scale(k, r[0]);
-            let mdx = dop(k, "div", r[1], &len);
-            let r3 = dop(k, "mul", sc, sc);
-            let r3 = dop(k, "mul", r3, sc);
-            let kk = dop(k, "mul", r3, mdx);
-            each_elem(k, &ctx, lay, seg, None, |k, i, _| {
-                let (x, d) = load(k, i);
-                let o = match d {
-                    None => dop(k, "mul", x, sc),
-                    Some(d) => {
-                        let a = dop(k, "mul", sc, d);
-                        let b = dop(k, "mul", x, kk);
-                        dop(k, "sub", a, b)
-                    }
-                };
-                let o = f32_of(k, o);
-                k.store(op, i, o);
-            });
-            return;
-        }
-        let (sx, sg) = (dc(k, 0.0), dc(k, 0.0));
-        each_elem(k, &ctx, lay, seg, None, |k, i, _| {
-            let (x, d) = load(k, i);
-            dacc(k, "add", sx, x);
-            if let Some(d) = d {
-                dacc(k, "add", sg, d);
-            }
-        });
-        let r = reduce(k, &ctx, &[(sx, "add"), (sg, "add")], false);
-        let m = dop(k, "div", r[0], &len);
-        let mdy = dop(k, "div", r[1], &len);
-        let (sv, sgd) = (dc(k, 0.0), dc(k, 0.0));
-        each_elem(k, &ctx, lay, seg, None, |k, i, _| {
-            let (x, d) = load(k, i);
-            let t = dop(k, "sub", x, m);
-            let t2 = dop(k, "mul", t, t);
-            dacc(k, "add", sv, t2);
-            if let Some(d) = d {
-                let u = dop(k, "mul", d, t);
-                dacc(k, "add", sgd, u);
-            }
-        });
-        let r = reduce(k, &ctx, &[(sv, "add"), (sgd, "add")], false);
-        let rstd = scale(k, r[0]);
-        let mdyx = dop(k, "mul", r[1], rstd);
-        let mdyx = dop(k, "div", mdyx, &len);
-        each_elem(k, &ctx, lay, seg, None, |k, i, _| {
-            let (x, d) = load(k, i);
-            let t = dop(k, "sub", x, m);
-            let xhat = dop(k, "mul", t, rstd);
-            let o = match d {
-                None => xhat,
-                Some(d) => {
-                    let a = dop(k, "sub", d, mdy);
-                    let b = dop(k, "mul", xhat, mdyx);
-                    let c = dop(k, "sub", a, b);
-                    dop(k, "mul", rstd, c)
-                }
-            };
-            let o = f32_of(k, o);
-            k.store(op, i, o);
-        });
-    });
-    g.launch(k, grid, ctx.block)
-}
-
 /// `f64(e^(x[i] - m))`, the exponential in f32 as the CPU's.
 fn exp_at(k: &mut Kernel, xp: Rd, i: Rd, m: F) -> Rd {
     let x = k.load(xp, i);
@@ -586,6 +477,8 @@ fn max_sum_exp(
     (m, sum, *r.get(1).unwrap_or(&sx))
 }
 
+#[path = "norm.rs"]
+pub(super) mod norm;
 #[path = "xent.rs"]
 mod xent;
 

@@ -340,9 +340,20 @@ impl Graph {
 
     /// Whether a kernel of `nodes` may write its result over an operand row by row: a
     /// cross-entropy's gradient alone reads each row whole (its maximum and sum) before
-    /// writing any of it, and each element before its write (as llm.c does).
+    /// writing any of it, and each element before its write (as llm.c does); a norm's
+    /// gradient and the add after it (`KernelKind::NormGradAdd`) read each element of the
+    /// add's other operand just before writing the sum there.
     pub fn rewrites_rows_in_place(&self, nodes: &[NodeIndex]) -> bool {
-        matches!(nodes, [n] if matches!(self.g[*n].op, Op::CrossEntropyGrad { .. }))
+        match nodes {
+            [n] => matches!(self.g[*n].op, Op::CrossEntropyGrad { .. }),
+            [ng, add] => {
+                matches!(
+                    self.g[*ng].op,
+                    Op::LayerNormGrad { .. } | Op::RmsNormGrad { .. }
+                ) && self.g[*add].op == Op::Add
+            }
+            _ => false,
+        }
     }
 
     /// Every node that must survive dead-code removal: outputs, gradients, updates.

@@ -10,7 +10,8 @@ pub enum KernelKind {
     Single,
     /// A chain of elementwise ops.
     Elementwise,
-    /// Elementwise ops ending in a reduction.
+    /// Elementwise ops ending in a reduction. Before a layer or RMS norm the chain's last
+    /// value may also be stored (a residual stream): one pass computes, stores and normalizes it.
     ElementwiseReduce,
     /// A matmul, then optionally a bias add and an activation.
     Gemm {
@@ -29,6 +30,9 @@ pub enum KernelKind {
     /// member alone is an `Elementwise` kernel (`Single` if one op), or with `reduce` an
     /// `ElementwiseReduce` summing everything.
     Grouped { members: u32, reduce: bool },
+    /// A layer or RMS norm's gradient, then an `add` of it and another value of its shape
+    /// (the residual stream's gradient), row by row; the norm's gradient is not stored.
+    NormGradAdd,
 }
 
 #[derive(Debug, Clone)]
@@ -55,6 +59,7 @@ impl KernelKind {
                 };
                 format!("grouped({members}x{of})")
             }
+            KernelKind::NormGradAdd => "norm_grad+add".into(),
             KernelKind::Gemm { bias, activation } => {
                 let mut s = String::from("gemm");
                 if *bias {

@@ -204,6 +204,11 @@ fn verify_kernels(g: &Graph) -> Result<(), String> {
             }
         }
     }
+    let roots: HashSet<NodeIndex> = g.roots().into_iter().collect();
+    for (k, kernel) in g.kernels.iter().enumerate() {
+        kernel_shape(g, kernel.kind, &kernel.nodes, &roots)
+            .map_err(|e| format!("kernel {k}: {e}"))?;
+    }
     for n in g.g.node_indices() {
         let node = &g.g[n];
         let Some(&(k, i)) = kernel_of.get(&n) else {
@@ -231,6 +236,51 @@ fn verify_kernels(g: &Graph) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// The shapes the backends rely on: a fused reduction reads the last value of its
+/// elementwise chain; a norm gradient's add reads the gradient, which nothing else reads, and
+/// another value of its type.
+fn kernel_shape(
+    g: &Graph,
+    kind: KernelKind,
+    nodes: &[NodeIndex],
+    roots: &HashSet<NodeIndex>,
+) -> Result<(), String> {
+    let elementwise = |n: &NodeIndex| g.g[*n].op.def().class == OpClass::Elementwise;
+    let ok = match (kind, nodes) {
+        (KernelKind::ElementwiseReduce, [chain @ .., last, red]) => {
+            chain.iter().chain([last]).all(elementwise)
+                && g.g[*red].op.def().class == OpClass::Reduction
+                && g.operands(*red) == [*last]
+        }
+        (KernelKind::NormGradAdd, [ng, add]) => {
+            let ops = g.operands(*add);
+            let other = ops.iter().find(|&&o| o != *ng);
+            matches!(
+                g.g[*ng].op,
+                Op::LayerNormGrad { .. } | Op::RmsNormGrad { .. }
+            ) && g.g[*add].op == Op::Add
+                && ops.iter().filter(|&&o| o == *ng).count() == 1
+                && g.users(*ng) == [*add]
+                && !roots.contains(ng)
+                && g.g[*ng].ty == g.g[*add].ty
+                && other.is_some_and(|&o| g.g[o].ty == g.g[*add].ty)
+        }
+        (KernelKind::ElementwiseReduce | KernelKind::NormGradAdd, _) => false,
+        _ => true,
+    };
+    match (ok, kind) {
+        (true, _) => Ok(()),
+        (false, KernelKind::NormGradAdd) => Err(
+            "a norm gradient's add must read the gradient (read by nothing else) and a value of \
+             its type"
+                .into(),
+        ),
+        (false, _) => {
+            Err("a fused reduction must read the last value of an elementwise chain".into())
+        }
+    }
 }
 
 /// The schedule pass's buffers: each value's buffer is of its type and large enough, and no

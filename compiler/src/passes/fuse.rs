@@ -1,6 +1,9 @@
 //! Fusion: groups ops into kernels. Chains of elementwise ops become one kernel (one pass over
 //! memory, intermediates never stored); an elementwise chain feeding a reduction (the MSE's
-//! mean, the gradient norm, a scaled softmax) becomes one kernel; a bias add and an
+//! mean, the gradient norm, a scaled softmax) becomes one kernel, and before a layer or RMS
+//! norm its value may also be stored (the residual stream: one pass adds, stores and
+//! normalizes); a norm's gradient and the add of the residual's gradient after it are one
+//! kernel; a bias add and an
 //! activation after a matmul become its epilogue; an attention and its saved log-sum-exp are
 //! one pass over the keys, its key and value gradients one pass over the queries. Every
 //! other op is a kernel of its own. The
@@ -29,6 +32,14 @@ fn reduction_tail(op: &Op, input: &TensorType) -> bool {
         }
         _ => false,
     }
+}
+
+fn is_norm(op: &Op) -> bool {
+    matches!(op, Op::LayerNorm { .. } | Op::RmsNorm { .. })
+}
+
+fn is_norm_grad(op: &Op) -> bool {
+    matches!(op, Op::LayerNormGrad { .. } | Op::RmsNormGrad { .. })
 }
 
 /// An operand a fused elementwise kernel can read at element `i` of its output: the same
@@ -140,7 +151,29 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
         // An elementwise op that broadcasts in other ways (a conv bias [C, 1, 1]) runs alone.
         let streams =
             fusable(&node.op) && operands.iter().all(|&o| streamable(&g.g[o].ty, &node.ty));
-        if streams {
+        // `add(other, norm_grad)`: the add becomes the gradient's epilogue where nothing
+        // else reads the gradient and `other` is ready before it (no cycle).
+        if streams && node.op == Op::Add && operands.len() == 2 {
+            joined = (0..2).find_map(|j| {
+                let (o, other) = (operands[j], operands[1 - j]);
+                let &gi = group_of.get(&o)?;
+                let grp = &groups[gi];
+                let fits = grp.nodes == [o]
+                    && is_norm_grad(&g.g[o].op)
+                    && other != o
+                    && only_used_by(o, n)
+                    && g.g[o].phase == node.phase
+                    && g.place(o) == g.place(n)
+                    && g.g[o].ty == node.ty
+                    && g.g[other].ty == node.ty
+                    && (g.g[other].op.is_source() || pos[&other] < grp.first);
+                fits.then_some(gi)
+            });
+            if let Some(gi) = joined {
+                groups[gi].kind = KernelKind::NormGradAdd;
+            }
+        }
+        if streams && joined.is_none() {
             // Open elementwise kernels of this shape and phase that compute an operand.
             let mut merge: Vec<usize> = operands
                 .iter()
@@ -238,7 +271,9 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
                     && g.g[grp.nodes[0]].phase == node.phase
                     && g.place(grp.nodes[0]) == g.place(n)
                     && reduction_tail(&node.op, &g.g[o].ty)
-                    && only_used_by(o, n)
+                    // The reduction reads the chain's last value (the one staged for it).
+                    && grp.nodes.iter().max_by_key(|&m| pos[m]) == Some(&o)
+                    && (only_used_by(o, n) || is_norm(&node.op))
                 {
                     groups[gi].kind = KernelKind::ElementwiseReduce;
                     groups[gi].closed = true;

@@ -238,7 +238,14 @@ fn written_over_operands(
     let mut taken = std::collections::HashSet::new();
     for (k, kernel) in g.kernels.iter().enumerate() {
         let nodes = &kernel.nodes;
-        if !element_by_element(g, nodes) && !g.rewrites_rows_in_place(nodes) {
+        // A chain before a norm also runs element by element; the norm reads only its last value.
+        let chain_then_norm = matches!(
+            nodes.split_last(),
+            Some((r, chain)) if matches!(g.g[*r].op, Op::LayerNorm { .. } | Op::RmsNorm { .. })
+                && !chain.is_empty()
+                && element_by_element(g, chain)
+        );
+        if !element_by_element(g, nodes) && !g.rewrites_rows_in_place(nodes) && !chain_then_norm {
             continue;
         }
         for &v in &values[k] {

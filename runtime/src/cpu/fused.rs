@@ -6,7 +6,7 @@
 use super::kernels::elementwise::DropoutMask;
 use super::kernels::layout::offset_of;
 use super::kernels::simd::{Elementwise, Operand};
-use super::kernels::Small;
+use super::kernels::{scratch, Small};
 use super::kernels::{Ctx, KernelError};
 use parallax_compiler::ir::Op;
 use rayon::prelude::*;
@@ -136,79 +136,82 @@ fn scalar(src: Source) -> Option<f32> {
     }
 }
 
+/// Evaluates `ops` at elements `start..start + len` (at most `CHUNK`) into `regs`, one
+/// register of `CHUNK` values per op (then two for repeated operands), storing the stored ones.
+fn eval(ops: &[FusedOp], regs: &mut [f32], start: usize, len: usize, per_sample: usize, ctx: &Ctx) {
+    let nops = ops.len();
+    for (r, f) in ops.iter().enumerate() {
+        let (done, rest) = regs.split_at_mut(r * CHUNK);
+        let (out, rest) = rest.split_at_mut(CHUNK);
+        let (ta, tb) = rest[(nops - r - 1) * CHUNK..].split_at_mut(CHUNK);
+        let out = &mut out[..len];
+        match f.kind {
+            Kind::Map(Elementwise::Unary(u)) => {
+                u.run(out, view(f.operands[0], done, ta, start, len))
+            }
+            // A one-value operand (a learning rate, a scalar) is passed as such.
+            Kind::Map(Elementwise::Binary(op)) => match f.operands.map(scalar) {
+                [_, Some(y)] => {
+                    let a = view(f.operands[0], done, ta, start, len);
+                    op.run(out, a, Operand::All(y), false)
+                }
+                [Some(x), None] => {
+                    let b = view(f.operands[1], done, tb, start, len);
+                    op.run(out, b, Operand::All(x), true)
+                }
+                [None, None] => {
+                    let a = view(f.operands[0], done, ta, start, len);
+                    let b = view(f.operands[1], done, tb, start, len);
+                    op.run(out, a, Operand::Each(b), false)
+                }
+            },
+            Kind::Dropout { p, stream } => {
+                let a = view(f.operands[0], done, ta, start, len);
+                match DropoutMask::new(p, stream, ctx, per_sample) {
+                    None => out.copy_from_slice(a),
+                    Some(mask) => {
+                        for (k, (o, &x)) in out.iter_mut().zip(a).enumerate() {
+                            *o = mask.apply(start + k, x);
+                        }
+                    }
+                }
+            }
+        }
+        match &f.store {
+            // SAFETY: each chunk writes its own range of a buffer of at least `n` elements.
+            Some(Store::Dense(dst)) => unsafe {
+                std::ptr::copy_nonoverlapping(out.as_ptr(), dst.add(start), len)
+            },
+            Some(Store::Runs { ptr, run, outer }) => {
+                let (mut i, end) = (start, start + len);
+                while i < end {
+                    let within = i % run;
+                    let take = (run - within).min(end - i);
+                    let at = offset_of(i / run, outer) + within;
+                    // SAFETY: the layout places the `n` elements at distinct offsets
+                    // inside its buffer (the permute's output), so chunks write
+                    // disjoint elements.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(out[i - start..].as_ptr(), ptr.add(at), take)
+                    };
+                    i += take;
+                }
+            }
+            None => {}
+        }
+    }
+}
+
 /// Evaluates `ops` over `n` elements (`per_sample` elements per sample, for dropout keys).
 pub fn run(ops: &[FusedOp], n: usize, per_sample: usize, ctx: &Ctx) -> Result<(), KernelError> {
     let chunks = n.div_ceil(CHUNK);
     let ops = Ptr(ops);
     let nops = ops.0.len();
     let body = |regs: &mut Vec<f32>, c: usize| {
+        // The whole wrapper, not its field (a closure captures the fields it names).
         let ops = &ops;
         let start = c * CHUNK;
-        let len = CHUNK.min(n - start);
-        for (r, f) in ops.0.iter().enumerate() {
-            let (done, rest) = regs.split_at_mut(r * CHUNK);
-            let (out, rest) = rest.split_at_mut(CHUNK);
-            let (ta, tb) = rest[(nops - r - 1) * CHUNK..].split_at_mut(CHUNK);
-            let out = &mut out[..len];
-            match f.kind {
-                Kind::Map(Elementwise::Unary(u)) => {
-                    u.run(out, view(f.operands[0], done, ta, start, len))
-                }
-                // A one-value operand (a learning rate, a scalar) is passed as such.
-                Kind::Map(Elementwise::Binary(op)) => match f.operands.map(scalar) {
-                    [_, Some(y)] => {
-                        let a = view(f.operands[0], done, ta, start, len);
-                        op.run(out, a, Operand::All(y), false)
-                    }
-                    [Some(x), None] => {
-                        let b = view(f.operands[1], done, tb, start, len);
-                        op.run(out, b, Operand::All(x), true)
-                    }
-                    [None, None] => {
-                        let a = view(f.operands[0], done, ta, start, len);
-                        let b = view(f.operands[1], done, tb, start, len);
-                        op.run(out, a, Operand::Each(b), false)
-                    }
-                },
-                Kind::Dropout { p, stream } => {
-                    let a = view(f.operands[0], done, ta, start, len);
-                    match DropoutMask::new(p, stream, ctx, per_sample) {
-                        None => out.copy_from_slice(a),
-                        Some(mask) => {
-                            for (k, (o, &x)) in out.iter_mut().zip(a).enumerate() {
-                                *o = mask.apply(start + k, x);
-                            }
-                        }
-                    }
-                }
-            }
-            match &f.store {
-                // SAFETY: each chunk writes its own range of a buffer of at least `n` elements.
-                Some(Store::Dense(dst)) => unsafe {
-                    std::ptr::copy_nonoverlapping(out.as_ptr(), dst.add(start), len)
-                },
-                Some(Store::Runs { ptr, run, outer }) => {
-                    let (mut i, end) = (start, start + len);
-                    while i < end {
-                        let within = i % run;
-                        let take = (run - within).min(end - i);
-                        let at = offset_of(i / run, outer) + within;
-                        // SAFETY: the layout places the `n` elements at distinct offsets
-                        // inside its buffer (the permute's output), so chunks write
-                        // disjoint elements.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                out[i - start..].as_ptr(),
-                                ptr.add(at),
-                                take,
-                            )
-                        };
-                        i += take;
-                    }
-                }
-                None => {}
-            }
-        }
+        eval(ops.0, regs, start, CHUNK.min(n - start), per_sample, ctx)
     };
     // One register per op, then two for repeated operands; each thread keeps its block, so a
     // steady-state step does not allocate them.
@@ -226,6 +229,60 @@ pub fn run(ops: &[FusedOp], n: usize, per_sample: usize, ctx: &Ctx) -> Result<()
         (0..chunks).into_par_iter().for_each(with_registers);
     } else {
         (0..chunks).for_each(with_registers);
+    }
+    Ok(())
+}
+
+/// Evaluates `ops` over `n` elements in blocks of `block` elements (whole rows of the kernel
+/// after the chain), handing each block's values of the last op and the matching block of
+/// `out` to `then`: a row kernel after the chain reads them while they are in cache, and the
+/// chain's stored values are written as `run` writes them. Blocks run on rayon threads when
+/// there are many; each element is computed as `run` computes it.
+pub fn run_blocks(
+    ops: &[FusedOp],
+    n: usize,
+    per_sample: usize,
+    ctx: &Ctx,
+    block: usize,
+    out: &mut [f32],
+    then: impl Fn(&[f32], &mut [f32]) + Sync + Send,
+) -> Result<(), KernelError> {
+    if out.len() != n || block == 0 || ops.is_empty() {
+        return Err(KernelError::Bad {
+            op: "fused",
+            message: format!("{n} values in blocks of {block} into {}", out.len()),
+        });
+    }
+    let ops = Ptr(ops);
+    let nops = ops.0.len();
+    let regs = (nops + 2) * CHUNK;
+    let each = |(b, out): (usize, &mut [f32])| {
+        let ops = &ops;
+        let start = b * block;
+        REGISTERS.with(|r| {
+            let mut r = r.borrow_mut();
+            if r.len() < regs {
+                r.resize(regs, 0.0);
+            }
+            scratch::with_vec(|vals: &mut Vec<f32>| {
+                if vals.len() < out.len() {
+                    vals.resize(out.len(), 0.0);
+                }
+                let mut at = 0;
+                while at < out.len() {
+                    let len = CHUNK.min(out.len() - at);
+                    eval(ops.0, &mut r, start + at, len, per_sample, ctx);
+                    vals[at..at + len].copy_from_slice(&r[(nops - 1) * CHUNK..][..len]);
+                    at += len;
+                }
+                then(&vals[..out.len()], out)
+            })
+        })
+    };
+    if n > 8 * CHUNK {
+        out.par_chunks_mut(block).enumerate().for_each(each);
+    } else {
+        out.chunks_mut(block).enumerate().for_each(each);
     }
     Ok(())
 }

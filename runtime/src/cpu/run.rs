@@ -76,6 +76,7 @@ impl Executor {
                     KernelKind::AttentionGradKeyValue => "attention gradient (keys, values)",
                     KernelKind::Grouped { reduce: false, .. } => "grouped elementwise",
                     KernelKind::Grouped { reduce: true, .. } => "grouped elementwise+reduce",
+                    KernelKind::NormGradAdd => "norm gradient + add",
                 };
                 let e = p.by_kind.entry(name).or_insert((0.0, 0));
                 e.0 += secs - epilogue.unwrap_or(0.0);
@@ -173,7 +174,7 @@ impl Executor {
         mode.runs(&self.plan, k)
     }
 
-    fn kernel_err(&self, step: usize, source: KernelError) -> ExecError {
+    pub(super) fn kernel_err(&self, step: usize, source: KernelError) -> ExecError {
         let s = &self.plan.steps[step];
         ExecError::Kernel {
             step,
@@ -301,9 +302,11 @@ impl Executor {
             KernelKind::AttentionGradKeyValue => self.run_attention_grad_kv(steps),
             KernelKind::ElementwiseReduce => match self.scaled_softmax(k) {
                 Some((x, by, causal)) => self.run_scaled_softmax(x, by, causal, steps[1]),
+                None if self.ends_in_norm(steps) => self.run_chain_then_norm(steps, ctx),
                 None => self.run_chain_then_reduce(steps, ctx),
             },
             KernelKind::Grouped { .. } => unreachable!("members run one by one"),
+            KernelKind::NormGradAdd => self.run_norm_grad_add(steps),
         }
     }
 
@@ -385,7 +388,7 @@ impl Executor {
     }
 
     /// Step `step`'s buffer, taken out and shaped for this batch (put it back after).
-    fn take_shaped(&mut self, step: usize) -> tensor::Tensor {
+    pub(super) fn take_shaped(&mut self, step: usize) -> tensor::Tensor {
         let mut t = std::mem::take(self.buf_mut(step));
         t.reshape_in_place(&self.shapes[step]);
         t
@@ -441,7 +444,7 @@ impl Executor {
 
     /// Gives the operands' buffers their values' shapes: a buffer shared by a value and its
     /// reshapes holds the shape of the one last written.
-    fn shape_operands(&mut self, step: usize) {
+    pub(super) fn shape_operands(&mut self, step: usize) {
         for i in 0..self.plan.steps[step].operands.len() {
             self.shape_buffer(self.plan.steps[step].operands[i]);
         }
@@ -494,6 +497,20 @@ impl Executor {
         ctx: &Ctx,
         stage: Option<(usize, *mut f32)>,
         permuted: Option<views::Fold>,
+    ) -> Result<(), ExecError> {
+        let run = |ops: &[fused::FusedOp], n, per_sample| fused::run(ops, n, per_sample, ctx);
+        self.run_fused_with(steps, given, stage, permuted, run)
+    }
+
+    /// `run_fused`, with `run(ops, n, per_sample)` evaluating the ops (`fused::run`, or
+    /// `fused::run_blocks` before a row kernel).
+    pub(super) fn run_fused_with(
+        &mut self,
+        steps: &[usize],
+        given: Option<(usize, (*const f32, usize))>,
+        stage: Option<(usize, *mut f32)>,
+        permuted: Option<views::Fold>,
+        run: impl FnOnce(&[fused::FusedOp], usize, usize) -> Result<(), KernelError>,
     ) -> Result<(), ExecError> {
         let last = *steps.last().expect("a kernel has steps");
         let shape = &self.shapes[last];
@@ -566,7 +583,7 @@ impl Executor {
         }
         // A staged value that is also stored is copied to the scratch after the pass.
         let copy_stage = stage.filter(|(x, _)| self.slot[*x].is_some());
-        let r = fused::run(&ops, n, per_sample, ctx);
+        let r = run(&ops, n, per_sample);
         self.fused_ops.keep(ops);
         r.map_err(|e| self.kernel_err(last, e))?;
         if let Some((x, p)) = copy_stage {

@@ -11,6 +11,7 @@ pub mod conv;
 pub mod elementwise;
 pub mod gemm;
 pub mod layout;
+pub mod norms;
 /// The transcendental functions, shared with the op table's CPU column.
 pub use parallax_compiler::scalar::math;
 pub mod pool;
