@@ -2,12 +2,14 @@
 //! same bits as one op per kernel, and that buffer reuse never lets two live values share a
 //! buffer.
 
+mod common;
+
 use parallax_compiler::ir::ops::OpClass;
 use parallax_compiler::ir::KernelKind;
 use parallax_compiler::ir::{Op, Phase};
 use parallax_compiler::plan::Plan;
 use parallax_compiler::{compile, parse_bytes, Options, Source};
-use parallax_runtime::cpu::{Executor, Mode};
+use parallax_runtime::cpu::Mode;
 use parallax_runtime::data::Values;
 use parallax_runtime::train::{feed, set_scalars, Session};
 use std::collections::HashMap;
@@ -225,18 +227,6 @@ fn residual_adds_fuse_with_norms_and_their_gradients() {
     }
 }
 
-/// Three training steps of `plan` on the data's first batch of 8.
-fn train(s: &Source, plan: Plan, steps: u64) -> Executor {
-    let mut session = Session::new(s, plan, 8, 1, std::path::Path::new(".")).unwrap();
-    let batch = session.next_batch().unwrap().size;
-    let mut e = session.exec;
-    for step in 0..steps {
-        set_scalars(&mut e, &s.experiment.optimizer, step, steps).unwrap();
-        e.run(batch, Mode::Train, step, 0).unwrap();
-    }
-    e
-}
-
 #[test]
 fn fused_plans_compute_the_same_bits() {
     let sources = ["mlp", "cnn", "transformer"].map(|name| (name, source(name)));
@@ -245,7 +235,10 @@ fn fused_plans_compute_the_same_bits() {
         .chain([("rms transformer", rms_transformer())])
     {
         let (s, fused, plain) = plans_of(s);
-        let (a, b) = (train(&s, fused, 3), train(&s, plain, 3));
+        let (a, b) = (
+            common::train_steps(&s, fused, 3),
+            common::train_steps(&s, plain, 3),
+        );
         assert_eq!(
             a.output("loss").unwrap().f32(),
             b.output("loss").unwrap().f32(),
@@ -277,7 +270,10 @@ fn the_logits_gradient_is_written_over_the_logits() {
             .clone();
         assert_eq!(grad.buffer, fused.steps[output.step].buffer, "{name}");
         assert!(!fused.kept_after_training(output.step), "{name}");
-        let (mut a, mut b) = (train(&s, fused, 2), train(&s, plain, 2));
+        let (mut a, mut b) = (
+            common::train_steps(&s, fused, 2),
+            common::train_steps(&s, plain, 2),
+        );
         let err = a.output_kept(&output.name).unwrap_err().to_string();
         assert!(err.contains(&format!("`{}`", output.name)), "{err}");
         assert!(a.output(&output.name).is_none(), "{name}");

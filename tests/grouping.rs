@@ -2,13 +2,13 @@
 //! squared norm for clipping) run as one grouped kernel, the graph still verifies, and a
 //! grouped plan trains to the same bits as the same plan without grouping.
 
+mod common;
+
 use parallax_compiler::ir::verify::verify;
 use parallax_compiler::ir::{Graph, KernelKind, Phase};
 use parallax_compiler::passes::{fuse, schedule};
 use parallax_compiler::plan::Plan;
 use parallax_compiler::{compile, parse_bytes, Options, Source};
-use parallax_runtime::cpu::{Executor, Mode};
-use parallax_runtime::train::{set_scalars, Session};
 
 fn model(name: &str) -> String {
     let path = format!("{}/models/{name}.ron", env!("CARGO_MANIFEST_DIR"));
@@ -116,17 +116,6 @@ fn a_broken_group_fails_verification() {
     assert!(verify(&bad).is_err());
 }
 
-fn train(s: &Source, plan: Plan, steps: u64) -> Executor {
-    let mut session = Session::new(s, plan, 8, 1, std::path::Path::new(".")).unwrap();
-    let batch = session.next_batch().unwrap().size;
-    let mut e = session.exec;
-    for step in 0..steps {
-        set_scalars(&mut e, &s.experiment.optimizer, step, steps).unwrap();
-        e.run(batch, Mode::Train, step, 0).unwrap();
-    }
-    e
-}
-
 #[test]
 fn grouped_plans_train_to_the_same_bits() {
     let cases = [
@@ -150,8 +139,8 @@ fn grouped_plans_train_to_the_same_bits() {
         let (g, plain) = graphs(&s);
         assert!(!grouped(&g, false).is_empty(), "{name}: no grouped step");
         assert!(!grouped(&g, true).is_empty(), "{name}: no grouped norm");
-        let a = train(&s, Plan::single_device(&g, &s, &options), 3);
-        let b = train(&s, Plan::single_device(&plain, &s, &options), 3);
+        let a = common::train_steps(&s, Plan::single_device(&g, &s, &options), 3);
+        let b = common::train_steps(&s, Plan::single_device(&plain, &s, &options), 3);
         assert_eq!(
             a.output("loss").unwrap().f32(),
             b.output("loss").unwrap().f32(),

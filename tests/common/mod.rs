@@ -269,3 +269,21 @@ pub fn job_port() -> u16 {
         }
     }
 }
+
+/// `steps` training steps of `plan` on the data's first batch of 8, on the CPU executor.
+pub fn train_steps(
+    s: &parallax_compiler::Source,
+    plan: parallax_compiler::plan::Plan,
+    steps: u64,
+) -> parallax_runtime::cpu::Executor {
+    use parallax_runtime::train::{set_scalars, Session};
+    let mut session = Session::new(s, plan, 8, 1, std::path::Path::new(".")).unwrap();
+    let batch = session.next_batch().unwrap().size;
+    let mut e = session.exec;
+    for step in 0..steps {
+        set_scalars(&mut e, &s.experiment.optimizer, step, steps).unwrap();
+        e.run(batch, parallax_runtime::cpu::Mode::Train, step, 0)
+            .unwrap();
+    }
+    e
+}

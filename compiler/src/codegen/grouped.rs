@@ -102,7 +102,7 @@ pub(super) fn generate(
     let KernelKind::Grouped { reduce, .. } = kind else {
         return Err(bad("is not grouped"));
     };
-    let members = members_of(kind, steps);
+    let members: Vec<_> = members_of(kind, steps).collect();
     let first = members.first().ok_or(bad("has no members"))?.1;
     let (wires, first_slots) = wiring(plan, first);
     let mut all_slots = Vec::with_capacity(members.len());

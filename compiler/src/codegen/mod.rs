@@ -407,8 +407,9 @@ pub fn generate_with(
             index,
             phase: plan.steps[last].phase,
             // A grouped kernel's members all fuse the first one's ops.
-            ops: crate::ir::kernels::members_of(kern.kind, steps)[0]
-                .1
+            ops: crate::ir::kernels::members_of(kern.kind, steps)
+                .next()
+                .map_or(&steps[..], |m| m.1)
                 .iter()
                 .map(|&s| plan.steps[s].op.name())
                 .collect(),

@@ -78,27 +78,28 @@ impl KernelKind {
 /// The members of a kernel of `kind` over `nodes` (plan steps or graph nodes): each member's
 /// kind as a kernel of its own and its share of `nodes`; a kernel that is not grouped is its
 /// own one member.
-pub fn members_of<T>(kind: KernelKind, nodes: &[T]) -> Vec<(KernelKind, &[T])> {
-    let KernelKind::Grouped { members, reduce } = kind else {
-        return vec![(kind, nodes)];
+pub fn members_of<T>(kind: KernelKind, nodes: &[T]) -> impl Iterator<Item = (KernelKind, &[T])> {
+    // Runs every training step (the CPU executor), so it collects nothing.
+    let (per, reduce) = match kind {
+        KernelKind::Grouped { members, reduce } => {
+            (nodes.len() / (members.max(1) as usize), Some(reduce))
+        }
+        _ => (nodes.len(), None),
     };
-    let per = nodes.len() / (members.max(1) as usize);
-    nodes
-        .chunks(per.max(1))
-        .map(|m| {
-            let kind = match (reduce, m.len()) {
-                (true, _) => KernelKind::ElementwiseReduce,
-                (false, 1) => KernelKind::Single,
-                (false, _) => KernelKind::Elementwise,
-            };
-            (kind, m)
-        })
-        .collect()
+    nodes.chunks(per.max(1)).map(move |m| {
+        let kind = match (reduce, m.len()) {
+            (None, _) => kind,
+            (Some(true), _) => KernelKind::ElementwiseReduce,
+            (Some(false), 1) => KernelKind::Single,
+            (Some(false), _) => KernelKind::Elementwise,
+        };
+        (kind, m)
+    })
 }
 
 impl Kernel {
     /// See `members_of`.
     pub fn members(&self) -> Vec<(KernelKind, &[NodeIndex])> {
-        members_of(self.kind, &self.nodes)
+        members_of(self.kind, &self.nodes).collect()
     }
 }

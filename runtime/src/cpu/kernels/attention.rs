@@ -147,36 +147,36 @@ fn forward_all(dm: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &
     let with_lse = !lse.is_empty();
     let (o, lse) = (Out::of(o), Out::of(lse));
     // Every query tile of a problem reads all its keys and values.
-    let (flat, k) = dm.head_major(k, s, d);
-    let (_, v) = dm.head_major(v, s, e);
-    for_each_tile(dm.problems, t, QUERY_TILE, |g, i0, i1| {
-        let rows = i1 - i0;
-        let qg = dm.rows(q, g, (i0, i1), t, d);
-        let kg = flat.rows(&k, g, (0, s), s, d);
-        let vg = if e > 0 {
-            flat.rows(&v, g, (0, s), s, e)
-        } else {
-            kg
-        };
-        let pack = qg.packing(rows);
-        let len = rows * KEY_TILE + 3 * rows + rows * e + pack;
-        with_scratch(len, |buf: &mut [f32]| {
-            let (sc, rest) = buf.split_at_mut(rows * KEY_TILE);
-            let (m, rest) = rest.split_at_mut(rows);
-            let (l, rest) = rest.split_at_mut(rows);
-            let (stat, rest) = rest.split_at_mut(rows);
-            let (ot, qb) = rest.split_at_mut(rows * e);
-            l.fill(0.0);
-            ot.fill(0.0);
-            let qg = qg.packed(qb);
-            forward_tile(dm, (i0, rows), (qg, kg, vg), sc, (m, l), ot);
-            o.put(dm, g, i0, t, e, ot);
-            if with_lse {
-                for r in 0..rows {
-                    stat[r] = m[r] + l[r].ln();
+    dm.head_major((k, s, d), (v, s, e), |flat, k, v| {
+        for_each_tile(dm.problems, t, QUERY_TILE, |g, i0, i1| {
+            let rows = i1 - i0;
+            let qg = dm.rows(q, g, (i0, i1), t, d);
+            let kg = flat.rows(k, g, (0, s), s, d);
+            let vg = if e > 0 {
+                flat.rows(v, g, (0, s), s, e)
+            } else {
+                kg
+            };
+            let pack = qg.packing(rows);
+            let len = rows * KEY_TILE + 3 * rows + rows * e + pack;
+            with_scratch(len, |buf: &mut [f32]| {
+                let (sc, rest) = buf.split_at_mut(rows * KEY_TILE);
+                let (m, rest) = rest.split_at_mut(rows);
+                let (l, rest) = rest.split_at_mut(rows);
+                let (stat, rest) = rest.split_at_mut(rows);
+                let (ot, qb) = rest.split_at_mut(rows * e);
+                l.fill(0.0);
+                ot.fill(0.0);
+                let qg = qg.packed(qb);
+                forward_tile(dm, (i0, rows), (qg, kg, vg), sc, (m, l), ot);
+                o.put(dm, g, i0, t, e, ot);
+                if with_lse {
+                    for r in 0..rows {
+                        stat[r] = m[r] + l[r].ln();
+                    }
+                    lse.put(dm, g, i0, t, 1, stat);
                 }
-                lse.put(dm, g, i0, t, 1, stat);
-            }
+            });
         });
     });
 }
@@ -367,48 +367,45 @@ pub fn attention_grad_query(
     let (q, k, v) = (q.f32(), k.f32(), v.f32());
     let out = Out::of(out.f32_mut());
     // Every query tile of a problem reads all its keys and values.
-    let (flat, k) = dm.head_major(k, s, d);
-    let (_, v) = dm.head_major(v, s, e);
-    for_each_tile(dm.problems, t, QUERY_TILE, |g, i0, i1| {
-        let rows = i1 - i0;
-        let qg = dm.rows(q, g, (i0, i1), t, d);
-        let (kg, vg) = (
-            flat.rows(&k, g, (0, s), s, d),
-            flat.rows(&v, g, (0, s), s, e),
-        );
-        let (dyg, lse, delta) = saved.rows(&dm, g, (i0, i1));
-        let pack = [qg.packing(rows), dyg.packing(rows)];
-        let len = 2 * rows * KEY_TILE + rows * d + pack.iter().sum::<usize>();
-        with_scratch(len, |buf: &mut [f32]| {
-            let (p, rest) = buf.split_at_mut(rows * KEY_TILE);
-            let (dp, rest) = rest.split_at_mut(rows * KEY_TILE);
-            let (dq, rest) = rest.split_at_mut(rows * d);
-            dq.fill(0.0);
-            let (qb, yb) = rest.split_at_mut(pack[0]);
-            let (qg, dyg) = (qg.packed(qb), dyg.packed(yb));
-            let end = dm.keys_end(i1);
-            for j0 in (0..end).step_by(KEY_TILE) {
-                let cols = KEY_TILE.min(end - j0);
-                let (kt, vt) = (kg.sub(j0, j0 + cols), vg.sub(j0, j0 + cols));
-                probs_tile(&dm, (i0, rows), (j0, cols), (qg, kt), lse, p);
-                ds_tile((rows, cols, e), (dyg, vt), delta, p, dp);
-                // dq += ds [rows, cols] x k_tile [cols, D]
-                gemm_into(
-                    rows,
-                    d,
-                    cols,
-                    dq,
-                    d,
-                    true,
-                    View::new(p, KEY_TILE, 1),
-                    kt.view(),
-                    Parallelism::None,
-                );
-            }
-            for r in 0..rows {
-                scale_row(&mut dq[r * d..(r + 1) * d], dm.scale);
-            }
-            out.put(&dm, g, i0, t, d, dq);
+    dm.head_major((k, s, d), (v, s, e), |flat, k, v| {
+        for_each_tile(dm.problems, t, QUERY_TILE, |g, i0, i1| {
+            let rows = i1 - i0;
+            let qg = dm.rows(q, g, (i0, i1), t, d);
+            let (kg, vg) = (flat.rows(k, g, (0, s), s, d), flat.rows(v, g, (0, s), s, e));
+            let (dyg, lse, delta) = saved.rows(&dm, g, (i0, i1));
+            let pack = [qg.packing(rows), dyg.packing(rows)];
+            let len = 2 * rows * KEY_TILE + rows * d + pack.iter().sum::<usize>();
+            with_scratch(len, |buf: &mut [f32]| {
+                let (p, rest) = buf.split_at_mut(rows * KEY_TILE);
+                let (dp, rest) = rest.split_at_mut(rows * KEY_TILE);
+                let (dq, rest) = rest.split_at_mut(rows * d);
+                dq.fill(0.0);
+                let (qb, yb) = rest.split_at_mut(pack[0]);
+                let (qg, dyg) = (qg.packed(qb), dyg.packed(yb));
+                let end = dm.keys_end(i1);
+                for j0 in (0..end).step_by(KEY_TILE) {
+                    let cols = KEY_TILE.min(end - j0);
+                    let (kt, vt) = (kg.sub(j0, j0 + cols), vg.sub(j0, j0 + cols));
+                    probs_tile(&dm, (i0, rows), (j0, cols), (qg, kt), lse, p);
+                    ds_tile((rows, cols, e), (dyg, vt), delta, p, dp);
+                    // dq += ds [rows, cols] x k_tile [cols, D]
+                    gemm_into(
+                        rows,
+                        d,
+                        cols,
+                        dq,
+                        d,
+                        true,
+                        View::new(p, KEY_TILE, 1),
+                        kt.view(),
+                        Parallelism::None,
+                    );
+                }
+                for r in 0..rows {
+                    scale_row(&mut dq[r * d..(r + 1) * d], dm.scale);
+                }
+                out.put(&dm, g, i0, t, d, dq);
+            });
         });
     });
     Ok(())
@@ -448,73 +445,74 @@ pub fn attention_grad_key_value(
     let dk_out = dk.map(|x| Out::of(x.f32_mut()));
     let dv_out = dv.map(|x| Out::of(x.f32_mut()));
     // Every key tile of a problem reads all its queries and their output gradients.
-    let (flat, q) = dm.head_major(q, t, d);
-    let (_, dy) = dm.head_major(saved.dy.f32(), t, e);
-    for_each_tile(dm.problems, s, KEY_TILE, |g, j0, j1| {
-        let cols = j1 - j0;
-        let kt = dm.rows(k, g, (j0, j1), s, d);
-        let vt = dm.rows(v, g, (j0, j1), s, e);
-        // The tiles reused by every query tile, packed.
-        let pack = [kt.packing(cols), vt.packing(cols)];
-        let sizes = 2 * QUERY_TILE * KEY_TILE + cols * d + cols * e + pack.iter().sum::<usize>();
-        with_scratch(sizes, |buf: &mut [f32]| {
-            let (p, rest) = buf.split_at_mut(QUERY_TILE * KEY_TILE);
-            let (dp, rest) = rest.split_at_mut(QUERY_TILE * KEY_TILE);
-            let (dk, rest) = rest.split_at_mut(cols * d);
-            let (dv, rest) = rest.split_at_mut(cols * e);
-            dk.fill(0.0);
-            dv.fill(0.0);
-            let (kb, vb) = rest.split_at_mut(pack[0]);
-            let (kt, vt) = (kt.packed(kb), vt.packed(vb));
-            let first = dm.first_query(j0) / QUERY_TILE * QUERY_TILE;
-            for i0 in (first..t).step_by(QUERY_TILE) {
-                let i1 = (i0 + QUERY_TILE).min(t);
-                let rows = i1 - i0;
-                let qg = flat.rows(&q, g, (i0, i1), t, d);
-                let (_, lse, delta) = saved.rows(&dm, g, (i0, i1));
-                let dyg = flat.rows(&dy, g, (i0, i1), t, e);
-                probs_tile(&dm, (i0, rows), (j0, cols), (qg, kt), lse, p);
-                if want_dv {
-                    // dv += p^T [cols, rows] x dy [rows, E]
+    dm.head_major((q, t, d), (saved.dy.f32(), t, e), |flat, q, dy| {
+        for_each_tile(dm.problems, s, KEY_TILE, |g, j0, j1| {
+            let cols = j1 - j0;
+            let kt = dm.rows(k, g, (j0, j1), s, d);
+            let vt = dm.rows(v, g, (j0, j1), s, e);
+            // The tiles reused by every query tile, packed.
+            let pack = [kt.packing(cols), vt.packing(cols)];
+            let sizes =
+                2 * QUERY_TILE * KEY_TILE + cols * d + cols * e + pack.iter().sum::<usize>();
+            with_scratch(sizes, |buf: &mut [f32]| {
+                let (p, rest) = buf.split_at_mut(QUERY_TILE * KEY_TILE);
+                let (dp, rest) = rest.split_at_mut(QUERY_TILE * KEY_TILE);
+                let (dk, rest) = rest.split_at_mut(cols * d);
+                let (dv, rest) = rest.split_at_mut(cols * e);
+                dk.fill(0.0);
+                dv.fill(0.0);
+                let (kb, vb) = rest.split_at_mut(pack[0]);
+                let (kt, vt) = (kt.packed(kb), vt.packed(vb));
+                let first = dm.first_query(j0) / QUERY_TILE * QUERY_TILE;
+                for i0 in (first..t).step_by(QUERY_TILE) {
+                    let i1 = (i0 + QUERY_TILE).min(t);
+                    let rows = i1 - i0;
+                    let qg = flat.rows(q, g, (i0, i1), t, d);
+                    let (_, lse, delta) = saved.rows(&dm, g, (i0, i1));
+                    let dyg = flat.rows(dy, g, (i0, i1), t, e);
+                    probs_tile(&dm, (i0, rows), (j0, cols), (qg, kt), lse, p);
+                    if want_dv {
+                        // dv += p^T [cols, rows] x dy [rows, E]
+                        gemm_into(
+                            cols,
+                            e,
+                            rows,
+                            dv,
+                            e,
+                            true,
+                            View::new(p, 1, KEY_TILE),
+                            dyg.view(),
+                            Parallelism::None,
+                        );
+                    }
+                    if !want_dk {
+                        continue;
+                    }
+                    // dS over the same probabilities: the scores are recomputed once per tile.
+                    ds_tile((rows, cols, e), (dyg, vt), delta, p, dp);
+                    // dk += ds^T [cols, rows] x q [rows, D]
                     gemm_into(
                         cols,
-                        e,
+                        d,
                         rows,
-                        dv,
-                        e,
+                        dk,
+                        d,
                         true,
                         View::new(p, 1, KEY_TILE),
-                        dyg.view(),
+                        qg.view(),
                         Parallelism::None,
                     );
                 }
-                if !want_dk {
-                    continue;
+                if let Some(out) = dk_out {
+                    for r in 0..cols {
+                        scale_row(&mut dk[r * d..(r + 1) * d], dm.scale);
+                    }
+                    out.put(&dm, g, j0, s, d, dk);
                 }
-                // dS over the same probabilities: the scores are recomputed once per tile.
-                ds_tile((rows, cols, e), (dyg, vt), delta, p, dp);
-                // dk += ds^T [cols, rows] x q [rows, D]
-                gemm_into(
-                    cols,
-                    d,
-                    rows,
-                    dk,
-                    d,
-                    true,
-                    View::new(p, 1, KEY_TILE),
-                    qg.view(),
-                    Parallelism::None,
-                );
-            }
-            if let Some(out) = dk_out {
-                for r in 0..cols {
-                    scale_row(&mut dk[r * d..(r + 1) * d], dm.scale);
+                if let Some(out) = dv_out {
+                    out.put(&dm, g, j0, s, e, dv);
                 }
-                out.put(&dm, g, j0, s, d, dk);
-            }
-            if let Some(out) = dv_out {
-                out.put(&dm, g, j0, s, e, dv);
-            }
+            });
         });
     });
     Ok(())

@@ -107,23 +107,40 @@ impl Dims {
         }
     }
 
-    /// Every problem's rows of `x` (`len` rows per problem, `width` wide) head-major and
-    /// contiguous, `[problems, len, width]`, with the sizes that address them (one head): a
-    /// tensor every task reads whole is copied once per kernel rather than once per task.
-    /// With one head the rows are already so, and `x` is lent as it is.
-    pub(super) fn head_major<'a>(
+    /// Runs `f` with two tensors every task reads whole (`(x, len, width)`: `len` rows per
+    /// problem, `width` wide) laid out head-major and contiguous, `[problems, len, width]`,
+    /// and the sizes that address them (one head): copied once per kernel rather than once
+    /// per task, into this thread's kept scratch. With one head they are so already, and are
+    /// lent as they are.
+    pub(super) fn head_major<R>(
         &self,
-        x: &'a [f32],
-        len: usize,
-        width: usize,
-    ) -> (Dims, std::borrow::Cow<'a, [f32]>) {
+        a: (&[f32], usize, usize),
+        b: (&[f32], usize, usize),
+        f: impl FnOnce(Dims, &[f32], &[f32]) -> R,
+    ) -> R {
         let flat = Dims { heads: 1, ..*self };
-        if self.heads == 1 || width == 0 || len == 0 {
-            return (flat, std::borrow::Cow::Borrowed(x));
+        if self.heads == 1 {
+            return f(flat, a.0, b.0);
         }
-        let mut packed = vec![0f32; self.problems * len * width];
-        packed
-            .par_chunks_mut(len * width)
+        let size = |(_, len, width): (&[f32], usize, usize)| self.problems * len * width;
+        // Its own element type, so the tasks' scratch (`with_scratch`) on this thread is
+        // another vector.
+        scratch::with_vec(|v: &mut Vec<[f32; 1]>| {
+            if v.len() < size(a) + size(b) {
+                v.resize(size(a) + size(b), [0.0]);
+            }
+            let (pa, pb) = v.as_flattened_mut().split_at_mut(size(a));
+            self.pack_head_major(a, pa);
+            self.pack_head_major(b, &mut pb[..size(b)]);
+            f(flat, pa, &pb[..size(b)])
+        })
+    }
+
+    fn pack_head_major(&self, (x, len, width): (&[f32], usize, usize), out: &mut [f32]) {
+        if len * width == 0 {
+            return;
+        }
+        out.par_chunks_mut(len * width)
             .enumerate()
             .for_each(|(g, rows)| {
                 for (i, row) in rows.chunks_exact_mut(width).enumerate() {
@@ -131,7 +148,6 @@ impl Dims {
                     row.copy_from_slice(&x[at..at + width]);
                 }
             });
-        (flat, std::borrow::Cow::Owned(packed))
     }
 
     /// The keys query `i` sees among `[j0, j0 + cols)`: a prefix of that tile.
