@@ -71,8 +71,12 @@ fn a_failing_rank_ends_the_others_at_once_naming_it() {
         Duration::from_secs(120),
     );
     assert!(matches!(code, Some(c) if c != 0), "exit {code:?}: {err}");
+    // A rank may hear of it from another rank that heard first (under load, rank 2 waiting
+    // on rank 0 hears it from rank 0), so each names the failed rank, not whom it waited on.
     assert!(
-        err.contains("all-reduce stopped waiting for rank 1: rank 1 failed"),
+        err.lines()
+            .any(|l| l.contains("all-reduce stopped waiting for rank")
+                && l.contains("rank 1 failed")),
         "{err}"
     );
     assert!(took < Duration::from_secs(40), "took {took:?}");
