@@ -5,6 +5,7 @@
 pub mod fused;
 pub mod kernels;
 mod run;
+mod run_attention;
 mod run_rows;
 mod stepwise;
 mod views;
