@@ -39,6 +39,15 @@ fn fused_kernels(p: &Plan) -> Vec<(KernelKind, Vec<&'static str>)> {
         .collect()
 }
 
+/// Each step's kernel in plan `p`.
+fn kernel_of(p: &Plan) -> HashMap<usize, usize> {
+    p.kernels
+        .iter()
+        .enumerate()
+        .flat_map(|(k, kern)| kern.steps.iter().map(move |&s| (s, k)))
+        .collect()
+}
+
 #[test]
 fn mlp_fuses_gemm_epilogues_and_optimizer_updates() {
     let (_, p, plain) = plans("mlp");
@@ -193,12 +202,7 @@ fn residual_adds_fuse_with_norms_and_their_gradients() {
         (rms_transformer(), "rms_norm", "rms_norm_grad"),
     ] {
         let (_, p, _) = plans_of(s);
-        let kernel_of: HashMap<usize, usize> = p
-            .kernels
-            .iter()
-            .enumerate()
-            .flat_map(|(k, kern)| kern.steps.iter().map(move |&s| (s, k)))
-            .collect();
+        let kernel_of = kernel_of(&p);
         let is = |s: usize, name: &str| p.steps[s].op.name() == name;
         let (mut norms, mut grads) = (0, 0);
         for st in &p.steps {
@@ -303,12 +307,7 @@ fn buffers_are_reused_but_never_shared_by_live_values() {
             "{name}: {m:?}"
         );
         // When each stored value is written and last read, in kernel order.
-        let kernel_of: HashMap<usize, usize> = p
-            .kernels
-            .iter()
-            .enumerate()
-            .flat_map(|(k, kern)| kern.steps.iter().map(move |&s| (s, k)))
-            .collect();
+        let kernel_of = kernel_of(&p);
         // Outputs a training step writes over (a cross-entropy's logits) are kept through
         // the forward kernels only, what an eval step runs.
         let last_forward = p

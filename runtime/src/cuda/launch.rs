@@ -316,11 +316,28 @@ impl CudaExecutor {
     ) -> Result<(), CudaError> {
         let batch = self.batch;
         let code = &self.modules[&(batch as u64)].code.kernels[k];
-        let mut launches = code.launches.iter();
+        self.run_launches(batch, &code.launches, mode, (step, first_sample), |_, _| {
+            Ok(())
+        })
+    }
+
+    /// Runs `launches` in order, calling `after` with each launch run and what it did; the
+    /// launch after a GEMM that added its bias (that bias's own launch) is skipped.
+    fn run_launches(
+        &self,
+        batch: usize,
+        launches: &[Launch],
+        mode: Mode,
+        (step, first_sample): (u64, u64),
+        mut after: impl FnMut(&Launch, Ran) -> Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        let mut launches = launches.iter();
         while let Some(l) = launches.next() {
-            if self.run_launch(batch, l, mode, step, first_sample)? == Ran::BiasAdded {
+            let ran = self.run_launch(batch, l, mode, step, first_sample)?;
+            if ran == Ran::BiasAdded {
                 launches.next();
             }
+            after(l, ran)?;
         }
         Ok(())
     }
@@ -339,13 +356,8 @@ impl CudaExecutor {
         first.record(&self.stream)?;
         let mut events = vec![first];
         for k in 0..self.plan.kernels.len() {
-            let code = self.modules[&(batch as u64)].code.kernels[k].clone();
-            let mut launches = code.launches.iter();
-            while let Some(l) = launches.next() {
-                let ran = self.run_launch(batch, l, Mode::Train, step, 0)?;
-                if ran == Ran::BiasAdded {
-                    launches.next();
-                }
+            let code = &self.modules[&(batch as u64)].code.kernels[k];
+            self.run_launches(batch, &code.launches, Mode::Train, (step, 0), |l, ran| {
                 let e = self.ctx.new_event(flags)?;
                 e.record(&self.stream)?;
                 let label = match (l, ran) {
@@ -357,7 +369,8 @@ impl CudaExecutor {
                 };
                 labels.push(label);
                 events.push(e);
-            }
+                Ok(())
+            })?;
         }
         self.finish(Mode::Train)?;
         self.stream.synchronize()?;
