@@ -433,7 +433,7 @@ fn print_plan(
                 String::new()
             };
             outln!(
-                "  memory:     {}at batch {}: peak {} = parameters {} + optimizer state {}{statistics} + inputs {} + activations {} ({} without buffer reuse)",
+                "  memory:     {}at batch {}: peak {} = parameters {} + optimizer state {}{statistics} + inputs {} + activations {}{} ({} without buffer reuse)",
                 if p.gpus_requested > 1 { "unpartitioned, on one device, " } else { "" },
                 p.batch_size,
                 bytes(m.peak_bytes),
@@ -441,6 +441,7 @@ fn print_plan(
                 bytes(m.optimizer_state_bytes),
                 bytes(m.input_bytes),
                 bytes(m.activation_bytes_at_peak()),
+                if p.bf16_activations() { " in bf16" } else { "" },
                 bytes(m.activation_bytes_without_reuse)
             )?;
         }

@@ -28,6 +28,8 @@ pub enum CodegenError {
     Unsupported { op: &'static str },
     #[error("`{op}`: {message}")]
     Bad { op: &'static str, message: String },
+    #[error("the plan stores activations in bf16 (`devices.activations: Bf16`), and the CUDA kernels load and store f32 only so far")]
+    Bf16Activations,
 }
 
 /// A value a launch passes to its kernel, resolved by the runtime at each step.
@@ -286,6 +288,9 @@ pub fn generate_with(
     target: &str,
     options: &CodegenOptions,
 ) -> Result<Module, CodegenError> {
+    if plan.bf16_activations() {
+        return Err(CodegenError::Bf16Activations);
+    }
     let mut g = Gen {
         options: *options,
         ..Gen::default()

@@ -596,6 +596,20 @@ pub struct Devices {
     /// Data parallelism all-reduces gradients in buckets of about this many MiB.
     #[serde(default = "gradient_bucket_default")]
     pub gradient_bucket_mb: f64,
+    /// How activations (the per-sample values a step stores between kernels, and their
+    /// gradients) are kept in memory; the arithmetic is f32 either way.
+    #[serde(default)]
+    pub activations: Storage,
+}
+
+/// An element type for stored activations: `Bf16` halves their memory (each value rounded to
+/// nearest even when stored), as mixed-precision training keeps them; parameters, their
+/// gradients, optimizer state, losses and row statistics stay f32.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub enum Storage {
+    #[default]
+    F32,
+    Bf16,
 }
 
 fn micro_shards_default() -> u32 {
@@ -615,6 +629,7 @@ impl Default for Devices {
             nodes: 1,
             micro_shards: micro_shards_default(),
             gradient_bucket_mb: gradient_bucket_default(),
+            activations: Storage::F32,
         }
     }
 }

@@ -73,6 +73,8 @@ pub struct Graph {
     pub kernels: Vec<super::Kernel>,
     /// Buffers and memory (after the schedule pass).
     pub schedule: Option<super::BufferSchedule>,
+    /// Values computed in f32 but stored in bf16 (after the `storage` pass).
+    pub bf16_stored: std::collections::BTreeSet<NodeIndex>,
 }
 
 impl Default for Graph {
@@ -103,6 +105,7 @@ impl Graph {
             phase: Phase::Forward,
             kernels: Vec::new(),
             schedule: None,
+            bf16_stored: Default::default(),
         }
     }
 
@@ -288,6 +291,16 @@ impl Graph {
     }
 
     /// Each op's kernel, by index in `kernels` (after the fuse pass; sources are in none).
+    /// The element type `n`'s value is stored in: bf16 where the `storage` pass chose it,
+    /// else its own.
+    pub fn stored_dtype(&self, n: NodeIndex) -> super::DType {
+        if self.bf16_stored.contains(&n) {
+            super::DType::BF16
+        } else {
+            self.g[n].ty.dtype
+        }
+    }
+
     pub fn kernel_of(&self) -> HashMap<NodeIndex, usize> {
         self.kernels
             .iter()

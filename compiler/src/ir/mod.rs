@@ -11,6 +11,7 @@ pub mod maps;
 pub mod ops;
 pub mod print;
 pub mod shape_rules;
+pub mod storage;
 pub mod types;
 pub mod verify;
 pub mod vjp;

@@ -70,6 +70,9 @@ pub fn to_text(g: &Graph, title: &str) -> String {
         if let Some(owner) = g.owners.get(&n) {
             let _ = write!(out, "  owner {owner}");
         }
+        if g.bf16_stored.contains(&n) {
+            out.push_str("  stored bf16");
+        }
         if let Some(b) = g.schedule.as_ref().and_then(|s| s.buffer_of.get(&n)) {
             let _ = write!(out, "  -> b{b}");
         }

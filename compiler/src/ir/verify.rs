@@ -110,9 +110,34 @@ pub fn verify(g: &Graph) -> Result<(), String> {
     if !g.kernels.is_empty() {
         verify_kernels(g)?;
     }
+    verify_bf16_stored(g)?;
     if let Some(schedule) = &g.schedule {
         verify_buffers(g, schedule)?;
         verify_groups(g, schedule)?;
+    }
+    Ok(())
+}
+
+/// Values stored in bf16 are activations that a kernel makes (the `storage` pass's rule):
+/// never a parameter, its gradient or update, optimizer state, a loss or a statistic.
+fn verify_bf16_stored(g: &Graph) -> Result<(), String> {
+    if g.bf16_stored.is_empty() {
+        return Ok(());
+    }
+    let kernel_of = g.kernel_of();
+    for &n in &g.bf16_stored {
+        if !g.g.contains_node(n) {
+            return Err("a removed node is stored in bf16".into());
+        }
+        if !kernel_of.contains_key(&n) || !super::storage::is_activation(g, n) {
+            let node = &g.g[n];
+            return Err(format!(
+                "`{}` ({}, {}) is stored in bf16 but is no activation",
+                node.layer,
+                node.op.name(),
+                node.ty.dtype.name()
+            ));
+        }
     }
     Ok(())
 }
@@ -320,11 +345,11 @@ fn verify_buffers(g: &Graph, s: &BufferSchedule) -> Result<(), String> {
             .shape
             .iter()
             .fold(1u64, |a, d| a.saturating_mul(d.eval(&value)));
-        if buf.dtype != node.ty.dtype || buf.elements < elements {
+        if buf.dtype != g.stored_dtype(n) || buf.elements < elements {
             return Err(format!(
                 "`{}` ({}, {elements} elements) is in buffer b{b} ({}, {} elements)",
                 node.layer,
-                node.ty.dtype.name(),
+                g.stored_dtype(n).name(),
                 buf.dtype.name(),
                 buf.elements
             ));

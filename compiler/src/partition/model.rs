@@ -246,7 +246,16 @@ pub fn model_cost(g: &Graph, name: &str, batch: u64) -> ModelCost {
             .map(|d| d.eval(&one) as f64)
             .product::<f64>()
     };
-    let bytes = |n: NodeIndex| numel(n) * g.g[n].ty.dtype.bytes() as f64;
+    // Activations count at the bytes they are stored in (bf16 when the plan keeps them so).
+    let bf16_activations = !g.bf16_stored.is_empty();
+    let bytes = |n: NodeIndex| {
+        let dtype = if bf16_activations && crate::ir::storage::is_activation(g, n) {
+            DType::BF16
+        } else {
+            g.g[n].ty.dtype
+        };
+        numel(n) * dtype.bytes() as f64
+    };
     let per_sample = |n: NodeIndex| g.g[n].ty.shape.iter().any(|d| d.syms.contains(&BATCH));
 
     // Groups in forward order (node creation order follows the model), and which nodes are

@@ -14,6 +14,7 @@ pub mod schedule;
 pub mod shapes;
 pub mod shard;
 pub mod simplify;
+pub mod storage;
 pub mod zero;
 
 use crate::dsl::Source;
@@ -93,6 +94,11 @@ pub static PIPELINE: &[Pass] = &[
         name: "group",
         about: "like update kernels (each parameter's step, each squared norm) as one launch",
         run: group::run,
+    },
+    Pass {
+        name: "storage",
+        about: "devices.activations: Bf16: the stored activations and their gradients in bf16",
+        run: storage::run,
     },
     Pass {
         name: "schedule",

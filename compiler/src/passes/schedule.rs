@@ -35,7 +35,7 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> BufferSchedule {
         batch,
         ..BufferSchedule::default()
     };
-    let bytes = |n: NodeIndex| elements(g, n, batch).saturating_mul(g.g[n].ty.dtype.bytes());
+    let bytes = |n: NodeIndex| elements(g, n, batch).saturating_mul(g.stored_dtype(n).bytes());
     // Dedicated buffers for sources.
     for n in g.g.node_indices() {
         let node = &g.g[n];
@@ -108,7 +108,7 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> BufferSchedule {
     let (mut live, mut peak, mut without_reuse) = (0u64, 0u64, 0u64);
     for (k, vals) in values.iter().enumerate() {
         for &v in vals {
-            let (dtype, need) = (g.g[v].ty.dtype, elements(g, v, batch));
+            let (dtype, need) = (g.stored_dtype(v), elements(g, v, batch));
             without_reuse = without_reuse.saturating_add(bytes(v));
             if let Some(&old) = in_place.get(&v).or_else(|| views.get(&v)) {
                 s.buffer_of.insert(v, s.buffer_of[&old]);
@@ -184,7 +184,7 @@ fn in_place_updates(
         let (Some(&k), true) = (kernel_of.get(&new), g.g[old].op.is_source()) else {
             continue;
         };
-        if g.g[old].ty != g.g[new].ty {
+        if g.g[old].ty != g.g[new].ty || g.stored_dtype(old) != g.stored_dtype(new) {
             continue;
         }
         let nodes = &g.kernels[k].nodes;
@@ -222,7 +222,7 @@ fn element_by_element(g: &Graph, nodes: &[NodeIndex]) -> bool {
 
 /// Elementwise results written over an operand's buffer: `value -> operand`. Allowed where
 /// the kernel is all elementwise, reading each operand element by element (or is a
-/// cross-entropy's gradient, row by row), the operand is an intermediate of the same type (no source,
+/// cross-entropy's gradient, row by row), the operand is an intermediate of the same type and storage (no source,
 /// no reshape view, no view of it) whose last readers are in this kernel at or before the op
 /// that makes the value: element by element, each read then comes before the write, on the
 /// CPU as on the GPU. The step reads and writes one buffer instead of two (a cold one).
@@ -258,6 +258,7 @@ fn written_over_operands(
                     .find(|&u| {
                         !g.g[u].op.is_source()
                             && g.g[u].ty == g.g[v].ty
+                            && g.stored_dtype(u) == g.stored_dtype(v)
                             && !nodes.contains(&u)
                             && !views.contains_key(&u)
                             && !viewed.contains(&u)
@@ -297,7 +298,7 @@ fn reshape_views(g: &Graph, values: &[Vec<NodeIndex>]) -> HashMap<NodeIndex, Nod
         else {
             continue;
         };
-        if !stored.contains(&x) || g.g[x].op.is_source() || g.g[x].ty.dtype != g.g[v].ty.dtype {
+        if !stored.contains(&x) || g.g[x].op.is_source() || g.stored_dtype(x) != g.stored_dtype(v) {
             continue;
         }
         let root = owner.get(&x).copied().unwrap_or(x);

@@ -169,6 +169,13 @@ pub struct Names {
 }
 
 impl Plan {
+    /// Whether the plan stores activations in bf16 (`devices.activations: Bf16`).
+    pub fn bf16_activations(&self) -> bool {
+        self.buffers
+            .iter()
+            .any(|b| b.dtype == crate::ir::DType::BF16)
+    }
+
     /// Whether output step `step` still holds its value after a training (or gradients)
     /// step: not when a later step of the backward or the update shares its buffer (a
     /// cross-entropy's logits, which their gradient is written over). An eval step runs the

@@ -65,6 +65,9 @@ pub struct FusedOp {
     pub operands: [Source; 2],
     /// Where to store the result, if anything outside the kernel reads it.
     pub store: Option<Store>,
+    /// Stored in bf16: rounded in its register before it is stored, so that the kernel's
+    /// own later ops read what readers outside it load (the same bits however ops fuse).
+    pub round: bool,
 }
 
 /// The fused ops of the kernel being run, kept between kernels only for their allocation.
@@ -176,6 +179,9 @@ fn eval(ops: &[FusedOp], regs: &mut [f32], start: usize, len: usize, per_sample:
                     }
                 }
             }
+        }
+        if f.round {
+            super::storage::round_bf16(out);
         }
         match &f.store {
             // SAFETY: each chunk writes its own range of a buffer of at least `n` elements.

@@ -8,6 +8,7 @@ mod run;
 mod run_attention;
 mod run_rows;
 mod stepwise;
+mod storage;
 mod views;
 
 pub use crate::exec::{tensor, ExecError, Mode};

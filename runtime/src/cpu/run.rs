@@ -5,7 +5,7 @@
 use super::kernels::gemm::matmul_strided;
 use super::kernels::{execute, rows, Ctx, KernelError};
 use super::{fused, tensor, views, ExecError, Executor, Mode, EMPTY};
-use parallax_compiler::ir::{KernelKind, Op};
+use parallax_compiler::ir::{DType, KernelKind, Op};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 impl Executor {
@@ -218,8 +218,15 @@ impl Executor {
     }
 
     /// Runs kernel `k`; with `fold`, a permute folded into its operand's kernel (see
-    /// `views`) is written there and its own kernel does nothing.
+    /// `views`) is written there and its own kernel does nothing. What it stores in bf16 is
+    /// rounded as the kernel finishes, as a GPU kernel rounds what it stores.
     fn run_kernel(&mut self, k: usize, ctx: &Ctx, fold: bool) -> Result<(), ExecError> {
+        self.run_kernel_unrounded(k, ctx, fold)?;
+        self.round_bf16_stores(k);
+        Ok(())
+    }
+
+    fn run_kernel_unrounded(&mut self, k: usize, ctx: &Ctx, fold: bool) -> Result<(), ExecError> {
         let plan = self.plan.clone();
         let kind = plan.kernels[k].kind;
         let steps = &plan.kernels[k].steps;
@@ -278,6 +285,8 @@ impl Executor {
                 let mm = steps[0];
                 let staged = self.slot[mm].is_none();
                 self.run_single(mm, ctx, staged)?;
+                // The epilogue reads the product as it is stored.
+                self.round_bf16_step(mm);
                 if steps.len() > 1 {
                     let source = if staged {
                         (self.scratch.f32().as_ptr(), self.scratch.numel())
@@ -463,6 +472,7 @@ impl Executor {
             self.shape_buffer(s);
             self.shape_operands(s);
         }
+        let permute = permuted.map(|f| f.permute);
         let permuted = permuted.map(|f| {
             self.shape_buffer(f.permute);
             let Op::Permute { perm } = &self.plan.steps[f.permute].op else {
@@ -497,6 +507,13 @@ impl Executor {
                     fused::Source::Memory(t.f32().as_ptr(), t.numel().max(1))
                 };
             }
+            let in_bf16 = |step: usize| {
+                self.slot[step].is_some_and(|b| self.plan.buffers[b].dtype == DType::BF16)
+            };
+            let round = match permute {
+                Some(p) if s == last => in_bf16(p),
+                _ => in_bf16(s),
+            };
             let store = match (self.slot[s], stage) {
                 _ if s == last && permuted.is_some() => permuted.clone(),
                 (Some(b), _) => Some(fused::Store::Dense(self.buffers[b].f32_mut().as_mut_ptr())),
@@ -516,6 +533,7 @@ impl Executor {
                 kind,
                 operands,
                 store,
+                round,
             });
         }
         // A staged value that is also stored is copied to the scratch after the pass.

@@ -131,6 +131,10 @@ impl CudaExecutor {
         ordinal: usize,
         precision: Precision,
     ) -> Result<CudaExecutor, CudaError> {
+        // Refused before touching a GPU.
+        if plan.bf16_activations() {
+            return Err(codegen::CodegenError::Bf16Activations.into());
+        }
         let devices = super::probe()?;
         let gpu = devices.gpus.get(ordinal).ok_or(CudaError::TooFewGpus {
             needed: ordinal + 1,

@@ -1,0 +1,118 @@
+//! Activations stored in bf16 (`devices.activations: Bf16`): the CPU holds them as f32, each
+//! rounded to the nearest bf16 (ties to even, as PTX's `cvt.rn.bf16.f32`) when its kernel
+//! finishes, so that every reader sees what a GPU storing bf16 would load.
+
+use super::Executor;
+use parallax_compiler::ir::DType;
+use rayon::prelude::*;
+
+impl Executor {
+    /// Rounds the values kernel `k` stores in bf16 buffers (those a fused chain rounded as it
+    /// stored them again, to the same bits).
+    pub(super) fn round_bf16_stores(&mut self, k: usize) {
+        let plan = self.plan.clone();
+        for &step in &plan.kernels[k].stored {
+            self.round_bf16_step(step);
+        }
+    }
+
+    /// Rounds step `step`'s stored value if its buffer is bf16.
+    pub(super) fn round_bf16_step(&mut self, step: usize) {
+        if let Some(b) = self.slot[step] {
+            if self.plan.buffers[b].dtype == DType::BF16 {
+                round_bf16(self.buffers[b].f32_mut());
+            }
+        }
+    }
+}
+
+/// Rounds every value to the nearest bf16 (ties to even), in place.
+pub fn round_bf16(values: &mut [f32]) {
+    // Elementwise, so any split gives the same bits.
+    const CHUNK: usize = 1 << 15;
+    let round = |c: &mut [f32]| {
+        for x in c {
+            *x = f32::from_bits(round_bits(x.to_bits()));
+        }
+    };
+    if values.len() <= CHUNK {
+        round(values);
+    } else {
+        values.par_chunks_mut(CHUNK).for_each(round);
+    }
+}
+
+/// The bits of f32 `bits` rounded to bf16 (its low 16 bits zero), branch-free so that the
+/// loop vectorises: a NaN stays a (quiet) NaN, a finite value past bf16's largest becomes
+/// infinity.
+#[inline]
+fn round_bits(bits: u32) -> u32 {
+    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000;
+    let nan = (bits & 0x7fff_ffff) > 0x7f80_0000;
+    if nan {
+        (bits | 0x0040_0000) & 0xffff_0000
+    } else {
+        rounded
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{round_bf16, round_bits};
+
+    #[test]
+    fn rounds_as_the_half_crate_does_over_spread_bit_patterns() {
+        // Every exponent, with mantissas around the ties, and a stride through the rest.
+        let mut checked = 0;
+        let mut bits = 0u32;
+        loop {
+            let x = f32::from_bits(bits);
+            let ours = f32::from_bits(round_bits(bits));
+            let theirs = half::bf16::from_f32(x).to_f32();
+            assert!(
+                ours.to_bits() == theirs.to_bits() || (ours.is_nan() && theirs.is_nan()),
+                "{bits:#010x}: {ours:e} vs {theirs:e}"
+            );
+            checked += 1;
+            match bits.checked_add(0x0000_7ff1) {
+                Some(b) => bits = b,
+                None => break,
+            }
+        }
+        assert!(checked > 100_000);
+        for tie in [
+            0x3f80_8000u32,
+            0x3f81_8000,
+            0xbf80_8000,
+            0x7f7f_8000,
+            0x0000_8000,
+        ] {
+            for b in [tie - 1, tie, tie + 1] {
+                let theirs = half::bf16::from_f32(f32::from_bits(b)).to_f32();
+                assert_eq!(round_bits(b), theirs.to_bits(), "{b:#010x}");
+            }
+        }
+    }
+
+    #[test]
+    fn rounds_to_the_nearest_bf16_with_ties_to_even() {
+        // bf16 keeps 8 significant bits: 1 + 2^-7 is the next value after 1.
+        let ulp = 2f32.powi(-7);
+        let mut v = vec![
+            1.0 + ulp / 2.0,                 // a tie: to even (1.0)
+            1.0 + ulp + ulp / 2.0,           // a tie: to even (1 + 2 ulp)
+            1.0 + ulp / 2.0 + ulp / 64.0,    // above the tie: up
+            -(1.0 + ulp / 2.0 - ulp / 64.0), // below the tie: down
+            f32::MAX,                        // past bf16's largest: infinity
+            3.0e-39,                         // subnormal, kept as bf16 holds it
+        ];
+        round_bf16(&mut v);
+        assert_eq!(v[0], 1.0);
+        assert_eq!(v[1], 1.0 + 2.0 * ulp);
+        assert_eq!(v[2], 1.0 + ulp);
+        assert_eq!(v[3], -1.0);
+        assert_eq!(v[4], f32::INFINITY);
+        assert_eq!(v[5].to_bits() & 0xffff, 0);
+        assert!(v[5] > 0.0 && (v[5] - 3.0e-39).abs() < 3.0e-39 / 10.0);
+    }
+}
