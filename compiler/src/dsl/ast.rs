@@ -5,6 +5,8 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+pub use super::settings::*;
+
 /// A size or count as written: an integer, or an expression over the parameters.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
@@ -186,7 +188,7 @@ pub enum Model {
     },
 }
 
-fn yes() -> bool {
+pub(super) fn yes() -> bool {
     true
 }
 fn one() -> DimExpr {
@@ -195,7 +197,7 @@ fn one() -> DimExpr {
 fn zero() -> DimExpr {
     DimExpr::Int(0)
 }
-fn minus_one() -> i64 {
+pub(super) fn minus_one() -> i64 {
     -1
 }
 fn eps_norm() -> f64 {
@@ -388,250 +390,6 @@ pub enum Loss {
         #[serde(default)]
         output: Option<String>,
     },
-}
-
-fn validation_default() -> f64 {
-    0.2
-}
-fn no_validation() -> f64 {
-    0.0
-}
-fn std_one() -> f64 {
-    1.0
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-pub enum SeqTask {
-    Copy,
-    Reverse,
-    Sort,
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub enum Data {
-    /// The embedded 8x8 handwritten digits (1,797 images, 64 pixels, 10 classes).
-    Digits {
-        #[serde(default = "validation_default")]
-        validation: f64,
-    },
-    /// IDX files, the MNIST format.
-    Idx {
-        images: String,
-        labels: String,
-        #[serde(default = "validation_default")]
-        validation: f64,
-    },
-    Csv {
-        path: String,
-        /// The label's column, negative from the end.
-        #[serde(default = "minus_one")]
-        label_column: i64,
-        #[serde(default)]
-        header: bool,
-        #[serde(default = "validation_default")]
-        validation: f64,
-    },
-    Npy {
-        inputs: String,
-        labels: String,
-        #[serde(default = "validation_default")]
-        validation: f64,
-    },
-    /// Seeded Gaussian blobs, one per class.
-    Blobs {
-        samples: u64,
-        classes: u64,
-        features: u64,
-        #[serde(default = "std_one")]
-        std: f64,
-        #[serde(default = "validation_default")]
-        validation: f64,
-    },
-    /// Seeded token sequences and their transformation.
-    Sequence {
-        task: SeqTask,
-        length: u64,
-        vocab: u64,
-        samples: u64,
-        #[serde(default = "validation_default")]
-        validation: f64,
-    },
-    /// Seeded random inputs and targets of the model's shapes (benchmarks).
-    Synthetic {
-        samples: u64,
-        #[serde(default = "no_validation")]
-        validation: f64,
-    },
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub enum Schedule {
-    Constant,
-    /// Multiply by `gamma` every `every` steps.
-    Step {
-        every: u64,
-        gamma: f64,
-    },
-    /// Linear warm-up, then cosine decay toward `min_lr`, which step `total` (the one after
-    /// the last) would have: PyTorch's `CosineAnnealingLR(T_max = total - warmup)`.
-    Cosine {
-        #[serde(default)]
-        warmup: u64,
-        #[serde(default)]
-        min_lr: f64,
-    },
-    /// Linear warm-up, then linear decay toward `end_lr`, which step `total` (the one after
-    /// the last) would have: PyTorch's `LinearLR(total_iters = total - warmup)`.
-    Linear {
-        #[serde(default)]
-        warmup: u64,
-        #[serde(default)]
-        end_lr: f64,
-    },
-    /// Linear warm-up over `steps`, then constant.
-    Warmup {
-        steps: u64,
-    },
-}
-
-fn constant() -> Schedule {
-    Schedule::Constant
-}
-fn betas() -> (f64, f64) {
-    (0.9, 0.999)
-}
-fn adam_eps() -> f64 {
-    1e-8
-}
-fn adamw_decay() -> f64 {
-    0.01
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub enum Optimizer {
-    Sgd {
-        lr: f64,
-        #[serde(default)]
-        momentum: f64,
-        #[serde(default)]
-        nesterov: bool,
-        #[serde(default)]
-        weight_decay: f64,
-        #[serde(default)]
-        clip_norm: Option<f64>,
-        #[serde(default = "constant")]
-        schedule: Schedule,
-    },
-    Adam {
-        lr: f64,
-        #[serde(default = "betas")]
-        betas: (f64, f64),
-        #[serde(default = "adam_eps")]
-        eps: f64,
-        #[serde(default)]
-        weight_decay: f64,
-        #[serde(default)]
-        clip_norm: Option<f64>,
-        #[serde(default = "constant")]
-        schedule: Schedule,
-    },
-    AdamW {
-        lr: f64,
-        #[serde(default = "betas")]
-        betas: (f64, f64),
-        #[serde(default = "adam_eps")]
-        eps: f64,
-        #[serde(default = "adamw_decay")]
-        weight_decay: f64,
-        #[serde(default)]
-        clip_norm: Option<f64>,
-        #[serde(default = "constant")]
-        schedule: Schedule,
-    },
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Train {
-    /// The global batch, split across data-parallel replicas.
-    pub batch_size: u64,
-    #[serde(default)]
-    pub steps: Option<u64>,
-    #[serde(default)]
-    pub epochs: Option<u64>,
-    #[serde(default)]
-    pub seed: u64,
-    /// Drop the last partial batch of an epoch instead of running it smaller.
-    #[serde(default)]
-    pub drop_last: bool,
-    /// Visit the training set in a new seeded order each epoch; `false` reads it in file
-    /// order every epoch (what a reference run in another framework can mirror).
-    #[serde(default = "yes")]
-    pub shuffle: bool,
-}
-
-fn gpus_one() -> u32 {
-    1
-}
-fn kind_default() -> String {
-    "h100".into()
-}
-
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct Devices {
-    #[serde(default = "gpus_one")]
-    pub gpus: u32,
-    #[serde(default = "kind_default")]
-    pub kind: String,
-    #[serde(default = "gpus_one")]
-    pub nodes: u32,
-    /// The fixed pieces data parallelism splits each batch into: every GPU count up to this
-    /// gives the same bits (each GPU takes whole pieces; their gradients sum in a fixed order).
-    #[serde(default = "micro_shards_default")]
-    pub micro_shards: u32,
-    /// Data parallelism all-reduces gradients in buckets of about this many MiB.
-    #[serde(default = "gradient_bucket_default")]
-    pub gradient_bucket_mb: f64,
-    /// How activations (the per-sample values a step stores between kernels, and their
-    /// gradients) are kept in memory; the arithmetic is f32 either way.
-    #[serde(default)]
-    pub activations: Storage,
-}
-
-/// An element type for stored activations: `Bf16` halves their memory (each value rounded to
-/// nearest even when stored), as mixed-precision training keeps them; parameters, their
-/// gradients, optimizer state, losses and row statistics stay f32.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
-pub enum Storage {
-    #[default]
-    F32,
-    Bf16,
-}
-
-fn micro_shards_default() -> u32 {
-    8
-}
-
-/// PyTorch DDP's `bucket_cap_mb`.
-fn gradient_bucket_default() -> f64 {
-    25.0
-}
-
-impl Default for Devices {
-    fn default() -> Self {
-        Devices {
-            gpus: 1,
-            kind: kind_default(),
-            nodes: 1,
-            micro_shards: micro_shards_default(),
-            gradient_bucket_mb: gradient_bucket_default(),
-            activations: Storage::F32,
-        }
-    }
 }
 
 /// Variants whose settings are all optional, so they may be written bare (`LayerNorm`).

@@ -5,6 +5,7 @@ pub mod ast;
 pub mod compare;
 pub mod expr;
 pub mod overrides;
+pub mod settings;
 pub mod spans;
 pub mod validate;
 
