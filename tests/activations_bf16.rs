@@ -1,8 +1,9 @@
 //! Activations stored in bf16 (`devices.activations: Bf16`): the storage pass keeps the
-//! activations and their gradients in bf16 and nothing else, the memory plan and the planner
-//! count them at 2 bytes, the CPU rounds each to bf16 as its kernel stores it, training stays
-//! within bf16's tolerance of the f32 plan, every device grid gives the same bits, and the
-//! CUDA code generator refuses such a plan rather than storing f32.
+//! activations, their gradients and the weights' bf16 copies that products multiply in bf16
+//! and nothing else, the memory plan and the planner count them at 2 bytes, the CPU rounds
+//! each to bf16 as its kernel stores it, training stays within bf16's tolerance of the f32
+//! plan, every device grid gives the same bits, and the CUDA code generator refuses such a
+//! plan rather than storing f32.
 
 mod common;
 use common::{parallax, scaled_difference, stdout, temp, train_steps};
@@ -86,12 +87,37 @@ fn the_storage_pass_keeps_activations_and_their_gradients_in_bf16_and_nothing_el
         .iter()
         .all(|&n| g.g[n].phase != Phase::Update && g.g[n].ty.dtype == DType::F32));
     assert!(plan.bf16_activations());
+    // Every product multiplies a weight's bf16 copy, never the f32 parameter, and each copy
+    // (one per parameter) is stored in bf16.
+    let copies: Vec<_> =
+        g.g.node_indices()
+            .filter(|&n| g.g[n].op.kind() == OpKind::RoundBf16)
+            .collect();
+    assert!(!copies.is_empty());
+    for &c in &copies {
+        let [p] = g.operands(c)[..] else {
+            panic!("one operand")
+        };
+        assert_eq!(g.g[p].op.kind(), OpKind::Param);
+        assert_eq!(g.stored_dtype(c), DType::BF16, "`{}`", g.g[c].layer);
+    }
+    for n in g.g.node_indices() {
+        if g.g[n].op.kind() == OpKind::MatMul {
+            assert!(g
+                .operands(n)
+                .iter()
+                .all(|&o| g.g[o].op.kind() != OpKind::Param));
+        }
+    }
 
     // The verifier refuses a parameter's gradient stored in bf16.
     let mut bad = g.clone();
     bad.bf16_stored.insert(g.grads[0].1);
     let e = verify(&bad).unwrap_err();
-    assert!(e.contains("stored in bf16 but is no activation"), "{e}");
+    assert!(
+        e.contains("stored in bf16 but is no activation nor a bf16 copy"),
+        "{e}"
+    );
 
     // With f32 storage nothing is bf16.
     let (g32, plan32) = compiled(&source("models/transformer.ron", Storage::F32));
@@ -234,6 +260,26 @@ fn bf16_activations_train_within_bf16_tolerance_of_f32() {
         }
         assert_ne!(first16, first32, "{model}: bf16 storage changed nothing");
         assert_eq!(grads16.len(), grads32.len());
+        let (mut num, mut den) = (0f64, 0f64);
+        for ((_, a), (_, b)) in grads16.iter().zip(&grads32) {
+            for (x, y) in a.iter().zip(b) {
+                num += (f64::from(*x) - f64::from(*y)).powi(2);
+                den += f64::from(*y).powi(2);
+            }
+        }
+        // The whole gradient's relative L2 difference: ~0.5% for the transformer (GELU);
+        // ~3-4% for the ReLU nets at a batch of 8. There the weights' rounding to bf16 moves
+        // a few pre-activations near zero across ReLU's kink, each taking or giving a whole
+        // sample's share of a first layer's gradient, and the CNN's BatchNorm statistics
+        // cancel most of the gradient that reaches them (its conv bias gets none at all),
+        // magnifying the rest. Per tensor, the layers after those are compared.
+        let l2 = (num / den).sqrt();
+        let (bound, compared): (f64, &[&str]) = match model {
+            "models/cnn.ron" => (5e-2, &["8.", "10."]),
+            "models/mlp.ron" => (5e-2, &["3."]),
+            _ => (1e-2, &[""]),
+        };
+        assert!(l2 < bound, "{model}: gradients differ by {l2:e} (L2)");
         let largest = |v: &[f32]| v.iter().fold(0f32, |m, x| m.max(x.abs()));
         let scale = grads32.iter().map(|(_, g)| largest(g)).fold(0f32, f32::max);
         for ((name, a), (_, b)) in grads16.iter().zip(&grads32) {
@@ -247,13 +293,7 @@ fn bf16_activations_train_within_bf16_tolerance_of_f32() {
                 );
                 continue;
             }
-            // In the CNN, a batch of 8 through BatchNorm's batch statistics: their gradient
-            // cancels most of what reaches it (the conv bias before it gets none at all),
-            // which magnifies bf16's rounding in the layers before it (to ~13%). Those after
-            // it are compared.
-            if model.ends_with("cnn.ron")
-                && !["4.", "8.", "10."].iter().any(|l| name.starts_with(l))
-            {
+            if !compared.iter().any(|l| name.starts_with(l)) {
                 continue;
             }
             let d = scaled_difference(a, b);
@@ -309,4 +349,83 @@ fn the_cuda_code_generator_refuses_bf16_activations() {
     );
     let (_, plan) = compiled(&source("models/mlp.ron", Storage::F32));
     assert!(parallax_compiler::codegen::generate(&plan, 8, "sm_90").is_ok());
+}
+
+/// Tensor parallelism rounds each rank's partial product to bf16 before the ranks sum them
+/// (as Megatron's bf16 all-reduce does), so it is close to one device rather than equal:
+/// losses and every weight (relative norm) within bf16's tolerance.
+#[test]
+fn tensor_parallel_bf16_activations_stay_close_to_one_device() {
+    let base = [
+        "models/transformer.ron",
+        "--set",
+        "devices.activations=Bf16",
+        "--steps",
+        "2",
+    ];
+    let run = |extra: &[&str], name: &str| {
+        let dir = temp(name);
+        let mut all = vec!["train", "--run-dir", dir.to_str().unwrap()];
+        all.extend_from_slice(&base);
+        all.extend_from_slice(extra);
+        let o = parallax(&all);
+        assert!(o.status.success(), "{all:?}\n{}", common::stderr(&o));
+        let weights = common::f32_tensors(&dir.join("final.safetensors"));
+        let losses = common::metric(&dir, "loss");
+        let _ = std::fs::remove_dir_all(&dir);
+        (weights, losses)
+    };
+    let (one, losses) = run(&["--gpus", "1"], "bf16-tp-1");
+    let (tp, tp_losses) = run(&["--gpus", "2", "--strategy", "tp2"], "bf16-tp-2");
+    assert_eq!(losses.len(), tp_losses.len());
+    for (a, b) in tp_losses.iter().zip(&losses) {
+        assert!(
+            (a - b).abs() < 2e-2 * b.abs(),
+            "losses {tp_losses:?} vs {losses:?}"
+        );
+    }
+    assert_eq!(one.len(), tp.len());
+    let norm = |v: &[f32]| v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    for (name, (_, b)) in &one {
+        // Its exact gradient is zero (see above): Adam steps on rounding noise.
+        if name.ends_with("att.k.bias") {
+            continue;
+        }
+        let a = &tp[name].1;
+        let diff: Vec<f32> = a.iter().zip(b).map(|(x, y)| x - y).collect();
+        let r = norm(&diff) / norm(b).max(1e-12);
+        assert!(r < 2e-2, "tp2: `{name}` differs by {r:e}");
+    }
+}
+
+/// A run interrupted after its checkpoint and resumed ends with the bits of one never
+/// interrupted: the rounding depends on nothing but the values.
+#[test]
+fn a_resumed_bf16_run_keeps_its_bits() {
+    let file = "models/transformer.ron";
+    let set = ["--set", "devices.activations=Bf16"];
+    let whole = train(
+        &[&[file][..], &set, &["--steps", "3"]].concat(),
+        &temp("bf16-whole"),
+    );
+    let dir = temp("bf16-resumed");
+    let d = dir.to_str().unwrap();
+    let args = [
+        &[file][..],
+        &set,
+        &["--steps", "2", "--checkpoint-every", "2"],
+    ]
+    .concat();
+    let mut all = vec!["train", "--run-dir", d];
+    all.extend_from_slice(&args);
+    let o = parallax(&all);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let o = parallax(&["train", "--resume", d, "--steps", "3"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    let resumed = std::fs::read(dir.join("final.safetensors")).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        resumed == whole,
+        "the resumed run's final.safetensors differs"
+    );
 }

@@ -525,6 +525,13 @@ impl crate::ir::maps::PtxScalar for Kernel {
     fn gelu_grad(&mut self, a: F) -> F {
         Kernel::gelu_grad(self, a)
     }
+    fn round_bf16(&mut self, a: F) -> F {
+        // The pair's high half is `a` rounded, its low half bf16 zero: the f32's bits.
+        let (bits, zero, d) = (self.r(), self.fc(0.0), self.f());
+        self.ins(format!("cvt.rn.bf16x2.f32 {bits}, {a}, {zero}"));
+        self.ins(format!("mov.b32 {d}, {bits}"));
+        d
+    }
 }
 
 #[path = "builder_math.rs"]

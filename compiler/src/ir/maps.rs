@@ -34,6 +34,8 @@ pub trait PtxScalar {
     fn gelu(&mut self, a: Reg) -> Reg;
     /// `d gelu / dx`.
     fn gelu_grad(&mut self, a: Reg) -> Reg;
+    /// The nearest bf16 (ties to even), as an f32.
+    fn round_bf16(&mut self, a: Reg) -> Reg;
 }
 
 /// A map of one operand and the op's attribute `p` (`Scale`'s factor; 0 for most).
@@ -361,6 +363,13 @@ pub static SIGMOID_GRAD: Map = binary! {
     },
 };
 /// `(x, dy)`: `dy * s * (1 + x * (1 - s))` with `s = sigmoid(x)`.
+pub static ROUND_BF16: Map = unary! {
+    cpu: |x, _| math::round_bf16(x),
+    // Exact: a bf16 is an f32 whose low 16 bits are zero.
+    f64: |x, _| f64::from(math::round_bf16(x as f32)),
+    ptx: |k, a, _| k.round_bf16(a),
+    epilogue: false,
+};
 pub static SILU_GRAD: Map = binary! {
     cpu: |x, dy| {
         let s = math::sigmoid(x);

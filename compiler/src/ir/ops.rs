@@ -176,6 +176,10 @@ pub enum Op {
     SigmoidGrad,
     /// `(x, dy)`: `dy * s * (1 + x * (1 - s))` with `s = sigmoid(x)`.
     SiluGrad,
+    /// Each element to the nearest bf16 (ties to even), kept in f32: the copy of a weight
+    /// that a matmul multiplies when activations are stored in bf16 (as a bf16 GEMM does);
+    /// its gradient passes through unchanged.
+    RoundBf16,
     /// Zeroes elements with probability `p` and scales the rest by `1/(1-p)`; the mask is keyed
     /// by (seed, step, `stream`, sample, element), so it is the same on any device count and
     /// the same op applied to the gradient uses the same mask.
@@ -351,6 +355,7 @@ pub enum OpKind {
     TanhGrad,
     SigmoidGrad,
     SiluGrad,
+    RoundBf16,
     Dropout,
     Softmax,
     SoftmaxGrad,
@@ -464,7 +469,7 @@ use OpKind as K;
 
 /// The table, in `OpKind` order (a test checks it).
 #[rustfmt::skip]
-pub static OPS: [OpDef; 57] = [
+pub static OPS: [OpDef; 58] = [
     row(K::Input, "input", 0, Source, declared, free, vjp::source),
     row(K::Param, "param", 0, Source, declared, free, vjp::source),
     row(K::State, "state", 0, Source, declared, free, vjp::source),
@@ -501,6 +506,7 @@ pub static OPS: [OpDef; 57] = [
     map_row(K::TanhGrad, "tanh_grad", 2, same_pair, per_out::<3>, vjp::none, &maps::TANH_GRAD),
     map_row(K::SigmoidGrad, "sigmoid_grad", 2, same_pair, per_out::<3>, vjp::none, &maps::SIGMOID_GRAD),
     map_row(K::SiluGrad, "silu_grad", 2, same_pair, per_out::<8>, vjp::none, &maps::SILU_GRAD),
+    map_row(K::RoundBf16, "round_bf16", 1, float_same, per_out::<1>, vjp::identity, &maps::ROUND_BF16),
     row(K::Dropout, "dropout", 1, Elementwise, float_same, per_out::<2>, vjp::dropout),
     row(K::Softmax, "softmax", 1, Reduction, softmax_shape, per_out::<5>, vjp::softmax),
     row(K::SoftmaxGrad, "softmax_grad", 2, Reduction, same_pair, per_out::<4>, vjp::none),
@@ -549,6 +555,7 @@ macro_rules! map_ops {
             | $crate::ir::Op::TanhGrad
             | $crate::ir::Op::SigmoidGrad
             | $crate::ir::Op::SiluGrad
+            | $crate::ir::Op::RoundBf16
     };
 }
 
@@ -575,6 +582,7 @@ pub fn elementwise_examples() -> Vec<Op> {
         Op::TanhGrad,
         Op::SigmoidGrad,
         Op::SiluGrad,
+        Op::RoundBf16,
         Op::Dropout { p: 0.1, stream: 3 },
     ]
 }
@@ -618,6 +626,7 @@ impl Op {
             Op::TanhGrad => K::TanhGrad,
             Op::SigmoidGrad => K::SigmoidGrad,
             Op::SiluGrad => K::SiluGrad,
+            Op::RoundBf16 => K::RoundBf16,
             Op::Dropout { .. } => K::Dropout,
             Op::Softmax { .. } => K::Softmax,
             Op::SoftmaxGrad => K::SoftmaxGrad,
@@ -780,6 +789,7 @@ impl Op {
             | Op::TanhGrad
             | Op::SigmoidGrad
             | Op::SiluGrad
+            | Op::RoundBf16
             | Op::SoftmaxGrad
             | Op::Training => String::new(),
         }

@@ -1,9 +1,15 @@
-//! Which values are activations: what a plan with `devices.activations: Bf16` stores in bf16
-//! (the `storage` pass's rule, which the verifier and the planner apply too).
+//! What a plan with `devices.activations: Bf16` stores in bf16 (the `storage` pass's rule,
+//! which the verifier and the planner apply too): activations, and the bf16 copies of
+//! weights (`RoundBf16`).
 
 use super::dim::BATCH;
 use super::ops::{OpClass, OpKind};
 use super::{DType, Graph, NodeIndex, Phase};
+
+/// Whether value `n` is kept in bf16 when stored: an activation, or a weight's bf16 copy.
+pub fn stored_in_bf16(g: &Graph, n: NodeIndex) -> bool {
+    is_activation(g, n) || g.g[n].op.kind() == OpKind::RoundBf16
+}
 
 /// Whether value `n` is an activation: an f32 value of the forward or backward that
 /// holds something per sample (its shape carries the batch), made by an op whose output is

@@ -129,10 +129,10 @@ fn verify_bf16_stored(g: &Graph) -> Result<(), String> {
         if !g.g.contains_node(n) {
             return Err("a removed node is stored in bf16".into());
         }
-        if !kernel_of.contains_key(&n) || !super::storage::is_activation(g, n) {
+        if !kernel_of.contains_key(&n) || !super::storage::stored_in_bf16(g, n) {
             let node = &g.g[n];
             return Err(format!(
-                "`{}` ({}, {}) is stored in bf16 but is no activation",
+                "`{}` ({}, {}) is stored in bf16 but is no activation nor a bf16 copy",
                 node.layer,
                 node.op.name(),
                 node.ty.dtype.name()

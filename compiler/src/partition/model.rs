@@ -249,7 +249,7 @@ pub fn model_cost(g: &Graph, name: &str, batch: u64) -> ModelCost {
     // Activations count at the bytes they are stored in (bf16 when the plan keeps them so).
     let bf16_activations = !g.bf16_stored.is_empty();
     let bytes = |n: NodeIndex| {
-        let dtype = if bf16_activations && crate::ir::storage::is_activation(g, n) {
+        let dtype = if bf16_activations && crate::ir::storage::stored_in_bf16(g, n) {
             DType::BF16
         } else {
             g.g[n].ty.dtype

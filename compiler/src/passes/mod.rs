@@ -15,6 +15,7 @@ pub mod shapes;
 pub mod shard;
 pub mod simplify;
 pub mod storage;
+pub mod weight_copies;
 pub mod zero;
 
 use crate::dsl::Source;
@@ -53,6 +54,12 @@ pub static PIPELINE: &[Pass] = &[
         name: "shard",
         about: "per micro-shard plans: synchronised BatchNorm, each shard's share of the loss",
         run: shard::run,
+    },
+    Pass {
+        name: "weight_copies",
+        about:
+            "devices.activations: Bf16: the weights products multiply, rounded to bf16 once a step",
+        run: weight_copies::run,
     },
     Pass {
         name: "autodiff",

@@ -8,7 +8,7 @@
 use super::fuse::stored;
 use super::Ctx;
 use crate::dsl::ast::Storage;
-use crate::ir::storage::is_activation;
+use crate::ir::storage::stored_in_bf16;
 use crate::ir::Graph;
 use crate::Error;
 
@@ -18,7 +18,7 @@ pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
         Storage::Bf16 => stored(g)
             .into_iter()
             .flatten()
-            .filter(|&n| is_activation(g, n))
+            .filter(|&n| stored_in_bf16(g, n))
             .collect(),
     };
     Ok(())

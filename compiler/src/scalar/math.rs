@@ -126,6 +126,21 @@ pub fn gelu_grad(x: f32) -> f32 {
     cdf + x * exp(-a * a) * 0.398_942_3
 }
 
+/// `x` rounded to the nearest bf16 (ties to even), kept in f32: its low 16 bits zero. A NaN
+/// stays a (quiet) NaN, a finite value past bf16's largest becomes infinity, as PTX's
+/// `cvt.rn.bf16.f32` rounds; branch-free, so that a loop over it vectorises.
+#[inline(always)]
+pub fn round_bf16(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000;
+    let nan = (bits & 0x7fff_ffff) > 0x7f80_0000;
+    f32::from_bits(if nan {
+        (bits | 0x0040_0000) & 0xffff_0000
+    } else {
+        rounded
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

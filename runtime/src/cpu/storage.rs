@@ -4,6 +4,7 @@
 
 use super::Executor;
 use parallax_compiler::ir::DType;
+use parallax_compiler::scalar::math::round_bf16 as round;
 use rayon::prelude::*;
 
 impl Executor {
@@ -30,35 +31,26 @@ impl Executor {
 pub fn round_bf16(values: &mut [f32]) {
     // Elementwise, so any split gives the same bits.
     const CHUNK: usize = 1 << 15;
-    let round = |c: &mut [f32]| {
+    let round_all = |c: &mut [f32]| {
         for x in c {
-            *x = f32::from_bits(round_bits(x.to_bits()));
+            *x = round(*x);
         }
     };
     if values.len() <= CHUNK {
-        round(values);
+        round_all(values);
     } else {
-        values.par_chunks_mut(CHUNK).for_each(round);
-    }
-}
-
-/// The bits of f32 `bits` rounded to bf16 (its low 16 bits zero), branch-free so that the
-/// loop vectorises: a NaN stays a (quiet) NaN, a finite value past bf16's largest becomes
-/// infinity.
-#[inline]
-fn round_bits(bits: u32) -> u32 {
-    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) & 0xffff_0000;
-    let nan = (bits & 0x7fff_ffff) > 0x7f80_0000;
-    if nan {
-        (bits | 0x0040_0000) & 0xffff_0000
-    } else {
-        rounded
+        values.par_chunks_mut(CHUNK).for_each(round_all);
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{round_bf16, round_bits};
+    use super::round_bf16;
+    use parallax_compiler::scalar::math::round_bf16 as round;
+
+    fn round_bits(bits: u32) -> u32 {
+        round(f32::from_bits(bits)).to_bits()
+    }
 
     #[test]
     fn rounds_as_the_half_crate_does_over_spread_bit_patterns() {
