@@ -101,6 +101,14 @@ fn the_storage_pass_keeps_activations_and_their_gradients_in_bf16_and_nothing_el
         assert_eq!(g.g[p].op.kind(), OpKind::Param);
         assert_eq!(g.stored_dtype(c), DType::BF16, "`{}`", g.g[c].layer);
     }
+    // The copies are made by one grouped kernel (one launch).
+    let kernel_of = g.kernel_of();
+    let k = kernel_of[&copies[0]];
+    assert!(copies.iter().all(|c| kernel_of[c] == k));
+    assert!(matches!(
+        g.kernels[k].kind,
+        parallax_compiler::ir::KernelKind::Grouped { members, .. } if members as usize == copies.len()
+    ));
     for n in g.g.node_indices() {
         if g.g[n].op.kind() == OpKind::MatMul {
             assert!(g

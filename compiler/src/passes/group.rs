@@ -1,6 +1,6 @@
 //! Grouping: the update phase's kernels that do the same ops to different tensors (each
-//! parameter's optimizer step, each gradient's squared norm for clipping) become one grouped
-//! kernel, one launch over every member's tensors, as apex's `multi_tensor_apply` and llm.c's
+//! parameter's optimizer step, each gradient's squared norm for clipping), and the weights'
+//! bf16 copies the forward makes, become one grouped kernel, one launch over every member's tensors, as apex's `multi_tensor_apply` and llm.c's
 //! flat AdamW do. A model of 150 parameters then steps in a few launches instead of hundreds.
 //!
 //! Members are structurally identical: the same ops with the same attributes, the same
@@ -53,6 +53,15 @@ struct Candidate {
     touched: HashSet<NodeIndex>,
     /// Its nodes in `canonical` order.
     nodes: Vec<NodeIndex>,
+}
+
+/// A weight's bf16 copy (`RoundBf16` of a parameter, made in the forward): it reads nothing
+/// a step computes, so every copy can be made at once.
+fn weight_copy(g: &Graph, n: NodeIndex) -> bool {
+    matches!(g.g[n].op, Op::RoundBf16)
+        && g.operands(n)
+            .iter()
+            .all(|&o| matches!(g.g[o].op, Op::Param { .. }))
 }
 
 fn one_value(g: &Graph, n: NodeIndex) -> bool {
@@ -116,7 +125,7 @@ fn candidate(
     for &n in &nodes {
         let node = &g.g[n];
         let tail = reduce && Some(&n) == nodes.last();
-        if node.phase != Phase::Update
+        if (node.phase != Phase::Update && !weight_copy(g, n))
             || node.ty.dtype != DType::F32
             || !(tail || node.op.map().is_some() && node.ty == *shape)
         {
@@ -148,10 +157,11 @@ fn candidate(
     // A stored value that is neither kept to the end (a root) nor one value would, with all
     // members at once, live beside every other member's (a ZeRO rank's updates before their
     // broadcasts): grouping would raise the peak, so such kernels stay alone.
-    if nodes
-        .iter()
-        .any(|&n| stored.contains(&n) && !roots.contains(&n) && !one_value(g, n))
-    {
+    // The weights' bf16 copies are the exception: the backward reads every one of them, so
+    // each lives across the turn from forward to backward, where the peak is, either way.
+    if nodes.iter().any(|&n| {
+        stored.contains(&n) && !roots.contains(&n) && !one_value(g, n) && !weight_copy(g, n)
+    }) {
         return None;
     }
     let mut touched: HashSet<NodeIndex> = nodes.iter().copied().collect();
