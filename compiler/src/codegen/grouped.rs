@@ -7,7 +7,7 @@
 //! An update group's grid covers the members' elements, `CHUNK` per block; a block finds its
 //! member by the table's block offsets. A squared-norm group (a chain ending in a sum of
 //! everything) runs one block per member that sums exactly as the lone reduction kernel does
-//! (`layout::reduce` over the whole tensor: 256 lanes of strided f64 partial sums added in
+//! (`layout_reduce.rs` over the whole tensor: 256 lanes of strided f64 partial sums added in
 //! lane order, or one lane in order below 64 elements), so each member's sum is the same
 //! bits as before, and the chain is evaluated in registers instead of staged in the scratch.
 
@@ -22,7 +22,7 @@ use crate::plan::Plan;
 const PARAM_BYTES: u64 = 4096;
 /// Elements of one member each block of an update group takes (four per thread).
 const CHUNK: u64 = 4 * BLOCK as u64;
-/// Below this many elements the lone whole-tensor sum runs on one lane (`layout::reduce`).
+/// Below this many elements the lone whole-tensor sum runs on one lane (`layout_reduce.rs`).
 const ONE_LANE_BELOW: u64 = 64;
 
 /// Where an op's operand comes from: a value of the same member, or an outside slot.
