@@ -177,6 +177,22 @@ fn the_memory_plan_counts_bf16_activations_at_two_bytes() {
     let (f32_report, bf16_report) = (report("F32"), report("Bf16"));
     assert!(bf16_report.contains(" in bf16 ("), "{bf16_report}");
     assert!(!f32_report.contains("in bf16"), "{f32_report}");
+    // The planner times the products at the bf16 rate: they multiply bf16 copies.
+    for (storage, rate) in [("F32", "matmuls at tf32"), ("Bf16", "matmuls at bf16")] {
+        let set = format!("devices.activations={storage}");
+        let o = parallax(&[
+            "compile",
+            "models/transformer.ron",
+            "--set",
+            &set,
+            "--explain",
+        ]);
+        let text = format!("{}{}", stdout(&o), common::stderr(&o));
+        assert!(
+            o.status.success() && text.contains(rate),
+            "{storage}: {text}"
+        );
+    }
     assert!(
         peak(&bf16_report) < 0.8 * peak(&f32_report),
         "the planner's peak: {f32_report}\n{bf16_report}"

@@ -100,7 +100,8 @@ pub struct ModelCost {
     pub input_bytes_per_sample: u64,
     pub input_bytes_fixed: u64,
     /// Matmuls run at this precision's rate: `tf32` for an fp32 plan (cuBLAS with TF32 tensor
-    /// cores allowed, as PyTorch's default for convolutions), `bf16` when parameters are bf16.
+    /// cores allowed, as PyTorch's default for convolutions), `bf16` when parameters are bf16
+    /// or activations are stored in bf16 (the products multiply bf16 weight copies).
     pub precision: &'static str,
     /// Kernels of the optimizer update (the same count however the state is sharded).
     pub update_kernels: u32,
@@ -471,7 +472,11 @@ pub fn model_cost(g: &Graph, name: &str, batch: u64) -> ModelCost {
         optimizer_state_bytes: state_bytes,
         input_bytes_per_sample: input_sample,
         input_bytes_fixed: input_fixed,
-        precision: if bf16 { "bf16" } else { "tf32" },
+        precision: if bf16 || bf16_activations {
+            "bf16"
+        } else {
+            "tf32"
+        },
         update_kernels,
     }
 }
