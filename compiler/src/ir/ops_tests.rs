@@ -1,0 +1,152 @@
+//! The op table's tests: its order, the elementwise pattern and examples against it, shape
+//! rules and costs.
+
+use super::*;
+
+const B: [String; 0] = [];
+
+fn f(shape: &[u64]) -> TensorType {
+    TensorType::f32(shape.iter().map(|&d| Dim::known(d)).collect())
+}
+
+#[test]
+fn table_is_in_kind_order() {
+    for (i, d) in OPS.iter().enumerate() {
+        assert_eq!(d.kind as usize, i, "row {} is out of order", d.name);
+    }
+}
+
+#[test]
+fn the_map_pattern_is_the_ops_with_a_map() {
+    for op in elementwise_examples() {
+        assert_eq!(
+            matches!(op, crate::map_ops!()),
+            op.map().is_some(),
+            "{op:?}: `map_ops!` and the table disagree"
+        );
+    }
+}
+
+#[test]
+fn the_elementwise_examples_cover_the_table() {
+    let rows: Vec<OpKind> = OPS
+        .iter()
+        .filter(|d| d.class == OpClass::Elementwise)
+        .map(|d| d.kind)
+        .collect();
+    let examples: Vec<OpKind> = elementwise_examples().iter().map(Op::kind).collect();
+    assert_eq!(
+        examples, rows,
+        "add the new elementwise op to `elementwise_examples`"
+    );
+}
+
+#[test]
+fn shape_rules() {
+    let mm = Op::MatMul {
+        trans_a: false,
+        trans_b: false,
+    };
+    assert_eq!(
+        mm.infer(&[&f(&[8, 3]), &f(&[3, 5])], &B).unwrap(),
+        f(&[8, 5])
+    );
+    assert!(mm.infer(&[&f(&[8, 3]), &f(&[4, 5])], &B).is_err());
+    let mmt = Op::MatMul {
+        trans_a: false,
+        trans_b: true,
+    };
+    assert_eq!(
+        mmt.infer(&[&f(&[2, 4, 8, 16]), &f(&[2, 4, 8, 16])], &B)
+            .unwrap(),
+        f(&[2, 4, 8, 8])
+    );
+    let mta = Op::MatMul {
+        trans_a: true,
+        trans_b: false,
+    };
+    assert_eq!(
+        mta.infer(&[&f(&[8, 3]), &f(&[8, 5])], &B).unwrap(),
+        f(&[3, 5])
+    );
+    let conv = Op::Conv2d {
+        stride: 2,
+        padding: 1,
+        groups: 1,
+    };
+    assert_eq!(
+        conv.infer(&[&f(&[1, 3, 32, 32]), &f(&[16, 3, 3, 3])], &B)
+            .unwrap(),
+        f(&[1, 16, 16, 16])
+    );
+    let gi = Op::Conv2dGradInput {
+        stride: 2,
+        padding: 1,
+        groups: 1,
+        in_h: 32,
+        in_w: 32,
+    };
+    assert_eq!(
+        gi.infer(&[&f(&[1, 16, 16, 16]), &f(&[16, 3, 3, 3])], &B)
+            .unwrap(),
+        f(&[1, 3, 32, 32])
+    );
+    let gw = Op::Conv2dGradWeight {
+        stride: 2,
+        padding: 1,
+        groups: 1,
+        kernel: 3,
+    };
+    assert_eq!(
+        gw.infer(&[&f(&[1, 3, 32, 32]), &f(&[1, 16, 16, 16])], &B)
+            .unwrap(),
+        f(&[16, 3, 3, 3])
+    );
+    assert_eq!(
+        Op::Add.infer(&[&f(&[4, 1, 5]), &f(&[3, 1])], &B).unwrap(),
+        f(&[4, 3, 5])
+    );
+    assert!(Op::Add.infer(&[&f(&[4, 2]), &f(&[3])], &B).is_err());
+    assert!(Op::Relu.infer(&[&f(&[1]), &f(&[1])], &B).is_err());
+    let pool = Op::Pool2d {
+        max: true,
+        kernel: 2,
+        stride: 2,
+        padding: 0,
+    };
+    assert_eq!(
+        pool.infer(&[&f(&[1, 8, 7, 7])], &B).unwrap(),
+        f(&[1, 8, 3, 3])
+    );
+    let r = Op::ReduceMean { axes: vec![0, 1] };
+    assert_eq!(r.infer(&[&f(&[2, 3])], &B).unwrap(), f(&[]));
+    let st = Op::SumTo {
+        shape: vec![Dim::known(5)],
+    };
+    assert_eq!(st.infer(&[&f(&[4, 3, 5])], &B).unwrap(), f(&[5]));
+    assert!(st.infer(&[&f(&[4, 3, 6])], &B).is_err());
+    let ex = Op::Expand {
+        axes: vec![1],
+        shape: vec![Dim::known(4), Dim::known(3)],
+        mean: true,
+    };
+    assert_eq!(ex.infer(&[&f(&[4])], &B).unwrap(), f(&[4, 3]));
+    let pad = Op::Pad {
+        axis: 0,
+        start: 2,
+        size: Dim::known(10),
+    };
+    assert_eq!(pad.infer(&[&f(&[6, 4])], &B).unwrap(), f(&[10, 4]));
+}
+
+#[test]
+fn costs() {
+    let mm = Op::MatMul {
+        trans_a: false,
+        trans_b: false,
+    };
+    assert_eq!(
+        (mm.def().flops)(&mm, &[vec![8, 3], vec![3, 5]], &[8, 5]),
+        240
+    );
+}
