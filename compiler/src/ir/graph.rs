@@ -290,7 +290,6 @@ impl Graph {
         (node.op.def().flops)(&node.op, &ins, &out)
     }
 
-    /// Each op's kernel, by index in `kernels` (after the fuse pass; sources are in none).
     /// The element type `n`'s value is stored in: bf16 where the `storage` pass chose it,
     /// else its own.
     pub fn stored_dtype(&self, n: NodeIndex) -> super::DType {
@@ -301,6 +300,7 @@ impl Graph {
         }
     }
 
+    /// Each op's kernel, by index in `kernels` (after the fuse pass; sources are in none).
     pub fn kernel_of(&self) -> HashMap<NodeIndex, usize> {
         self.kernels
             .iter()

@@ -14,7 +14,7 @@ pub fn stored_in_bf16(g: &Graph, n: NodeIndex) -> bool {
 /// Whether value `n` is an activation: an f32 value of the forward or backward that
 /// holds something per sample (its shape carries the batch), made by an op whose output is
 /// a tensor of features rather than a statistic of them.
-pub fn is_activation(g: &Graph, n: NodeIndex) -> bool {
+fn is_activation(g: &Graph, n: NodeIndex) -> bool {
     let node = &g.g[n];
     node.ty.dtype == DType::F32
         && node.phase != Phase::Update

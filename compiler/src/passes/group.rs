@@ -1,7 +1,8 @@
 //! Grouping: the update phase's kernels that do the same ops to different tensors (each
 //! parameter's optimizer step, each gradient's squared norm for clipping), and the weights'
-//! bf16 copies the forward makes, become one grouped kernel, one launch over every member's tensors, as apex's `multi_tensor_apply` and llm.c's
-//! flat AdamW do. A model of 150 parameters then steps in a few launches instead of hundreds.
+//! bf16 copies the forward makes, become one grouped kernel, one launch over every member's
+//! tensors, as apex's `multi_tensor_apply` and llm.c's flat AdamW do. A model of 150
+//! parameters then steps in a few launches instead of hundreds.
 //!
 //! Members are structurally identical: the same ops with the same attributes, the same
 //! wiring inside, the same stored values, on one stage for one owner. Each reads its own

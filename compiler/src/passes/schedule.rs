@@ -222,8 +222,8 @@ fn element_by_element(g: &Graph, nodes: &[NodeIndex]) -> bool {
 
 /// Elementwise results written over an operand's buffer: `value -> operand`. Allowed where
 /// the kernel is all elementwise, reading each operand element by element (or is a
-/// cross-entropy's gradient, row by row), the operand is an intermediate of the same type and storage (no source,
-/// no reshape view, no view of it) whose last readers are in this kernel at or before the op
+/// cross-entropy's gradient, row by row), the operand is an intermediate of the same type
+/// and storage (no source, no reshape view, no view of it) whose last readers are in this kernel at or before the op
 /// that makes the value: element by element, each read then comes before the write, on the
 /// CPU as on the GPU. The step reads and writes one buffer instead of two (a cold one).
 fn written_over_operands(

@@ -71,6 +71,9 @@ pub struct Executor {
     checked: Vec<(Kind, String, usize)>,
     /// The mode of the last step begun (`None` before the first).
     last_mode: Option<Mode>,
+    /// Steps of the running kernel already rounded to bf16 as they were stored (a fused
+    /// chain's, a product its epilogue reads), so the kernel's end leaves them alone.
+    rounded: Vec<bool>,
 }
 
 impl Executor {
@@ -137,6 +140,7 @@ impl Executor {
             None => views::Folds::of(&plan),
             Some(_) => views::Folds::none(&plan),
         };
+        let plan_steps = plan.steps.len();
         let mut e = Executor {
             folds,
             fills,
@@ -158,6 +162,7 @@ impl Executor {
             needed,
             checked,
             last_mode: None,
+            rounded: vec![false; plan_steps],
         };
         e.init_params(tensor_rank);
         e

@@ -5,7 +5,7 @@
 use super::kernels::gemm::matmul_strided;
 use super::kernels::{execute, rows, Ctx, KernelError};
 use super::{fused, tensor, views, ExecError, Executor, Mode, EMPTY};
-use parallax_compiler::ir::{DType, KernelKind, Op};
+use parallax_compiler::ir::{KernelKind, Op};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 impl Executor {
@@ -286,7 +286,7 @@ impl Executor {
                 let staged = self.slot[mm].is_none();
                 self.run_single(mm, ctx, staged)?;
                 // The epilogue reads the product as it is stored.
-                self.round_bf16_step(mm);
+                self.round_bf16_early(mm);
                 if steps.len() > 1 {
                     let source = if staged {
                         (self.scratch.f32().as_ptr(), self.scratch.numel())
@@ -507,12 +507,9 @@ impl Executor {
                     fused::Source::Memory(t.f32().as_ptr(), t.numel().max(1))
                 };
             }
-            let in_bf16 = |step: usize| {
-                self.slot[step].is_some_and(|b| self.plan.buffers[b].dtype == DType::BF16)
-            };
             let round = match permute {
-                Some(p) if s == last => in_bf16(p),
-                _ => in_bf16(s),
+                Some(p) if s == last => self.stored_in_bf16(p),
+                _ => self.stored_in_bf16(s),
             };
             let store = match (self.slot[s], stage) {
                 _ if s == last && permuted.is_some() => permuted.clone(),
@@ -541,6 +538,12 @@ impl Executor {
         let r = run(&ops, n, per_sample);
         self.fused_ops.keep(ops);
         r.map_err(|e| self.kernel_err(last, e))?;
+        // What the chain rounded into its own buffer needs no rounding at the kernel's end.
+        for &s in steps {
+            if self.stored_in_bf16(s) && !(permute.is_some() && s == last) {
+                self.rounded[s] = true;
+            }
+        }
         if let Some((x, p)) = copy_stage {
             let src = self.buf(x).f32();
             // SAFETY: the scratch was shaped to this value's size; it is not the source buffer.

@@ -8,21 +8,34 @@ use parallax_compiler::scalar::math::round_bf16 as round;
 use rayon::prelude::*;
 
 impl Executor {
-    /// Rounds the values kernel `k` stores in bf16 buffers (those a fused chain rounded as it
-    /// stored them again, to the same bits).
+    /// Rounds the values kernel `k` stores in bf16 buffers, but those already rounded as
+    /// they were stored (and clears those marks).
     pub(super) fn round_bf16_stores(&mut self, k: usize) {
         let plan = self.plan.clone();
-        for &step in &plan.kernels[k].stored {
-            self.round_bf16_step(step);
+        for &step in &plan.kernels[k].steps {
+            if !std::mem::take(&mut self.rounded[step]) {
+                self.round_bf16_step(step);
+            }
         }
+    }
+
+    /// Whether step `step`'s value is stored in a bf16 buffer.
+    pub(super) fn stored_in_bf16(&self, step: usize) -> bool {
+        self.slot[step].is_some_and(|b| self.plan.buffers[b].dtype == DType::BF16)
     }
 
     /// Rounds step `step`'s stored value if its buffer is bf16.
     pub(super) fn round_bf16_step(&mut self, step: usize) {
-        if let Some(b) = self.slot[step] {
-            if self.plan.buffers[b].dtype == DType::BF16 {
-                round_bf16(self.buffers[b].f32_mut());
-            }
+        if let (true, Some(b)) = (self.stored_in_bf16(step), self.slot[step]) {
+            round_bf16(self.buffers[b].f32_mut());
+        }
+    }
+
+    /// Rounds step `step` of the running kernel now (before the kernel reads it), once.
+    pub(super) fn round_bf16_early(&mut self, step: usize) {
+        if self.stored_in_bf16(step) {
+            self.round_bf16_step(step);
+            self.rounded[step] = true;
         }
     }
 }
