@@ -51,6 +51,14 @@ for m in $MODELS; do
             || echo "ROW|$m|$p|-|-|FAIL (exit $?)|-|-|-" >>"$LOG"
     done
 done
+# Activations stored in bf16 (two-byte loads and stores in every kernel family, bf16 GEMMs,
+# mixed products staged): the oracle rounds where each value is made; tolerance 2e-2.
+for m in models/mlp.ron models/cnn.ron models/transformer.ron benches/models/transformer.ron; do
+    echo "== $m, activations stored in bf16"
+    timeout 90 "$BIN" gpu-check "$m" --steps 3 --precision bf16 --set devices.activations=Bf16 \
+        | sed "s#^ROW|\([^|]*\)|#ROW|\1 (bf16-stored)|#" | tee -a "$LOG" \
+        || echo "ROW|$m (bf16-stored)|bf16|-|-|FAIL (exit $?)|-|-|-" >>"$LOG"
+done
 echo "== benches/models/mlp-gpu.ron (timing only: too large for the CPU oracle)"
 for p in fp32 tf32; do
     timeout 90 "$BIN" gpu-check benches/models/mlp-gpu.ron --steps 0 --precision "$p" | tee -a "$LOG" \
@@ -78,6 +86,10 @@ echo "== benches/models/gpt-gpu.ron, bf16, biases added by a launch of their own
 PARALLAX_GEMM_BIAS=0 timeout 150 "$BIN" gpu-check benches/models/gpt-gpu.ron --steps 0 --precision bf16 \
     --time-steps 10 | sed 's/^ROW|gpt-gpu|/ROW|gpt-gpu, PARALLAX_GEMM_BIAS=0|/' | tee -a "$LOG" \
     || echo "ROW|gpt-gpu, PARALLAX_GEMM_BIAS=0|bf16|-|-|FAIL|-|-|-" >>"$LOG"
+echo "== benches/models/gpt-gpu.ron, bf16, activations stored in bf16"
+timeout 150 "$BIN" gpu-check benches/models/gpt-gpu.ron --steps 0 --precision bf16 --time-steps 10 \
+    --set devices.activations=Bf16 | sed 's/^ROW|gpt-gpu|/ROW|gpt-gpu, activations bf16|/' | tee -a "$LOG" \
+    || echo "ROW|gpt-gpu, activations bf16|bf16|-|-|FAIL|-|-|-" >>"$LOG"
 echo "== benches/models/gpt-gpu.ron, bf16: time per kind of kernel (attention, GEMMs, the rest)"
 timeout 150 "$BIN" gpu-check benches/models/gpt-gpu.ron --steps 0 --precision bf16 --time-steps 3 \
     --profile | grep -v '^ROW|' || echo "(the profile failed)"

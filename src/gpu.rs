@@ -56,8 +56,9 @@ fn fail(file: &Path, e: impl std::fmt::Display) -> Exit {
 }
 
 /// The file's experiment, its plan (for one device) and the folder its data paths start from.
-fn compiled(file: &Path) -> Result<(Source, Plan, PathBuf), Exit> {
+fn compiled(file: &Path, set: &[String]) -> Result<(Source, Plan, PathBuf), Exit> {
     let (source, _) = load(file, Format::Text)?;
+    let source = crate::apply_set(file, source, set, Format::Text)?;
     let options = Options::default();
     let compiled = run_pipeline(file, &source, &options, Format::Text, &mut |_, _| {})?;
     let plan = compiled.plan(&source, &options);
@@ -65,8 +66,8 @@ fn compiled(file: &Path) -> Result<(Source, Plan, PathBuf), Exit> {
     Ok((source, plan, base))
 }
 
-pub fn gpu_check(file: &Path, a: &CheckArgs) -> Result<(), Exit> {
-    let (source, plan, base) = compiled(file)?;
+pub fn gpu_check(file: &Path, set: &[String], a: &CheckArgs) -> Result<(), Exit> {
+    let (source, plan, base) = compiled(file, set)?;
     let name = &source.experiment.name;
     let prec = precision_name(a.precision);
     let mut progress = |p: Progress| match p {
@@ -162,7 +163,7 @@ pub fn collectives_check(file: &Path) -> Result<(), Exit> {
         if nccl == "0.0e0" { "ok" } else { "FAIL" }
     )?;
     let ranks = 4usize;
-    let (source, plan, base) = compiled(file)?;
+    let (source, plan, base) = compiled(file, &[])?;
     match gpu.data_parallel(&source, plan, &base, ranks) {
         Ok(d) => {
             outln!(

@@ -115,6 +115,9 @@ enum Command {
         /// Also time every launch of one step and print the slowest kinds.
         #[arg(long)]
         profile: bool,
+        /// Override a value of the experiment, as `train --set` does (repeatable).
+        #[arg(long, value_name = "PATH=VALUE")]
+        set: Vec<String>,
     },
     /// Draw the training and validation curves of one or more runs (SVG, shared axes) and
     /// write an HTML page with their summaries side by side.
@@ -273,9 +276,11 @@ fn main() -> ExitCode {
             time_steps,
             lockstep,
             profile,
+            set,
         } => precision.runtime().and_then(|precision| {
             gpu::gpu_check(
                 &file,
+                &set,
                 &parallax_runtime::gpu_check::CheckArgs {
                     profile,
                     steps,

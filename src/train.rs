@@ -2,7 +2,6 @@
 
 use crate::{apply_set, load, run_pipeline, Backend, Exit, Format, PrecisionArg};
 use indicatif::{ProgressBar, ProgressStyle};
-use parallax_compiler::dsl::ast::Storage;
 use parallax_compiler::partition;
 use parallax_compiler::target;
 use parallax_compiler::Options;
@@ -242,15 +241,6 @@ pub fn run(args: Args) -> Result<(), Exit> {
         },
         Backend::Auto => parallax_runtime::cuda::probe().ok(),
     };
-    if found.is_some() && devices.activations == Storage::Bf16 {
-        errln!(
-            "{}: error: {}",
-            file.display(),
-            parallax_compiler::codegen::CodegenError::Bf16Activations
-        );
-        errln!("  = hint: `--backend cpu` trains it (the CPU rounds what it stores to bf16, as a GPU storing bf16 would), or store activations in f32 (`--set devices.activations=F32`)");
-        return Err(Exit(1));
-    }
     let cuda = match found {
         Some(_) => Some(precision.runtime()?),
         None => None,

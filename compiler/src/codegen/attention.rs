@@ -284,7 +284,8 @@ fn stage(
         k.ins(format!("mad.lo.u64 {at}, {r}, {}, {base}", src.stride()));
         let at = k.op64("add", at, c);
         let addr = k.addr(src.ptr, at);
-        k.ins(format!("@{inside} ld.global.f32 {v}, [{addr}]"));
+        let bf16 = k.is_bf16(addr);
+        k.load_elem_into(v, Some(&inside.to_string()), &format!("[{addr}]"), bf16);
         let s = k.op64("mul.lo", r, PITCH);
         let s = k.op64("add", s, c);
         let sa = k.addr(buf, s);
@@ -297,18 +298,19 @@ fn stage(
 /// reads alike (one broadcast load), `row` the shared address of this lane's tile row.
 fn dot(k: &mut Kernel, acc: F, vec: Rd, row: Rd, cw: u64) {
     let unroll = if cw.is_multiple_of(4) { 4 } else { 1 };
+    let (bf16, bytes) = (k.is_bf16(vec), k.elem_bytes(vec));
     let (pv, ps) = (k.rd(), k.rd());
     k.set64(pv, vec);
     k.set64(ps, row);
     let (zero, end) = (k.u64c(0), k.u64c(cw / unroll));
     k.for_range(zero, end, 1, |k, _| {
         for u in 0..unroll {
-            let (x, y) = (k.f(), k.f());
-            k.ins(format!("ld.global.f32 {x}, [{pv}+{}]", 4 * u));
+            let x = k.load_elem(None, &format!("[{pv}+{}]", bytes * u), bf16);
+            let y = k.f();
             k.ins(format!("ld.shared.f32 {y}, [{ps}+{}]", 4 * u));
             k.ins(format!("fma.rn.f32 {acc}, {x}, {y}, {acc}"));
         }
-        k.ins(format!("add.u64 {pv}, {pv}, {}", 4 * unroll));
+        k.ins(format!("add.u64 {pv}, {pv}, {}", bytes * unroll));
         k.ins(format!("add.u64 {ps}, {ps}, {}", 4 * unroll));
     });
 }
@@ -348,15 +350,17 @@ fn store_row(k: &mut Kernel, ctx: &Ctx, dst: &Tensor, pb: &Problem, i: Rd, acc: 
     let at = dst.offset(k, pb, i);
     let at = k.op64("add", at, ctx.lane64);
     let addr = k.addr(dst.ptr, at);
+    let (bf16, bytes) = (k.is_bf16(addr), k.elem_bytes(addr));
     for (m, &a) in acc.iter().enumerate() {
         let v = k.mul(a, by);
         let col = 32 * m as u64;
+        let at = format!("[{addr}+{}]", bytes * col);
         if col + 32 <= width {
-            k.ins(format!("st.global.f32 [{addr}+{}], {v}", 4 * col));
+            k.store_elem(None, &at, v, bf16);
         } else {
             let p = k.p();
             k.ins(format!("setp.lt.u32 {p}, {}, {}", ctx.lane, width - col));
-            k.ins(format!("@{p} st.global.f32 [{addr}+{}], {v}", 4 * col));
+            k.store_elem(Some(&p.to_string()), &at, v, bf16);
         }
     }
 }
@@ -400,7 +404,7 @@ fn forward(
     vo: Option<(&Operand, &Operand)>,
     lse: Option<&Operand>,
 ) -> Launch {
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let tq = dm.tensor(k.param_ptr(q.arg), dm.t, dm.d);
     let tk = dm.tensor(k.param_ptr(key.arg), dm.s, dm.d);
     let vo = vo.map(|(v, o)| {
@@ -430,7 +434,7 @@ fn forward(
                 stage(k, &ctx, ctx.a, &tk, &pb, j0, rows, c);
                 let row = k.op64("mul.lo", ctx.lane64, 4 * PITCH);
                 let row = k.op64("add", row, ctx.a);
-                let vec = k.op64("add", qrow, 4 * c.0);
+                let vec = k.offset_const(qrow, c.0);
                 dot(k, s, vec, row, c.1);
             }
             let j = k.op64("add", j0, ctx.lane64);
@@ -478,7 +482,8 @@ fn forward(
             let p = k.p();
             k.ins(format!("setp.eq.u32 {p}, {}, 0", ctx.lane));
             let a = tl.at(k, &pb, i);
-            k.ins(format!("@{p} st.global.f32 [{a}], {v}"));
+            let bf16 = k.is_bf16(a);
+            k.store_elem(Some(&p.to_string()), &format!("[{a}]"), v, bf16);
         }
         k.place(&skip);
     });

@@ -65,7 +65,7 @@ pub(super) fn query(
     out: &Operand,
 ) -> Result<Vec<Launch>, CodegenError> {
     let dm = dims(op, ins, &[("dq", Some(out), false)])?;
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let p: Vec<Rd> = ins.iter().map(|o| k.param_ptr(o.arg)).collect();
     let (lp, dp) = (p[4], p[5]);
     let (tq, tk) = (dm.tensor(p[0], dm.t, dm.d), dm.tensor(p[1], dm.s, dm.d));
@@ -94,13 +94,13 @@ pub(super) fn query(
             for c in chunks(dm.d) {
                 stage(k, &ctx, ctx.a, &tk, &pb, j0, rows, c);
                 let r = lane_row(k, ctx.lane64, ctx.a);
-                let vec = k.op64("add", qrow, 4 * c.0);
+                let vec = k.offset_const(qrow, c.0);
                 dot(k, s, vec, r, c.1);
             }
             for c in chunks(dm.e) {
                 stage(k, &ctx, ctx.b, &tv, &pb, j0, rows, c);
                 let r = lane_row(k, ctx.lane64, ctx.b);
-                let vec = k.op64("add", dyrow, 4 * c.0);
+                let vec = k.offset_const(dyrow, c.0);
                 dot(k, dpv, vec, r, c.1);
             }
             let j = k.op64("add", j0, ctx.lane64);
@@ -136,7 +136,7 @@ pub(super) fn key_value(
     dv: Option<&Operand>,
 ) -> Result<Vec<Launch>, CodegenError> {
     let dm = dims(op, ins, &[("dk", dk, true), ("dv", dv, true)])?;
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let p: Vec<Rd> = ins.iter().map(|o| k.param_ptr(o.arg)).collect();
     let (lp, dp) = (p[4], p[5]);
     let (tq, tk) = (dm.tensor(p[0], dm.t, dm.d), dm.tensor(p[1], dm.s, dm.d));
@@ -181,7 +181,7 @@ pub(super) fn key_value(
             for c in chunks(dm.d) {
                 stage(k, &ctx, ctx.a, &tq, &pb, i0, rows, c);
                 let r = lane_row(k, ctx.lane64, ctx.a);
-                let vec = k.op64("add", krow, 4 * c.0);
+                let vec = k.offset_const(krow, c.0);
                 dot(k, s, vec, r, c.1);
             }
             let pr = probs(k, &dm, s, lse, vis);
@@ -194,7 +194,7 @@ pub(super) fn key_value(
                 }
                 if tdk.is_some() {
                     let r = lane_row(k, ctx.lane64, ctx.b);
-                    let vec = k.op64("add", vrow, 4 * c.0);
+                    let vec = k.offset_const(vrow, c.0);
                     dot(k, dpv, vec, r, c.1);
                 }
             }

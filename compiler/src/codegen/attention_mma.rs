@@ -185,7 +185,7 @@ pub(super) fn forward(
     vo: Option<(&Operand, &Operand)>,
     lse: Option<&Operand>,
 ) -> Launch {
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let tq = dm.tensor(k.param_ptr(q.arg), dm.t, dm.d);
     let tk = dm.tensor(k.param_ptr(key.arg), dm.s, dm.d);
     let vo = vo.map(|(v, o)| {
@@ -390,10 +390,7 @@ fn finish(
             for nt in 0..e / 8 {
                 let c = 4 * nt as usize + 2 * half;
                 let (x, y) = (k.mul(o[c], inv), k.mul(o[c + 1], inv));
-                k.ins(format!(
-                    "@{inside} st.global.v2.f32 [{base}+{}], {{{x}, {y}}}",
-                    32 * nt
-                ));
+                k.store_pair(Some(&inside.to_string()), base, 8 * nt, (x, y));
             }
         }
         if let Some(tl) = &out.1 {
@@ -403,7 +400,8 @@ fn finish(
             let p = k.p();
             k.ins(format!("and.pred {p}, {inside}, {lead}"));
             let a = tl.at(k, pb, row);
-            k.ins(format!("@{p} st.global.f32 [{a}], {v}"));
+            let bf16 = k.is_bf16(a);
+            k.store_elem(Some(&p.to_string()), &format!("[{a}]"), v, bf16);
         }
     }
 }

@@ -203,10 +203,7 @@ fn store(
         for nt in 0..dst.width / 8 {
             let c = 4 * nt as usize + 2 * half;
             let (x, y) = (k.mulc(acc[c], by), k.mulc(acc[c + 1], by));
-            k.ins(format!(
-                "@{inside} st.global.v2.f32 [{base}+{}], {{{x}, {y}}}",
-                32 * nt
-            ));
+            k.store_pair(Some(&inside.to_string()), base, 8 * nt, (x, y));
         }
     }
 }
@@ -244,8 +241,9 @@ fn stage_stats(
     let at = tl.offset(k, pb, i);
     let (la, da) = (k.addr(lp, at), k.addr(dp, at));
     let (l, d) = (k.fc(0.0), k.fc(0.0));
-    k.ins(format!("@{inside} ld.global.f32 {l}, [{la}]"));
-    k.ins(format!("@{inside} ld.global.f32 {d}, [{da}]"));
+    let (lb, db) = (k.is_bf16(la), k.is_bf16(da));
+    k.load_elem_into(l, Some(&inside.to_string()), &format!("[{la}]"), lb);
+    k.load_elem_into(d, Some(&inside.to_string()), &format!("[{da}]"), db);
     let l = k.mulc(l, LOG2E);
     let sa = k.op64("mul.lo", ctx.tid, 4);
     let sa = k.op64("add", sa, buf);
@@ -277,7 +275,7 @@ fn inputs(k: &mut Kernel, dm: &Dims, ins: &[Operand]) -> ([Tensor; 4], Rd, Rd) {
 
 /// The query gradient `dq = scale dS K`; `ins` are `(q, k, v, dy, lse, delta)`.
 pub(super) fn query(g: &mut Gen, name: &str, dm: Dims, ins: &[Operand], dq: &Operand) -> Launch {
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let ([tq, tk, tv, tdy], lp, dp) = inputs(&mut k, &dm, ins);
     let tl = dm.tensor(lp, dm.t, 1);
     let tdq = dm.tensor(k.param_ptr(dq.arg), dm.t, dm.d);
@@ -364,7 +362,7 @@ pub(super) fn key_value(
     ins: &[Operand],
     (dk, dv): (Option<&Operand>, Option<&Operand>),
 ) -> Launch {
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let ([tq, tk, tv, tdy], lp, dp) = inputs(&mut k, &dm, ins);
     let tl = dm.tensor(lp, dm.t, 1);
     let tdk = dk.map(|o| dm.tensor(k.param_ptr(o.arg), dm.s, dm.d));

@@ -2,7 +2,7 @@
 //! kernels: at once (`stage`, plain loads between two barriers), or streamed (`Stream`,
 //! `cp.async` copies of the next tile in flight while the warps compute on this one).
 
-use super::super::super::builder::{Kernel, Rd, F};
+use super::super::super::builder::{Kernel, Rd, F, R};
 use super::super::{Problem, Tensor};
 use super::{lane_bits, pitch, Ctx, THREADS};
 
@@ -18,6 +18,15 @@ pub(super) struct Rows {
     f_at: Rd,
     width: u64,
     stride: u64,
+    /// The source holds bf16 (`devices.activations: Bf16`): moved as is, 8 bytes a unit.
+    bf16: bool,
+}
+
+/// One unit of four elements as loaded: f32 values to convert, or bf16 pairs as stored
+/// (the lower column in each word's low half, as `cvt.rn.bf16x2.f32` packs them).
+pub(super) enum Unit {
+    F32(Vec<F>),
+    Bf16(R, R),
 }
 
 impl Rows {
@@ -34,6 +43,7 @@ impl Rows {
         k.ins(format!("mad.lo.u64 {g}, {r0}, {}, {base}", src.stride()));
         let g = k.op64("add", g, c0);
         let g = k.addr(src.ptr, g);
+        let bf16 = k.is_bf16(g);
         let s = k.op64("mul.lo", r0, pitch(width));
         let at = k.rd();
         k.ins(format!("mad.lo.u64 {at}, {c0}, 2, {s}"));
@@ -47,6 +57,7 @@ impl Rows {
             f_at,
             width,
             stride: src.stride(),
+            bf16,
         }
     }
 
@@ -61,13 +72,23 @@ impl Rows {
 
     /// Issues the loads of `units`, zeros at rows past `rows` (padded keys then add nothing,
     /// padded queries stay finite).
-    pub(super) fn load(&self, k: &mut Kernel, units: &[u64], rows: Rd) -> Vec<(u64, Vec<F>)> {
+    pub(super) fn load(&self, k: &mut Kernel, units: &[u64], rows: Rd) -> Vec<(u64, Unit)> {
         let step = self.step();
         let mut loaded = Vec::new();
         for &u in units {
-            let v: Vec<F> = (0..4).map(|_| k.fc(0.0)).collect();
             let r = k.op64("add", self.r0, u * step);
             let p = k.cmp64("lt", r, rows);
+            if self.bf16 {
+                let (lo, hi) = (k.u32c(0), k.u32c(0));
+                k.ins(format!(
+                    "@{p} ld.global.nc.v2.b32 {{{lo}, {hi}}}, [{}+{}]",
+                    self.g,
+                    2 * u * step * self.stride
+                ));
+                loaded.push((u, Unit::Bf16(lo, hi)));
+                continue;
+            }
+            let v: Vec<F> = (0..4).map(|_| k.fc(0.0)).collect();
             k.ins(format!(
                 "@{p} ld.global.nc.v4.f32 {{{}, {}, {}, {}}}, [{}+{}]",
                 v[0],
@@ -77,19 +98,25 @@ impl Rows {
                 self.g,
                 4 * u * step * self.stride
             ));
-            loaded.push((u, v));
+            loaded.push((u, Unit::F32(v)));
         }
         loaded
     }
 
     /// Converts loaded values to bf16 and stores them in the tile at `buf`.
-    pub(super) fn store(&self, k: &mut Kernel, loaded: Vec<(u64, Vec<F>)>, buf: Rd) {
+    pub(super) fn store(&self, k: &mut Kernel, loaded: Vec<(u64, Unit)>, buf: Rd) {
         let sa = k.op64("add", self.at, buf);
         for (u, v) in loaded {
-            let (lo, hi) = (k.r(), k.r());
-            // The first operand goes to the upper half: the higher column.
-            k.ins(format!("cvt.rn.bf16x2.f32 {lo}, {}, {}", v[1], v[0]));
-            k.ins(format!("cvt.rn.bf16x2.f32 {hi}, {}, {}", v[3], v[2]));
+            let (lo, hi) = match v {
+                Unit::Bf16(lo, hi) => (lo, hi),
+                Unit::F32(v) => {
+                    let (lo, hi) = (k.r(), k.r());
+                    // The first operand goes to the upper half: the higher column.
+                    k.ins(format!("cvt.rn.bf16x2.f32 {lo}, {}, {}", v[1], v[0]));
+                    k.ins(format!("cvt.rn.bf16x2.f32 {hi}, {}, {}", v[3], v[2]));
+                    (lo, hi)
+                }
+            };
             k.ins(format!(
                 "st.shared.v2.b32 [{sa}+{}], {{{lo}, {hi}}}",
                 u * self.step() * pitch(self.width)
@@ -109,6 +136,17 @@ impl Rows {
             let r = k.op64("add", self.r0, u * step);
             let p = k.cmp64("lt", r, rows);
             let n = k.r();
+            if self.bf16 {
+                // Four bf16 into the first half of the unit's staging slot.
+                k.ins(format!("selp.u32 {n}, 8, 0, {p}"));
+                k.ins(format!(
+                    "cp.async.ca.shared.global [{dst}+{}], [{}+{}], 8, {n}",
+                    4 * u * step * self.width,
+                    self.g,
+                    2 * u * step * self.stride
+                ));
+                continue;
+            }
             k.ins(format!("selp.u32 {n}, 16, 0, {p}"));
             k.ins(format!(
                 "cp.async.cg.shared.global [{dst}+{}], [{}+{}], 16, {n}",
@@ -126,6 +164,15 @@ impl Rows {
         for group in self.units(tile).chunks(4) {
             let mut loaded = Vec::new();
             for &u in group {
+                if self.bf16 {
+                    let (lo, hi) = (k.r(), k.r());
+                    k.ins(format!(
+                        "ld.shared.v2.b32 {{{lo}, {hi}}}, [{src}+{}]",
+                        4 * u * self.step() * self.width
+                    ));
+                    loaded.push((u, Unit::Bf16(lo, hi)));
+                    continue;
+                }
                 let v: Vec<F> = (0..4).map(|_| k.f()).collect();
                 k.ins(format!(
                     "ld.shared.v4.f32 {{{}, {}, {}, {}}}, [{src}+{}]",
@@ -135,7 +182,7 @@ impl Rows {
                     v[3],
                     4 * u * self.step() * self.width
                 ));
-                loaded.push((u, v));
+                loaded.push((u, Unit::F32(v)));
             }
             self.store(k, loaded, buf);
         }

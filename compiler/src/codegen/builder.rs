@@ -67,6 +67,10 @@ pub struct Kernel {
     nrd: u32,
     np: u32,
     labels: u32,
+    /// The plan's values stored in bf16 (`param_ptr` marks their pointers).
+    bf16_values: std::sync::Arc<std::collections::BTreeSet<usize>>,
+    /// The pointer registers whose elements are bf16 (the others address f32 values).
+    bf16_ptrs: std::collections::BTreeSet<u32>,
 }
 
 impl Kernel {
@@ -83,7 +87,25 @@ impl Kernel {
             nrd: 0,
             np: 0,
             labels: 0,
+            bf16_values: Default::default(),
+            bf16_ptrs: Default::default(),
         }
+    }
+
+    /// A kernel whose `param_ptr`s address bf16 elements for the values in `bf16_values`.
+    pub fn with_bf16(
+        name: &str,
+        bf16_values: std::sync::Arc<std::collections::BTreeSet<usize>>,
+    ) -> Kernel {
+        Kernel {
+            bf16_values,
+            ..Kernel::new(name)
+        }
+    }
+
+    /// Whether value `id` of the plan is stored in bf16.
+    pub fn value_is_bf16(&self, id: usize) -> bool {
+        self.bf16_values.contains(&id)
     }
 
     pub fn name(&self) -> &str {
@@ -142,6 +164,11 @@ impl Kernel {
         let (a, b) = (self.rd(), self.rd());
         self.ins(format!("ld.param.u64 {a}, [{name}]"));
         self.ins(format!("cvta.to.global.u64 {b}, {a}"));
+        if let Arg::Value(id) = arg {
+            if self.value_is_bf16(id) {
+                self.bf16_ptrs.insert(b.0);
+            }
+        }
         b
     }
     pub fn param_u64(&mut self, arg: Arg) -> Rd {
@@ -277,17 +304,88 @@ impl Kernel {
 
     // ---- memory ----
 
-    /// The address of element `i` of an array of 4-byte values at `base`.
-    pub fn addr(&mut self, base: Rd, i: Rd) -> Rd {
+    /// Whether pointer `p` addresses bf16 elements (a bf16-stored value's, or derived from
+    /// one with `like`); otherwise f32 (or other 4-byte) elements.
+    pub fn is_bf16(&self, p: Rd) -> bool {
+        self.bf16_ptrs.contains(&p.0)
+    }
+    /// Bytes per element at pointer `p`: 2 for bf16, else 4.
+    pub fn elem_bytes(&self, p: Rd) -> u64 {
+        if self.is_bf16(p) {
+            2
+        } else {
+            4
+        }
+    }
+    /// Marks pointer `p` as addressing bf16 elements when `bf16` (a table's addresses).
+    pub fn mark_bf16(&mut self, p: Rd, bf16: bool) -> Rd {
+        if bf16 {
+            self.bf16_ptrs.insert(p.0);
+        }
+        p
+    }
+    /// Marks `derived` (an address computed from `base`) as addressing `base`'s elements.
+    pub fn like(&mut self, derived: Rd, base: Rd) -> Rd {
+        if self.is_bf16(base) {
+            self.bf16_ptrs.insert(derived.0);
+        }
+        derived
+    }
+    /// `base + i` elements, a pointer to the same kind of elements.
+    pub fn offset(&mut self, base: Rd, i: impl std::fmt::Display) -> Rd {
         let a = self.rd();
-        self.ins(format!("mad.lo.u64 {a}, {i}, 4, {base}"));
-        a
+        let bytes = self.elem_bytes(base);
+        self.ins(format!("mad.lo.u64 {a}, {i}, {bytes}, {base}"));
+        self.like(a, base)
+    }
+
+    /// `base + n` elements (a constant `n`), a pointer to the same kind of elements.
+    pub fn offset_const(&mut self, base: Rd, n: u64) -> Rd {
+        let bytes = n * self.elem_bytes(base);
+        let a = self.op64("add", base, bytes);
+        self.like(a, base)
+    }
+    /// The address of element `i` of the array at `base` (4-byte or bf16 elements), itself
+    /// a pointer to such elements.
+    pub fn addr(&mut self, base: Rd, i: Rd) -> Rd {
+        self.offset(base, i)
     }
     pub fn load(&mut self, base: Rd, i: Rd) -> F {
+        let bf16 = self.is_bf16(base);
         let a = self.addr(base, i);
+        self.load_elem(None, &format!("[{a}]"), bf16)
+    }
+    /// Loads one element at `at` (a PTX address such as `[%rd3+8]`) into an f32 register,
+    /// widening a bf16 (exactly), under `guard` (a predicate such as `%p2` or `!%p2`) if any:
+    /// an unguarded lane leaves the register as it was.
+    pub fn load_elem(&mut self, guard: Option<&str>, at: &str, bf16: bool) -> F {
         let d = self.f();
-        self.ins(format!("ld.global.f32 {d}, [{a}]"));
+        self.load_elem_into(d, guard, at, bf16);
         d
+    }
+    /// `load_elem` into an existing register.
+    pub fn load_elem_into(&mut self, d: F, guard: Option<&str>, at: &str, bf16: bool) {
+        let g = guard.map_or(String::new(), |p| format!("@{p} "));
+        if bf16 {
+            let r = self.r();
+            self.ins(format!("{g}ld.global.u16 {r}, {at}"));
+            self.ins(format!("{g}shl.b32 {r}, {r}, 16"));
+            self.ins(format!("{g}mov.b32 {d}, {r}"));
+        } else {
+            self.ins(format!("{g}ld.global.f32 {d}, {at}"));
+        }
+    }
+    /// Stores `v` at `at` (as `load_elem`), rounded to the nearest bf16 if `bf16`.
+    pub fn store_elem(&mut self, guard: Option<&str>, at: &str, v: F, bf16: bool) {
+        let g = guard.map_or(String::new(), |p| format!("@{p} "));
+        if bf16 {
+            // The pair's low half is `v` rounded (ties to even); its low 16 bits are stored.
+            let (r, zero) = (self.r(), self.fc(0.0));
+            self.ins(format!("{g}cvt.rn.bf16x2.f32 {r}, {zero}, {v}"));
+            self.ins(format!("{g}st.global.u16 {at}, {r}"));
+        } else {
+            self.ins(format!("{g}st.global.f32 {at}, {v}"));
+        }
     }
     pub fn load_s32(&mut self, base: Rd, i: Rd) -> R {
         let a = self.addr(base, i);
@@ -296,8 +394,27 @@ impl Kernel {
         d
     }
     pub fn store(&mut self, base: Rd, i: Rd, v: F) {
+        let bf16 = self.is_bf16(base);
         let a = self.addr(base, i);
-        self.ins(format!("st.global.f32 [{a}], {v}"));
+        self.store_elem(None, &format!("[{a}]"), v, bf16);
+    }
+    /// Stores `x` and `y` as elements `e` and `e + 1` past pointer `p`, under `guard` (as
+    /// `load_elem`): one 8-byte store, or one 4-byte store of the bf16 pair, each rounded.
+    pub fn store_pair(&mut self, guard: Option<&str>, p: Rd, e: u64, (x, y): (F, F)) {
+        let g = guard.map_or(String::new(), |p| format!("@{p} "));
+        if self.is_bf16(p) {
+            // The first operand goes to the upper half: the higher element.
+            let r = self.r();
+            self.ins(format!("{g}cvt.rn.bf16x2.f32 {r}, {y}, {x}"));
+            self.ins(format!("{g}st.global.b32 [{p}+{}], {r}", 2 * e));
+        } else {
+            self.ins(format!("{g}st.global.v2.f32 [{p}+{}], {{{x}, {y}}}", 4 * e));
+        }
+    }
+    /// `v` rounded to the nearest bf16 (ties to even), kept in f32: what a bf16 store keeps
+    /// and a later load gives back.
+    pub fn round_bf16(&mut self, v: F) -> F {
+        crate::ir::maps::PtxScalar::round_bf16(self, v)
     }
 
     // ---- f32 arithmetic (round-to-nearest forms, so no FMA contraction: the CPU rounds

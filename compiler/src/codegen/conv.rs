@@ -16,7 +16,7 @@
 //! Coordinates that may fall in the padding are u64 values that wrap below 0; one unsigned
 //! comparison `c < size` then checks both bounds.
 
-use super::builder::{imm, Kernel, Rd, F, P};
+use super::builder::{Kernel, Rd, F, P};
 use super::{grid_for, CodegenError, Gen, Launch, Operand, BLOCK};
 use crate::ir::{DType, Op};
 
@@ -207,7 +207,7 @@ pub(super) fn generate(
     if n == 0 {
         return Ok(Vec::new());
     }
-    let mut k = Kernel::new(&format!("{name}_{suffix}"));
+    let mut k = g.kernel(&format!("{name}_{suffix}"));
     let ptrs: Vec<Rd> = ins
         .iter()
         .chain([out])
@@ -243,7 +243,8 @@ fn add_signed(k: &mut Kernel, a: Rd, b: i64) -> Rd {
 }
 
 /// `r += by` in place (loop-carried pointers).
-fn bump(k: &mut Kernel, r: Rd, by: u64) {
+fn bump(k: &mut Kernel, r: Rd, elements: u64) {
+    let by = elements * k.elem_bytes(r);
     k.ins(format!("add.u64 {r}, {r}, {by}"));
 }
 
@@ -258,17 +259,18 @@ fn in_range(k: &mut Kernel, c: Rd, size: u64) -> P {
     k.cmp64("lt", c, size)
 }
 
-/// The f32 at byte offset `off` of `addr`; 0 where `pred` is false.
+/// The element `off` elements past `addr`, as f32; 0 where `pred` is false.
 fn load_at(k: &mut Kernel, addr: Rd, off: u64, pred: Option<P>) -> F {
-    let d = k.f();
+    let bf16 = k.is_bf16(addr);
+    let at = format!("[{addr}+{}]", off * k.elem_bytes(addr));
     match pred {
         Some(p) => {
-            k.ins(format!("mov.f32 {d}, {}", imm(0.0)));
-            k.ins(format!("@{p} ld.global.f32 {d}, [{addr}+{off}]"));
+            let d = k.fc(0.0);
+            k.load_elem_into(d, Some(&p.to_string()), &at, bf16);
+            d
         }
-        None => k.ins(format!("ld.global.f32 {d}, [{addr}+{off}]")),
+        None => k.load_elem(None, &at, bf16),
     }
-    d
 }
 
 /// Runs `body` `n` times.
@@ -366,12 +368,12 @@ fn conv(k: &mut Kernel, m: &Geom, ptrs: &[Rd]) {
         times(k, m.cg(), |k| {
             for (t, &tap) in taps.iter().enumerate() {
                 let (ki, kj) = (t as u64 / m.k, t as u64 % m.k);
-                let v = load_at(k, xa, 4 * (ki * m.w + kj), tap);
-                let wv = load_at(k, wa, 4 * t as u64, None);
+                let v = load_at(k, xa, ki * m.w + kj, tap);
+                let wv = load_at(k, wa, t as u64, None);
                 accumulate(k, acc, wv, v);
             }
-            bump(k, xa, 4 * m.h * m.w);
-            bump(k, wa, 4 * m.kk());
+            bump(k, xa, m.h * m.w);
+            bump(k, wa, m.kk());
         });
         k.store(yp, i, acc);
     });
@@ -430,8 +432,8 @@ fn conv_dx(k: &mut Kernel, m: &Geom, ptrs: &[Rd]) {
                     let d = load_at(k, da, 0, None);
                     let wv = load_at(k, wa, 0, None);
                     accumulate(k, acc, d, wv);
-                    bump(k, da, 4 * plane);
-                    bump(k, wa, 4 * m.cg() * m.kk());
+                    bump(k, da, plane);
+                    bump(k, wa, m.cg() * m.kk());
                 });
                 k.place(&skip);
             }
@@ -482,8 +484,8 @@ fn conv_dw(k: &mut Kernel, m: &Geom, ptrs: &[Rd]) {
                 let d = k.load(da, q);
                 accumulate(k, acc, d, xv);
             });
-            bump(k, da, 4 * m.o * plane);
-            bump(k, xa, 4 * m.c * m.h * m.w);
+            bump(k, da, m.o * plane);
+            bump(k, xa, m.c * m.h * m.w);
         });
         let sum = k.warp_reduce(acc, "add");
         let first = k.cmp64("eq", lane, 0);

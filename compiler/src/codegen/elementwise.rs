@@ -259,8 +259,13 @@ impl<'a> Chain<'a> {
                 let z = k.op64("add", key, t1);
                 (t, sc, mix(k, z))
             };
-            regs.push(apply(k, &st.op, a, vals[1], &mut dropout)?);
-            let v = regs[r];
+            let mut v = apply(k, &st.op, a, vals[1], &mut dropout)?;
+            if self.stores[r].iter().any(|&p| k.is_bf16(p)) {
+                // Rounded in its register, so this kernel's later ops read what readers
+                // outside it load (as the CPU's fused chains do).
+                v = k.round_bf16(v);
+            }
+            regs.push(v);
             for &p in &self.stores[r] {
                 k.store(p, i, v);
             }
@@ -292,7 +297,7 @@ pub(super) fn chain(
     given: Option<(usize, Arg)>,
     stage: Option<usize>,
 ) -> Result<Launch, CodegenError> {
-    let mut k = Kernel::new(&format!("{name}e"));
+    let mut k = g.kernel(&format!("{name}e"));
     let c = Chain::declare(&mut k, plan, shapes, steps, given, stage)?;
     let n: u64 = shapes[*steps.last().expect("declared non-empty")]
         .iter()

@@ -74,6 +74,9 @@ struct Pattern<'a> {
     one: Vec<bool>,
     /// Chain positions whose values are stored.
     stored: Vec<usize>,
+    /// Each slot, then each stored value (and the sum): whether it is stored in bf16.
+    slot_bf16: Vec<bool>,
+    store_bf16: Vec<bool>,
     reduce: bool,
 }
 
@@ -113,7 +116,13 @@ pub(super) fn generate(
             && m.iter().zip(first).all(|(a, b)| {
                 plan.steps[*a].op == plan.steps[*b].op
                     && plan.steps[*a].buffer.is_some() == plan.steps[*b].buffer.is_some()
-            });
+                    && plan.stored_in_bf16(*a) == plan.stored_in_bf16(*b)
+            })
+            && slots.len() == first_slots.len()
+            && slots
+                .iter()
+                .zip(&first_slots)
+                .all(|(&a, &b)| plan.stored_in_bf16(a) == plan.stored_in_bf16(b));
         if !same {
             return Err(bad("has members that differ"));
         }
@@ -131,6 +140,9 @@ pub(super) fn generate(
         return Err(bad("has a sum that is not stored"));
     }
     let numel = |s: usize| shapes[s].iter().product::<u64>();
+    let stored: Vec<usize> = (0..chain_len)
+        .filter(|&i| plan.steps[first[i]].buffer.is_some())
+        .collect();
     let pattern = Pattern {
         ops,
         wires,
@@ -142,8 +154,16 @@ pub(super) fn generate(
             })
             .collect(),
         one: first_slots.iter().map(|&o| numel(o) == 1).collect(),
-        stored: (0..chain_len)
-            .filter(|&i| plan.steps[first[i]].buffer.is_some())
+        stored: stored.clone(),
+        slot_bf16: first_slots
+            .iter()
+            .map(|&o| plan.stored_in_bf16(o))
+            .collect(),
+        store_bf16: stored
+            .iter()
+            .map(|&i| first[i])
+            .chain(reduce.then(|| *first.last().expect("a sum")))
+            .map(|s| plan.stored_in_bf16(s))
             .collect(),
         reduce,
     };
@@ -205,13 +225,22 @@ fn addresses(k: &mut Kernel, p: &Pattern, shared: &[Option<Rd>], base: Rd) -> (V
     };
     let slots = shared
         .iter()
-        .map(|s| match s {
+        .zip(&p.slot_bf16)
+        .map(|(s, &bf16)| match s {
             Some(r) => *r,
-            None => next(k),
+            None => {
+                let r = next(k);
+                k.mark_bf16(r, bf16)
+            }
         })
         .collect();
-    let stores = (0..p.stored.len() + usize::from(p.reduce))
-        .map(|_| next(k))
+    let stores = p
+        .store_bf16
+        .iter()
+        .map(|&bf16| {
+            let r = next(k);
+            k.mark_bf16(r, bf16)
+        })
         .collect();
     (slots, stores)
 }
@@ -241,11 +270,15 @@ fn chain_at(
         let a = vals[0].ok_or(bad("has an op without operands"))?;
         // Maps only (checked above): no dropout asks for random bits.
         let mut no_dropout = |k: &mut Kernel, _: f64, _: u64| (k.fc(0.0), k.fc(1.0), zero);
-        let v = apply(k, op, a, vals[1], &mut no_dropout)?;
-        regs.push(v);
+        let mut v = apply(k, op, a, vals[1], &mut no_dropout)?;
         if let Some(at) = p.stored.iter().position(|&x| x == r) {
+            if k.is_bf16(stores[at]) {
+                // Later ops read it as stored (`elementwise::Chain::eval`).
+                v = k.round_bf16(v);
+            }
             k.store(stores[at], i, v);
         }
+        regs.push(v);
     }
     regs.last().copied().ok_or(bad("has an empty chain"))
 }
@@ -259,7 +292,7 @@ fn updates(
     members: u64,
     grid: u32,
 ) -> Result<Launch, CodegenError> {
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let (shared, table) = params(&mut k, p, words);
     let record = 8 * (words.len() as u64 / members);
     let block = k.special("%ctaid.x");
@@ -311,7 +344,7 @@ fn sums(
     members: u64,
     grid: u32,
 ) -> Result<Launch, CodegenError> {
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let (shared, table) = params(&mut k, p, words);
     let record = 8 * (words.len() as u64 / members);
     let m = k.special("%ctaid.x");

@@ -50,12 +50,18 @@ pub(super) fn generate(
             if x.numel() != out.numel() {
                 return Err(shapes());
             }
-            // Same elements in the same order: a plain copy the copy engine does best.
-            return Ok(vec![Launch::Copy {
-                src: x.arg,
-                dst: out.arg,
-                elements: out.numel(),
-            }]);
+            // Same elements in the same order: a plain copy the copy engine does best, when
+            // both are stored alike (else a kernel converts).
+            let bf16 = g.arg_is_bf16(out.arg);
+            if g.arg_is_bf16(x.arg) == bf16 {
+                return Ok(vec![Launch::Copy {
+                    src: x.arg,
+                    dst: out.arg,
+                    elements: out.numel(),
+                    bf16,
+                }]);
+            }
+            strided(g, name, x, out, &[(out.numel(), 1)], 0, None)
         }
         Op::Permute { perm } => {
             let r = x.shape.len();
@@ -297,13 +303,28 @@ fn offset(k: &mut Kernel, i: Rd, dims: &[(u64, u64)], small: bool) -> Rd {
     acc.unwrap_or_else(|| k.u64c(0))
 }
 
-/// `v = word[base + i]` when `guard` (`@%p1`, `@!%p1` or empty) holds.
+/// `v = word[base + i]` when `guard` (`@%p1`, `@!%p1` or empty) holds. A bf16 element is
+/// widened to its f32 bits (exactly), so `v` holds the bits of an f32 or i32.
 fn load_word(k: &mut Kernel, guard: &str, base: Rd, i: Rd, v: R) {
     let a = k.addr(base, i);
-    k.ins(format!("{guard} ld.global.b32 {v}, [{a}]"));
+    if k.is_bf16(base) {
+        let h = k.r();
+        k.ins(format!("{guard} ld.global.u16 {h}, [{a}]"));
+        k.ins(format!("{guard} shl.b32 {v}, {h}, 16"));
+    } else {
+        k.ins(format!("{guard} ld.global.b32 {v}, [{a}]"));
+    }
 }
 
+/// Stores word `v` (an f32's or i32's bits) at `base + i`; into bf16 elements rounded to the
+/// nearest (exact for a value loaded from bf16).
 fn store_word(k: &mut Kernel, base: Rd, i: Rd, v: R) {
+    if k.is_bf16(base) {
+        let f = k.f();
+        k.ins(format!("mov.b32 {f}, {v}"));
+        k.store(base, i, f);
+        return;
+    }
     let a = k.addr(base, i);
     k.ins(format!("st.global.b32 [{a}], {v}"));
 }
@@ -321,7 +342,7 @@ fn elementwise(
     body: impl FnOnce(&mut Kernel, &[Rd], Rd, Rd, bool),
 ) -> Launch {
     let n = out.numel();
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let srcs: Vec<Rd> = ins.iter().map(|o| k.param_ptr(o.arg)).collect();
     let dst = k.param_ptr(out.arg);
     let small = n <= u32::MAX as u64;
@@ -421,7 +442,7 @@ fn scatter_add(g: &mut Gen, name: &str, idx: &Operand, dy: &Operand, out: &Opera
     let per = d.div_ceil(block).clamp(1, 8);
     let groups = d.div_ceil(block * per).max(1);
     let blocks = v * groups;
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let (ip, gp, op) = (
         k.param_ptr(idx.arg),
         k.param_ptr(dy.arg),
@@ -486,9 +507,9 @@ fn scatter_add(g: &mut Gen, name: &str, idx: &Operand, dy: &Operand, out: &Opera
                 let row = k.op64("mul.lo", pp, d);
                 for &(col, ok, acc) in &cols {
                     let e = k.op64("add", row, col);
+                    let bf16 = k.is_bf16(gp);
                     let a = k.addr(gp, e);
-                    let x = k.f();
-                    k.ins(format!("@{ok} ld.global.f32 {x}, [{a}]"));
+                    let x = k.load_elem(Some(&ok.to_string()), &format!("[{a}]"), bf16);
                     k.ins(format!("@{ok} add.rn.f32 {acc}, {acc}, {x}"));
                 }
                 k.bra(&top);
@@ -498,8 +519,9 @@ fn scatter_add(g: &mut Gen, name: &str, idx: &Operand, dy: &Operand, out: &Opera
         let orow = k.op64("mul.lo", r, d);
         for &(col, ok, acc) in &cols {
             let e = k.op64("add", orow, col);
+            let bf16 = k.is_bf16(op);
             let a = k.addr(op, e);
-            k.ins(format!("@{ok} st.global.f32 [{a}], {acc}"));
+            k.store_elem(Some(&ok.to_string()), &format!("[{a}]"), acc, bf16);
         }
     });
     g.launch(k, grid_for(blocks, 1), BLOCK)

@@ -64,7 +64,7 @@ pub(super) fn reduce(
     } else {
         (8, 32)
     };
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let (src, dst) = (k.param_ptr(x.arg), k.param_ptr(out.arg));
     let tid = k.special("%tid.x");
     let tid = k.wide(tid);

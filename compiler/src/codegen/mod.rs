@@ -28,8 +28,6 @@ pub enum CodegenError {
     Unsupported { op: &'static str },
     #[error("`{op}`: {message}")]
     Bad { op: &'static str, message: String },
-    #[error("the plan stores activations in bf16 (`devices.activations: Bf16`), and the CUDA kernels load and store f32 only so far")]
-    Bf16Activations,
 }
 
 /// A value a launch passes to its kernel, resolved by the runtime at each step.
@@ -40,6 +38,9 @@ pub enum Arg {
     /// The device address of the scratch buffer (a fused reduction's staged input, or a
     /// matmul result only its epilogue reads).
     Scratch,
+    /// The device address `at` bf16 elements into the staging buffer, where a bf16 GEMM's
+    /// f32 operand is rounded to bf16 first (`Module::staging` elements in all).
+    Staging { at: u64 },
     /// The dropout key of a stream for this step (u64).
     DropoutKey { stream: u64 },
     /// `p` when training, 0 otherwise (f32): elements whose uniform draw is below it drop.
@@ -67,6 +68,14 @@ impl Arg {
     }
 }
 
+fn none_bf16(b: &[bool; 3]) -> bool {
+    !b.iter().any(|&x| x)
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
@@ -84,8 +93,15 @@ pub enum Launch {
         #[serde(default, skip_serializing_if = "is_zero")]
         shared: u32,
     },
-    /// A contiguous device-to-device copy of `elements` 4-byte values (a reshape).
-    Copy { src: Arg, dst: Arg, elements: u64 },
+    /// A contiguous device-to-device copy of `elements` values (a reshape): 4-byte ones, or
+    /// bf16 ones when `bf16` (both stored alike).
+    Copy {
+        src: Arg,
+        dst: Arg,
+        elements: u64,
+        #[serde(default, skip_serializing_if = "is_false")]
+        bf16: bool,
+    },
     /// Row-major `c[batch][m, n] = op(a)[batch][m, k] x op(b)[batch][k, n]`, each operand
     /// `stride` elements from one batch to the next (0: shared by every batch).
     Gemm {
@@ -101,6 +117,10 @@ pub enum Launch {
         stride_a: u64,
         stride_b: u64,
         stride_c: u64,
+        /// Whether `a`, `b` and `c` are stored in bf16 (`a` and `b` alike: a bf16 GEMM with
+        /// f32 accumulation); none in plans with f32 storage.
+        #[serde(default, skip_serializing_if = "none_bf16")]
+        bf16: [bool; 3],
         /// When the next launch only adds a bias along the last axis (`c + bias` into another
         /// buffer), the GEMM may do it in its epilogue instead and skip that launch.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -115,6 +135,9 @@ pub enum Launch {
 pub struct GemmBias {
     pub vector: Arg,
     pub out: Arg,
+    /// `out` is stored in bf16 (the vector stays f32).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub out_bf16: bool,
 }
 
 /// The launches of one kernel of the plan.
@@ -139,6 +162,8 @@ pub struct Module {
     pub kernels: Vec<KernelCode>,
     /// Elements of the scratch buffer the launches use.
     pub scratch: u64,
+    /// bf16 elements of the staging buffer the launches use (`Arg::Staging`).
+    pub staging: u64,
 }
 
 /// Built-in entries: `px_fill(ptr, n, value)` and `px_copy(dst, src, n)`.
@@ -206,6 +231,8 @@ pub struct Gen {
     /// Each entry's text with its name blanked out, to reuse identical kernels (a repeated
     /// block generates the same kernels in every layer).
     seen: std::collections::HashMap<String, String>,
+    /// The plan's values stored in bf16 (`devices.activations: Bf16`).
+    bf16_values: std::sync::Arc<std::collections::BTreeSet<usize>>,
 }
 
 /// Threads per block of the grid-stride kernels.
@@ -229,6 +256,16 @@ impl Gen {
             s.push('\n');
         }
         s
+    }
+
+    /// A new kernel whose pointers to bf16-stored values address bf16 elements.
+    pub fn kernel(&self, name: &str) -> Kernel {
+        Kernel::with_bf16(name, self.bf16_values.clone())
+    }
+
+    /// Whether `arg` addresses a value stored in bf16.
+    pub fn arg_is_bf16(&self, arg: Arg) -> bool {
+        matches!(arg, Arg::Value(id) if self.bf16_values.contains(&id))
     }
 
     /// Adds a finished kernel and returns its launch.
@@ -288,11 +325,13 @@ pub fn generate_with(
     target: &str,
     options: &CodegenOptions,
 ) -> Result<Module, CodegenError> {
-    if plan.bf16_activations() {
-        return Err(CodegenError::Bf16Activations);
-    }
     let mut g = Gen {
         options: *options,
+        bf16_values: std::sync::Arc::new(
+            (0..plan.steps.len())
+                .filter(|&s| plan.stored_in_bf16(s))
+                .collect(),
+        ),
         ..Gen::default()
     };
     builtins(&mut g);
@@ -309,6 +348,7 @@ pub fn generate_with(
     let stored = |id: usize| Arg::Value(id);
     let mut kernels = Vec::new();
     let mut scratch = 0u64;
+    let mut staging = 0u64;
     for (index, kern) in plan.kernels.iter().enumerate() {
         let steps = &kern.steps;
         let last = *steps.last().expect("a kernel has steps");
@@ -334,6 +374,9 @@ pub fn generate_with(
                     vec![elementwise::chain(
                         &mut g, &name, plan, &shapes, steps, None, None,
                     )?]
+                } else if matches!(step.op, Op::MatMul { .. }) {
+                    let out = operand(s, stored(s));
+                    gemm(&mut g, &name, &step.op, &ins_of(s), &out, &mut staging)?
                 } else {
                     single(&mut g, &name, &step.op, &ins_of(s), &operand(s, stored(s)))?
                 }
@@ -389,11 +432,18 @@ pub fn generate_with(
                     scratch = scratch.max(shapes[mm].iter().product());
                     Arg::Scratch
                 };
-                let mut mm_launch = gemm(&plan.steps[mm].op, &ins_of(mm), &operand(mm, at))?;
-                if let Launch::Gemm { bias, .. } = &mut mm_launch {
+                let op = &plan.steps[mm].op;
+                let mut l = gemm(
+                    &mut g,
+                    &name,
+                    op,
+                    &ins_of(mm),
+                    &operand(mm, at),
+                    &mut staging,
+                )?;
+                if let Some(Launch::Gemm { bias, .. }) = l.last_mut() {
                     *bias = gemm_bias(plan, kern.kind, steps, at);
                 }
-                let mut l = vec![mm_launch];
                 if steps.len() > 1 {
                     l.push(elementwise::chain(
                         &mut g,
@@ -427,11 +477,60 @@ pub fn generate_with(
         entries: g.entries,
         kernels,
         scratch,
+        staging,
     })
 }
 
-/// A matmul as a GEMM call (row-major, batched over the leading axes).
-fn gemm(op: &Op, ins: &[Operand], out: &Operand) -> Result<Launch, CodegenError> {
+/// A matmul as a GEMM call (row-major, batched over the leading axes). When any of its values
+/// is stored in bf16, the GEMM multiplies bf16 (cuBLAS takes no mixed operands): an f32
+/// operand is first rounded to bf16 into the staging buffer (`staging`: the elements used).
+fn gemm(
+    g: &mut Gen,
+    name: &str,
+    op: &Op,
+    ins: &[Operand],
+    out: &Operand,
+    staging: &mut u64,
+) -> Result<Vec<Launch>, CodegenError> {
+    let c_bf16 = g.arg_is_bf16(out.arg);
+    let bf16 = c_bf16 || ins.iter().take(2).any(|o| g.arg_is_bf16(o.arg));
+    let mut launches = Vec::new();
+    let mut ins = ins.to_vec();
+    let mut used = 0u64;
+    for (j, o) in ins.iter_mut().take(2).enumerate() {
+        if bf16 && !g.arg_is_bf16(o.arg) {
+            let at = Arg::Staging { at: used };
+            launches.push(to_bf16(g, &format!("{name}b{j}"), o, at));
+            // Each operand 256-byte aligned, as the GEMM library prefers.
+            used += o.numel().next_multiple_of(128);
+            o.arg = at;
+        }
+    }
+    *staging = (*staging).max(used);
+    let mut l = gemm_launch(op, &ins, out)?;
+    if let Launch::Gemm { bf16: types, .. } = &mut l {
+        *types = [bf16, bf16, c_bf16];
+    }
+    launches.push(l);
+    Ok(launches)
+}
+
+/// A kernel rounding the f32 operand `o` to bf16 at `at` (in the staging buffer).
+fn to_bf16(g: &mut Gen, name: &str, o: &Operand, at: Arg) -> Launch {
+    let n = o.numel();
+    let mut k = g.kernel(name);
+    let src = k.param_ptr(o.arg);
+    let dst = k.param_ptr(at);
+    let dst = k.mark_bf16(dst, true);
+    k.grid_stride(n, |k, i| {
+        let v = k.load(src, i);
+        k.store(dst, i, v)
+    });
+    g.launch(k, grid_for(n, BLOCK), BLOCK)
+}
+
+/// The GEMM call of a matmul (f32 operands).
+fn gemm_launch(op: &Op, ins: &[Operand], out: &Operand) -> Result<Launch, CodegenError> {
     let Op::MatMul { trans_a, trans_b } = *op else {
         return Err(CodegenError::Unsupported { op: op.name() });
     };
@@ -472,6 +571,7 @@ fn gemm(op: &Op, ins: &[Operand], out: &Operand) -> Result<Launch, CodegenError>
         stride_a: per(a),
         stride_b: per(b),
         stride_c: m * n,
+        bf16: [false; 3],
         bias: None,
     })
 }
@@ -499,6 +599,7 @@ fn gemm_bias(plan: &Plan, kind: KernelKind, steps: &[usize], c: Arg) -> Option<G
     (c == Arg::Scratch && along_last).then_some(GemmBias {
         vector: Arg::Value(vector),
         out: Arg::Value(add),
+        out_bf16: plan.stored_in_bf16(add),
     })
 }
 
@@ -511,7 +612,7 @@ fn single(
     out: &Operand,
 ) -> Result<Vec<Launch>, CodegenError> {
     match op {
-        Op::MatMul { .. } => Ok(vec![gemm(op, ins, out)?]),
+        Op::MatMul { .. } => Ok(vec![gemm_launch(op, ins, out)?]),
         Op::Conv2d { .. }
         | Op::Conv2dGradInput { .. }
         | Op::Conv2dGradWeight { .. }
@@ -562,3 +663,7 @@ pub(crate) mod testing;
 #[cfg(test)]
 #[path = "tests/module.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "tests/bf16.rs"]
+mod bf16_tests;

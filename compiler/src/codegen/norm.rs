@@ -31,7 +31,7 @@ pub(super) fn norm(
     eps: f64,
     rms: bool,
 ) -> Result<Launch, CodegenError> {
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let xp = k.param_ptr(ins[0].arg);
     let gp = ins.get(1).map(|d| k.param_ptr(d.arg));
     let op = k.param_ptr(out.arg);
@@ -116,7 +116,7 @@ fn norm_of_chain(
             format!("a chain of shape {shape:?} into {:?}", out.shape),
         ));
     }
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let stage = plan.steps[last].buffer.is_none().then_some(last);
     let c = Chain::declare(&mut k, plan, shapes, chain, None, stage)?;
     let xp = c
@@ -158,7 +158,7 @@ fn norm_grad_add(
             format!("adds {:?} to {:?}", other.shape, out.shape),
         ));
     }
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let xp = k.param_ptr(ins[0].arg);
     let gp = Some(k.param_ptr(ins[1].arg));
     let other = k.param_ptr(other.arg);

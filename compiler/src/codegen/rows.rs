@@ -370,7 +370,7 @@ pub(super) fn generate(
 /// Softmax over the last axis; `causal`: row `i` keeps its first `i % S + 1` values (the query
 /// `i % S` of `[.., S, S]` sees keys up to itself) and zeroes the rest.
 fn softmax(g: &mut Gen, name: &str, x: &Operand, out: &Operand, causal: bool) -> Launch {
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let (xp, op) = (k.param_ptr(x.arg), k.param_ptr(out.arg));
     let (lay, ctx, grid) = row_layout(&mut k, &x.shape);
     let c = lay.len();
@@ -402,7 +402,7 @@ fn softmax(g: &mut Gen, name: &str, x: &Operand, out: &Operand, causal: bool) ->
 
 /// `y * (dy - sum(dy * y))` over the last axis.
 fn softmax_grad(g: &mut Gen, name: &str, ins: &[Operand], out: &Operand) -> Launch {
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let (yp, gp, op) = (
         k.param_ptr(ins[0].arg),
         k.param_ptr(ins[1].arg),

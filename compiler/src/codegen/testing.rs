@@ -100,13 +100,31 @@ pub fn model_module_with(file: &str, codegen: &CodegenOptions) -> Module {
     generate_with(&plan, plan.batch_size, "sm_80", codegen).expect("generates")
 }
 
+/// The model files of `models/`, sorted.
+pub fn model_files() -> Vec<String> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .expect("models/")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().to_string())
+        .filter(|n| n.ends_with(".ron"))
+        .collect();
+    files.sort();
+    files
+}
+
 /// The plan of a model file of `models/`.
 pub fn model_plan(file: &str) -> crate::Plan {
+    model_plan_stored(file, crate::dsl::ast::Storage::F32)
+}
+
+/// The plan of a model file of `models/` with its activations stored as `activations`.
+pub fn model_plan_stored(file: &str, activations: crate::dsl::ast::Storage) -> crate::Plan {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../models")
         .join(file);
     let text = std::fs::read_to_string(&path).expect("model file");
-    let source = crate::parse(&text).expect("parses");
+    let mut source = crate::parse(&text).expect("parses");
+    source.experiment.devices.activations = activations;
     let options = crate::Options::default();
     let compiled = crate::compile(&source, &options, &mut |_, _| {}).expect("compiles");
     compiled.plan(&source, &options)

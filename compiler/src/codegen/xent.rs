@@ -21,7 +21,7 @@ fn label(k: &mut Kernel, lp: Rd, row: Rd, c: u64) -> (R, Rd, P) {
 /// buffer of the kernel (`.global` in its body), and the last block to finish (an integer
 /// atomic count, reset after) adds the blocks' sums in block order.
 pub(super) fn xent(g: &mut Gen, name: &str, ins: &[Operand], out: &Operand, s: f64) -> Launch {
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let (xp, lp, op) = (
         k.param_ptr(ins[0].arg),
         k.param_ptr(ins[1].arg),
@@ -132,7 +132,7 @@ pub(super) fn xent(g: &mut Gen, name: &str, ins: &[Operand], out: &Operand, s: f
 /// `1 - s + s / C` at the label and `s / C` elsewhere; 0 for rows labelled -100. Each block
 /// first counts the labels that are not -100 (there is no buffer to share the count in).
 pub(super) fn xent_grad(g: &mut Gen, name: &str, ins: &[Operand], out: &Operand, s: f64) -> Launch {
-    let mut k = Kernel::new(name);
+    let mut k = g.kernel(name);
     let (xp, lp, dp, op) = (
         k.param_ptr(ins[0].arg),
         k.param_ptr(ins[1].arg),

@@ -176,6 +176,13 @@ impl Plan {
             .any(|b| b.dtype == crate::ir::DType::BF16)
     }
 
+    /// Whether step `step`'s value is stored in a bf16 buffer.
+    pub fn stored_in_bf16(&self, step: usize) -> bool {
+        self.steps[step]
+            .buffer
+            .is_some_and(|b| self.buffers[b].dtype == crate::ir::DType::BF16)
+    }
+
     /// Whether output step `step` still holds its value after a training (or gradients)
     /// step: not when a later step of the backward or the update shares its buffer (a
     /// cross-entropy's logits, which their gradient is written over). An eval step runs the

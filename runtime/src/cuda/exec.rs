@@ -81,6 +81,8 @@ pub struct CudaExecutor {
     pub(super) refused: Option<super::stepwise::Loan>,
     pub(super) slot: Vec<Option<usize>>,
     pub(super) scratch: DeviceBuffer,
+    /// Where bf16 GEMMs take their f32 operands rounded to bf16 (`codegen::Arg::Staging`).
+    pub(super) staging: DeviceBuffer,
     pub(super) precision: Precision,
     pub(super) max_batch: usize,
     pub(super) seed: u64,
@@ -131,10 +133,6 @@ impl CudaExecutor {
         ordinal: usize,
         precision: Precision,
     ) -> Result<CudaExecutor, CudaError> {
-        // Refused before touching a GPU.
-        if plan.bf16_activations() {
-            return Err(codegen::CodegenError::Bf16Activations.into());
-        }
         let devices = super::probe()?;
         let gpu = devices.gpus.get(ordinal).ok_or(CudaError::TooFewGpus {
             needed: ordinal + 1,
@@ -174,7 +172,9 @@ impl CudaExecutor {
         let mut first_step = vec![usize::MAX; plan.buffers.len()];
         for (id, b) in slot.iter().enumerate() {
             if let Some(b) = *b {
-                capacity[b] = capacity[b].max(numel(&shape(id)));
+                // In 4-byte units: a bf16 buffer takes half its elements' (rounded up).
+                let n = numel(&shape(id)) * plan.buffers[b].dtype.bytes();
+                capacity[b] = capacity[b].max(n.div_ceil(4));
                 first_step[b] = first_step[b].min(id);
             }
         }
@@ -234,6 +234,7 @@ impl CudaExecutor {
         // module at the largest batch).
         let code = codegen::generate_with(&plan, max_batch as u64, target, &options(precision))?;
         let scratch = alloc(code.scratch, "scratch")?;
+        let staging = alloc(code.staging.div_ceil(2), "the bf16 GEMM operands' staging")?;
         let names = plan.names();
         let inputs: HashMap<String, usize> = names.inputs.into_iter().collect();
         let outputs: HashMap<String, usize> = names.outputs.into_iter().collect();
@@ -255,6 +256,7 @@ impl CudaExecutor {
             refused: None,
             slot,
             scratch,
+            staging,
             precision,
             max_batch,
             seed,
@@ -366,13 +368,34 @@ impl CudaExecutor {
         Ok(())
     }
 
+    /// Uploads f32 values, rounded to bf16 when the step is stored so.
+    pub(super) fn upload_f32(&self, step: usize, v: &[f32]) -> Result<(), CudaError> {
+        if self.plan.stored_in_bf16(step) {
+            let bits: Vec<u16> = v.iter().map(|&x| bf16_bits(x)).collect();
+            return self.upload(step, &bits);
+        }
+        self.upload(step, v)
+    }
+
+    /// A step's first `n` values as f32 (widened exactly from bf16 when stored so).
     pub(super) fn download_f32(&self, step: usize, n: usize) -> Result<Vec<f32>, CudaError> {
         let p = self.ptr(step)?;
-        let mut v = vec![0f32; n];
         self.stream.synchronize()?;
-        // SAFETY: reads `n` elements of a buffer that holds at least that many.
-        unsafe { result::memcpy_dtoh_async(&mut v, p, self.stream.cu_stream())? };
-        self.stream.synchronize()?;
+        let v = if self.plan.stored_in_bf16(step) {
+            let mut bits = vec![0u16; n];
+            // SAFETY: reads `n` bf16 elements of a buffer that holds at least that many.
+            unsafe { result::memcpy_dtoh_async(&mut bits, p, self.stream.cu_stream())? };
+            self.stream.synchronize()?;
+            bits.iter()
+                .map(|&b| f32::from_bits(u32::from(b) << 16))
+                .collect()
+        } else {
+            let mut v = vec![0f32; n];
+            // SAFETY: reads `n` elements of a buffer that holds at least that many.
+            unsafe { result::memcpy_dtoh_async(&mut v, p, self.stream.cu_stream())? };
+            self.stream.synchronize()?;
+            v
+        };
         Ok(v)
     }
 
@@ -384,7 +407,7 @@ impl CudaExecutor {
             };
             let mut v = vec![0f32; numel(&self.shape(id, 1)) as usize];
             crate::rng::init_param(init, self.seed, index, &mut v);
-            self.upload(id, &v)?;
+            self.upload_f32(id, &v)?;
         }
         // Optimizer state starts at zero, BatchNorm's running variance at one.
         for &(_, id) in &self.states {
@@ -392,7 +415,7 @@ impl CudaExecutor {
                 continue;
             };
             let n = numel(&self.shape(id, 1)) as usize;
-            self.upload(id, &vec![start as f32; n])?;
+            self.upload_f32(id, &vec![start as f32; n])?;
         }
         Ok(())
     }
@@ -529,10 +552,15 @@ impl CudaExecutor {
     /// Overwrites a step's stored value (lockstep comparisons resynchronise from the oracle).
     pub fn overwrite(&self, step: usize, t: &crate::exec::tensor::Tensor) -> Result<(), CudaError> {
         if t.is_f32() {
-            self.upload(step, t.f32())
+            self.upload_f32(step, t.f32())
         } else {
             self.upload(step, t.i32())
         }
+    }
+
+    /// Whether a step's value is stored in bf16 (two bytes an element on the device).
+    pub fn stored_in_bf16(&self, step: usize) -> bool {
+        self.plan.stored_in_bf16(step)
     }
 
     /// Device address of a step's buffer (collectives over gradients).
@@ -571,4 +599,9 @@ fn options(precision: Precision) -> codegen::CodegenOptions {
     codegen::CodegenOptions {
         bf16_attention: precision == Precision::Bf16,
     }
+}
+
+/// The bits of `x` rounded to the nearest bf16 (ties to even), as the kernels store it.
+pub(super) fn bf16_bits(x: f32) -> u16 {
+    (parallax_compiler::scalar::math::round_bf16(x).to_bits() >> 16) as u16
 }

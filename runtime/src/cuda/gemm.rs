@@ -18,6 +18,16 @@ pub(super) struct Gemm {
     pub stride_a: u64,
     pub stride_b: u64,
     pub stride_c: u64,
+    /// Whether A, B and C hold bf16 (A and B alike; see `codegen::Launch::Gemm`).
+    pub bf16: [bool; 3],
+}
+
+impl Gemm {
+    /// Bytes per element of A (B's are alike) and of C.
+    pub(super) fn elem_bytes(&self) -> (u64, u64) {
+        let bytes = |bf16: bool| if bf16 { 2 } else { 4 };
+        (bytes(self.bf16[0]), bytes(self.bf16[2]))
+    }
 }
 
 pub(super) fn gemm(
@@ -39,12 +49,16 @@ pub(super) fn gemm(
     if g.m == 0 || g.n == 0 || g.count == 0 {
         return Ok(());
     }
-    if precision == Precision::Bf16 {
-        // fp32 storage and accumulation; cuBLAS may use bf16 tensor cores, converting the
-        // operands as it loads them (for small problems it picked tf32 kernels on an H200).
-        let f32t = blas_sys::cudaDataType::CUDA_R_32F;
-        // SAFETY: as below.
-        return unsafe {
+    let t = |bf16: bool| {
+        if bf16 {
+            blas_sys::cudaDataType::CUDA_R_16BF
+        } else {
+            blas_sys::cudaDataType::CUDA_R_32F
+        }
+    };
+    let ex = |types: [bool; 3], compute| {
+        // SAFETY: as below, with each operand's element type.
+        unsafe {
             blas_result::gemm_strided_batched_ex(
                 blas,
                 op(g.trans_b),
@@ -54,24 +68,37 @@ pub(super) fn gemm(
                 g.k as i32,
                 &alpha as *const f32 as *const _,
                 g.pb as *const _,
-                f32t,
+                t(types[1]),
                 lda as i32,
                 g.stride_b as i64,
                 g.pa as *const _,
-                f32t,
+                t(types[0]),
                 ldb as i32,
                 g.stride_a as i64,
                 &beta as *const f32 as *const _,
                 g.pc as *mut _,
-                f32t,
+                t(types[2]),
                 g.n as i32,
                 g.stride_c as i64,
                 g.count as i32,
-                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
+                compute,
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DFALT,
             )
         }
-        .map_err(|e| CudaError::Blas(format!("{e:?}")));
+        .map_err(|e| CudaError::Blas(format!("{e:?}")))
+    };
+    if g.bf16[0] || g.bf16[2] {
+        // bf16 storage: bf16 A and B, C bf16 or f32, f32 accumulation, whatever the
+        // executor's precision (the operands are bf16 already).
+        return ex(g.bf16, blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F);
+    }
+    if precision == Precision::Bf16 {
+        // fp32 storage and accumulation; cuBLAS may use bf16 tensor cores, converting the
+        // operands as it loads them (for small problems it picked tf32 kernels on an H200).
+        return ex(
+            [false; 3],
+            blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
+        );
     }
     // SAFETY: pointers address live buffers holding the operands' elements; sizes
     // and strides come from the operands' resolved shapes.

@@ -88,6 +88,7 @@ impl CudaExecutor {
         Ok(match *a {
             Arg::Value(s) => ArgValue::U64(self.ptr(s)?),
             Arg::Scratch => ArgValue::U64(self.scratch.ptr),
+            Arg::Staging { at } => ArgValue::U64(self.staging.ptr + 2 * at),
             Arg::DropoutKey { stream } => {
                 ArgValue::U64(crate::rng::dropout_key(self.seed, step, stream))
             }
@@ -200,19 +201,25 @@ impl CudaExecutor {
                 self.launch_entry(batch, entry, *grid, *block, *shared, &values)?;
                 Ok(Ran::Done)
             }
-            Launch::Copy { src, dst, elements } => {
+            Launch::Copy {
+                src,
+                dst,
+                elements,
+                bf16,
+            } => {
                 let ptr = |x: &Arg| match self.resolve(x, mode, step, first_sample)? {
                     ArgValue::U64(p) => Ok(p),
                     _ => Err(CudaError::Exec("a copy operand is not a buffer".into())),
                 };
                 let (s, d) = (ptr(src)?, ptr(dst)?);
                 if s != d && *elements > 0 {
-                    // SAFETY: both buffers hold `elements` values of 4 bytes.
+                    let bytes = if *bf16 { 2 } else { 4 };
+                    // SAFETY: both buffers hold `elements` values of `bytes` bytes.
                     unsafe {
                         result::memcpy_dtod_async(
                             d,
                             s,
-                            *elements as usize * 4,
+                            *elements as usize * bytes,
                             self.stream.cu_stream(),
                         )?
                     };
@@ -232,6 +239,7 @@ impl CudaExecutor {
                 stride_a,
                 stride_b,
                 stride_c,
+                bf16,
                 bias,
             } => {
                 let ptr = |x: &Arg| match self.resolve(x, mode, step, first_sample)? {
@@ -252,11 +260,14 @@ impl CudaExecutor {
                     stride_a: *stride_a,
                     stride_b: *stride_b,
                     stride_c: *stride_c,
+                    bf16: *bf16,
                 };
                 if let Some(lt) = &self.lt {
                     if let Some(b) = bias {
+                        let [a16, b16, _] = g.bf16;
                         let with_bias = super::gemm::Gemm {
                             pc: ptr(&b.out)?,
+                            bf16: [a16, b16, b.out_bf16],
                             ..g
                         };
                         if lt.gemm_bias(&with_bias, ptr(&b.vector)?, self.stream.cu_stream())? {

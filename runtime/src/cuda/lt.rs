@@ -73,10 +73,13 @@ pub(super) struct Key {
     pub align: [u32; 3],
     /// Whether the epilogue adds a bias vector along C's rows (`CUBLASLT_EPILOGUE_BIAS`).
     pub bias: bool,
+    /// Whether A, B and C hold bf16 (`Gemm::bf16`).
+    pub bf16: [bool; 3],
 }
 
 impl Key {
     pub(super) fn of(g: &Gemm, compute: Compute) -> Key {
+        let (ab, cb) = g.elem_bytes();
         Key {
             m: g.m,
             n: g.n,
@@ -89,21 +92,22 @@ impl Key {
             stride_c: g.stride_c,
             compute,
             align: [
-                alignment(g.pa, g.stride_a, g.count),
-                alignment(g.pb, g.stride_b, g.count),
-                alignment(g.pc, g.stride_c, g.count),
+                alignment(g.pa, g.stride_a * ab, g.count),
+                alignment(g.pb, g.stride_b * ab, g.count),
+                alignment(g.pc, g.stride_c * cb, g.count),
             ],
             bias: false,
+            bf16: g.bf16,
         }
     }
 }
 
 /// The largest power of two, at most 256 (cuBLASLt's default assumption), dividing the byte
-/// address of every batch's matrix (fp32 elements, `stride` apart).
-pub(super) fn alignment(ptr: u64, stride: u64, batch: u64) -> u32 {
+/// address of every batch's matrix (`stride_bytes` apart).
+pub(super) fn alignment(ptr: u64, stride_bytes: u64, batch: u64) -> u32 {
     let mut bits = ptr | 256;
     if batch > 1 {
-        bits |= stride.wrapping_mul(4);
+        bits |= stride_bytes;
     }
     1 << bits.trailing_zeros()
 }
@@ -295,10 +299,18 @@ unsafe fn set_pref<T>(
         .map_err(|e| blas("preference", e))
 }
 
+/// cuBLASLt's element type: bf16 or f32.
+fn data_type(bf16: bool) -> sys::cudaDataType {
+    if bf16 {
+        sys::cudaDataType::CUDA_R_16BF
+    } else {
+        sys::cudaDataType::CUDA_R_32F
+    }
+}
+
 impl Layout {
-    fn new(m: &Matrix, batch: i32) -> Result<Layout, CudaError> {
-        let f32t = sys::cudaDataType::CUDA_R_32F;
-        let l = result::create_matrix_layout(f32t, m.rows, m.cols, m.ld as i64)
+    fn new(m: &Matrix, batch: i32, bf16: bool) -> Result<Layout, CudaError> {
+        let l = result::create_matrix_layout(data_type(bf16), m.rows, m.cols, m.ld as i64)
             .map(Layout)
             .map_err(|e| blas("matrix layout", e))?;
         use sys::cublasLtMatrixLayoutAttribute_t as A;
@@ -431,6 +443,7 @@ impl Lt {
             bias: true,
             ..Key::of(g, self.compute)
         };
+        // (`g.bf16[2]` is the bias output's type: D is the add's buffer.)
         self.queue(key, g, Some(bias), stream)
     }
 
@@ -467,7 +480,14 @@ impl Lt {
         };
         let cm = col_major(key);
         let f32t = sys::cudaDataType::CUDA_R_32F;
-        let desc = result::create_matmul_desc(key.compute.cublas(), f32t)
+        // bf16 operands are multiplied as they are (f32 accumulation); f32 ones at the
+        // plan's tensor-core compute.
+        let compute = if key.bf16[0] {
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+        } else {
+            key.compute.cublas()
+        };
+        let desc = result::create_matmul_desc(compute, f32t)
             .map(Desc)
             .map_err(|e| blas("matmul descriptor", e))?;
         use sys::cublasLtMatmulDescAttributes_t as D;
@@ -485,10 +505,18 @@ impl Lt {
             let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
             // SAFETY: a live descriptor; EPILOGUE is a cublasLtEpilogue_t.
             unsafe { set_desc(&desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)? };
+            if key.bf16[2] {
+                // The bias vector (a parameter) stays f32 while D is bf16; by default it
+                // would be read as D's type.
+                let t = f32t as i32;
+                // SAFETY: a live descriptor; BIAS_DATA_TYPE is an int32 (a cudaDataType).
+                unsafe { set_desc(&desc, D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t)? };
+            }
         }
-        let a = Layout::new(&cm.a, batch)?;
-        let b = Layout::new(&cm.b, batch)?;
-        let d = Layout::new(&cm.d, batch)?;
+        // A' is B's memory, B' is A's.
+        let a = Layout::new(&cm.a, batch, key.bf16[1])?;
+        let b = Layout::new(&cm.b, batch, key.bf16[0])?;
+        let d = Layout::new(&cm.d, batch, key.bf16[2])?;
         let pref = result::create_matmul_pref()
             .map(Pref)
             .map_err(|e| blas("preference", e))?;

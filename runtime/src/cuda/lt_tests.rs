@@ -19,6 +19,7 @@ fn gemm(m: u64, n: u64, k: u64, count: u64, ta: bool, tb: bool) -> Gemm {
         stride_a: m * k,
         stride_b: k * n,
         stride_c: m * n,
+        bf16: [false; 3],
     }
 }
 
@@ -45,13 +46,32 @@ fn cublaslt_alignment_is_that_of_every_batch_start() {
     assert_eq!(alignment(0x7000_0000, 0, 1), 256);
     assert_eq!(alignment(0x7000_0010, 0, 1), 16);
     // One matrix: the stride is never used.
-    assert_eq!(alignment(0x7000_0000, 3, 1), 256);
+    assert_eq!(alignment(0x7000_0000, 12, 1), 256);
     // 3 floats apart: the second batch starts 12 bytes in.
-    assert_eq!(alignment(0x7000_0000, 3, 2), 4);
-    assert_eq!(alignment(0x7000_0000, 64 * 3, 2), 256);
-    assert_eq!(alignment(0x7000_0000, 2, 4), 8);
+    assert_eq!(alignment(0x7000_0000, 12, 2), 4);
+    assert_eq!(alignment(0x7000_0000, 64 * 12, 2), 256);
+    assert_eq!(alignment(0x7000_0000, 8, 4), 8);
     // A broadcast operand (stride 0) keeps its pointer's alignment.
     assert_eq!(alignment(0x7000_0020, 0, 8), 32);
+}
+
+#[test]
+fn cublaslt_keys_count_bf16_operands_in_bytes_and_apart() {
+    // A is 3 x 4 per batch, B 4 x 5, C 3 x 5: in f32 48, 80 and 60 bytes apart.
+    let f32s = gemm(3, 5, 4, 2, false, false);
+    let bf16s = Gemm {
+        bf16: [true, true, false],
+        ..f32s
+    };
+    let (kf, kb) = (
+        Key::of(&f32s, Compute::Bf16),
+        Key::of(&bf16s, Compute::Bf16),
+    );
+    assert_ne!(kf, kb);
+    assert_eq!(kf.align, [16, 16, 4]);
+    // In bf16 A's starts are 24 bytes apart, B's 40; C stays f32.
+    assert_eq!(kb.align, [8, 8, 4]);
+    assert_eq!(kb.bf16, [true, true, false]);
 }
 
 #[test]

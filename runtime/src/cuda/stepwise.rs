@@ -103,7 +103,7 @@ impl RankExecutor for CudaExecutor {
             )));
         }
         check_len(step, &self.shape(step, self.batch), values.len())?;
-        self.upload(step, values)
+        self.upload_f32(step, values)
             .map_err(|e| self.failed(step, "copying from the host".into(), e))
     }
 

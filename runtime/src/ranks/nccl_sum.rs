@@ -65,6 +65,17 @@ unsafe impl Send for NcclSum {}
 impl DeviceSum<CudaExecutor> for NcclSum {
     fn sum(&mut self, shards: &mut [CudaExecutor], call: &SumCall) -> Result<(), ExecError> {
         let own = call.held[call.member].clone();
+        if [call.operand, call.out]
+            .iter()
+            .any(|&s| shards[0].stored_in_bf16(s))
+        {
+            // Tensor parallelism's partial products, with activations stored in bf16.
+            return Err(ExecError::Device(format!(
+                "rank {}: step {} is stored in bf16, and the NCCL sums carry f32 only so far (store activations in f32: `--set devices.activations=F32`)",
+                self.comm.rank(),
+                call.operand
+            )));
+        }
         let len: usize = shards[0].value_shape(call.operand).iter().product();
         // Every shard its own single-leaf partial: what the host path's partials sum to.
         let key: Key = (call.group.to_vec(), call.held.to_vec(), call.leaves, len);

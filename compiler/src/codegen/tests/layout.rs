@@ -26,7 +26,13 @@ fn assembles(cases: &[(Op, Vec<Operand>, Operand)]) {
         let l = generate(&mut g, &format!("k{j}"), op, ins, out)
             .unwrap_or_else(|e| panic!("{op:?} {ins:?} {out:?}: {e}"));
         assert_eq!(l.len(), 1);
-        if let (Op::Reshape { .. }, Launch::Copy { src, dst, elements }) = (op, &l[0]) {
+        if let (
+            Op::Reshape { .. },
+            Launch::Copy {
+                src, dst, elements, ..
+            },
+        ) = (op, &l[0])
+        {
             assert_eq!((*src, *dst, *elements), (ins[0].arg, out.arg, out.numel()));
             continue;
         }

@@ -6,13 +6,7 @@ use super::testing::{assemble, model_module};
 /// Every kernel of every model file assembles for sm_80 and sm_90 with zero errors.
 #[test]
 fn every_model_module_assembles() {
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models");
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .expect("models/")
-        .map(|e| e.expect("entry").file_name().to_string_lossy().to_string())
-        .filter(|n| n.ends_with(".ron"))
-        .collect();
-    files.sort();
+    let files = super::testing::model_files();
     assert!(files.len() >= 4, "{files:?}");
     for f in files {
         let m = model_module(&f);
@@ -65,7 +59,7 @@ fn gemm_bias_kernels_offer_their_bias_to_the_gemm() {
                 bias: true,
                 activation: None,
             };
-        let Some(GemmBias { vector, out }) = bias else {
+        let Some(GemmBias { vector, out, .. }) = bias else {
             assert!(!plain_bias || *c != Arg::Scratch, "{:?}", code.ops);
             continue;
         };

@@ -1,0 +1,135 @@
+//! Plans storing activations in bf16 (`devices.activations: Bf16`): their values move as two
+//! bytes (widened on load, rounded on store), their GEMMs multiply bf16, and every module
+//! assembles.
+
+use super::testing::{assemble, model_plan_stored};
+use super::{generate_with, Arg, CodegenOptions, Launch, Module};
+use crate::dsl::ast::Storage;
+
+fn module(file: &str, storage: Storage, options: &CodegenOptions) -> (crate::Plan, Module) {
+    let plan = model_plan_stored(file, storage);
+    let m = generate_with(&plan, plan.batch_size, "sm_80", options).expect("generates");
+    (plan, m)
+}
+
+fn gemms(m: &Module) -> impl Iterator<Item = &Launch> {
+    m.kernels
+        .iter()
+        .flat_map(|k| &k.launches)
+        .filter(|l| matches!(l, Launch::Gemm { .. }))
+}
+
+/// Every model's bf16 module assembles for sm_80 and sm_90, with the f32 attention kernels
+/// and with the tensor-core ones (gpt-large's heads, width 128, staged from bf16).
+#[test]
+fn every_model_module_assembles_with_bf16_activations() {
+    let files = super::testing::model_files();
+    for f in &files {
+        let (_, m) = module(f, Storage::Bf16, &CodegenOptions::default());
+        assemble(&m.text()).unwrap_or_else(|e| panic!("{f}: {e}"));
+    }
+    let mma = CodegenOptions {
+        bf16_attention: true,
+    };
+    let (_, m) = module("gpt-large.ron", Storage::Bf16, &mma);
+    let staged = m
+        .entries
+        .iter()
+        .filter(|(_, e)| e.contains("mma.sync") && e.contains("ld.global.nc.v2.b32"))
+        .count();
+    // The forward and both backward kernels stage bf16 tiles as they are stored.
+    assert_eq!(staged, 3);
+    assemble(&m.text()).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A bf16-stored value is loaded as 16 bits and widened, stored rounded to the nearest bf16;
+/// nothing of an f32 plan changes.
+#[test]
+fn bf16_values_load_and_store_two_bytes() {
+    let (_, m16) = module("transformer.ron", Storage::Bf16, &CodegenOptions::default());
+    let text = m16.text();
+    for needle in [
+        "ld.global.u16",
+        "st.global.u16",
+        "cvt.rn.bf16x2.f32",
+        "shl.b32",
+    ] {
+        assert!(text.contains(needle), "no {needle}");
+    }
+    let (_, m32) = module("transformer.ron", Storage::F32, &CodegenOptions::default());
+    let text = m32.text();
+    assert!(!text.contains("ld.global.u16") && !text.contains("st.global.u16"));
+    assert_eq!(m32.staging, 0);
+    for l in gemms(&m32) {
+        let Launch::Gemm { bf16, .. } = l else {
+            unreachable!()
+        };
+        assert_eq!(*bf16, [false; 3]);
+    }
+}
+
+/// Every GEMM of a bf16 plan multiplies bf16: operands stored in bf16 are read as they are,
+/// an f32 operand (the input, a parameter's gradient path) is first rounded into the staging
+/// buffer by a launch just before; the product is bf16 exactly when its value is stored so.
+#[test]
+fn bf16_plans_multiply_bf16_operands() {
+    for file in ["transformer.ron", "mlp.ron"] {
+        let (plan, m) = module(file, Storage::Bf16, &CodegenOptions::default());
+        let is_bf16 = |a: &Arg| match *a {
+            Arg::Value(s) => plan.stored_in_bf16(s),
+            Arg::Staging { .. } => true,
+            _ => false,
+        };
+        let mut staged = 0;
+        for k in &m.kernels {
+            for (j, l) in k.launches.iter().enumerate() {
+                let Launch::Gemm { a, b, c, bf16, .. } = l else {
+                    continue;
+                };
+                assert_eq!(bf16[0], bf16[1], "{file}: kernel {}", k.index);
+                assert_eq!(bf16[2], is_bf16(c), "{file}: kernel {}", k.index);
+                if !bf16[0] {
+                    continue;
+                }
+                for x in [a, b] {
+                    assert!(is_bf16(x), "{file}: kernel {}: {x:?}", k.index);
+                    if let Arg::Staging { at } = *x {
+                        staged += 1;
+                        // Rounded by an earlier launch of the same kernel.
+                        let writes = k.launches[..j].iter().any(|p| {
+                            matches!(p, Launch::Kernel { args, .. }
+                                if args.contains(&Arg::Staging { at }))
+                        });
+                        assert!(writes, "{file}: kernel {}", k.index);
+                        assert!(at < m.staging);
+                    }
+                }
+            }
+        }
+        let bf16_gemms = gemms(&m)
+            .filter(|l| matches!(l, Launch::Gemm { bf16, .. } if bf16[0]))
+            .count();
+        assert_eq!(bf16_gemms, gemms(&m).count(), "{file}");
+        if file == "mlp.ron" {
+            // The first layer multiplies the f32 input (forward and weight gradient).
+            assert!(staged >= 2, "{file}: {staged}");
+        }
+    }
+}
+
+/// A reshape between values stored alike is a copy of their bytes; between an f32 value and
+/// a bf16 one, a kernel that converts.
+#[test]
+fn reshapes_copy_bf16_as_two_byte_elements() {
+    let (plan, m) = module("transformer.ron", Storage::Bf16, &CodegenOptions::default());
+    let mut bf16_copies = 0;
+    for l in m.kernels.iter().flat_map(|k| &k.launches) {
+        if let Launch::Copy { src, dst, bf16, .. } = l {
+            let of = |a: &Arg| matches!(*a, Arg::Value(s) if plan.stored_in_bf16(s));
+            assert_eq!(of(src), *bf16);
+            assert_eq!(of(dst), *bf16);
+            bf16_copies += usize::from(*bf16);
+        }
+    }
+    assert!(bf16_copies > 0);
+}
