@@ -174,13 +174,17 @@ impl Module {
     /// `manifest.json` of `compile --emit ptx`: each kernel's launches and fused ops, and the
     /// `<entry>.ptx` files.
     pub fn manifest(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut m = serde_json::json!({
             "target": self.target,
             "batch": self.batch,
             "scratch_elements": self.scratch,
             "entries": self.entries.iter().map(|(n, _)| format!("{n}.ptx")).collect::<Vec<_>>(),
             "kernels": self.kernels,
-        })
+        });
+        if self.staging > 0 {
+            m["staging_bf16_elements"] = self.staging.into();
+        }
+        m
     }
 
     /// The whole module as one PTX text.
