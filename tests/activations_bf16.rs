@@ -132,6 +132,42 @@ fn the_storage_pass_keeps_activations_and_their_gradients_in_bf16_and_nothing_el
     assert!(g32.bf16_stored.is_empty() && !plan32.bf16_activations());
 }
 
+/// A product's other f32 operands get bf16 copies too (mlp: the input, forward and in the
+/// first weight's gradient), so every matmul of the forward and the backward multiplies two
+/// bf16-stored values, as a GEMM library does, on every backend alike.
+#[test]
+fn every_product_multiplies_two_bf16_values() {
+    for model in ["models/mlp.ron", "models/transformer.ron"] {
+        let (g, _) = compiled(&source(model, Storage::Bf16));
+        let mut products = 0;
+        for n in g.g.node_indices() {
+            if g.g[n].op.kind() == OpKind::MatMul {
+                products += 1;
+                for o in g.operands(n) {
+                    assert_eq!(
+                        g.stored_dtype(o),
+                        DType::BF16,
+                        "{model}: `{}`",
+                        g.g[o].layer
+                    );
+                }
+            }
+        }
+        assert!(products > 0);
+    }
+    let (g, _) = compiled(&source("models/mlp.ron", Storage::Bf16));
+    let input_copies =
+        g.g.node_indices()
+            .filter(|&n| {
+                g.g[n].op.kind() == OpKind::RoundBf16
+                    && g.operands(n)
+                        .iter()
+                        .all(|&o| g.g[o].op.kind() == OpKind::Input)
+            })
+            .count();
+    assert_eq!(input_copies, 1);
+}
+
 /// The activations at the peak halve; parameters and optimizer state do not change; the
 /// planner's estimate of a device's peak falls with them.
 #[test]
