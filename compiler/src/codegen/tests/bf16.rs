@@ -31,15 +31,18 @@ fn every_model_module_assembles_with_bf16_activations() {
     let mma = CodegenOptions {
         bf16_attention: true,
     };
-    let (_, m) = module("gpt-large.ron", Storage::Bf16, &mma);
-    let staged = m
-        .entries
-        .iter()
-        .filter(|(_, e)| e.contains("mma.sync") && e.contains("ld.global.nc.v2.b32"))
-        .count();
-    // The forward and both backward kernels stage bf16 tiles as they are stored.
-    assert_eq!(staged, 3);
-    assemble(&m.text()).unwrap_or_else(|e| panic!("{e}"));
+    // Heads of width 128 (gpt-large) and 64 (the bench transformer).
+    for file in ["gpt-large.ron", "../benches/models/transformer.ron"] {
+        let (_, m) = module(file, Storage::Bf16, &mma);
+        let staged = m
+            .entries
+            .iter()
+            .filter(|(_, e)| e.contains("mma.sync") && e.contains("ld.global.nc.v2.b32"))
+            .count();
+        // The forward and both backward kernels stage bf16 tiles as they are stored.
+        assert_eq!(staged, 3, "{file}");
+        assemble(&m.text()).unwrap_or_else(|e| panic!("{file}: {e}"));
+    }
 }
 
 /// A bf16-stored value is loaded as 16 bits and widened, stored rounded to the nearest bf16;
