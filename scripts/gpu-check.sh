@@ -51,13 +51,16 @@ for m in $MODELS; do
             || echo "ROW|$m|$p|-|-|FAIL (exit $?)|-|-|-" >>"$LOG"
     done
 done
-# Activations stored in bf16 (two-byte loads and stores in every kernel family, bf16 GEMMs,
-# mixed products staged): the oracle rounds where each value is made; tolerance 2e-2.
+# Activations stored in bf16 (two-byte loads and stores in every kernel family, GEMMs of bf16
+# operands): the oracle rounds where each value is made; tolerance 2e-2.
+# Lockstep too: a kernel family that loads or stores bf16 wrongly is named at once.
 for m in models/mlp.ron models/cnn.ron models/transformer.ron benches/models/transformer.ron; do
-    echo "== $m, activations stored in bf16"
-    timeout 90 "$BIN" gpu-check "$m" --steps 3 --precision bf16 --set devices.activations=Bf16 \
-        | sed "s#^ROW|\([^|]*\)|#ROW|\1 (bf16-stored)|#" | tee -a "$LOG" \
-        || echo "ROW|$m (bf16-stored)|bf16|-|-|FAIL (exit $?)|-|-|-" >>"$LOG"
+    echo "== $m, activations stored in bf16 (lockstep)"
+    OUT=$(mktemp)
+    timeout 120 "$BIN" gpu-check "$m" --steps 3 --time-steps 1 --precision bf16 \
+        --set devices.activations=Bf16 --lockstep >"$OUT" || echo "ROW|$m (bf16-stored)|bf16|-|-|FAIL (exit $?)|-|-|-" >>"$LOG"
+    grep '^LOCKSTEP' "$OUT" | head -20
+    grep '^ROW|' "$OUT" | sed "s#^ROW|\([^|]*\)|#ROW|\1 (bf16-stored)|#" | tee -a "$LOG"
 done
 echo "== benches/models/mlp-gpu.ron (timing only: too large for the CPU oracle)"
 for p in fp32 tf32; do

@@ -375,7 +375,10 @@ fn lockstep(
                 }
                 let got = gpu.value(s, batch)?;
                 let d = rel_diff(t.f32(), &got);
-                if d.is_nan() || d > 1e-4 {
+                // A bf16-stored value may round the other way where the two backends' f32
+                // results differ in the last bits (a GEMM's order of sums): 2^-8 apart.
+                let limit = if gpu.stored_in_bf16(s) { 1e-2 } else { 1e-4 };
+                if d.is_nan() || d > limit {
                     failures += 1;
                     progress(Progress::Mismatch(Mismatch {
                         kernel: k,
