@@ -20,6 +20,8 @@ pub(crate) struct Target {
     /// `--strategy`, as written.
     pub strategy: Option<String>,
     pub explain: bool,
+    /// The CUDA precision `--emit ptx` generates for.
+    pub precision: parallax_runtime::cuda::Precision,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -44,6 +46,7 @@ pub(crate) fn compile_cmd(
         nodes,
         strategy,
         explain,
+        precision,
     } = target;
     let (source, parse_time) = load(file, format)?;
     let source = apply_set(file, source, set, format)?;
@@ -118,7 +121,7 @@ pub(crate) fn compile_cmd(
             }
             for &e in emit {
                 if e == Emit::Ptx {
-                    emit_ptx(&plan, dir, file)?;
+                    emit_ptx(&plan, dir, file, precision)?;
                     continue;
                 }
                 let path = dir.join(e.file_name());
@@ -300,12 +303,19 @@ fn memory_fit(
 }
 
 /// Writes `DIR/<kernel>.ptx` for each generated entry and `DIR/manifest.json`.
-fn emit_ptx(plan: &parallax_compiler::Plan, dir: &Path, file: &Path) -> Result<(), Exit> {
+fn emit_ptx(
+    plan: &parallax_compiler::Plan,
+    dir: &Path,
+    file: &Path,
+    precision: parallax_runtime::cuda::Precision,
+) -> Result<(), Exit> {
+    let options = parallax_runtime::cuda::codegen_options(precision);
     let module =
-        parallax_compiler::codegen::generate(plan, plan.batch_size, "sm_80").map_err(|e| {
-            errln!("{}: error: {e}", file.display());
-            Exit(1)
-        })?;
+        parallax_compiler::codegen::generate_with(plan, plan.batch_size, "sm_80", &options)
+            .map_err(|e| {
+                errln!("{}: error: {e}", file.display());
+                Exit(1)
+            })?;
     let write = |path: PathBuf, text: String| {
         std::fs::write(&path, text).map_err(|err| {
             errln!("error: cannot write `{}`: {err}", path.display());

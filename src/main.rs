@@ -188,6 +188,10 @@ enum Command {
         /// What to write: the IR text, its DOT graph, or the plan (comma-separated).
         #[arg(long, value_enum, value_delimiter = ',')]
         emit: Vec<Emit>,
+        /// The CUDA precision whose kernels `--emit ptx` writes, as `train --precision` runs
+        /// them (bf16: attention on tensor cores).
+        #[arg(long, value_enum, default_value = "tf32")]
+        precision: PrecisionArg,
         /// The folder to write emitted files to (stdout when absent and one thing is emitted).
         #[arg(long)]
         out: Option<PathBuf>,
@@ -246,27 +250,31 @@ fn main() -> ExitCode {
             device,
             gpu_memory,
             emit,
+            precision,
             out,
             format,
             timings,
             dump_ir,
-        } => compile::compile_cmd(
-            &file,
-            &set,
-            compile::Target {
-                gpus,
-                device,
-                gpu_memory,
-                nodes,
-                strategy,
-                explain,
-            },
-            &emit,
-            out.as_deref(),
-            format,
-            timings,
-            &dump_ir,
-        ),
+        } => precision.runtime().and_then(|precision| {
+            compile::compile_cmd(
+                &file,
+                &set,
+                compile::Target {
+                    gpus,
+                    device,
+                    gpu_memory,
+                    nodes,
+                    strategy,
+                    explain,
+                    precision,
+                },
+                &emit,
+                out.as_deref(),
+                format,
+                timings,
+                &dump_ir,
+            )
+        }),
         Command::Train(args) => train::run(args),
         Command::Devices { format } => gpu::devices(format),
         Command::GpuCheck {

@@ -105,3 +105,37 @@ fn compile_emits_one_ptx_file_per_kernel_and_a_manifest() {
     assert_eq!(o.status.code(), Some(2));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `compile --emit ptx --precision P` writes the kernels `train --precision P` runs: bf16
+/// attention on tensor cores (heads of width 64), staged straight from bf16 when the plan
+/// stores activations in bf16; the default (tf32) keeps the f32 attention kernels.
+#[test]
+fn emitted_ptx_follows_the_precision_train_runs() {
+    let mma_entries = |extra: &[&str], tag: &str| -> (usize, usize) {
+        let dir = std::env::temp_dir().join(format!("parallax-ptx-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let d = dir.to_string_lossy().to_string();
+        let mut args = vec!["compile", "benches/models/transformer.ron", "--emit", "ptx"];
+        args.extend_from_slice(&["--out", &d]);
+        args.extend_from_slice(extra);
+        let o = parallax(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let texts: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "ptx"))
+            .map(|e| std::fs::read_to_string(e.path()).unwrap())
+            .collect();
+        let _ = std::fs::remove_dir_all(&dir);
+        let mma: Vec<&String> = texts.iter().filter(|t| t.contains("mma.sync")).collect();
+        let from_bf16 = mma
+            .iter()
+            .filter(|t| t.contains("ld.global.nc.v2.b32"))
+            .count();
+        (mma.len(), from_bf16)
+    };
+    assert_eq!(mma_entries(&[], "tf32"), (0, 0));
+    assert_eq!(mma_entries(&["--precision", "bf16"], "bf16"), (3, 0));
+    let stored = ["--precision", "bf16", "--set", "devices.activations=Bf16"];
+    assert_eq!(mma_entries(&stored, "bf16-stored"), (3, 3));
+}

@@ -232,7 +232,8 @@ impl CudaExecutor {
         let buffers: Vec<u64> = offsets.iter().map(|&o| arena.ptr + o).collect();
         // The scratch: the largest any batch size needs (its size is known from the
         // module at the largest batch).
-        let code = codegen::generate_with(&plan, max_batch as u64, target, &options(precision))?;
+        let code =
+            codegen::generate_with(&plan, max_batch as u64, target, &codegen_options(precision))?;
         let scratch = alloc(code.scratch, "scratch")?;
         let staging = alloc(code.staging.div_ceil(2), "the bf16 GEMM operands' staging")?;
         let names = plan.names();
@@ -335,7 +336,7 @@ impl CudaExecutor {
 
     pub(super) fn ensure_module(&mut self, batch: usize) -> Result<(), CudaError> {
         if !self.modules.contains_key(&(batch as u64)) {
-            let options = options(self.precision);
+            let options = codegen_options(self.precision);
             let code = codegen::generate_with(&self.plan, batch as u64, self.target, &options)?;
             self.load(code)?;
         }
@@ -594,8 +595,9 @@ pub(super) fn describe(op: &Op, layer: &str) -> String {
 }
 
 /// What codegen is asked for at a precision: bf16 plans take the tensor-core attention
-/// forward (its operands rounded to bf16, as their matmuls' are).
-fn options(precision: Precision) -> codegen::CodegenOptions {
+/// forward (its operands rounded to bf16, as their matmuls' are). `compile --emit ptx` asks
+/// the same, so it writes the kernels `train` runs.
+pub fn codegen_options(precision: Precision) -> codegen::CodegenOptions {
     codegen::CodegenOptions {
         bf16_attention: precision == Precision::Bf16,
     }

@@ -14,7 +14,7 @@ pub mod nccl_tree;
 mod stepwise;
 
 pub use cudarc;
-pub use exec::{CudaExecutor, Precision};
+pub use exec::{codegen_options, CudaExecutor, Precision};
 pub use stepwise::{Loan, StepCtx};
 
 use cudarc::driver::{result, sys};
