@@ -297,19 +297,23 @@ fn updates(
     let record = 8 * (words.len() as u64 / members);
     let block = k.special("%ctaid.x");
     let block = k.wide(block);
-    // The member: the last whose first block is at or before this one.
-    let m = k.u64c(0);
-    let j = k.u64c(1);
+    // The member: the last whose first block is at or before this one, by bisection over
+    // the members' first blocks (in order; member 0's is 0). `lo`'s is at or before the
+    // block, `hi`'s after it (or `hi` is past the end). The same for the whole block, so no
+    // thread diverges.
+    let (m, hi) = (k.u64c(0), k.u64c(members));
     let (top, found) = (k.label(), k.label());
     k.place(&top);
-    let past = k.cmp64("ge", j, members);
-    k.bra_if(past, &found);
-    let off = k.op64("mul.lo", j, record);
+    let width = k.op64("sub", hi, m);
+    let one = k.cmp64("le", width, 1);
+    k.bra_if(one, &found);
+    let mid = k.op64("add", m, hi);
+    let mid = k.op64("shr", mid, 1);
+    let off = k.op64("mul.lo", mid, record);
     let start = k.table_u64(table, off);
     let before = k.cmp64("lt", block, start);
-    k.bra_if(before, &found);
-    k.set64(m, j);
-    k.ins(format!("add.u64 {j}, {j}, 1"));
+    k.ins(format!("selp.u64 {hi}, {mid}, {hi}, {before}"));
+    k.ins(format!("selp.u64 {m}, {m}, {mid}, {before}"));
     k.bra(&top);
     k.place(&found);
     let off = k.op64("mul.lo", m, record);
