@@ -156,16 +156,19 @@ fn every_product_multiplies_two_bf16_values() {
         assert!(products > 0);
     }
     let (g, _) = compiled(&source("models/mlp.ron", Storage::Bf16));
-    let input_copies =
+    let copies: Vec<_> =
         g.g.node_indices()
-            .filter(|&n| {
-                g.g[n].op.kind() == OpKind::RoundBf16
-                    && g.operands(n)
-                        .iter()
-                        .all(|&o| g.g[o].op.kind() == OpKind::Input)
-            })
-            .count();
-    assert_eq!(input_copies, 1);
+            .filter(|&n| g.g[n].op.kind() == OpKind::RoundBf16)
+            .collect();
+    let of_input = |n: &&_| {
+        g.operands(**n)
+            .iter()
+            .all(|&o| g.g[o].op.kind() == OpKind::Input)
+    };
+    assert_eq!(copies.iter().filter(of_input).count(), 1);
+    // The input's copy is made with the weights', in one grouped launch.
+    let kernel_of = g.kernel_of();
+    assert!(copies.iter().all(|c| kernel_of[c] == kernel_of[&copies[0]]));
 }
 
 /// The activations at the peak halve; parameters and optimizer state do not change; the

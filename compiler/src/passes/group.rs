@@ -56,13 +56,13 @@ struct Candidate {
     nodes: Vec<NodeIndex>,
 }
 
-/// A weight's bf16 copy (`RoundBf16` of a parameter, made in the forward): it reads nothing
-/// a step computes, so every copy can be made at once.
+/// A bf16 copy of a source (`RoundBf16` of a parameter or an input, made in the forward):
+/// it reads nothing a step computes, so every copy can be made at once.
 fn weight_copy(g: &Graph, n: NodeIndex) -> bool {
     matches!(g.g[n].op, Op::RoundBf16)
         && g.operands(n)
             .iter()
-            .all(|&o| matches!(g.g[o].op, Op::Param { .. }))
+            .all(|&o| matches!(g.g[o].op, Op::Param { .. } | Op::Input { .. }))
 }
 
 fn one_value(g: &Graph, n: NodeIndex) -> bool {
