@@ -305,7 +305,7 @@ impl Kernel {
     // ---- memory ----
 
     /// Whether pointer `p` addresses bf16 elements (a bf16-stored value's, or derived from
-    /// one with `like`); otherwise f32 (or other 4-byte) elements.
+    /// one with `like`, `addr` or `offset_const`); otherwise f32 (or other 4-byte) elements.
     pub fn is_bf16(&self, p: Rd) -> bool {
         self.bf16_ptrs.contains(&p.0)
     }
@@ -331,13 +331,6 @@ impl Kernel {
         }
         derived
     }
-    /// `base + i` elements, a pointer to the same kind of elements.
-    pub fn offset(&mut self, base: Rd, i: impl std::fmt::Display) -> Rd {
-        let a = self.rd();
-        let bytes = self.elem_bytes(base);
-        self.ins(format!("mad.lo.u64 {a}, {i}, {bytes}, {base}"));
-        self.like(a, base)
-    }
 
     /// `base + n` elements (a constant `n`), a pointer to the same kind of elements.
     pub fn offset_const(&mut self, base: Rd, n: u64) -> Rd {
@@ -348,7 +341,10 @@ impl Kernel {
     /// The address of element `i` of the array at `base` (4-byte or bf16 elements), itself
     /// a pointer to such elements.
     pub fn addr(&mut self, base: Rd, i: Rd) -> Rd {
-        self.offset(base, i)
+        let a = self.rd();
+        let bytes = self.elem_bytes(base);
+        self.ins(format!("mad.lo.u64 {a}, {i}, {bytes}, {base}"));
+        self.like(a, base)
     }
     pub fn load(&mut self, base: Rd, i: Rd) -> F {
         let bf16 = self.is_bf16(base);

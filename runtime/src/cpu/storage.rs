@@ -3,7 +3,6 @@
 //! finishes, so that every reader sees what a GPU storing bf16 would load.
 
 use super::Executor;
-use parallax_compiler::ir::DType;
 use parallax_compiler::scalar::math::round_bf16 as round;
 use rayon::prelude::*;
 
@@ -21,7 +20,7 @@ impl Executor {
 
     /// Whether step `step`'s value is stored in a bf16 buffer.
     pub(super) fn stored_in_bf16(&self, step: usize) -> bool {
-        self.slot[step].is_some_and(|b| self.plan.buffers[b].dtype == DType::BF16)
+        self.plan.stored_in_bf16(step)
     }
 
     /// Rounds step `step`'s stored value if its buffer is bf16.
