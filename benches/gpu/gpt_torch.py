@@ -1,7 +1,11 @@
 """PyTorch eager on the shapes of benches/models/gpt-gpu.ron: a training step (forward,
 backward, Adam) under bf16 autocast, timed with CUDA events (median after warm-up). Two
 attention forms: explicit matmul + causal softmax (what Parallax's plan computes) and
-scaled_dot_product_attention (PyTorch's fused kernel). Prints `TORCH|<variant>|<ms>` lines."""
+scaled_dot_product_attention (PyTorch's fused kernel); with `--compile`, then the SDPA model
+under torch.compile (its compile time not counted: it happens in the warm-up). Prints
+`TORCH|<variant>|<ms>` lines as each is measured.
+
+    python3 benches/gpu/gpt_torch.py [--compile]"""
 import math
 import sys
 
@@ -50,9 +54,11 @@ class Gpt(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def step_ms(sdpa, steps=10, warmup=3):
+def step_ms(sdpa, steps=10, warmup=3, compiled=False):
     torch.manual_seed(0)
     model = Gpt(sdpa).cuda()
+    if compiled:
+        model = torch.compile(model)
     opt = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
     tokens = torch.randint(0, V, (B, T), device="cuda")
     times = []
@@ -80,3 +86,10 @@ if __name__ == "__main__":
         sys.exit(0)
     print(f"TORCH|eager, matmul + softmax attention|{step_ms(False):.2f}", flush=True)
     print(f"TORCH|eager, scaled_dot_product_attention|{step_ms(True):.2f}", flush=True)
+    if "--compile" in sys.argv[1:]:
+        try:
+            ms = f"{step_ms(True, compiled=True):.2f}"
+        except Exception as e:  # torch.compile needs a working Triton and C compiler
+            print(f"torch.compile failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            ms = "-"
+        print(f"TORCH|torch.compile, scaled_dot_product_attention|{ms}", flush=True)
