@@ -18,8 +18,9 @@
 #   LOCKSTEP=1 scripts/gpu-check.sh            # also compare every kernel with the oracle
 #
 # Sections, in the order they run: base (the CUDA executor against the CPU oracle on the
-# small models, fp32/tf32/bf16), speed (gpt-gpu's bf16 step against PyTorch eager, SDPA and
-# torch.compile in the same run; per-kernel profile; PyTorch's attention backends and GEMM
+# small models, fp32/tf32/bf16; a step replayed from a CUDA graph), speed (gpt-gpu's bf16 step
+# against PyTorch eager, SDPA and torch.compile in the same run; as a CUDA graph; per-kernel
+# profile; PyTorch's attention backends and GEMM
 # rates at its shapes), stored (activations stored in bf16, in lockstep with the oracle),
 # ranks (train on CUDA, resume, collectives, NCCL ranks, GPU ranks in train), more (the bench
 # models, the cuBLAS and bias-launch variants of gpt-gpu, mlp-gpu).
@@ -120,6 +121,9 @@ checks() {
                 check "$m" "$p" 60 "$BIN" gpu-check "$m" --steps 3 --precision "$p"
             done
         done
+        # The step as a CUDA graph (captured at step 2, replayed at step 3) against the oracle.
+        check "models/transformer.ron, CUDA graph" tf32 60 env PARALLAX_CUDA_GRAPH=1 \
+            "$BIN" gpu-check models/transformer.ron --steps 3 --precision tf32
     fi
 
     if section speed; then
@@ -137,6 +141,8 @@ checks() {
         else
             row "PyTorch at gpt-gpu's shapes" bf16 "SKIP (no torch or budget)"
         fi
+        check "gpt-gpu, CUDA graph" bf16 150 env PARALLAX_CUDA_GRAPH=1 "$BIN" gpu-check \
+            benches/models/gpt-gpu.ron --steps 0 --precision bf16 --time-steps 10
         check "gpt-gpu, activations bf16" bf16 150 "$BIN" gpu-check benches/models/gpt-gpu.ron \
             --steps 0 --precision bf16 --time-steps 10 --set devices.activations=Bf16
         if t=$(want 150); then

@@ -130,6 +130,9 @@ pub fn gpu_check(file: &Path, set: &[String], a: &CheckArgs) -> Result<(), Exit>
     if let Some((plans, fallbacks)) = c.cublaslt {
         errln!("{name}: cuBLASLt ran {plans} GEMM shape(s); {fallbacks} went to cuBLAS");
     }
+    if let Some(graphs) = &c.cuda_graphs {
+        errln!("{name}: CUDA graphs: {graphs}");
+    }
     errln!(
         "{name}: largest relative difference of losses {:.2e}; parameters {:.2e} (whole vector, L2; largest per tensor {worst_d:.2e} in `{worst}`); tolerance {:.0e}",
         c.loss_difference,

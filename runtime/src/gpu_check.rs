@@ -104,6 +104,8 @@ pub struct Conformance {
     pub profile: Option<Profile>,
     /// cuBLASLt's (plans built, GEMM shapes sent to cuBLAS); `None`: every GEMM on cuBLAS.
     pub cublaslt: Option<(usize, usize)>,
+    /// What CUDA graphs did (`PARALLAX_CUDA_GRAPH=1`); `None`: off.
+    pub cuda_graphs: Option<String>,
 }
 
 impl Conformance {
@@ -301,6 +303,7 @@ pub fn check(
         },
         profile,
         cublaslt: gpu_exec.cublaslt_plans(),
+        cuda_graphs: gpu_exec.cuda_graphs(),
     })
 }
 

@@ -102,6 +102,8 @@ pub struct CudaExecutor {
     /// The mode of the last step begun (`None` before the first): an output a training
     /// step writes over is read after an eval step only (`Plan::kept_after_training`).
     pub(super) last_mode: Option<Mode>,
+    /// The step captured as a CUDA graph (`PARALLAX_CUDA_GRAPH=1`).
+    pub(super) graphs: super::graph::Graphs,
 }
 
 // SAFETY: an executor is used by one thread at a time (`&mut self`), and a rank's thread
@@ -271,6 +273,7 @@ impl CudaExecutor {
             states,
             batch: max_batch,
             last_mode: None,
+            graphs: super::graph::Graphs::from_env(),
         };
         e.load(code)?;
         e.init_params()?;

@@ -419,8 +419,23 @@ impl CudaExecutor {
         Ok(())
     }
 
-    /// Runs one step on a batch of `batch` samples (inputs set before), as the CPU executor.
+    /// Runs one step on a batch of `batch` samples (inputs set before), as the CPU executor:
+    /// replayed from its CUDA graph where it has one (`graph`).
     pub fn run(
+        &mut self,
+        batch: usize,
+        mode: Mode,
+        step: u64,
+        first_sample: u64,
+    ) -> Result<(), CudaError> {
+        if self.run_graph(batch, mode, step, first_sample)? {
+            return Ok(());
+        }
+        self.run_direct(batch, mode, step, first_sample)
+    }
+
+    /// `run` launch by launch.
+    pub(super) fn run_direct(
         &mut self,
         batch: usize,
         mode: Mode,

@@ -6,6 +6,7 @@
 mod backend;
 mod exec;
 mod gemm;
+pub mod graph;
 mod launch;
 mod lt;
 pub mod nccl;

@@ -67,7 +67,7 @@ pub enum ExecError {
 /// Training runs every step and applies the updates; `Gradients` runs the forward and
 /// backward steps as training does but changes nothing (gradient checks); evaluation runs the
 /// forward steps with dropout off.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Mode {
     Train,
     Gradients,
