@@ -80,7 +80,10 @@ check() {
     if grep -q '^ROW|' "$out"; then
         grep '^ROW|' "$out" | tail -1 | sed "s#^ROW|[^|]*|#ROW|$label|#" | tee -a "$LOG"
     else
-        row "$label" "$prec" "FAIL ($(why $rc "$t"))"
+        # The first error line names the reason (the log has the rest).
+        local said
+        said=$(grep -m1 -o 'error: .*' "$out" | tr '|' '/' | cut -c8-70)
+        row "$label${said:+: $said}" "$prec" "FAIL ($(why $rc "$t"))"
     fi
     return $rc
 }
