@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{run_limited, temp};
+use common::{run_limited, temp, Limited};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -39,16 +39,18 @@ fn stand_in(dir: &Path) -> String {
     bin.display().to_string()
 }
 
-fn script(bin: &str, out: &Path, env: &[(&str, &str)]) -> Command {
+/// Runs the script (for at most 90 s) with the stand-in and `env`, its files in `dir/out`.
+fn run_script(dir: &Path, env: &[(&str, &str)]) -> Limited {
+    let bin = stand_in(dir);
     let mut c = Command::new("bash");
     c.arg("scripts/gpu-check.sh")
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env("PARALLAX", bin)
-        .env("OUT", out);
+        .env("OUT", dir.join("out"));
     for (k, v) in env {
         c.env(k, v);
     }
-    c
+    run_limited(c, Duration::from_secs(90))
 }
 
 /// The table's rows (after its header line).
@@ -63,15 +65,13 @@ fn table(stdout: &str) -> Vec<&str> {
 #[test]
 fn the_script_keeps_its_budget_and_always_prints_its_table() {
     let dir = temp("gpu-script-budget");
-    let bin = stand_in(&dir);
-    let out = dir.join("out");
     // 13 checks of a second each in `base`; a check starts only while 20 s are left.
     let env = [
         ("BUDGET", "26"),
         ("SECTIONS", "base speed"),
         ("FAKE_SLEEP", "1"),
     ];
-    let r = run_limited(script(&bin, &out, &env), Duration::from_secs(90));
+    let r = run_script(&dir, &env);
     assert_eq!(r.code, Some(0), "{}\n{}", r.stdout, r.stderr);
     assert!(r.took < Duration::from_secs(26), "took {:?}", r.took);
     let rows = table(&r.stdout);
@@ -92,6 +92,7 @@ fn the_script_keeps_its_budget_and_always_prints_its_table() {
     );
     assert_eq!(ok.len() + skipped.len() + 1, rows.len(), "{rows:#?}"); // + PyTorch's SKIP
                                                                        // What comes back from a GPU machine: the rows and the whole log.
+    let out = dir.join("out");
     let saved = std::fs::read_to_string(out.join("gpu-check-rows.txt")).unwrap();
     assert_eq!(saved.lines().count(), rows.len());
     let log = std::fs::read_to_string(out.join("gpu-check.log")).unwrap();
@@ -102,14 +103,12 @@ fn the_script_keeps_its_budget_and_always_prints_its_table() {
 #[test]
 fn a_check_that_fails_without_a_row_fails_the_script() {
     let dir = temp("gpu-script-fail");
-    let bin = stand_in(&dir);
-    let out = dir.join("out");
     let env = [
         ("BUDGET", "120"),
         ("SECTIONS", "base"),
         ("FAKE_FAIL", "models/cnn.ron"),
     ];
-    let r = run_limited(script(&bin, &out, &env), Duration::from_secs(90));
+    let r = run_script(&dir, &env);
     assert_eq!(r.code, Some(1), "{}\n{}", r.stdout, r.stderr);
     let rows = table(&r.stdout);
     let failed: Vec<_> = rows.iter().filter(|l| l.contains("FAIL")).collect();

@@ -7,8 +7,8 @@
 //! of whose launches takes an argument that changes from step to step (dropout's key, the
 //! first sample's index). The first step of each kind runs directly: it loads the module and
 //! builds the GEMM plans, which a capture could not. The second is captured, then launched;
-//! later ones replay. A capture that fails turns graphs off for the executor, and the step
-//! runs directly (nothing ran during the capture). The kernels are the same, so the bits are
+//! later ones replay. A plan that cannot be replayed, or a capture that fails, turns graphs
+//! off for the executor, and the step runs directly (nothing ran during the capture). The kernels are the same, so the bits are
 //! the same; `scripts/gpu-check.sh` compares both with the CPU oracle.
 //!
 //! The executor works on the legacy default stream, which cannot be captured: a graph is
@@ -56,7 +56,7 @@ pub(super) struct Graphs {
     /// Each captured step with the buffer addresses it was captured with.
     captured: HashMap<(usize, Mode), (CudaGraph, Vec<u64>)>,
     replayed: u64,
-    /// Why graphs were turned off, if a capture failed.
+    /// Why graphs were turned off: a plan that cannot be replayed, or a failed capture.
     given_up: Option<String>,
     /// The stream graphs are captured and launched on (made at the first capture).
     stream: Option<Arc<CudaStream>>,
@@ -76,7 +76,7 @@ impl CudaExecutor {
     pub fn cuda_graphs(&self) -> Option<String> {
         let g = &self.graphs;
         if let Some(why) = &g.given_up {
-            return Some(format!("given up after a failed capture ({why})"));
+            return Some(format!("off: {why}"));
         }
         g.enabled.then(|| {
             format!(
@@ -111,17 +111,23 @@ impl CudaExecutor {
             self.graphs.captured.remove(&key);
         }
         // The first step of each kind runs directly (module, GEMM plans).
-        let loaded = self.modules.get(&(batch as u64));
-        if self.graphs.seen.insert(key) || !loaded.is_some_and(|m| replayable(&m.code)) {
+        if self.graphs.seen.insert(key) {
+            return Ok(false);
+        }
+        // Per-step arguments are the plan's (dropout), whatever the batch: asked once.
+        if !self
+            .modules
+            .get(&(batch as u64))
+            .is_some_and(|m| replayable(&m.code))
+        {
+            self.give_up("the plan's launches take per-step arguments (dropout)".into());
             return Ok(false);
         }
         let graph = match self.capture(batch, mode, step, first_sample) {
             Ok(graph) => graph,
             Err(why) => {
-                // Nothing ran: graphs off, and the step runs launch by launch.
-                self.graphs.enabled = false;
-                self.graphs.captured.clear();
-                self.graphs.given_up = Some(why);
+                // Nothing ran: the step runs launch by launch.
+                self.give_up(format!("a capture failed ({why})"));
                 return Ok(false);
             }
         };
@@ -129,6 +135,13 @@ impl CudaExecutor {
         let addresses = self.buffers.clone();
         self.graphs.captured.insert(key, (graph, addresses));
         Ok(true)
+    }
+
+    /// Graphs off for this executor, for `why`.
+    fn give_up(&mut self, why: String) {
+        self.graphs.enabled = false;
+        self.graphs.captured.clear();
+        self.graphs.given_up = Some(why);
     }
 
     /// The step run launch by launch into a graph on the graphs' stream; `Err`: why not.
