@@ -1,0 +1,1 @@
+//! `cvt`'s conversions and rounding modes. (To be written.)
