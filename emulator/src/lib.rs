@@ -6,9 +6,11 @@
 //! is a parse error, so a new opcode in codegen cannot slip past); `memory` the global address
 //! space of allocations; `exec` runs a launch, block by block, warp by warp; `tensor` the
 //! warp-wide matrix instructions (`mma.sync`, `ldmatrix`); `approx` the approximate functions;
-//! `convert` `cvt`'s conversions and rounding modes; `sanitizer` the findings.
+//! `convert` `cvt`'s conversions and rounding modes; `sanitizer` the findings; `blas` the
+//! GEMMs cuBLAS runs, on the host with defined semantics.
 
 pub mod approx;
+pub mod blas;
 pub mod convert;
 mod exec;
 pub mod memory;
