@@ -12,10 +12,18 @@
 pub mod approx;
 pub mod blas;
 pub mod convert;
+mod decode;
+mod decode_mem;
 mod exec;
+mod exec_alu;
+mod exec_mem;
+mod exec_warp;
+mod inst;
 pub mod memory;
 pub mod parse;
 pub mod sanitizer;
+mod shared;
+mod shim;
 pub mod tensor;
 
 pub use memory::{MemError, Memory};
@@ -51,6 +59,9 @@ pub struct Options {
     pub mma: MmaModel,
     /// Stop the launch after this many findings (the report keeps them all up to here).
     pub max_findings: usize,
+    /// Lane-instructions a launch may execute before it is `EmuError::Aborted` (so an
+    /// endless loop ends).
+    pub max_instructions: u64,
 }
 
 impl Default for Options {
@@ -58,6 +69,7 @@ impl Default for Options {
         Options {
             mma: MmaModel::OracleOrder,
             max_findings: 16,
+            max_instructions: 1 << 34,
         }
     }
 }

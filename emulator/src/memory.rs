@@ -27,7 +27,10 @@ pub enum MemError {
 fn near(n: &Option<(String, u64, u64)>) -> String {
     match n {
         Some((label, base, size)) => {
-            format!(" (nearest below: `{label}`, {size} bytes at {base:#x}, ending at {:#x})", base + size)
+            format!(
+                " (nearest below: `{label}`, {size} bytes at {base:#x}, ending at {:#x})",
+                base + size
+            )
         }
         None => String::new(),
     }
@@ -91,7 +94,11 @@ impl Memory {
     fn locate(&self, addr: u64, len: u64) -> Result<(u64, usize), MemError> {
         let hit = self.allocations.range(..=addr).next_back();
         match hit {
-            Some((&base, a)) if addr + len <= base + a.data.len() as u64 => {
+            Some((&base, a))
+                if addr
+                    .checked_add(len)
+                    .is_some_and(|end| end <= base + a.data.len() as u64) =>
+            {
                 Ok((base, (addr - base) as usize))
             }
             _ => Err(MemError::OutOfBounds {
@@ -169,6 +176,15 @@ impl Memory {
     pub fn label(&self, addr: u64) -> Option<&str> {
         let (base, _) = self.locate(addr, 1).ok()?;
         Some(&self.allocations[&base].label)
+    }
+
+    /// The address of the first allocation labelled `label` (the interpreter's `.global`
+    /// variables live in allocations named after them).
+    pub fn find_label(&self, label: &str) -> Option<u64> {
+        self.allocations
+            .iter()
+            .find(|(_, a)| a.label == label)
+            .map(|(&b, _)| b)
     }
 
     /// Marks `len` bytes at `addr` as never written (a buffer reused for a new value).
