@@ -4,7 +4,7 @@
 
 use crate::inst::*;
 use crate::parse::{err, EntryBuilder, ParseError};
-use crate::shim::convert::{IntRounding, Rounding};
+use crate::convert::{IntRounding, Rounding};
 
 /// Splits operands at top-level commas (not inside `{}` or `[]`).
 fn operands(s: &str) -> Vec<&str> {

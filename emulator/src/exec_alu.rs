@@ -2,7 +2,7 @@
 //! select and conversion forms, with the PTX ISA's semantics.
 
 use crate::inst::*;
-use crate::shim::{approx, convert};
+use crate::{approx, convert};
 
 #[inline(always)]
 fn v(r: &[u64], s: Src) -> u64 {
@@ -314,7 +314,13 @@ fn cvt(dt: CvtTy, at: CvtTy, round: CvtRound, ftz: bool, sat: bool, a: u64) -> u
                 f64::from_bits(a)
             };
             let CvtRound::Int(r) = round else { return 0 };
-            mask(convert::float_to_int(x, r, d.signed(), d.bits()), d.bits())
+            // A NaN converts by the source's width (PTX ISA, "Integer Notes").
+            let i = if at == CvtTy::F64 {
+                convert::f64_to_int(x, r, d.signed(), d.bits())
+            } else {
+                convert::float_to_int(x, r, d.signed(), d.bits())
+            };
+            mask(i, d.bits())
         }
         (CvtTy::F32 | CvtTy::F64, CvtTy::Int(s)) => {
             let x: i128 = if s.signed() {

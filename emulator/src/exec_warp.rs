@@ -7,7 +7,7 @@
 use crate::exec::{lanes, Block, Run};
 use crate::exec_mem::load;
 use crate::inst::*;
-use crate::shim::tensor;
+use crate::tensor;
 use crate::FindingKind as K;
 
 #[inline]

@@ -139,8 +139,8 @@ pub enum CvtTy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CvtRound {
     None,
-    Float(crate::shim::convert::Rounding),
-    Int(crate::shim::convert::IntRounding),
+    Float(crate::convert::Rounding),
+    Int(crate::convert::IntRounding),
 }
 
 /// The state spaces of memory instructions.

@@ -23,7 +23,6 @@ pub mod memory;
 pub mod parse;
 pub mod sanitizer;
 mod shared;
-mod shim;
 pub mod tensor;
 
 pub use memory::{MemError, Memory};
