@@ -233,3 +233,158 @@ fn warp_shuffle_reduction() {
         assert_eq!(got, 3 + if l == 31 { 31 } else { l + 1 }, "lane {l}");
     }
 }
+
+fn xorshift(seed: &mut u64) -> u64 {
+    *seed ^= *seed << 13;
+    *seed ^= *seed >> 7;
+    *seed ^= *seed << 17;
+    *seed
+}
+
+fn words(mem: &Memory, at: u64, n: usize) -> Vec<u32> {
+    let mut b = vec![0u8; 4 * n];
+    mem.read(at, &mut b).unwrap();
+    b.chunks(4)
+        .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+fn put(mem: &mut Memory, v: &[u32], label: &str) -> u64 {
+    let p = mem.alloc(4 * v.len() as u64, label);
+    mem.write(
+        p,
+        &v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>(),
+    )
+    .unwrap();
+    p
+}
+
+/// mma.sync through the instruction path (fragments loaded per lane, as the ISA lays them
+/// out) against a plain matrix product summed in the oracle's order.
+#[test]
+fn mma_against_a_plain_matrix_product() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let bf = |s: &mut u64| -> u16 {
+        (((xorshift(s) % 2000) as f32 / 250.0 - 4.0).to_bits() >> 16) as u16
+    };
+    let a: Vec<Vec<u16>> = (0..16)
+        .map(|_| (0..16).map(|_| bf(&mut seed)).collect())
+        .collect();
+    let b: Vec<Vec<u16>> = (0..16)
+        .map(|_| (0..8).map(|_| bf(&mut seed)).collect())
+        .collect();
+    let c: Vec<f32> = (0..128).map(|i| i as f32 * 0.25 - 3.0).collect();
+    let (mut fa, mut fb, mut fc) = (vec![0u32; 128], vec![0u32; 64], vec![0u32; 128]);
+    for l in 0..32 {
+        let (g, t) = (l / 4, l % 4);
+        for i in 0..8 {
+            let row = if i < 2 || (4..6).contains(&i) {
+                g
+            } else {
+                g + 8
+            };
+            let col = t * 2 + (i & 1) + if i >= 4 { 8 } else { 0 };
+            fa[l * 4 + i / 2] |= (a[row][col] as u32) << (16 * (i % 2));
+        }
+        for i in 0..4 {
+            let row = t * 2 + (i & 1) + if i >= 2 { 8 } else { 0 };
+            fb[l * 2 + i / 2] |= (b[row][g] as u32) << (16 * (i % 2));
+        }
+        for i in 0..4 {
+            let row = if i < 2 { g } else { g + 8 };
+            fc[l * 4 + i] = c[row * 8 + t * 2 + (i & 1)].to_bits();
+        }
+    }
+    let mut mem = Memory::new();
+    let (pa, pb, pc) = (
+        put(&mut mem, &fa, "a"),
+        put(&mut mem, &fb, "b"),
+        put(&mut mem, &fc, "c"),
+    );
+    let pd = mem.alloc(512, "d");
+    let body = "\tld.param.u64 %rd1, [k_p0];\n\tld.param.u64 %rd2, [k_p1];\n\tld.param.u64 %rd3, [k_p2];\n\
+        \tld.param.u64 %rd9, [k_p3];\n\tmov.u32 %r1, %tid.x;\n\tmul.wide.u32 %rd4, %r1, 16;\n\
+        \tadd.u64 %rd5, %rd1, %rd4;\n\tld.global.v4.b32 {%r2, %r3, %r4, %r5}, [%rd5];\n\
+        \tmul.wide.u32 %rd6, %r1, 8;\n\tadd.u64 %rd7, %rd2, %rd6;\n\tld.global.v2.b32 {%r6, %r7}, [%rd7];\n\
+        \tadd.u64 %rd8, %rd3, %rd4;\n\tld.global.v4.f32 {%f1, %f2, %f3, %f4}, [%rd8];\n\
+        \tmma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f5, %f6, %f7, %f8}, {%r2, %r3, %r4, %r5}, {%r6, %r7}, {%f1, %f2, %f3, %f4};\n\
+        \tadd.u64 %rd10, %rd9, %rd4;\n\tst.global.v4.f32 [%rd10], {%f5, %f6, %f7, %f8};\n\tret;";
+    let p = [
+        "\t.param .u64 k_p0",
+        "\t.param .u64 k_p1",
+        "\t.param .u64 k_p2",
+        "\t.param .u64 k_p3",
+    ];
+    let args = [pa, pb, pc, pd].map(ParamValue::U64).to_vec();
+    let r = run(&p, body, 1, 32, &mut mem, args);
+    assert!(r.findings.is_empty(), "{:?}", r.findings);
+    let d = words(&mem, pd, 128);
+    let f = |x: u16| f32::from_bits((x as u32) << 16);
+    for l in 0..32 {
+        let (g, t) = (l / 4, l % 4);
+        for i in 0..4 {
+            let (row, col) = (if i < 2 { g } else { g + 8 }, t * 2 + (i & 1));
+            let mut acc = c[row * 8 + col];
+            for k in 0..16 {
+                acc = f(a[row][k]).mul_add(f(b[k][col]), acc);
+            }
+            assert_eq!(
+                f32::from_bits(d[l * 4 + i]),
+                acc,
+                "lane {l} c{i} (row {row}, col {col})"
+            );
+        }
+    }
+}
+
+/// ldmatrix .x4 and .x4.trans from shared memory a block filled, against the ISA's maps.
+#[test]
+fn ldmatrix_from_shared() {
+    let vals: Vec<u32> = (0..128u32).map(|i| (2 * i) | ((2 * i + 1) << 16)).collect();
+    for trans in [false, true] {
+        let mut mem = Memory::new();
+        let src = put(&mut mem, &vals, "src");
+        let out = mem.alloc(512, "out");
+        let t = if trans { ".trans" } else { "" };
+        let body = format!(
+            "\t.shared .align 16 .b16 k_s0[256];\n\tld.param.u64 %rd1, [k_p0];\n\tld.param.u64 %rd2, [k_p1];\n\
+             \tmov.u32 %r1, %tid.x;\n\tmul.wide.u32 %rd3, %r1, 16;\n\tadd.u64 %rd4, %rd1, %rd3;\n\
+             \tld.global.v4.b32 {{%r2, %r3, %r4, %r5}}, [%rd4];\n\tmov.u64 %rd5, k_s0;\n\tadd.u64 %rd6, %rd5, %rd3;\n\
+             \tst.shared.v4.b32 [%rd6], {{%r2, %r3, %r4, %r5}};\n\tbar.sync 0;\n\
+             \tldmatrix.sync.aligned.m8n8.x4{t}.shared.b16 {{%r6, %r7, %r8, %r9}}, [%rd6];\n\
+             \tadd.u64 %rd7, %rd2, %rd3;\n\tst.global.v4.b32 [%rd7], {{%r6, %r7, %r8, %r9}};\n\tret;"
+        );
+        let p = ["\t.param .u64 k_p0", "\t.param .u64 k_p1"];
+        let r = run(
+            &p,
+            &body,
+            1,
+            32,
+            &mut mem,
+            vec![ParamValue::U64(src), ParamValue::U64(out)],
+        );
+        assert!(r.findings.is_empty(), "{:?}", r.findings);
+        let d = words(&mem, out, 128);
+        for l in 0..32u32 {
+            for j in 0..4u32 {
+                // Element index (matrix j, row, col) is j*64 + row*8 + col; its value is that.
+                let (lo, hi) = if trans {
+                    (
+                        j * 64 + (2 * (l % 4)) * 8 + l / 4,
+                        j * 64 + (2 * (l % 4) + 1) * 8 + l / 4,
+                    )
+                } else {
+                    (
+                        j * 64 + (l / 4) * 8 + 2 * (l % 4),
+                        j * 64 + (l / 4) * 8 + 2 * (l % 4) + 1,
+                    )
+                };
+                assert_eq!(
+                    d[(l * 4 + j) as usize],
+                    lo | (hi << 16),
+                    "trans {trans} lane {l} reg {j}"
+                );
+            }
+        }
+    }
+}
