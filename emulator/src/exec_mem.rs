@@ -116,7 +116,8 @@ fn load_as(
                     format!("shared load of a word {what} by thread {o} with no bar.sync between")
                 });
             }
-            if !init {
+            // A pending destination is unwritten too; the pending finding says why.
+            if !init && !h.pending {
                 run.find(K::UninitializedRead, line, t, Some(addr), || {
                     format!("{len}-byte shared load of bytes never written")
                 });

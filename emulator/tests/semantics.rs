@@ -388,3 +388,40 @@ fn ldmatrix_from_shared() {
         }
     }
 }
+
+/// The "last block finishes" pattern: each block stores its partial to a `.global` array,
+/// `membar.gl`, then counts itself in with `atom.global.add`; the block that sees the count
+/// reach `nctaid - 1` sums the partials and resets the counter. Blocks run in order, and
+/// `.global` variables persist between launches.
+#[test]
+fn last_block_sums_partials_through_global_variables() {
+    let body = "\t.global .align 4 .f32 k_part[8];\n\t.global .align 4 .u32 k_done;\n\
+        \t.shared .align 4 .u32 k_last;\n\tld.param.u64 %rd1, [k_p0];\n\tmov.u32 %r1, %tid.x;\n\
+        \tmov.u32 %r2, %ctaid.x;\n\tmov.u32 %r3, %nctaid.x;\n\tsetp.ne.u32 %p1, %r1, 0;\n\t@%p1 bra $L1;\n\
+        \tcvt.rn.f32.u32 %f1, %r2;\n\tadd.rn.f32 %f1, %f1, 0f3F000000;\n\tmov.u64 %rd2, k_part;\n\
+        \tmul.wide.u32 %rd3, %r2, 4;\n\tadd.u64 %rd4, %rd2, %rd3;\n\tst.global.f32 [%rd4], %f1;\n\tmembar.gl;\n\
+        \tatom.global.add.u32 %r4, [k_done], 1;\n\tsub.u32 %r5, %r3, 1;\n\tsetp.eq.u32 %p2, %r4, %r5;\n\
+        \tselp.u32 %r6, 1, 0, %p2;\n\tst.shared.u32 [k_last], %r6;\n$L1:\n\tbar.sync 0;\n\
+        \tld.shared.u32 %r7, [k_last];\n\tsetp.eq.u32 %p3, %r7, 0;\n\t@%p3 bra $L3;\n\t@%p1 bra $L3;\n\
+        \tmov.f32 %f2, 0f00000000;\n\tmov.u32 %r8, 0;\n$L2:\n\tsetp.ge.u32 %p4, %r8, %r3;\n\t@%p4 bra $L4;\n\
+        \tmul.wide.u32 %rd5, %r8, 4;\n\tadd.u64 %rd6, %rd2, %rd5;\n\tld.global.f32 %f3, [%rd6];\n\
+        \tadd.rn.f32 %f2, %f2, %f3;\n\tadd.u32 %r8, %r8, 1;\n\tbra.uni $L2;\n$L4:\n\tst.global.f32 [%rd1], %f2;\n\
+        \tst.global.u32 [k_done], 0;\n$L3:\n\tret;";
+    let mut mem = Memory::new();
+    let out = mem.alloc(4, "out");
+    for _ in 0..2 {
+        let r = run(
+            &["\t.param .u64 k_p0"],
+            body,
+            8,
+            64,
+            &mut mem,
+            vec![ParamValue::U64(out)],
+        );
+        assert!(r.findings.is_empty(), "{:?}", r.findings);
+        assert_eq!(
+            mem.read_f32(out, 1).unwrap()[0],
+            (0..8).map(|i| i as f32 + 0.5).sum::<f32>()
+        );
+    }
+}
