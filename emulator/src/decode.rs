@@ -2,9 +2,9 @@
 //! and type combinations the executor models; anything else is a `ParseError` naming the
 //! instruction.
 
+use crate::convert::{IntRounding, Rounding};
 use crate::inst::*;
 use crate::parse::{err, EntryBuilder, ParseError};
-use crate::convert::{IntRounding, Rounding};
 
 /// Splits operands at top-level commas (not inside `{}` or `[]`).
 fn operands(s: &str) -> Vec<&str> {
@@ -139,28 +139,7 @@ fn decode(d: &mut D, m: &[&str]) -> Result<Op, ParseError> {
         return d.bad();
     };
     match (base, m) {
-        ("mov", [t]) => {
-            let Some(bits) = bits_of(t) else {
-                return d.bad();
-            };
-            d.n(2)?;
-            if let Some(v) = vector(d.ops[1]) {
-                if bits != 64 || v.len() != 2 {
-                    return d.bad();
-                }
-                let (lo, hi) = (d.b.src(d.no, v[0])?, d.b.src(d.no, v[1])?);
-                return Ok(Op::Pack { d: d.d(0)?, lo, hi });
-            }
-            if let Some(v) = vector(d.ops[0]) {
-                if bits != 64 || v.len() != 2 {
-                    return d.bad();
-                }
-                let (lo, hi) = (d.b.dst(d.no, v[0])?, d.b.dst(d.no, v[1])?);
-                return Ok(Op::Unpack { lo, hi, a: d.s(1)? });
-            }
-            let (dd, a) = d.un()?;
-            Ok(Op::Mov { d: dd, a, bits })
-        }
+        ("mov", [t]) => mov(d, t),
         ("cvta", ["to", "global", "u64"]) => {
             let (dd, a) = d.un()?;
             Ok(Op::Mov { d: dd, a, bits: 64 })
@@ -581,4 +560,28 @@ fn cvt(d: &mut D, m: &[&str]) -> Result<Op, ParseError> {
         d: dd,
         a,
     })
+}
+
+/// `mov`, including `mov.b64` packing `{lo, hi}` and unpacking.
+fn mov(d: &mut D, t: &str) -> Result<Op, ParseError> {
+    let Some(bits) = bits_of(t) else {
+        return d.bad();
+    };
+    d.n(2)?;
+    if let Some(v) = vector(d.ops[1]) {
+        if bits != 64 || v.len() != 2 {
+            return d.bad();
+        }
+        let (lo, hi) = (d.b.src(d.no, v[0])?, d.b.src(d.no, v[1])?);
+        return Ok(Op::Pack { d: d.d(0)?, lo, hi });
+    }
+    if let Some(v) = vector(d.ops[0]) {
+        if bits != 64 || v.len() != 2 {
+            return d.bad();
+        }
+        let (lo, hi) = (d.b.dst(d.no, v[0])?, d.b.dst(d.no, v[1])?);
+        return Ok(Op::Unpack { lo, hi, a: d.s(1)? });
+    }
+    let (dd, a) = d.un()?;
+    Ok(Op::Mov { d: dd, a, bits })
 }

@@ -124,6 +124,9 @@ pub(crate) fn other(
             )
         }
     };
+    if base == "cp" {
+        return cp(b, no, text, m, ops);
+    }
     match (base, m) {
         ("atom", ["global", "add", t @ ("u32" | "u64" | "s32")]) => {
             nops(3)?;
@@ -235,6 +238,29 @@ pub(crate) fn other(
                 addr: b.addr(no, ops[1])?,
             })
         }
+        _ => bad(no, text),
+    }
+}
+
+/// `cp.async` and its groups.
+fn cp(
+    b: &mut EntryBuilder,
+    no: usize,
+    text: &str,
+    m: &[&str],
+    ops: &[&str],
+) -> Result<Op, ParseError> {
+    let nops = |k: usize| {
+        if ops.len() == k {
+            Ok(())
+        } else {
+            err(
+                no,
+                format!("`{text}` needs {k} operands, has {}", ops.len()),
+            )
+        }
+    };
+    match ("cp", m) {
         ("cp", ["async", cache @ ("ca" | "cg"), "shared" | "shared::cta", "global"]) => {
             if ops.len() != 3 && ops.len() != 4 {
                 return bad(no, text);
