@@ -50,13 +50,13 @@ pub fn devices(format: Format) -> Result<(), Exit> {
     }
 }
 
-fn fail(file: &Path, e: impl std::fmt::Display) -> Exit {
+pub(crate) fn fail(file: &Path, e: impl std::fmt::Display) -> Exit {
     errln!("{}: error: {e}", file.display());
     Exit(1)
 }
 
 /// The file's experiment, its plan (for one device) and the folder its data paths start from.
-fn compiled(file: &Path, set: &[String]) -> Result<(Source, Plan, PathBuf), Exit> {
+pub(crate) fn compiled(file: &Path, set: &[String]) -> Result<(Source, Plan, PathBuf), Exit> {
     let (source, _) = load(file, Format::Text)?;
     let source = crate::apply_set(file, source, set, Format::Text)?;
     let options = Options::default();

@@ -53,6 +53,12 @@ impl PrecisionArg {
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum MmaArg {
+    OracleOrder,
+    Hopper,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Emit {
     /// The IR as stable text (`graph.ir`).
     Ir,
@@ -118,6 +124,28 @@ enum Command {
         /// Override a value of the experiment, as `train --set` does (repeatable).
         #[arg(long, value_name = "PATH=VALUE")]
         set: Vec<String>,
+    },
+    /// Run one training step of the plan's generated GPU kernels on the PTX interpreter,
+    /// kernel by kernel against the CPU oracle, with sanitizer checks (out-of-bounds,
+    /// uninitialised reads, shared-memory races, misalignment, divergent barriers, pending
+    /// cp.async reads). No GPU needed. Exit 1 on any difference beyond tolerance or finding.
+    CheckKernels {
+        file: PathBuf,
+        #[arg(long, value_enum, default_value = "fp32")]
+        precision: PrecisionArg,
+        /// Override a value of the experiment, as `train --set` does (repeatable).
+        #[arg(long, value_name = "PATH=VALUE")]
+        set: Vec<String>,
+        /// Run `DIR/<entry>.ptx` in place of each generated entry of that name (the files
+        /// `compile --emit ptx --out DIR` writes, changed by hand).
+        #[arg(long, value_name = "DIR")]
+        ptx: Option<PathBuf>,
+        /// How `mma.sync` adds its products: the oracle's order, or Hopper's measured
+        /// arithmetic (aligned to the largest exponent, truncated).
+        #[arg(long, value_enum, default_value = "oracle-order")]
+        mma: MmaArg,
+        #[arg(long, value_enum, default_value = "text")]
+        format: Format,
     },
     /// Draw the training and validation curves of one or more runs (SVG, shared axes) and
     /// write an HTML page with their summaries side by side.
@@ -226,6 +254,7 @@ fn parse_dump(s: &str) -> Result<String, String> {
 
 #[macro_use]
 mod out;
+mod check_kernels;
 mod comm_check;
 mod compile;
 mod gpu;
@@ -277,6 +306,25 @@ fn main() -> ExitCode {
         }),
         Command::Train(args) => train::run(args),
         Command::Devices { format } => gpu::devices(format),
+        Command::CheckKernels {
+            file,
+            precision,
+            set,
+            ptx,
+            mma,
+            format,
+        } => precision.runtime().and_then(|precision| {
+            let mma = match mma {
+                MmaArg::OracleOrder => parallax_emulator::MmaModel::OracleOrder,
+                MmaArg::Hopper => parallax_emulator::MmaModel::Hopper,
+            };
+            let args = parallax_runtime::kernel_check::KernelCheckArgs {
+                precision,
+                ptx_dir: ptx,
+                mma,
+            };
+            check_kernels::run(&file, &set, &args, format)
+        }),
         Command::GpuCheck {
             file,
             steps,

@@ -81,27 +81,17 @@ fn read(
     elements: u64,
     bf16: bool,
 ) -> Result<Vec<f32>, BlasError> {
-    let size = if bf16 { 2 } else { 4 };
-    let bytes = elements * size;
-    let (data, written) = memory
-        .load(addr, bytes as usize)
+    let (v, written) = memory
+        .load_f32(addr, elements as usize, bf16)
         .map_err(|source| BlasError::Memory { operand, source })?;
     if !written {
         return Err(BlasError::Uninitialized {
             operand,
             addr,
-            bytes,
+            bytes: elements * if bf16 { 2 } else { 4 },
         });
     }
-    Ok(if bf16 {
-        data.chunks_exact(2)
-            .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
-            .collect()
-    } else {
-        data.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    })
+    Ok(v)
 }
 
 /// Runs `g` over `memory`.
@@ -120,8 +110,20 @@ pub fn gemm(memory: &mut Memory, g: &Gemm) -> Result<(), BlasError> {
         let a = read(memory, "A", g.a + i * g.stride_a * ea, g.m * g.k, g.ab_bf16)?;
         let b = read(memory, "B", g.b + i * g.stride_b * eb, g.k * g.n, g.ab_bf16)?;
         let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
-        let at = |r: usize, j: usize| if g.trans_a { a[j * m + r] } else { a[r * k + j] };
-        let bt = |j: usize, c: usize| if g.trans_b { b[c * k + j] } else { b[j * n + c] };
+        let at = |r: usize, j: usize| {
+            if g.trans_a {
+                a[j * m + r]
+            } else {
+                a[r * k + j]
+            }
+        };
+        let bt = |j: usize, c: usize| {
+            if g.trans_b {
+                b[c * k + j]
+            } else {
+                b[j * n + c]
+            }
+        };
         let mut out = Vec::with_capacity(m * n * ec as usize);
         for r in 0..m {
             for c in 0..n {
@@ -210,7 +212,10 @@ mod tests {
         assert!(matches!(e, BlasError::Memory { operand: "A", .. }), "{e}");
         let a = mem.alloc(24, "a");
         let e = gemm(&mut mem, &base(a, b, c)).unwrap_err();
-        assert!(matches!(e, BlasError::Uninitialized { operand: "A", .. }), "{e}");
+        assert!(
+            matches!(e, BlasError::Uninitialized { operand: "A", .. }),
+            "{e}"
+        );
     }
 
     #[test]

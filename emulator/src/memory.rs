@@ -132,6 +132,22 @@ impl Memory {
         Ok((&a.data[off..off + len], a.initialized(off, len)))
     }
 
+    /// Reads `n` values at `addr`, f32 or bf16 (widened exactly) elements, and whether every
+    /// byte of them was written.
+    pub fn load_f32(&self, addr: u64, n: usize, bf16: bool) -> Result<(Vec<f32>, bool), MemError> {
+        let (data, written) = self.load(addr, n * if bf16 { 2 } else { 4 })?;
+        let v = if bf16 {
+            data.chunks_exact(2)
+                .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+                .collect()
+        } else {
+            data.chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        Ok((v, written))
+    }
+
     /// Copies `bytes` bytes from `src` to `dst` (a device-to-device copy); the destination's
     /// bytes are written where the source's were.
     pub fn copy(&mut self, dst: u64, src: u64, bytes: u64) -> Result<(), MemError> {

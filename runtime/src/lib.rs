@@ -15,6 +15,7 @@ pub mod gpu_check;
 pub mod gpu_placement;
 pub mod grid;
 pub mod host_memory;
+pub mod kernel_check;
 pub mod launch;
 pub mod loss_share;
 pub mod ranks;

@@ -17,7 +17,7 @@
 //! columns (registers, `ceil(width / 32)` per lane). Every sum runs in one fixed order and each
 //! output element has one writer: no atomics, the same bits on every run.
 
-use super::builder::{Kernel, Rd, F, P, R};
+use super::builder::{imm, Kernel, Rd, F, P, R};
 use super::{grid_for, CodegenError, Gen, Launch, Operand};
 use crate::ir::{AttentionInput, DType, Op};
 use crate::plan::Plan;
@@ -316,9 +316,21 @@ fn dot(k: &mut Kernel, acc: F, vec: Rd, row: Rd, cw: u64) {
 }
 
 /// `acc[m] += sum_j w_j tile[j][32 m + lane]` over the tile's 32 rows, `w_j` lane `j`'s `w`:
-/// this lane's columns of `w^T tile`, rows in order.
-fn accumulate(k: &mut Kernel, ctx: &Ctx, acc: &[F], w: F, buf: Rd) {
+/// this lane's columns of `w^T tile`, rows in order. A lane past the chunk's `cw` columns
+/// reads nothing (the tile holds no such column; its sums are never stored).
+fn accumulate(k: &mut Kernel, ctx: &Ctx, acc: &[F], w: F, buf: Rd, cw: u64) {
     let p = k.addr(buf, ctx.lane64);
+    // The accumulators whose columns reach past the chunk, and whether this lane's is in it.
+    let inside: Vec<Option<P>> = (0..acc.len() as u64)
+        .map(|m| {
+            (32 * m + 32 > cw).then(|| {
+                let q = k.p();
+                let n = cw.saturating_sub(32 * m);
+                k.ins(format!("setp.lt.u32 {q}, {}, {n}", ctx.lane));
+                q
+            })
+        })
+        .collect();
     let (zero, end) = (k.u64c(0), k.u64c(ROWS));
     k.for_range(zero, end, 1, |k, j| {
         let jr = k.narrow(j);
@@ -326,7 +338,14 @@ fn accumulate(k: &mut Kernel, ctx: &Ctx, acc: &[F], w: F, buf: Rd) {
         k.ins(format!("shfl.sync.idx.b32 {wj}, {w}, {jr}, 31, -1"));
         for (m, a) in acc.iter().enumerate() {
             let x = k.f();
-            k.ins(format!("ld.shared.f32 {x}, [{p}+{}]", 128 * m));
+            let at = format!("[{p}+{}]", 128 * m);
+            match inside[m] {
+                None => k.ins(format!("ld.shared.f32 {x}, {at}")),
+                Some(q) => {
+                    k.ins(format!("mov.f32 {x}, {}", imm(0.0)));
+                    k.ins(format!("@{q} ld.shared.f32 {x}, {at}"));
+                }
+            }
             k.ins(format!("fma.rn.f32 {a}, {wj}, {x}, {a}"));
         }
         k.ins(format!("add.u64 {p}, {p}, {}", 4 * PITCH));
@@ -465,7 +484,7 @@ fn forward(
                 }
                 for c in chunks(dm.e) {
                     stage(k, &ctx, ctx.b, tv, &pb, j0, rows, c);
-                    accumulate(k, &ctx, regs(&o, c), p, ctx.b);
+                    accumulate(k, &ctx, regs(&o, c), p, ctx.b, c.1);
                 }
             }
         });

@@ -113,7 +113,7 @@ pub(super) fn query(
                 if !one_d_chunk {
                     stage(k, &ctx, ctx.a, &tk, &pb, j0, rows, c);
                 }
-                accumulate(k, &ctx, regs(&acc, c), ds, ctx.a);
+                accumulate(k, &ctx, regs(&acc, c), ds, ctx.a, c.1);
             }
         });
         let skip = k.label();
@@ -190,7 +190,7 @@ pub(super) fn key_value(
             for c in chunks(dm.e) {
                 stage(k, &ctx, ctx.b, &tdy, &pb, i0, rows, c);
                 if tdv.is_some() {
-                    accumulate(k, &ctx, regs(&dva, c), pr, ctx.b);
+                    accumulate(k, &ctx, regs(&dva, c), pr, ctx.b, c.1);
                 }
                 if tdk.is_some() {
                     let r = lane_row(k, ctx.lane64, ctx.b);
@@ -206,7 +206,7 @@ pub(super) fn key_value(
                     if !one_d_chunk {
                         stage(k, &ctx, ctx.a, &tq, &pb, i0, rows, c);
                     }
-                    accumulate(k, &ctx, regs(&dka, c), ds, ctx.a);
+                    accumulate(k, &ctx, regs(&dka, c), ds, ctx.a, c.1);
                 }
             }
         });

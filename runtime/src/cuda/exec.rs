@@ -50,12 +50,7 @@ pub(super) struct Loaded {
     pub(super) functions: HashMap<String, CudaFunction>,
 }
 
-pub(super) enum ArgValue {
-    U64(u64),
-    F32(f32),
-    /// A table of 64-bit words passed by value (`codegen::Arg::Table`).
-    Table(Vec<u64>),
-}
+pub(super) use crate::exec::launch_args::ArgValue;
 
 pub struct CudaExecutor {
     pub(super) plan: Arc<Plan>,

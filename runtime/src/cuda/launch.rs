@@ -6,6 +6,7 @@
 
 use super::exec::{numel, ArgValue, CudaExecutor};
 use super::CudaError;
+use crate::exec::launch_args::{self, LaunchCtx};
 use crate::exec::Mode;
 use cudarc::driver::{result, sys, CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
 use parallax_compiler::codegen::{self, Arg, Launch, Module};
@@ -77,6 +78,25 @@ pub(super) fn prepare_dynamic_shared(
 }
 
 impl CudaExecutor {
+    /// The device address of a buffer argument (`launch_args::resolve`'s `address`).
+    fn address(&self, a: &Arg) -> Result<u64, String> {
+        match *a {
+            Arg::Value(s) => self.ptr(s).map_err(|e| e.to_string()),
+            Arg::Scratch => Ok(self.scratch.ptr),
+            Arg::Staging { at } => Ok(self.staging.ptr + 2 * at),
+            _ => Err("not a buffer argument".into()),
+        }
+    }
+
+    fn launch_ctx(&self, mode: Mode, step: u64, first_sample: u64) -> LaunchCtx {
+        LaunchCtx {
+            seed: self.seed,
+            mode,
+            step,
+            first_sample,
+        }
+    }
+
     fn resolve(
         &self,
         a: &Arg,
@@ -84,29 +104,8 @@ impl CudaExecutor {
         step: u64,
         first_sample: u64,
     ) -> Result<ArgValue, CudaError> {
-        let training = mode != Mode::Eval;
-        Ok(match *a {
-            Arg::Value(s) => ArgValue::U64(self.ptr(s)?),
-            Arg::Scratch => ArgValue::U64(self.scratch.ptr),
-            Arg::Staging { at } => ArgValue::U64(self.staging.ptr + 2 * at),
-            Arg::DropoutKey { stream } => {
-                ArgValue::U64(crate::rng::dropout_key(self.seed, step, stream))
-            }
-            Arg::DropoutThreshold { p } => ArgValue::F32(if training { p as f32 } else { 0.0 }),
-            Arg::DropoutScale { p } => ArgValue::F32(if training {
-                (1.0 / (1.0 - p)) as f32
-            } else {
-                1.0
-            }),
-            Arg::FirstSample => ArgValue::U64(first_sample),
-            Arg::U64(v) => ArgValue::U64(v),
-            Arg::F32(v) => ArgValue::F32(v),
-            Arg::Table { .. } => {
-                return Err(CudaError::Exec(
-                    "a table outside a kernel's arguments".into(),
-                ))
-            }
-        })
+        let ctx = self.launch_ctx(mode, step, first_sample);
+        launch_args::resolve(a, &ctx, &|x| self.address(x)).map_err(CudaError::Exec)
     }
 
     /// A kernel's arguments resolved, each table's words gathered into one value.
@@ -117,30 +116,8 @@ impl CudaExecutor {
         step: u64,
         first_sample: u64,
     ) -> Result<Vec<ArgValue>, CudaError> {
-        let mut values = Vec::with_capacity(args.len());
-        let mut rest = args;
-        while let Some((a, tail)) = rest.split_first() {
-            rest = tail;
-            let Arg::Table { words } = *a else {
-                values.push(self.resolve(a, mode, step, first_sample)?);
-                continue;
-            };
-            let words = (words as usize).min(rest.len());
-            let (table, tail) = rest.split_at(words);
-            rest = tail;
-            let table = table
-                .iter()
-                .map(|w| match self.resolve(w, mode, step, first_sample)? {
-                    ArgValue::U64(x) => Ok(x),
-                    _ => Err(CudaError::Exec("a table word is not 64-bit".into())),
-                })
-                .collect::<Result<Vec<u64>, CudaError>>()?;
-            if table.is_empty() {
-                return Err(CudaError::Exec("an empty table argument".into()));
-            }
-            values.push(ArgValue::Table(table));
-        }
-        Ok(values)
+        let ctx = self.launch_ctx(mode, step, first_sample);
+        launch_args::resolve_all(args, &ctx, &|x| self.address(x)).map_err(CudaError::Exec)
     }
 
     fn launch_entry(

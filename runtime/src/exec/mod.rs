@@ -2,6 +2,7 @@
 //! the errors of running one (the CPU executor's, a rank's exchanges, another backend's). The
 //! CPU executor, the CUDA executor, the ranks and training all speak these types.
 
+pub mod launch_args;
 mod rank;
 pub mod tensor;
 
