@@ -4,14 +4,41 @@
 
 use crate::gpu::{compiled, fail};
 use crate::{Exit, Format};
+use parallax_compiler::target;
 use parallax_emulator::MmaModel;
 use parallax_runtime::gpu_check::precision_name;
 use parallax_runtime::kernel_check::{self, KernelCheckArgs, KernelReport};
 use std::path::Path;
 use std::time::Instant;
 
-pub fn run(file: &Path, set: &[String], a: &KernelCheckArgs, format: Format) -> Result<(), Exit> {
+pub fn run(
+    file: &Path,
+    set: &[String],
+    (gpus, strategy, zero): (u32, Option<&str>, Option<u8>),
+    a: &KernelCheckArgs,
+    format: Format,
+) -> Result<(), Exit> {
     let (source, plan, base) = compiled(file, set)?;
+    // Several devices: the plan `train --gpus N` runs (the same choice of split).
+    let plan = if gpus > 1 {
+        let request = target::Request {
+            gpus,
+            strategy,
+            zero,
+            memory: None,
+        };
+        let split = target::split(&source, &request).map_err(|e| fail(file, e))?;
+        let (_, plan) =
+            target::compile_split(&source, &split, &mut |_, _| {}).map_err(|e| fail(file, e))?;
+        errln!(
+            "{}: --gpus {gpus}: {}",
+            source.experiment.name,
+            parallax_compiler::partition::strategy_name(&split.strategy)
+        );
+        plan
+    } else {
+        plan
+    };
     let t = Instant::now();
     let r = kernel_check::check(&source, &plan, &base, a).map_err(|e| fail(file, e))?;
     let seconds = t.elapsed().as_secs_f64();
@@ -74,11 +101,16 @@ fn text(name: &str, r: &KernelReport, seconds: f64) -> Result<(), Exit> {
         "largest",
         "tolerance"
     )?;
+    let mut device = String::new();
     for row in &r.rows {
         let mut ops = row.ops.join("+");
         if ops.len() > 40 {
             ops.truncate(37);
             ops.push_str("...");
+        }
+        if row.device != device {
+            device = row.device.clone();
+            outln!("{device}:")?;
         }
         outln!(
             "{:>6}  {:<40} {:<12} {:>9} {:>9}  {}",
@@ -126,6 +158,7 @@ fn json(r: &KernelReport, seconds: f64) -> String {
         .map(|x| {
             serde_json::json!({
                 "kernel": x.kernel,
+                "device": x.device,
                 "ops": x.ops,
                 "launches": x.launches,
                 "family": x.family.name(),

@@ -144,6 +144,16 @@ enum Command {
         /// arithmetic (aligned to the largest exponent, truncated).
         #[arg(long, value_enum, default_value = "oracle-order")]
         mma: MmaArg,
+        /// Check the kernels of the plan `train --gpus N` runs: every device's (each
+        /// pipeline stage's, each tensor rank's), each against its own oracle.
+        #[arg(long, default_value_t = 1)]
+        gpus: u32,
+        /// The split for `--gpus`, as `train --strategy` takes it (`dp2`, `pp2`, `tp2`, ...).
+        #[arg(long)]
+        strategy: Option<String>,
+        /// ZeRO stage over the data-parallel ranks, as `train --zero` takes it.
+        #[arg(long)]
+        zero: Option<u8>,
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
@@ -312,6 +322,9 @@ fn main() -> ExitCode {
             set,
             ptx,
             mma,
+            gpus,
+            strategy,
+            zero,
             format,
         } => precision.runtime().and_then(|precision| {
             let mma = match mma {
@@ -323,7 +336,8 @@ fn main() -> ExitCode {
                 ptx_dir: ptx,
                 mma,
             };
-            check_kernels::run(&file, &set, &args, format)
+            let split = (gpus, strategy.as_deref(), zero);
+            check_kernels::run(&file, &set, split, &args, format)
         }),
         Command::GpuCheck {
             file,

@@ -258,7 +258,7 @@ fn the_cpu_rounds_every_value_it_stores_in_bf16() {
         let mut e = train_steps(&s, plan.clone(), 1);
         let batch = 8;
         let mut checked = 0;
-        e.run_observed(batch, Mode::Train, 1, 0, &mut |k, e| {
+        e.run_observed(batch, (Mode::Train, None), 1, 0, &mut |k, e| {
             for &step in &e.plan().kernels[k].stored {
                 if bf16(step) {
                     let v = e.value(step).expect("stored").f32();

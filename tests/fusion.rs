@@ -457,7 +457,7 @@ fn permutes_folded_into_their_operands_kernels_change_no_bits() {
         }
         folded.run(batch, Mode::Train, step, 0).unwrap();
         plain
-            .run_observed(batch, Mode::Train, step, 0, &mut |_, _| {})
+            .run_observed(batch, (Mode::Train, None), step, 0, &mut |_, _| {})
             .unwrap();
         assert_eq!(
             folded.output("loss").unwrap().f32(),
@@ -477,7 +477,7 @@ fn permutes_folded_into_their_operands_kernels_change_no_bits() {
     }
     folded.run(5, Mode::Train, 3, 0).unwrap();
     plain
-        .run_observed(5, Mode::Train, 3, 0, &mut |_, _| {})
+        .run_observed(5, (Mode::Train, None), 3, 0, &mut |_, _| {})
         .unwrap();
     assert_eq!(
         folded.output("loss").unwrap().f32(),

@@ -407,7 +407,7 @@ fn lockstep(
             error = Some(e);
         }
     };
-    cpu.run_observed(batch, Mode::Train, step, 0, &mut after)
+    cpu.run_observed(batch, (Mode::Train, None), step, 0, &mut after)
         .map_err(|e| CudaError::Exec(e.to_string()))?;
     if let Some(e) = error {
         return Err(e);

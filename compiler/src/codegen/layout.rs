@@ -43,7 +43,8 @@ pub(super) fn generate(
         bad(format!("cannot map {s:?} to {:?}", out.shape))
     };
     let launch = match op {
-        Op::Reshape { .. } => {
+        // A tensor-parallel copy is the identity forward (its backward sum is the ranks').
+        Op::Reshape { .. } | Op::TensorParallelCopy => {
             if !words {
                 return Err(types());
             }

@@ -377,7 +377,11 @@ pub fn generate_with(
             KernelKind::Single => {
                 let s = steps[0];
                 let step = &plan.steps[s];
-                if step.op.def().class == OpClass::Elementwise {
+                if step.op.def().class == OpClass::Collective {
+                    // The ranks' exchange (a transfer between stages, a sum over ranks): the
+                    // collective library's, run by the ranks layer, never launched here.
+                    Vec::new()
+                } else if step.op.def().class == OpClass::Elementwise {
                     vec![elementwise::chain(
                         &mut g, &name, plan, &shapes, steps, None, None,
                     )?]
@@ -524,7 +528,8 @@ fn single(
         | Op::ReduceSum { .. }
         | Op::ReduceMean { .. }
         | Op::SumTo { .. }
-        | Op::Expand { .. } => layout::generate(g, name, op, ins, out),
+        | Op::Expand { .. }
+        | Op::TensorParallelCopy => layout::generate(g, name, op, ins, out),
         // Elementwise ops are chains (`elementwise::chain`); sources hold values the executor
         // sets; collectives are the collective library's; none is a kernel of its own here.
         crate::map_ops!()
@@ -535,7 +540,6 @@ fn single(
         | Op::Training
         | Op::Fill { .. }
         | Op::AllReduce { .. }
-        | Op::TensorParallelCopy
         | Op::Transfer { .. }
         | Op::Broadcast { .. }
         | Op::Reduce { .. } => Err(CodegenError::Unsupported { op: op.name() }),

@@ -148,18 +148,20 @@ impl Executor {
     }
 
     /// Runs a step kernel by kernel, calling `after(k, self)` after each kernel that runs
-    /// (lockstep comparisons with another backend).
+    /// (lockstep comparisons with another backend); only the kernels marked in `owned` when
+    /// given (a device's of a partitioned plan: the executor's `for_kernels`).
     pub fn run_observed(
         &mut self,
         batch: usize,
-        mode: Mode,
+        (mode, owned): (Mode, Option<&[bool]>),
         step: u64,
         first_sample: u64,
         after: &mut dyn FnMut(usize, &mut Executor),
     ) -> Result<(), ExecError> {
         let ctx = self.begin_step(batch, mode, step, first_sample)?;
         for k in 0..self.plan.kernels.len() {
-            if self.wanted(k, mode) {
+            let mine = owned.is_none_or(|o| o.get(k).copied().unwrap_or(false));
+            if mine && self.wanted(k, mode) {
                 // Every kernel stores what the plan says, to be compared as it says.
                 self.run_kernel(k, &ctx, false)?;
                 after(k, self);

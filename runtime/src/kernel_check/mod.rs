@@ -42,6 +42,8 @@ pub struct KernelCheckArgs {
 #[derive(Debug, Clone)]
 pub struct KernelRow {
     pub kernel: usize,
+    /// The device of a partitioned plan whose kernel it is (empty for one device).
+    pub device: String,
     pub ops: Vec<&'static str>,
     /// `kernel`, `gemm`, `copy` for each launch.
     pub launches: Vec<&'static str>,
@@ -103,73 +105,186 @@ fn difference(reference: &[f32], other: &[f32]) -> f64 {
     crate::gpu_check::rel_diff(reference, other)
 }
 
-/// Runs one training step of `plan` on the interpreter against the oracle.
+/// The kernels one device of a partitioned plan runs, and its tensor rank: every pipeline
+/// stage, every optimizer-state owner (ZeRO) and every tensor rank once (data-parallel ranks
+/// otherwise run the same kernels); one group for an unsplit plan.
+fn device_groups(plan: &Plan) -> Vec<(Option<Vec<bool>>, usize, String)> {
+    if plan.sharding.is_none() {
+        return vec![(None, 0, String::new())];
+    }
+    let tp = plan
+        .tensor_parallel
+        .as_ref()
+        .map_or(1, |t| t.degree as usize);
+    let mut groups: Vec<(Option<Vec<bool>>, usize, String)> = Vec::new();
+    for stage in 0..plan.pipeline_stages.max(1) {
+        for owner in 0..plan.optimizer_shards.max(1) {
+            for t in 0..tp {
+                let mask = plan.kernel_mask(stage, owner);
+                if groups.iter().any(|(m, gt, _)| *m == mask && *gt == t) {
+                    continue;
+                }
+                let label = format!("stage {stage}, state owner {owner}, tensor rank {t}");
+                groups.push((mask, t, label));
+            }
+        }
+    }
+    groups
+}
+
+/// Runs one training step of `plan` on the interpreter against the oracle: each device's
+/// kernels of a partitioned plan (`device_groups`), each against its own oracle.
 pub fn check(
     source: &Source,
     plan: &Plan,
     base_dir: &Path,
     a: &KernelCheckArgs,
 ) -> Result<KernelReport, KernelCheckError> {
+    let batch = plan.batch_size as usize;
+    let mut report = KernelReport {
+        batch,
+        precision: a.precision,
+        mma: a.mma,
+        rows: Vec::new(),
+        findings: Vec::new(),
+        updates: Vec::new(),
+        instructions: 0,
+        replaced: Vec::new(),
+    };
+    for (owned, t, label) in device_groups(plan) {
+        check_device(
+            source,
+            plan,
+            base_dir,
+            a,
+            (owned.as_deref(), t, &label),
+            &mut report,
+        )?;
+    }
+    Ok(report)
+}
+
+/// One device's kernels (`owned`, tensor rank `t`), added to `report`.
+fn check_device(
+    source: &Source,
+    plan: &Plan,
+    base_dir: &Path,
+    a: &KernelCheckArgs,
+    (owned, t, label): (Option<&[bool]>, usize, &str),
+    report: &mut KernelReport,
+) -> Result<(), KernelCheckError> {
     let e = &source.experiment;
-    let batch = e.train.batch_size as usize;
+    let batch = plan.batch_size as usize;
     let seed = e.train.seed;
     let mut session = SessionData::load(source, plan, batch, seed, base_dir, 0)?;
-    let mut cpu = Executor::new(plan.clone(), batch, seed);
+    let mut cpu = Executor::for_kernels(plan.clone(), batch, seed, owned, t);
     let mut dev = Device::new(plan, batch, seed, a.precision, a.ptx_dir.as_deref())?;
     dev.options.mma = a.mma;
     let names = plan.names();
-    // The same parameters and state: the oracle's, as the CUDA executor's are (same keys).
-    for &(_, id) in names.params.iter().chain(&names.states) {
-        if let Some(t) = cpu.value(id) {
-            let v = t.f32().to_vec();
-            dev.write(id, &v)
-                .map_err(|m| DeviceError::Plan(format!("step {id}: {m}")))?;
-        }
-    }
     let b = session.loader.next().expect("the loader runs forever");
     let total = e.train.steps.unwrap_or(1).max(1);
     feed(&mut cpu, &session.input, b.size, &b.inputs)?;
     feed(&mut cpu, &session.target, b.size, &b.targets)?;
     set_scalars(&mut cpu, &e.optimizer, 0, total)?;
-    for &(_, id) in &names.inputs {
-        let Some(t) = cpu.value(id) else { continue };
-        let n = dev.elements(id) as usize;
-        let r = if t.is_f32() {
-            let v = t.f32()[..n.min(t.f32().len())].to_vec();
-            dev.write(id, &v)
-        } else {
-            let v = t.i32()[..n.min(t.i32().len())].to_vec();
-            dev.write_i32(id, &v)
-        };
-        r.map_err(|m| DeviceError::Plan(format!("input step {id}: {m}")))?;
+    // The same parameters, state and inputs: the oracle's (a tensor rank's slices).
+    let sources = names
+        .params
+        .iter()
+        .chain(&names.states)
+        .chain(&names.inputs);
+    for &(_, id) in sources {
+        upload(&mut dev, &cpu, id)?;
+    }
+    let order: Vec<usize> = (0..plan.kernels.len())
+        .filter(|&k| owned.is_none_or(|o| o[k]) && cpu.wanted(k, Mode::Train))
+        .collect();
+    if let Some(&first) = order.first() {
+        upload_operands(&mut dev, &cpu, plan, first)?;
     }
     dev.begin(Mode::Train)?;
     let mut rows = Vec::new();
+    let mut error = None;
     let mut after = |k: usize, cpu: &mut Executor| {
-        rows.push(check_kernel(&mut dev, cpu, plan, k));
+        let mut row = check_kernel(&mut dev, cpu, plan, k);
+        row.device = label.to_string();
+        rows.push(row);
+        // The next kernel's operands as the oracle has them now (values another stage
+        // or rank sent included).
+        let next = order.iter().skip_while(|&&x| x != k).nth(1);
+        if let Some(&n) = next {
+            if let Err(e) = upload_operands(&mut dev, cpu, plan, n) {
+                error.get_or_insert(e);
+            }
+        }
     };
-    cpu.run_observed(b.size, Mode::Train, 0, 0, &mut after)?;
+    cpu.run_observed(b.size, (Mode::Train, owned), 0, 0, &mut after)?;
+    if let Some(e) = error {
+        return Err(e);
+    }
     dev.finish(Mode::Train)?;
-    let mut updates = Vec::new();
     for (name, id) in names.params.iter().chain(&names.states) {
-        let (Some(t), Ok((got, _))) = (cpu.value(*id), dev.read(*id)) else {
+        let (Some(t), Some(_)) = (cpu.value(*id), dev.ptr(*id)) else {
             continue;
         };
+        let Ok((got, _)) = dev.read(*id) else {
+            continue;
+        };
+        // Another stage's parameters are not held here.
+        if t.f32().len() != got.len() {
+            continue;
+        }
         let d = difference(t.f32(), &got);
         if d > 0.0 {
-            updates.push((name.clone(), d));
+            let at = if label.is_empty() {
+                String::new()
+            } else {
+                format!(" ({label})")
+            };
+            report.updates.push((format!("{name}{at}"), d));
         }
     }
-    Ok(KernelReport {
-        batch,
-        precision: a.precision,
-        mma: a.mma,
-        rows,
-        findings: dev.findings.clone(),
-        updates,
-        instructions: dev.instructions,
-        replaced: dev.replaced(),
-    })
+    report.rows.extend(rows);
+    report.findings.extend(dev.findings.iter().cloned());
+    report.instructions += dev.instructions;
+    report.replaced = dev.replaced();
+    Ok(())
+}
+
+/// Writes the oracle's value of `step` into the device's buffer (f32, or i32 tokens).
+fn upload(dev: &mut Device, cpu: &Executor, step: usize) -> Result<(), KernelCheckError> {
+    let (Some(t), Some(_)) = (cpu.value(step), dev.ptr(step)) else {
+        return Ok(());
+    };
+    let n = dev.elements(step) as usize;
+    let r = if t.is_f32() {
+        let v = &t.f32()[..n.min(t.f32().len())];
+        dev.write(step, v)
+    } else {
+        let v = &t.i32()[..n.min(t.i32().len())];
+        dev.write_i32(step, v)
+    };
+    r.map_err(|m| DeviceError::Plan(format!("step {step}: {m}")).into())
+}
+
+/// Writes the oracle's values of what kernel `k` reads from outside itself.
+fn upload_operands(
+    dev: &mut Device,
+    cpu: &Executor,
+    plan: &Plan,
+    k: usize,
+) -> Result<(), KernelCheckError> {
+    let steps = &plan.kernels[k].steps;
+    let mut outside: Vec<usize> = steps
+        .iter()
+        .flat_map(|&s| plan.steps[s].operands.iter().copied())
+        .filter(|o| !steps.contains(o))
+        .collect();
+    outside.sort_unstable();
+    outside.dedup();
+    for o in outside {
+        upload(dev, cpu, o)?;
+    }
+    Ok(())
 }
 
 /// Runs kernel `k` on the interpreter after the oracle ran it, compares what it stores,
@@ -189,6 +304,7 @@ fn check_kernel(dev: &mut Device, cpu: &Executor, plan: &Plan, k: usize) -> Kern
     let (family, tolerance) = tolerance::of(plan, &dev.code, k, dev.precision());
     let mut row = KernelRow {
         kernel: k,
+        device: String::new(),
         ops: code.ops.clone(),
         launches,
         family,
@@ -222,9 +338,13 @@ fn check_kernel(dev: &mut Device, cpu: &Executor, plan: &Plan, k: usize) -> Kern
             let _ = dev.memory.forget(p, bytes);
         }
     }
+    // The ranks' exchange runs no kernel: its result is delivered as the oracle has it.
+    let exchange = family == Family::Collective;
     let before = dev.findings.len();
-    if let Err(e) = dev.run_kernel(k, Mode::Train, 0, 0) {
-        row.failed = Some(e.to_string());
+    if !exchange {
+        if let Err(e) = dev.run_kernel(k, Mode::Train, 0, 0) {
+            row.failed = Some(e.to_string());
+        }
     }
     row.findings = dev.findings.len() - before;
     for &s in &kern.steps {
@@ -234,6 +354,7 @@ fn check_kernel(dev: &mut Device, cpu: &Executor, plan: &Plan, k: usize) -> Kern
         }
         let reference = t.f32();
         match dev.read(s) {
+            _ if exchange => {}
             Ok((got, written)) => {
                 if !written && fresh.contains(&s) && row.failed.is_none() {
                     row.unwritten.push(s);

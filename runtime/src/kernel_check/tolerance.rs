@@ -9,6 +9,9 @@ use parallax_compiler::Plan;
 /// What sets a kernel's tolerance; a kernel takes the loosest that applies to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Family {
+    /// No launch: the ranks' exchange (a transfer, a sum over ranks), which the collective
+    /// library does on GPUs; nothing to compare.
+    Collective,
     /// The oracle's IEEE operations in the oracle's order: bit for bit.
     Exact,
     /// Uses approximate functions (`ex2.approx`, `lg2.approx`, ...), which the interpreter
@@ -32,6 +35,7 @@ pub enum Family {
 impl Family {
     pub fn name(self) -> &'static str {
         match self {
+            Family::Collective => "collective",
             Family::Exact => "exact",
             Family::Approximate => "approx",
             Family::Reordered => "reordered",
@@ -44,7 +48,7 @@ impl Family {
     /// The tolerance on `max |oracle - interpreter| / max |oracle|`.
     pub fn tolerance(self, precision: Precision) -> f64 {
         match self {
-            Family::Exact => 0.0,
+            Family::Collective | Family::Exact => 0.0,
             // ex2.approx.f32's argument `x * log2(e)` is rounded to f32 first: a relative
             // error of up to |x log2 e| 2^-24 ln 2 in the result, 4e-6 at |x| = 100, plus
             // the approximation's own 2 ulp on a GPU; sums of such terms keep the bound.
@@ -81,6 +85,9 @@ const REORDERED: [&str; 3] = ["conv2d", "conv2d_grad_input", "conv2d_grad_weight
 
 /// Kernel `k`'s family and tolerance at `precision`.
 pub fn of(plan: &Plan, code: &Module, k: usize, precision: Precision) -> (Family, f64) {
+    if code.kernels[k].launches.is_empty() {
+        return (Family::Collective, 0.0);
+    }
     let mut family = Family::Exact;
     for l in &code.kernels[k].launches {
         let f = match l {
