@@ -168,9 +168,12 @@ pub fn finished(dir: &Path, asked: Option<u64>) -> Option<u64> {
 /// The summary's file name, in the run folder.
 pub const SUMMARY: &str = "summary.json";
 
+/// A step's training loss, and its validation loss and accuracy, as logged.
+pub type Logged = (Option<f32>, Option<(f64, Option<f64>)>);
+
 /// What `metrics.jsonl`'s `text` logged at `step`: the training loss, and the validation
 /// loss and accuracy (a run stopped after its last checkpoint has both).
-pub fn logged_at(text: &str, step: u64) -> (Option<f32>, Option<(f64, Option<f64>)>) {
+pub fn logged_at(text: &str, step: u64) -> Logged {
     let (mut loss, mut val) = (None, None);
     for v in text
         .lines()

@@ -279,22 +279,7 @@ fn train_in(
         true => records::Records::open(dir, cfg.resume, start_step)?,
         false => records::Records::none(),
     };
-    // What the run logged at its checkpoint's step, when that is its last (finished below).
-    let logged = match (writes, start_step == total && start_step > 0) {
-        (true, true) => {
-            let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
-            crate::resume::logged_at(&text, total)
-        }
-        _ => (None, None),
-    };
-    if writes && cfg.resume {
-        // A summary left from before is not this continuation's (it writes its own).
-        let path = dir.join(crate::resume::SUMMARY);
-        match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&path)(e)),
-            _ => {}
-        }
-    }
+    let logged = continued(dir, writes && cfg.resume, start_step, total)?;
 
     on_event(&Event::Start {
         total_steps: total,
@@ -449,16 +434,15 @@ fn train_in(
     if start_step == total && start_step > 0 {
         // The run stopped after its last checkpoint, before its final files: finish it.
         last_loss = logged.0.unwrap_or(f32::NAN);
-        val = match logged.1 {
-            Some((l, a)) => (Some(l), a),
-            None if validator.set.len > 0 => {
-                let (l, a) = validator.run(exec.as_mut(), total - 1)?;
+        // Every rank validates (the same collectives); the line is logged once.
+        if validator.set.len > 0 {
+            let (l, a) = validator.run(exec.as_mut(), total - 1)?;
+            if logged.1.is_none() {
                 records
                     .line(serde_json::json!({"step": total, "val_loss": l, "val_accuracy": a}))?;
-                (Some(l), a)
             }
-            None => (None, None),
-        };
+            val = (Some(l), a);
+        }
     }
     records.flush()?;
     let weights_path = dir.join("final.safetensors");
@@ -467,10 +451,7 @@ fn train_in(
         weights::write(params, stats, &file_shapes, &weights_path)?;
     }
 
-    let warmup = (times.len() / 10).clamp(1.min(times.len()), 5);
-    let mut steady: Vec<f64> = times[warmup..].to_vec();
-    steady.sort_by(|a, b| a.total_cmp(b));
-    let median = steady.get(steady.len() / 2).copied().unwrap_or(0.0);
+    let median = steady_median(&times);
     let busy: f64 = times.iter().sum();
     let summary = Summary {
         name: exp.name.clone(),
@@ -495,6 +476,39 @@ fn train_in(
         write_atomic(&summary_path, text.as_bytes())?;
     }
     Ok(summary)
+}
+
+/// The median step time after the first steps (warm-up excluded).
+fn steady_median(times: &[f64]) -> f64 {
+    let warmup = (times.len() / 10).clamp(1.min(times.len()), 5);
+    let mut steady: Vec<f64> = times[warmup..].to_vec();
+    steady.sort_by(|a, b| a.total_cmp(b));
+    steady.get(steady.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// What was logged at the checkpoint's step `at` of a continuation (`continues`: this process
+/// writes the folder of a resumed run), when that is the run's last (`total`): the run is
+/// then finished from it. A summary left from before is removed (the continuation writes
+/// its own).
+fn continued(
+    dir: &Path,
+    continues: bool,
+    at: u64,
+    total: u64,
+) -> Result<crate::resume::Logged, TrainError> {
+    if !continues {
+        return Ok((None, None));
+    }
+    let path = dir.join(crate::resume::SUMMARY);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&path)(e)),
+        _ => {}
+    }
+    if at != total || at == 0 {
+        return Ok((None, None));
+    }
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
+    Ok(crate::resume::logged_at(&text, total))
 }
 
 /// A backend, and what each device of a partitioned plan allocated.
