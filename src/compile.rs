@@ -5,7 +5,7 @@ use crate::{apply_set, load, run_pipeline, Emit, Exit, Format};
 use parallax_compiler::ir::print::{to_dot, to_text};
 use parallax_compiler::partition::explain::smallest_hint;
 use parallax_compiler::plan::{bytes, si, thousands};
-use parallax_compiler::target::simulated_device_bytes;
+use parallax_compiler::target::{self, simulated_device_bytes};
 use parallax_compiler::{partition, Options};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -73,22 +73,23 @@ pub(crate) fn compile_cmd(
     pass_times.push(("plan", t.elapsed()));
     let capacity = gpu_memory.unwrap_or(profile.memory);
     let t = Instant::now();
-    let target = partition::Target {
+    // The split `train --gpus N` runs, chosen by the one function both call.
+    let request = target::Request {
         gpus: plan.gpus_requested,
-        profile,
-        capacity,
+        strategy: strategy.as_deref(),
+        memory: gpu_memory,
+        kind: Some(profile.kind),
         nodes,
-        strategy: None,
+        ..target::Request::default()
     };
-    let partitioned =
-        parallax_compiler::target::partition(&compiled, &source, target, strategy.as_deref())
-            .map_err(|e| {
-                errln!("error: {e}");
-                Exit(1)
-            })?;
+    let partitioned = target::partition_for(&source, &compiled, &request)
+        .map_err(refused)?
+        .expect("a device kind that `find` knows has a profile");
     pass_times.push(("partition", t.elapsed()));
-    if let Ok(p) = &partitioned.partition {
-        plan.strategy = p.strategy;
+    let split = target::split_from(&source, &request, Some(&partitioned));
+    let (split, emitted) = emitted_plan(file, &source, &plan, split, emit)?;
+    if let Some(split) = split {
+        plan.strategy = split.strategy;
     }
     if timings {
         let mut err = std::io::stderr().lock();
@@ -105,7 +106,7 @@ pub(crate) fn compile_cmd(
         match e {
             Emit::Ir => to_text(&compiled.graph, &title),
             Emit::Dot => to_dot(&compiled.graph, &title),
-            Emit::Plan => plan.to_json(),
+            Emit::Plan => emitted.as_ref().unwrap_or(&plan).to_json(),
             Emit::Ptx => String::new(),
         }
     };
@@ -141,8 +142,8 @@ pub(crate) fn compile_cmd(
         "memory_bytes": capacity,
         "fits_one_device": fits,
     });
-    let simulated = match &partitioned.partition {
-        Ok(p) if p.gpus > 1 => simulated_device_bytes(&source, p.strategy, p.zero),
+    let simulated = match (&partitioned.partition, split) {
+        (Ok(p), Some(s)) if p.gpus > 1 => simulated_device_bytes(&source, s.strategy, s.zero),
         _ => None,
     };
     print_plan(
@@ -338,6 +339,52 @@ fn emit_ptx(
         dir.display()
     );
     Ok(())
+}
+
+/// A refusal of the split or its plan, printed.
+fn refused(e: target::TargetError) -> Exit {
+    errln!("error: {e}");
+    if let Some(hint) = e.hint() {
+        errln!("  = hint: {hint}");
+    }
+    Exit(1)
+}
+
+/// The split (none where the partition's verdict says why), and what `--emit plan` writes:
+/// the plan `train` runs (for several devices, the per-device plan of the split), with its
+/// experiment.
+fn emitted_plan(
+    file: &Path,
+    source: &parallax_compiler::Source,
+    plan: &parallax_compiler::Plan,
+    split: Result<target::Split, target::TargetError>,
+    emit: &[Emit],
+) -> Result<(Option<target::Split>, Option<parallax_compiler::Plan>), Exit> {
+    let chosen = split.as_ref().ok().copied();
+    if !emit.contains(&Emit::Plan) {
+        return Ok((chosen, None));
+    }
+    let mut emitted = match (split, plan.gpus_requested > 1) {
+        (Err(e), true) => return Err(refused(e)),
+        (Ok(split), true) => {
+            target::compile_split(source, &split, &mut |_, _| {})
+                .map_err(refused)?
+                .1
+        }
+        (_, false) => plan.clone(),
+    };
+    emitted.experiment = Some(experiment_text(file, source));
+    Ok((chosen, Some(emitted)))
+}
+
+/// The experiment as `train` would record it (every default and `--set` resolved, data paths
+/// absolute), for a plan that `train --plan` runs without the file.
+fn experiment_text(file: &Path, source: &parallax_compiler::Source) -> String {
+    let cfg = parallax_runtime::train::TrainConfig {
+        base_dir: file.parent().map(Path::to_path_buf).unwrap_or_default(),
+        ..Default::default()
+    };
+    parallax_compiler::dsl::to_ron(&parallax_runtime::train::resolved(&source.experiment, &cfg))
 }
 
 fn ms(d: Duration) -> f64 {

@@ -269,6 +269,7 @@ mod comm_check;
 mod compile;
 mod gpu;
 mod job;
+mod prepare;
 mod report;
 mod train;
 

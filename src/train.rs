@@ -1,16 +1,11 @@
 //! `parallax train`: compile, train on the CPU, show progress, report where the run went.
 
-use crate::{apply_set, load, run_pipeline, Backend, Exit, Format, PrecisionArg};
+use crate::prepare::Prepared;
+use crate::{Backend, Exit, PrecisionArg};
 use indicatif::{ProgressBar, ProgressStyle};
-use parallax_compiler::partition;
-use parallax_compiler::target;
-use parallax_compiler::Options;
-use parallax_runtime::gpu_placement;
-use parallax_runtime::run_record::RunRecord;
-use parallax_runtime::train::{
-    parallel_devices, train, train_rank, CudaRanks, Device, Event, Simulated, TrainConfig,
-    TrainError,
-};
+use parallax_compiler::Plan;
+use parallax_runtime::launch::World;
+use parallax_runtime::train::{train, train_rank, Device, Event, TrainConfig, TrainError};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -19,8 +14,16 @@ use std::sync::Arc;
 /// `parallax train`'s arguments.
 #[derive(clap::Args)]
 pub struct Args {
-    #[arg(required_unless_present = "resume")]
+    #[arg(required_unless_present_any = ["resume", "plan"])]
     pub file: Option<PathBuf>,
+    /// Train this plan (`parallax compile FILE --gpus N --emit plan` writes it, with its
+    /// experiment): the same run as `train FILE --gpus N`, without compiling again.
+    #[arg(long, value_name = "PLAN.json", conflicts_with_all = ["file", "resume", "set", "gpus", "strategy", "zero"])]
+    pub plan: Option<PathBuf>,
+    /// Print what would run (the split, ZeRO stage, pipeline schedule) as JSON and exit,
+    /// training nothing.
+    #[arg(long)]
+    pub dry_run: bool,
     /// Train for this many steps (overrides the file's `steps`/`epochs`).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub steps: Option<u64>,
@@ -99,350 +102,81 @@ fn rank_step(s: &str) -> Result<(usize, u64), String> {
     ))
 }
 
-/// The split for `--gpus n` (the library's choice, said when the cost model made it) as
-/// simulated devices.
-fn simulated_devices(
-    file: &Path,
-    source: &parallax_compiler::Source,
-    request: &target::Request,
-    lead: bool,
-) -> Result<(Simulated, target::Split), Exit> {
-    let split = target::split(source, request).map_err(|e| refuse(file, source, e))?;
-    let dp = split.strategy.dp;
-    if split.chosen && lead {
-        // What the devices will run: `--zero` wins, but needs data-parallel ranks.
-        let zero_said = match request.zero {
-            Some(z) if dp > 1 => format!("ZeRO {z} as --zero asks"),
-            Some(_) => "ZeRO 0 (one data-parallel rank: --zero has nothing to shard)".to_string(),
-            None => format!("ZeRO {}", split.zero),
-        };
-        errln!(
-            "{}: --gpus {}: the cost model chooses {} with {zero_said} (`--strategy` forces another)",
-            source.experiment.name,
-            request.gpus,
-            partition::strategy_name(&split.strategy)
-        );
-    }
-    Ok((Simulated::from(&split), split))
-}
-
-/// Where GPU ranks run: a rank per GPU (this process's `n`, or this rank of a job).
-fn gpu_placement(
-    file: &Path,
-    n: u32,
-    in_job: bool,
-    world: &parallax_runtime::launch::World,
-    found: &parallax_runtime::cuda::Devices,
-) -> Result<gpu_placement::Placement, Exit> {
-    let memory: Vec<u64> = found.gpus.iter().map(|g| g.memory_bytes).collect();
-    let share = gpu_placement::share_asked(&|k| std::env::var(k).ok());
-    let placed = match in_job {
-        true => gpu_placement::in_job(world.rank, world.local_rank, &memory, share),
-        false => gpu_placement::in_process(n as usize, &memory, share),
-    };
-    placed.map_err(|e| {
-        errln!("{}: error: --backend cuda: {e}", file.display());
-        errln!("  = hint: {}", e.hint());
-        Exit(1)
-    })
-}
-
-/// A refusal of the split or its plan, printed (a compile error with its line of the file).
-fn refuse(file: &Path, source: &parallax_compiler::Source, e: target::TargetError) -> Exit {
-    if let target::TargetError::Compile(e) = &e {
-        let (text, diags) = source.for_user(e.diagnostics());
-        crate::report(&file.display().to_string(), text, &diags, Format::Text);
-        return Exit(1);
-    }
-    errln!("{}: error: {e}", file.display());
-    if let Some(hint) = e.hint() {
-        errln!("  = hint: {hint}");
-    }
-    Exit(1)
-}
-
 pub fn run(args: Args) -> Result<(), Exit> {
-    let Args {
-        file,
-        steps,
-        epochs,
-        seed,
-        run_dir,
-        init,
-        set,
-        checkpoint_every,
-        keep,
-        resume,
-        accept_changes,
-        gpus,
-        gpu_memory,
-        strategy,
-        zero,
-        backend,
-        precision,
-        collective_timeout,
-        crash_after,
-        stall_after,
-    } = args;
     // clap's `requires` does not hold a bool flag to it.
-    if accept_changes && resume.is_none() {
+    if args.accept_changes && args.resume.is_none() {
         errln!("error: --accept-changes continues a run with --resume RUN_DIR; a new run has nothing to accept");
         return Err(Exit(2));
     }
-    // A resumed run reads the experiment it recorded (every default and override resolved).
-    let file = match (&resume, file) {
-        (Some(dir), _) => dir.join("experiment.ron"),
-        (None, Some(f)) => f,
-        (None, None) => unreachable!("clap requires FILE unless --resume"),
-    };
+    let prepared = crate::prepare::prepare(&args)?;
+    if args.dry_run {
+        outln!("{}", prepared.describe())?;
+        return Ok(());
+    }
+    let Prepared {
+        file,
+        source,
+        plan,
+        device,
+        world,
+        in_job,
+    } = prepared;
     let file = file.as_path();
-    let run_dir = resume.clone().or(run_dir);
-    let (source, _) = load(file, Format::Text)?;
-    let source = apply_set(file, source, &set, Format::Text)?;
-    let devices = &source.experiment.devices;
-    // Under a launcher the world is the device count.
-    let world = crate::job::world(file)?;
-    let in_job = crate::job::in_job(&world);
     let lead = world.rank == 0;
-    let gpus = match in_job {
-        true => Some(world.devices(gpus, devices.gpus).map_err(|e| {
-            errln!("{}: error: {e}", file.display());
-            Exit(1)
-        })?),
-        false => gpus,
-    };
-    // (Not clap's `requires`: under a launcher the world says how many devices.)
-    if gpus.is_none() && (strategy.is_some() || zero.is_some()) {
-        let flag = if strategy.is_some() {
-            "--strategy"
-        } else {
-            "--zero"
-        };
-        errln!("error: {flag} splits the work of several devices: give --gpus N (or start the ranks with mpirun)");
-        return Err(Exit(2));
-    }
-    let (parallel, strategy, splits_unsplit) =
-        parallel_devices(resume.as_deref(), gpus, devices.gpus, strategy);
-    if let (true, Some(n), true) = (splits_unsplit, parallel, lead) {
-        errln!(
-            "{}: note: this run trained on one device with its batches unsplit; continuing on {n} device(s) cuts them into micro-shards, so from here the bits differ from an uninterrupted run's (by rounding; any device count then resumes this one with the same bits)",
-            file.display()
-        );
-    }
-    let found = match backend {
-        Backend::Cpu => None,
-        Backend::Cuda => match parallax_runtime::cuda::probe() {
-            Ok(found) => Some(found),
-            Err(e) => {
-                errln!("{}: error: --backend cuda: {e}", file.display());
-                errln!("  = hint: `parallax devices` says what was found; `--backend cpu` trains on the CPU");
-                return Err(Exit(1));
-            }
-        },
-        Backend::Auto => parallax_runtime::cuda::probe().ok(),
-    };
-    let cuda = match found {
-        Some(_) => Some(precision.runtime()?),
-        None => None,
-    };
-    // GPU ranks: which GPU each binds, and the memory each plans for.
-    let placement = match (parallel, &found) {
-        (Some(n), Some(found)) => Some(gpu_placement(file, n, in_job, &world, found)?),
-        _ => None,
-    };
-    let simulated = match parallel {
-        Some(n) => Some(simulated_devices(
-            file,
-            &source,
-            &target::Request {
-                gpus: n,
-                strategy: strategy.as_deref(),
-                zero,
-                memory: gpu_memory.or(placement.map(|p| p.capacity)),
-            },
-            lead,
-        )?),
-        None => None,
-    };
-    // Data and pipeline degrees never change the bits; the tensor-parallel degree changes
-    // the rounding of the row-parallel sums (checkpoints are whole tensors, so the state is
-    // re-sliced for any degree).
-    let recorded = resume.as_deref().and_then(RunRecord::grid_of);
-    if let (Some(old), Some((new, _))) = (recorded, simulated) {
-        if old.tp != new.grid.tp {
-            errln!(
-                "{}: note: this run trained with tensor parallelism of degree {}; continuing with {} changes the rounding, so the continuation matches an uninterrupted run within about 1e-5, not bit for bit",
-                file.display(),
-                old.tp,
-                new.grid.tp
-            );
-        }
-    }
-    let plan = match simulated {
-        Some((_, split)) => {
-            target::compile_split(&source, &split, &mut |_, _| {})
-                .map_err(|e| refuse(file, &source, e))?
-                .1
-        }
-        None => {
-            let options = Options {
-                gpus: parallel,
-                ..Options::default()
-            };
-            run_pipeline(file, &source, &options, Format::Text, &mut |_, _| {})?
-                .plan(&source, &options)
-        }
-    };
-    let simulated = simulated.map(|(s, _)| s);
-    let run_dir =
-        run_dir.unwrap_or_else(|| parallax_runtime::run_dir::default_path(&source.experiment.name));
-    let device = match (simulated, cuda, placement) {
-        (Some(ranks), Some(precision), Some(p)) => Device::CudaRanks(CudaRanks {
-            ranks,
-            precision,
-            first_gpu: p.first_gpu,
-            gpus: p.gpus,
-            nccl: (std::env::var(parallax_runtime::ranks::nccl_sum::ENV).as_deref() == Ok("1"))
-                .then(|| std::time::Duration::from_secs(collective_timeout)),
-        }),
-        (Some(s), _, _) => Device::Simulated(s),
-        (None, Some(p), _) => Device::Cuda(p),
-        (None, None, _) => Device::Cpu,
-    };
+    let run_dir = args
+        .resume
+        .clone()
+        .or(args.run_dir.clone())
+        .unwrap_or_else(|| parallax_runtime::run_dir::default_path(&source.experiment.name));
     let cfg = TrainConfig {
-        steps,
-        epochs,
-        seed,
+        steps: args.steps,
+        epochs: args.epochs,
+        seed: args.seed,
         run_dir: run_dir.clone(),
-        init,
+        init: args.init.clone(),
         base_dir: file.parent().map(Path::to_path_buf).unwrap_or_default(),
         device,
-        checkpoint_every,
-        keep,
-        resume: resume.is_some(),
-        accept_changes,
-        overrides: set,
+        checkpoint_every: args.checkpoint_every,
+        keep: args.keep,
+        resume: args.resume.is_some(),
+        accept_changes: args.accept_changes,
+        overrides: args.set.clone(),
         stop: Some(stop_on_signals()?),
     };
-    let backend_name = match device {
-        Device::Cuda(_) => "CUDA backend (GPU 0)".to_string(),
-        Device::Simulated(s) => format!(
-            "CPU backend, {} {} (dp{}.tp{}.pp{}) over {} micro-shards",
-            s.grid.devices(),
-            match in_job {
-                true => format!("rank(s) under {}", world.launcher),
-                false => "simulated device(s)".to_string(),
-            },
-            s.grid.dp,
-            s.grid.tp,
-            s.grid.pp,
-            plan.sharding.map_or(1, |s| s.shards)
-        ),
-        Device::Cpu => "CPU backend".to_string(),
-        Device::CudaRanks(g) => format!(
-            "CUDA backend, {} GPU {} (dp{}.tp{}.pp{}) over {} micro-shards, summed {}",
-            g.ranks.grid.devices(),
-            match in_job {
-                true => format!("rank(s) under {}", world.launcher),
-                false => format!("rank(s) in this process on {} GPU(s)", g.gpus),
-            },
-            g.ranks.grid.dp,
-            g.ranks.grid.tp,
-            g.ranks.grid.pp,
-            plan.sharding.map_or(1, |s| s.shards),
-            match g.nccl {
-                Some(_) => "on the GPUs over NCCL",
-                None => "on the host",
-            }
-        ),
-    };
-    let terminal = std::io::stderr().is_terminal();
-    let mut bar: Option<ProgressBar> = None;
-    let mut every = 1;
-    let name = source.experiment.name.clone();
-    let mut on_event = |e: &Event| match e {
-        Event::Step { step, .. } if crash_after == Some((world.rank, *step)) => {
-            // As `kill -9` would: no checkpoint, no goodbye.
-            let _ = signal_hook::low_level::raise(signal_hook::consts::SIGKILL);
-        }
-        Event::Step { step, .. } if stall_after == Some((world.rank, *step)) => {
-            std::thread::sleep(std::time::Duration::from_secs(3600));
-        }
-        // The job's other ranks train silently; rank 0 speaks for it.
-        _ if !lead => {}
-        Event::Start {
-            total_steps,
-            train_samples,
-            validation_samples,
-            ..
-        } => {
-            errln!(
-                "{name}: training {total_steps} steps on {train_samples} samples ({validation_samples} for validation), {backend_name}"
-            );
-            every = (total_steps / 10).max(1);
-            if terminal {
-                let b = ProgressBar::new(*total_steps);
-                b.set_style(
-                    ProgressStyle::with_template("{bar:30} {pos}/{len} steps  {msg}  eta {eta}")
-                        .expect("a valid template"),
-                );
-                bar = Some(b);
-            }
-        }
-        Event::Step {
-            step,
-            total,
-            epoch,
-            loss,
-            samples_per_sec,
-        } => match &bar {
-            Some(b) => {
-                b.set_position(*step);
-                b.set_message(format!("loss {loss:.4}  {samples_per_sec:.0} samples/s"));
-            }
-            None if step % every == 0 || step == total => errln!(
-                "step {step}/{total}  epoch {epoch}  loss {loss:.4}  {samples_per_sec:.0} samples/s"
-            ),
-            None => {}
-        },
-        Event::Validation {
-            epoch,
-            loss,
-            accuracy,
-        } => {
-            let acc = accuracy.map_or(String::new(), |a| format!("  accuracy {:.2}%", a * 100.0));
-            let line = format!("epoch {epoch}: validation loss {loss:.4}{acc}");
-            match &bar {
-                Some(b) => b.println(line),
-                None => errln!("{line}"),
-            }
-        }
-        Event::Warning(w) => {
-            let line = format!("{name}: warning: {w}");
-            match &bar {
-                Some(b) => b.println(line),
-                None => errln!("{line}"),
-            }
-        }
+    let mut progress = Progress {
+        name: source.experiment.name.clone(),
+        backend: backend_label(&device, &plan, in_job, &world),
+        lead,
+        rank: world.rank,
+        crash_after: args.crash_after,
+        stall_after: args.stall_after,
+        terminal: std::io::stderr().is_terminal(),
+        bar: None,
+        every: 1,
     };
     let job = match (in_job, device) {
         (true, Device::Simulated(_) | Device::CudaRanks(_)) => Some(crate::job::start(
             file,
             &world,
-            std::time::Duration::from_secs(collective_timeout),
+            std::time::Duration::from_secs(args.collective_timeout),
             &cfg.stop.clone().unwrap_or_default(),
         )?),
         _ => None,
     };
     let result = match &job {
-        Some(job) => train_rank(&source, plan, &cfg, job.peers.clone(), &mut on_event),
-        None => train(&source, plan, &cfg, &mut on_event),
+        Some(job) => train_rank(&source, plan, &cfg, job.peers.clone(), &mut |e| {
+            progress.on_event(e)
+        }),
+        None => train(&source, plan, &cfg, &mut |e| progress.on_event(e)),
     };
-    if let Some(b) = bar {
+    if let Some(b) = progress.bar.take() {
         b.finish_and_clear();
     }
     if let (Err(e), Some(job)) = (&result, &job) {
-        if !matches!(e, TrainError::Interrupted { .. }) {
+        if !matches!(
+            e,
+            TrainError::Interrupted { .. } | TrainError::Finished { .. }
+        ) {
             // One write, so that the ranks' lines do not interleave; naming the rank once.
             let e = e.to_string();
             let rank = format!("rank {}: ", job.rank);
@@ -460,6 +194,15 @@ pub fn run(args: Args) -> Result<(), Exit> {
             _ => Ok(()),
         };
     }
+    report(file, &run_dir, result)
+}
+
+/// What the run ended with, said (exit 0, 1, or 128 + the signal).
+fn report(
+    file: &Path,
+    run_dir: &Path,
+    result: Result<parallax_runtime::train::Summary, TrainError>,
+) -> Result<(), Exit> {
     match result {
         Ok(s) => {
             let acc = s.val_accuracy.map_or(String::new(), |a| {
@@ -479,6 +222,11 @@ pub fn run(args: Args) -> Result<(), Exit> {
             outln!("run: {}", run_dir.display())?;
             Ok(())
         }
+        Err(e @ TrainError::Finished { .. }) => {
+            errln!("{}: {e}", file.display());
+            outln!("run: {}", run_dir.display())?;
+            Ok(())
+        }
         Err(e @ TrainError::Interrupted { signal, .. }) => {
             errln!("{}: {e}", file.display());
             Err(Exit(128u8.saturating_add(signal as u8)))
@@ -486,6 +234,125 @@ pub fn run(args: Args) -> Result<(), Exit> {
         Err(e) => {
             errln!("{}: error: {e}", file.display());
             Err(Exit(1))
+        }
+    }
+}
+
+/// The devices, as the start line names them.
+fn backend_label(device: &Device, plan: &Plan, in_job: bool, world: &World) -> String {
+    let shards = plan.sharding.map_or(1, |s| s.shards);
+    let ranks = |here: String| match in_job {
+        true => format!("rank(s) under {}", world.launcher),
+        false => here,
+    };
+    match device {
+        Device::Cuda(_) => "CUDA backend (GPU 0)".to_string(),
+        Device::Simulated(s) => format!(
+            "CPU backend, {} {} (dp{}.tp{}.pp{}) over {shards} micro-shards",
+            s.grid.devices(),
+            ranks("simulated device(s)".to_string()),
+            s.grid.dp,
+            s.grid.tp,
+            s.grid.pp,
+        ),
+        Device::Cpu => "CPU backend".to_string(),
+        Device::CudaRanks(g) => format!(
+            "CUDA backend, {} GPU {} (dp{}.tp{}.pp{}) over {shards} micro-shards, summed {}",
+            g.ranks.grid.devices(),
+            ranks(format!("rank(s) in this process on {} GPU(s)", g.gpus)),
+            g.ranks.grid.dp,
+            g.ranks.grid.tp,
+            g.ranks.grid.pp,
+            match g.nccl {
+                Some(_) => "on the GPUs over NCCL",
+                None => "on the host",
+            }
+        ),
+    }
+}
+
+/// The run's progress on stderr: a bar on a terminal, else a line every tenth of the run;
+/// rank 0 speaks for a job. Also the failure tests' hooks.
+struct Progress {
+    name: String,
+    backend: String,
+    lead: bool,
+    rank: usize,
+    crash_after: Option<(usize, u64)>,
+    stall_after: Option<(usize, u64)>,
+    terminal: bool,
+    bar: Option<ProgressBar>,
+    every: u64,
+}
+
+impl Progress {
+    fn on_event(&mut self, e: &Event) {
+        let name = &self.name;
+        match e {
+            Event::Step { step, .. } if self.crash_after == Some((self.rank, *step)) => {
+                // As `kill -9` would: no checkpoint, no goodbye.
+                let _ = signal_hook::low_level::raise(signal_hook::consts::SIGKILL);
+            }
+            Event::Step { step, .. } if self.stall_after == Some((self.rank, *step)) => {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+            // The job's other ranks train silently; rank 0 speaks for it.
+            _ if !self.lead => {}
+            Event::Start {
+                total_steps,
+                train_samples,
+                validation_samples,
+                ..
+            } => {
+                errln!(
+                    "{name}: training {total_steps} steps on {train_samples} samples ({validation_samples} for validation), {}",
+                    self.backend
+                );
+                self.every = (total_steps / 10).max(1);
+                if self.terminal {
+                    let b = ProgressBar::new(*total_steps);
+                    b.set_style(
+                        ProgressStyle::with_template(
+                            "{bar:30} {pos}/{len} steps  {msg}  eta {eta}",
+                        )
+                        .expect("a valid template"),
+                    );
+                    self.bar = Some(b);
+                }
+            }
+            Event::Step {
+                step,
+                total,
+                epoch,
+                loss,
+                samples_per_sec,
+            } => match &self.bar {
+                Some(b) => {
+                    b.set_position(*step);
+                    b.set_message(format!("loss {loss:.4}  {samples_per_sec:.0} samples/s"));
+                }
+                None if step % self.every == 0 || step == total => errln!(
+                    "step {step}/{total}  epoch {epoch}  loss {loss:.4}  {samples_per_sec:.0} samples/s"
+                ),
+                None => {}
+            },
+            Event::Validation {
+                epoch,
+                loss,
+                accuracy,
+            } => {
+                let acc =
+                    accuracy.map_or(String::new(), |a| format!("  accuracy {:.2}%", a * 100.0));
+                self.say(format!("epoch {epoch}: validation loss {loss:.4}{acc}"));
+            }
+            Event::Warning(w) => self.say(format!("{name}: warning: {w}")),
+        }
+    }
+
+    fn say(&self, line: String) {
+        match &self.bar {
+            Some(b) => b.println(line),
+            None => errln!("{line}"),
         }
     }
 }

@@ -392,3 +392,89 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+/// A run killed after its last checkpoint, before its final files, is finished by `--resume`
+/// (validation, final weights, summary: the bytes of the run never killed); a finished run
+/// says so and exits 0.
+#[test]
+fn a_run_stopped_after_its_last_checkpoint_is_finished_by_resume() {
+    let whole = short_run("finish-whole", "models/mlp.ron");
+    let summary = |d: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(d.join("summary.json")).unwrap()).unwrap()
+    };
+    let want = std::fs::read(whole.join("final.safetensors")).unwrap();
+    // As a kill after the step-20 checkpoint leaves it: no final files; once with the last
+    // validation logged, once without (the continuation then validates).
+    for logged in [true, false] {
+        let cut = temp(&format!("finish-cut-{logged}"));
+        let _ = std::fs::remove_dir_all(&cut);
+        copy_dir(&whole, &cut);
+        for f in ["final.safetensors", "summary.json"] {
+            std::fs::remove_file(cut.join(f)).unwrap();
+        }
+        if !logged {
+            let metrics = std::fs::read_to_string(cut.join("metrics.jsonl")).unwrap();
+            let kept: String = metrics
+                .lines()
+                .filter(|l| !l.contains("val_loss"))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            std::fs::write(cut.join("metrics.jsonl"), kept).unwrap();
+        }
+        let o = run(&["train", "--resume", cut.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{err}");
+        assert!(
+            std::fs::read(cut.join("final.safetensors")).unwrap() == want,
+            "the finished run's weights differ"
+        );
+        let (a, b) = (summary(&whole), summary(&cut));
+        for k in ["steps", "final_train_loss", "val_loss", "val_accuracy"] {
+            assert_eq!(a[k], b[k], "{k}");
+        }
+        assert_eq!(b["resumed_from"], 20);
+        let vals = std::fs::read_to_string(cut.join("metrics.jsonl")).unwrap();
+        assert_eq!(vals.matches("val_loss").count(), 1, "{vals}");
+        // Finished: said, exit 0, nothing rewritten.
+        let o = run(&["train", "--resume", cut.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{err}");
+        assert!(err.contains("20 steps are all done"), "{err}");
+        let _ = std::fs::remove_dir_all(&cut);
+    }
+    let _ = std::fs::remove_dir_all(&whole);
+}
+
+/// A resumed run keeps the ZeRO stage and pipeline schedule it recorded (as data in its
+/// run.json) without `--zero` given again.
+#[test]
+fn a_resumed_run_keeps_its_zero_stage_and_schedule() {
+    let dir = temp("keeps-zero");
+    let _ = std::fs::remove_dir_all(&dir);
+    let d = dir.to_str().unwrap();
+    let o = run(&[
+        "train",
+        "models/mlp.ron",
+        "--gpus",
+        "2",
+        "--zero",
+        "2",
+        "--steps",
+        "4",
+        "--checkpoint-every",
+        "2",
+        "--run-dir",
+        d,
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = run(&["train", "--resume", d, "--steps", "6"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("run.json")).unwrap()).unwrap();
+    for plan in [&record["plan"], &record["resumes"][0]["plan"]] {
+        assert_eq!(plan["zero_stage"], 2, "{record}");
+        assert_eq!(plan["schedule"], "none", "{record}");
+        assert_eq!(plan["optimizer_shards"], 2, "{record}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -226,3 +226,68 @@ fn one_gpu_that_fits_only_with_accumulation_says_so() {
         "{err}"
     );
 }
+
+/// What `compile --gpus N` reports is what `train --gpus N` runs: the same strategy, ZeRO
+/// stage and pipeline schedule (or both refuse), for every model at several device counts.
+/// `train --dry-run` decides and compiles, and allocates nothing.
+#[test]
+fn compile_reports_the_split_that_train_runs() {
+    let mut files: Vec<String> = ["models", "benches/models"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).unwrap())
+        .map(|e| e.unwrap().path().display().to_string())
+        .filter(|p| p.ends_with(".ron"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 10, "{files:?}");
+    let split = |v: &serde_json::Value| {
+        (
+            v["strategy"].clone(),
+            v["zero"].clone(),
+            v["schedule"].clone(),
+        )
+    };
+    std::thread::scope(|scope| {
+        for file in &files {
+            scope.spawn(move || {
+                for n in ["1", "2", "3", "4", "8", "16"] {
+                    let c = parallax(&["compile", file, "--gpus", n, "--format", "json"]);
+                    let t =
+                        parallax(&["train", file, "--gpus", n, "--backend", "cpu", "--dry-run"]);
+                    let what = format!("{file} on {n}: {}\n{}", stderr(&c), stderr(&t));
+                    assert_eq!(c.status.success(), t.status.success(), "{what}");
+                    if !c.status.success() {
+                        assert_eq!((c.status.code(), t.status.code()), (Some(1), Some(1)));
+                        continue;
+                    }
+                    let compiled: serde_json::Value = serde_json::from_str(&stdout(&c)).unwrap();
+                    let trained: serde_json::Value = serde_json::from_str(&stdout(&t)).unwrap();
+                    assert_eq!(split(&compiled["partition"]), split(&trained), "{what}");
+                    assert_eq!(compiled["strategy"], trained["strategy"], "{what}");
+                }
+            });
+        }
+    });
+}
+
+/// `compile models/cnn.ron --gpus 16` reports the split train can feed from the batch's 8
+/// micro-shards (the cost model alone would pick dp16).
+#[test]
+fn a_split_with_more_ranks_than_micro_shards_is_not_reported() {
+    let (o, v) = json(&[
+        "compile",
+        "models/cnn.ron",
+        "--gpus",
+        "16",
+        "--format",
+        "json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = &v["partition"]["strategy"];
+    assert!(s["dp"].as_u64().unwrap() <= 8, "{s}");
+    let fastest = &v["partition"]["candidates"][0]["strategy"];
+    assert_eq!(
+        fastest["dp"], 16,
+        "the cost model still lists its fastest: {fastest}"
+    );
+}

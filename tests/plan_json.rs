@@ -153,15 +153,102 @@ fn the_emitted_plan_loads_and_another_format_is_refused() {
     assert_eq!(loaded.name, "gpt-large");
     same_text(&loaded.to_json(), &text);
 
-    let future = text.replacen("\"format\": 1", "\"format\": 2", 1);
+    let format = parallax_compiler::plan::PLAN_FORMAT;
+    let future = text.replacen(
+        &format!("\"format\": {format}"),
+        &format!("\"format\": {}", format + 1),
+        1,
+    );
     assert!(matches!(
         Plan::from_json(&future),
-        Err(PlanError::Format { found: 2 })
+        Err(PlanError::Format { found }) if found == u64::from(format) + 1
     ));
     let err = Plan::from_json("{\"format\": 1}").unwrap_err().to_string();
     assert!(
         err.starts_with("not a Parallax plan: missing field"),
         "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Trains with `args` into a fresh folder; returns `final.safetensors` and the losses.
+fn cli_trained(args: &[&str], name: &str) -> (Vec<u8>, String) {
+    let dir = temp(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    let o = parallax(
+        &[
+            args,
+            &["--backend", "cpu", "--run-dir", dir.to_str().unwrap()],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    let bytes = std::fs::read(dir.join("final.safetensors")).unwrap();
+    let losses: String = std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].to_string())
+        .collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    (bytes, losses)
+}
+
+/// The plan is the seam: `compile FILE --gpus N --emit plan` writes the per-device plan that
+/// `train FILE --gpus N` runs, with its split and experiment, and `train --plan` trains it to
+/// the same bits.
+#[test]
+fn train_plan_runs_the_emitted_partitioned_plan_to_the_same_bits() {
+    for (file, gpus, strategy, steps) in [
+        ("models/mlp.ron", "2", None, "3"),
+        ("models/transformer.ron", "2", Some("pp2"), "2"),
+    ] {
+        let dir = temp(&format!("seam-{gpus}-{}", strategy.unwrap_or("chosen")));
+        let mut compile_args = vec!["compile", file, "--gpus", gpus];
+        let mut train_args = vec!["train", file, "--gpus", gpus, "--steps", steps];
+        if let Some(s) = strategy {
+            compile_args.extend(["--strategy", s]);
+            train_args.extend(["--strategy", s]);
+        }
+        let o = parallax(
+            &[
+                &compile_args[..],
+                &["--emit", "plan", "--out", dir.to_str().unwrap()],
+            ]
+            .concat(),
+        );
+        assert!(o.status.success(), "{}", stderr(&o));
+        let path = dir.join("plan.json");
+        let plan = Plan::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        // What the ranks layer takes: a per-shard plan whose stages match its strategy.
+        assert!(plan.sharding.is_some(), "{file}: not a per-shard plan");
+        assert_eq!(plan.pipeline_stages, plan.strategy.pp, "{file}");
+        assert!(
+            plan.schedule.is_some() && plan.experiment.is_some(),
+            "{file}"
+        );
+        let want = cli_trained(&train_args, &format!("seam-file-{gpus}"));
+        let got = cli_trained(
+            &["train", "--plan", path.to_str().unwrap(), "--steps", steps],
+            &format!("seam-plan-{gpus}"),
+        );
+        assert_eq!(want.1, got.1, "{file}: the losses differ");
+        assert!(want.0 == got.0, "{file}: the final weights differ");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn a_plan_without_its_experiment_is_refused() {
+    let dir = temp("seam-bare");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("plan.json");
+    std::fs::write(&path, plan(&model("mlp"), &Options::default()).to_json()).unwrap();
+    let o = parallax(&["train", "--plan", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("carries no experiment"),
+        "{}",
+        stderr(&o)
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -2,8 +2,8 @@
 //! those the run can use), and the per-device plan built for it. What `train` runs, what
 //! `compile` measures, and what every rank of a job computes alike from the same file.
 
-use crate::partition::{self, Candidate};
-use crate::plan::{Plan, Strategy};
+use crate::partition;
+use crate::plan::{PipelineSchedule, Plan, Strategy};
 use crate::shards::Sharding;
 use crate::{compile, Compiled, Error, Options, Source};
 
@@ -11,12 +11,27 @@ use crate::{compile, Compiled, Error, Options, Source};
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Request<'a> {
     pub gpus: u32,
-    /// Degrees like `dp2.pp2` (all data parallel, or the cost model's choice, when absent).
+    /// Degrees like `dp2.pp2` (the cost model's choice, or all data parallel without a
+    /// profile for the device kind, when absent).
     pub strategy: Option<&'a str>,
     /// ZeRO stage; the cost model's choice, or 0 with a strategy, when absent.
     pub zero: Option<u8>,
-    /// Each device's memory (the file's device kind's when absent).
+    /// Each device's memory (the device kind's when absent).
     pub memory: Option<u64>,
+    /// The device kind (the file's when absent; `compile --device`).
+    pub kind: Option<&'a str>,
+    /// Nodes the devices are spread over (`compile --nodes`; 8 devices a node when absent).
+    pub nodes: Option<u32>,
+    /// The split a resumed run trained with: kept unless `strategy` asks for another.
+    pub resumed: Option<Recorded>,
+}
+
+/// A split as a run records it (`run.json`) and a partitioned plan carries it.
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Recorded {
+    pub strategy: Strategy,
+    pub zero: u8,
+    pub schedule: PipelineSchedule,
 }
 
 /// The split a run uses.
@@ -25,10 +40,23 @@ pub struct Split {
     pub strategy: Strategy,
     /// ZeRO stage over the data-parallel ranks (0 with one rank: nothing to shard).
     pub zero: u8,
+    /// The pipeline schedule (`Sequential` without stages).
+    pub schedule: PipelineSchedule,
     /// Each device's memory, in bytes.
     pub capacity: u64,
-    /// Whether the cost model chose it (`--strategy` absent).
+    /// Whether the cost model chose it (neither `--strategy` nor a resumed run's split).
     pub chosen: bool,
+}
+
+impl Split {
+    /// The degrees, ZeRO stage and schedule, as a run records them.
+    pub fn recorded(&self) -> Recorded {
+        Recorded {
+            strategy: self.strategy,
+            zero: self.zero,
+            schedule: self.schedule,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -68,62 +96,146 @@ impl TargetError {
     }
 }
 
-/// The split for `request`. Without `--strategy` the cost model chooses: the fastest
-/// candidate that fits and that the batch's micro-shards can feed, preferring one without
-/// tensor parallelism (whose bits do not depend on the device count); with no profile for
-/// the device kind, all data parallel.
+/// The split for `request`: what `train` runs and `compile` reports. Without `--strategy`
+/// (or a resumed run's split) the cost model chooses the fastest candidate that fits and that
+/// the batch's micro-shards can feed, preferring one without tensor parallelism (whose bits do
+/// not depend on the device count); with no profile for the device kind, all data parallel.
 pub fn split(source: &Source, request: &Request) -> Result<Split, TargetError> {
+    let partitioned = match profile_of(source, request) {
+        Some(_) => {
+            let options = Options {
+                gpus: Some(request.gpus),
+                ..Options::default()
+            };
+            let unsplit = compile(source, &options, &mut |_, _| {})?;
+            partition_for(source, &unsplit, request)?
+        }
+        None => None,
+    };
+    split_from(source, request, partitioned.as_ref())
+}
+
+fn profile_of(source: &Source, request: &Request) -> Option<&'static crate::devices::Profile> {
+    crate::devices::profile(request.kind.unwrap_or(&source.experiment.devices.kind))
+}
+
+/// The micro-shards each batch is cut into: the most data-parallel ranks a run can feed.
+fn micro_shards(source: &Source) -> u32 {
     let e = &source.experiment;
+    Sharding::new(e.devices.micro_shards, e.train.batch_size).shards
+}
+
+/// The strategy `request` forces (`--strategy`, or the resumed run's), if any.
+fn forced(request: &Request) -> Result<Option<Strategy>, TargetError> {
+    match (request.strategy, request.resumed) {
+        (Some(s), _) => partition::parse_strategy(s, request.gpus)
+            .map(Some)
+            .map_err(|e| TargetError::Strategy(e.to_string())),
+        (None, Some(r)) => Ok(Some(r.strategy)),
+        (None, None) => Ok(None),
+    }
+}
+
+/// The ZeRO stage `request` asks for: `--zero`, the resumed run's, or 0 with a forced
+/// strategy (`None`: the cost model's choice).
+fn zero_asked(request: &Request) -> Option<u8> {
+    match (request.zero, request.resumed, request.strategy) {
+        (Some(z), _, _) => Some(z),
+        (None, Some(r), None) => Some(r.zero),
+        (None, _, Some(_)) => Some(0),
+        (None, _, None) => None,
+    }
+}
+
+/// The cost model's candidates for `request` over the `unsplit` graph and its pick among those
+/// `train` can run (`None` where the device kind has no profile). A forced strategy the
+/// planner refuses or finds too big is returned as the partition's error, to show.
+pub fn partition_for(
+    source: &Source,
+    unsplit: &Compiled,
+    request: &Request,
+) -> Result<Option<Partitioned>, TargetError> {
+    let Some(profile) = profile_of(source, request) else {
+        return Ok(None);
+    };
+    let e = &source.experiment;
+    let model = partition::model_cost(&unsplit.graph, &e.name, e.train.batch_size);
+    let target = partition::Target {
+        gpus: request.gpus,
+        profile,
+        capacity: request.memory.unwrap_or(profile.memory),
+        nodes: request.nodes,
+        strategy: forced(request)?,
+    };
+    let pick = partition::Pick {
+        max_dp: micro_shards(source),
+        zero: zero_asked(request),
+        schedule: request
+            .resumed
+            .filter(|_| request.strategy.is_none())
+            .map(|r| r.schedule),
+        prefer_tp_free: true,
+    };
+    let partition = partition::plan_picking(&model, &target, &pick);
+    Ok(Some(Partitioned {
+        model,
+        target,
+        partition,
+    }))
+}
+
+/// The split of `request` given its partition (`None`: no profile for the device kind).
+pub fn split_from(
+    source: &Source,
+    request: &Request,
+    partitioned: Option<&Partitioned>,
+) -> Result<Split, TargetError> {
     let n = request.gpus;
-    let shards = Sharding::new(e.devices.micro_shards, e.train.batch_size).shards;
-    let profile = crate::devices::profile(&e.devices.kind);
+    let shards = micro_shards(source);
     let capacity = request
         .memory
-        .unwrap_or_else(|| profile.map_or(u64::MAX, |p| p.memory));
+        .unwrap_or_else(|| profile_of(source, request).map_or(u64::MAX, |p| p.memory));
+    let forced = forced(request)?;
+    let zero = zero_asked(request);
     let all_data = Strategy {
         dp: n,
         tp: 1,
         pp: 1,
     };
-    let (strategy, chosen_zero, chosen) = match (request.strategy, profile) {
-        (Some(s), _) => (
-            partition::parse_strategy(s, n).map_err(|e| TargetError::Strategy(e.to_string()))?,
-            0,
-            false,
-        ),
-        (None, None) => (all_data, 0, false),
-        (None, Some(profile)) => {
-            let options = Options {
-                gpus: Some(n),
-                ..Options::default()
-            };
-            let unsplit = compile(source, &options, &mut |_, _| {})?;
-            let model = partition::model_cost(&unsplit.graph, &e.name, e.train.batch_size);
-            let target = partition::Target {
+    let plain = |s: Strategy| Recorded {
+        strategy: s,
+        zero: zero.unwrap_or(0),
+        schedule: match s.pp {
+            1 => PipelineSchedule::Sequential,
+            _ => PipelineSchedule::OneFOneB,
+        },
+    };
+    let partition = partitioned.map(|p| &p.partition);
+    let chosen = match (forced, partition) {
+        (_, Some(Ok(p))) => Recorded {
+            strategy: p.strategy,
+            zero: p.zero,
+            schedule: p.schedule,
+        },
+        // A forced split the planner refuses or finds too big runs anyway: the devices'
+        // exact memory and the per-device plan decide (and say why).
+        (Some(s), _) => plain(s),
+        (None, None) => plain(all_data),
+        (None, Some(Err(partition::Error::Unrunnable { fastest, .. }))) => {
+            return Err(TargetError::TooFewShards {
                 gpus: n,
-                profile,
-                capacity,
-                nodes: None,
-                strategy: None,
-            };
-            let planned = partition::plan(&model, &target)
-                .map_err(|source| TargetError::Partition { gpus: n, source })?;
-            let runnable = |c: &&Candidate| c.fits && c.strategy.dp <= shards;
-            let fastest = |tp_free: bool| {
-                planned
-                    .candidates
-                    .iter()
-                    .filter(runnable)
-                    .filter(|c| !tp_free || c.strategy.tp == 1)
-                    .min_by(|a, b| a.step_time_s.total_cmp(&b.step_time_s))
-                    .map(|c| (c.strategy, c.zero))
-            };
-            let (s, z) = fastest(true)
-                .or_else(|| fastest(false))
-                .unwrap_or((all_data, 0));
-            (s, z, true)
+                shards,
+                dp: fastest.strategy.dp,
+            })
+        }
+        (None, Some(Err(e))) => {
+            return Err(TargetError::Partition {
+                gpus: n,
+                source: e.clone(),
+            })
         }
     };
+    let strategy = chosen.strategy;
     if strategy.dp > shards {
         return Err(TargetError::TooFewShards {
             gpus: n,
@@ -131,16 +243,12 @@ pub fn split(source: &Source, request: &Request) -> Result<Split, TargetError> {
             dp: strategy.dp,
         });
     }
-    let zero = if strategy.dp > 1 {
-        request.zero.unwrap_or(chosen_zero)
-    } else {
-        0
-    };
     Ok(Split {
         strategy,
-        zero,
+        zero: if strategy.dp > 1 { chosen.zero } else { 0 },
+        schedule: chosen.schedule,
         capacity,
-        chosen,
+        chosen: forced.is_none() && partitioned.is_some(),
     })
 }
 
@@ -153,7 +261,9 @@ pub fn compile_split(
 ) -> Result<(Compiled, Plan), TargetError> {
     let options = Options::partitioned(source, split.strategy, split.zero);
     let compiled = compile(source, &options, after_pass)?;
-    let plan = compiled.plan(source, &options);
+    let mut plan = compiled.plan(source, &options);
+    plan.schedule = Some(split.schedule);
+    plan.device_memory_bytes = Some(split.capacity);
     if plan
         .tensor_parallel
         .as_ref()
@@ -179,6 +289,7 @@ pub fn simulated_device_bytes(source: &Source, strategy: Strategy, zero: u8) -> 
     let split = Split {
         strategy,
         zero,
+        schedule: PipelineSchedule::Sequential,
         capacity: u64::MAX,
         chosen: false,
     };
@@ -198,35 +309,6 @@ impl Partitioned {
     /// The smallest GPU count above the target's that fits.
     pub fn smallest_fitting(&self) -> Option<partition::Smallest> {
         partition::smallest_fitting(&self.model, &self.target)
-    }
-}
-
-/// Partitions `compiled` for `gpus` devices of `profile` with `capacity` bytes each, over
-/// `nodes`, with `strategy` forced when given. Errors are those that leave nothing to show
-/// (a bad strategy, no strategy for the count); a partition that does not fit is returned.
-pub fn partition(
-    compiled: &Compiled,
-    source: &Source,
-    target: partition::Target,
-    strategy: Option<&str>,
-) -> Result<Partitioned, partition::Error> {
-    let e = &source.experiment;
-    let model = partition::model_cost(&compiled.graph, &e.name, e.train.batch_size);
-    let forced = strategy.map(|s| partition::parse_strategy(s, target.gpus));
-    let target = partition::Target {
-        strategy: forced.transpose()?,
-        ..target
-    };
-    let partition = partition::plan(&model, &target);
-    match partition {
-        Err(partition::Error::NoFit { .. } | partition::Error::ForcedNoFit { .. }) | Ok(_) => {
-            Ok(Partitioned {
-                model,
-                target,
-                partition,
-            })
-        }
-        Err(e) => Err(e),
     }
 }
 

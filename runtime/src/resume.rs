@@ -129,17 +129,14 @@ impl Resume {
         })
     }
 
-    /// Refuses a step budget the checkpoint has already reached.
+    /// Refuses a step budget the checkpoint has passed (at the budget, the continuation only
+    /// finishes the run: validation, final weights, summary).
     pub fn check_budget(&self, total: u64) -> Result<(), ResumeError> {
         let at = self.step();
-        if at < total {
+        if at <= total {
             return Ok(());
         }
-        let budget = if at == total {
-            format!("so the run's {total} steps are all done")
-        } else {
-            format!("past the {total} steps asked for")
-        };
+        let budget = format!("past the {total} steps asked for");
         Err(ResumeError::NothingToDo {
             dir: self.dir.display().to_string(),
             at,
@@ -153,6 +150,44 @@ impl Resume {
         record.resumes.push(continuation);
         record
     }
+}
+
+/// The steps of the finished run in `dir` (its `summary.json` and `final.safetensors` are
+/// written), unless `asked` asks for another budget. A continuation that trains removes the
+/// summary first, so a summary is never older than the run's checkpoints.
+pub fn finished(dir: &Path, asked: Option<u64>) -> Option<u64> {
+    if !dir.join("final.safetensors").is_file() {
+        return None;
+    }
+    let text = std::fs::read_to_string(dir.join(SUMMARY)).ok()?;
+    let summary: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let steps = summary["steps"].as_u64()?;
+    asked.is_none_or(|n| n == steps).then_some(steps)
+}
+
+/// The summary's file name, in the run folder.
+pub const SUMMARY: &str = "summary.json";
+
+/// A step's training loss, and its validation loss and accuracy, as logged.
+pub type Logged = (Option<f32>, Option<(f64, Option<f64>)>);
+
+/// What `metrics.jsonl`'s `text` logged at `step`: the training loss, and the validation
+/// loss and accuracy (a run stopped after its last checkpoint has both).
+pub fn logged_at(text: &str, step: u64) -> Logged {
+    let (mut loss, mut val) = (None, None);
+    for v in text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["step"].as_u64() == Some(step))
+    {
+        if let Some(l) = v["loss"].as_f64() {
+            loss = Some(l as f32);
+        }
+        if let Some(l) = v["val_loss"].as_f64() {
+            val = Some((l, v["val_accuracy"].as_f64()));
+        }
+    }
+    (loss, val)
 }
 
 /// The metrics lines up to `step` (a crashed run may have logged steps after its checkpoint,

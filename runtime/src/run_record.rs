@@ -3,7 +3,8 @@
 //! trainer, read back by `--resume` and the command line; fields added later default, so
 //! records of older runs still read.
 
-use parallax_compiler::plan::Strategy;
+use parallax_compiler::plan::{PipelineSchedule, Strategy};
+use parallax_compiler::target::Recorded;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -41,6 +42,30 @@ pub struct PlanRecord {
     pub ops: usize,
     pub peak_memory_bytes: u64,
     pub batch_size: u64,
+    /// The ZeRO stage (absent in records written before it was kept: read from
+    /// `optimizer_shards`, stage 1 where they are sharded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub zero_stage: Option<u8>,
+    /// The pipeline schedule (absent in records written before it was kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<PipelineSchedule>,
+}
+
+impl PlanRecord {
+    /// The record of `plan`.
+    pub fn of(plan: &parallax_compiler::Plan) -> PlanRecord {
+        PlanRecord {
+            strategy: plan.strategy,
+            micro_shards: plan.sharding.map(|s| s.shards),
+            optimizer_shards: plan.optimizer_shards,
+            kernels: plan.kernels.len(),
+            ops: plan.ops,
+            peak_memory_bytes: plan.memory.peak_bytes,
+            batch_size: plan.batch_size,
+            zero_stage: plan.sharding.map(|_| plan.zero_stage),
+            schedule: plan.sharding.and(plan.schedule),
+        }
+    }
 }
 
 /// One `--resume`: where it started, and the identity and settings it continued with.
@@ -104,21 +129,27 @@ impl RunRecord {
         }
     }
 
-    /// The device grid the run in `dir` trained on, when it was partitioned.
-    pub fn grid_of(dir: &Path) -> Option<crate::grid::Grid> {
-        RunRecord::read(dir).ok()?.grid()
+    /// The split the run in `dir` trained with, when it was partitioned.
+    pub fn split_of(dir: &Path) -> Option<Recorded> {
+        RunRecord::read(dir).ok()?.split()
     }
 
-    /// The device grid the run last trained on, when its plan was partitioned.
-    pub fn grid(&self) -> Option<crate::grid::Grid> {
+    /// The split the run last trained with, when its plan was partitioned: its degrees, ZeRO
+    /// stage and pipeline schedule, as recorded.
+    pub fn split(&self) -> Option<Recorded> {
         let plan = self.resumes.iter().rev().find_map(|r| r.plan.as_ref());
         let plan = plan.unwrap_or(&self.plan);
         plan.micro_shards?;
         let s = plan.strategy;
-        Some(crate::grid::Grid {
-            dp: s.dp as usize,
-            tp: s.tp as usize,
-            pp: s.pp as usize,
+        Some(Recorded {
+            strategy: s,
+            zero: plan
+                .zero_stage
+                .unwrap_or(u8::from(plan.optimizer_shards > 1)),
+            schedule: plan.schedule.unwrap_or(match s.pp {
+                1 => PipelineSchedule::Sequential,
+                _ => PipelineSchedule::OneFOneB,
+            }),
         })
     }
 }
@@ -149,8 +180,18 @@ mod tests {
         assert_eq!(r.run_ids(), ["r1", "r2"]);
         assert_eq!(r.data_hashes(), ["ab"]);
         assert_eq!(r.cadence(), (25, None));
-        assert!(r.grid().is_none());
+        assert!(r.split().is_none());
         let again: RunRecord = serde_json::from_str(&r.to_json()).unwrap();
         assert_eq!(again, r);
+        // A partitioned run from before the ZeRO stage and schedule were kept: sharded
+        // optimizer state is read as stage 1.
+        let old_split = OLD
+            .replace("\"micro_shards\": null", "\"micro_shards\": 8")
+            .replace("\"optimizer_shards\": 1", "\"optimizer_shards\": 2")
+            .replace("\"dp\": 1", "\"dp\": 2");
+        let r: RunRecord = serde_json::from_str(&old_split).unwrap();
+        let s = r.split().unwrap();
+        assert_eq!((s.strategy.dp, s.zero), (2, 1));
+        assert_eq!(s.schedule, PipelineSchedule::Sequential);
     }
 }

@@ -23,28 +23,7 @@ pub const KERNEL_LAUNCH_S: f64 = 4e-6;
 /// Backward's share of a layer's forward + backward compute (two GEMMs per forward GEMM).
 pub const BACKWARD_SHARE: f64 = 2.0 / 3.0;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub enum PipelineSchedule {
-    /// No pipeline: micro-batches (if more than one) accumulate gradients one after another.
-    #[serde(rename = "none")]
-    Sequential,
-    /// All forwards, then all backwards: every micro-batch's activations live at once.
-    #[serde(rename = "gpipe")]
-    GPipe,
-    /// One forward, one backward: stage `s` of `pp` holds at most `pp - s` micro-batches.
-    #[serde(rename = "1f1b")]
-    OneFOneB,
-}
-
-impl PipelineSchedule {
-    pub fn name(self) -> &'static str {
-        match self {
-            PipelineSchedule::Sequential => "-",
-            PipelineSchedule::GPipe => "gpipe",
-            PipelineSchedule::OneFOneB => "1f1b",
-        }
-    }
-}
+pub use crate::plan::PipelineSchedule;
 
 /// The machines planned for.
 #[derive(Debug, Clone, Copy)]

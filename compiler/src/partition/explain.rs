@@ -183,3 +183,39 @@ pub fn failure_json(e: &Error) -> serde_json::Value {
         "candidates": candidates,
     })
 }
+
+/// `wte, wpe, h.0-9`: consecutive instances of a repeat shortened.
+pub(super) fn layer_list(m: &super::ModelCost, r: std::ops::Range<usize>) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut run: Option<(String, String, String)> = None; // (block, first, last)
+    let flush = |run: &mut Option<(String, String, String)>, out: &mut Vec<String>| {
+        if let Some((b, first, last)) = run.take() {
+            if first == last {
+                out.push(format!("{b}.{first}"));
+            } else {
+                out.push(format!("{b}.{first}-{last}"));
+            }
+        }
+    };
+    for g in r {
+        let grp = &m.groups[g];
+        match &grp.block {
+            Some(b) => {
+                let idx = grp.name[b.len() + 1..].to_string();
+                match &mut run {
+                    Some((rb, _, last)) if rb == b => *last = idx,
+                    _ => {
+                        flush(&mut run, &mut out);
+                        run = Some((b.clone(), idx.clone(), idx));
+                    }
+                }
+            }
+            None => {
+                flush(&mut run, &mut out);
+                out.push(grp.name.clone());
+            }
+        }
+    }
+    flush(&mut run, &mut out);
+    out.join(", ")
+}

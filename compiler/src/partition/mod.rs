@@ -6,11 +6,13 @@
 pub mod cost;
 pub mod explain;
 pub mod model;
+mod pick;
 #[cfg(test)]
 mod tests;
 
 pub use cost::{Cluster, DeviceMemory, Options, PipelineSchedule, StepTime};
 pub use model::{model_cost, ModelCost};
+pub use pick::Pick;
 
 use crate::devices::Profile;
 use crate::plan::Strategy;
@@ -20,7 +22,7 @@ use std::collections::HashMap;
 /// The largest GPU count the smallest-fit search tries.
 pub const SEARCH_BOUND: u32 = 65_536;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     #[error("no GPUs to plan for (asked for 0)")]
     NoGpus,
@@ -50,6 +52,14 @@ pub enum Error {
         /// The smallest GPU count (searched up to [`SEARCH_BOUND`]) on which something fits.
         smallest: Option<Smallest>,
         candidates: Vec<Candidate>,
+    },
+    #[error("`{model}` on {gpus} GPUs: every strategy that fits has more than {max_dp} data-parallel ranks, and each batch is cut into {max_dp} micro-shards")]
+    Unrunnable {
+        model: String,
+        gpus: u32,
+        max_dp: u32,
+        /// The fastest candidate that fits.
+        fastest: Box<Candidate>,
     },
     #[error("strategy {} does not fit: it needs {} per device", .candidate.strategy_name(), crate::plan::bytes(.candidate.memory.total))]
     ForcedNoFit {
@@ -475,17 +485,38 @@ fn candidates(m: &ModelCost, t: &Target, r: &Rules) -> Result<Vec<Candidate>, Er
 
 /// Plans `m` for `t`: the fastest candidate that fits, with the table it was chosen from.
 pub fn plan(m: &ModelCost, t: &Target) -> Result<Partition, Error> {
+    plan_picking(m, t, &Pick::default())
+}
+
+/// [`plan`], choosing the fastest candidate that fits and that `pick` allows.
+pub fn plan_picking(m: &ModelCost, t: &Target, pick: &Pick) -> Result<Partition, Error> {
     if t.gpus == 0 {
         return Err(Error::NoGpus);
     }
     let r = rules(m, t);
     let candidates = candidates(m, t, &r)?;
-    let Some(chosen) = candidates.first().filter(|c| c.fits).cloned() else {
-        let least = candidates
-            .iter()
+    let usable = || candidates.iter().filter(|c| c.fits && pick.allows(c));
+    let chosen = usable()
+        .find(|c| pick.prefer_tp_free && c.strategy.tp == 1)
+        .or_else(|| usable().next())
+        .cloned();
+    let Some(chosen) = chosen else {
+        let allowed = || candidates.iter().filter(|c| pick.allows(c));
+        let least = allowed()
             .min_by_key(|c| c.memory.total)
+            .or_else(|| candidates.iter().min_by_key(|c| c.memory.total))
             .cloned()
             .ok_or(Error::NoGpus)?;
+        if let (None, Some(fastest)) = (t.strategy, candidates.iter().find(|c| c.fits)) {
+            if fastest.strategy.dp > pick.max_dp {
+                return Err(Error::Unrunnable {
+                    model: m.name.clone(),
+                    gpus: t.gpus,
+                    max_dp: pick.max_dp,
+                    fastest: Box::new(fastest.clone()),
+                });
+            }
+        }
         if t.strategy.is_some() {
             return Err(Error::ForcedNoFit {
                 candidate: Box::new(least),
@@ -515,7 +546,7 @@ pub fn plan(m: &ModelCost, t: &Target) -> Result<Partition, Error> {
         .enumerate()
         .map(|(i, (s, mem))| StageSummary {
             stage: i as u32,
-            layers: layer_list(m, s.groups.clone()),
+            layers: explain::layer_list(m, s.groups.clone()),
             memory: *mem,
             compute_s: s.compute(e.micro_batch_size as f64),
         })
@@ -570,40 +601,4 @@ pub fn smallest_fitting(m: &ModelCost, t: &Target) -> Option<Smallest> {
             candidate: Box::new(best),
         })
     })
-}
-
-/// `wte, wpe, h.0-9`: consecutive instances of a repeat shortened.
-fn layer_list(m: &ModelCost, r: std::ops::Range<usize>) -> String {
-    let mut out: Vec<String> = Vec::new();
-    let mut run: Option<(String, String, String)> = None; // (block, first, last)
-    let flush = |run: &mut Option<(String, String, String)>, out: &mut Vec<String>| {
-        if let Some((b, first, last)) = run.take() {
-            if first == last {
-                out.push(format!("{b}.{first}"));
-            } else {
-                out.push(format!("{b}.{first}-{last}"));
-            }
-        }
-    };
-    for g in r {
-        let grp = &m.groups[g];
-        match &grp.block {
-            Some(b) => {
-                let idx = grp.name[b.len() + 1..].to_string();
-                match &mut run {
-                    Some((rb, _, last)) if rb == b => *last = idx,
-                    _ => {
-                        flush(&mut run, &mut out);
-                        run = Some((b.clone(), idx.clone(), idx));
-                    }
-                }
-            }
-            None => {
-                flush(&mut run, &mut out);
-                out.push(grp.name.clone());
-            }
-        }
-    }
-    flush(&mut run, &mut out);
-    out.join(", ")
 }

@@ -140,6 +140,13 @@ impl Plan {
             tensor_parallel: tensor_parallel(g, options),
             pipeline_stages: options.pipeline_stages.unwrap_or(1).max(1),
             optimizer_shards: options.optimizer_shards.unwrap_or(1).max(1),
+            zero_stage: match options.optimizer_shards {
+                Some(n) if n > 1 => options.zero_stage,
+                _ => 0,
+            },
+            schedule: None,
+            device_memory_bytes: None,
+            experiment: None,
             parameters: sat(g.parameter_count()),
             layers: g.layers,
             flops_per_sample: sat(g.flops(1, crate::ir::Phase::Forward)),

@@ -17,16 +17,46 @@ pub const LABELS: &str = "labels";
 /// The target input of an MSE loss.
 pub const TARGET: &str = "target";
 
-/// The version of `plan.json`; raised whenever a field changes meaning or appears.
-pub const PLAN_FORMAT: u32 = 1;
+/// The version of `plan.json`; raised whenever a field changes meaning or appears (2: a
+/// partitioned plan records its ZeRO stage, pipeline schedule, device memory and experiment).
+pub const PLAN_FORMAT: u32 = 2;
+/// The oldest format still read: its fields are a subset, the new ones default.
+pub const PLAN_FORMAT_OLDEST: u32 = 1;
 
 /// Why a `plan.json` cannot be read.
 #[derive(Debug, thiserror::Error)]
 pub enum PlanError {
     #[error("not a Parallax plan: {0}")]
     Json(String),
-    #[error("a plan of format {found}, and this Parallax reads format {PLAN_FORMAT}; compile the experiment again with this version")]
+    #[error("a plan of format {found}, and this Parallax reads formats {PLAN_FORMAT_OLDEST} to {PLAN_FORMAT}; compile the experiment again with this version")]
     Format { found: u64 },
+}
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
+/// How a pipeline orders its micro-batches (the cost model's choice, which a partitioned plan
+/// records).
+pub enum PipelineSchedule {
+    /// No pipeline: micro-batches (if more than one) accumulate gradients one after another.
+    #[serde(rename = "none")]
+    Sequential,
+    /// All forwards, then all backwards: every micro-batch's activations live at once.
+    #[serde(rename = "gpipe")]
+    GPipe,
+    /// One forward, one backward: stage `s` of `pp` holds at most `pp - s` micro-batches.
+    #[serde(rename = "1f1b")]
+    OneFOneB,
+}
+
+impl PipelineSchedule {
+    pub fn name(self) -> &'static str {
+        match self {
+            PipelineSchedule::Sequential => "-",
+            PipelineSchedule::GPipe => "gpipe",
+            PipelineSchedule::OneFOneB => "1f1b",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -157,6 +187,24 @@ pub struct Plan {
     /// Rewrites a backend may take, with the same bits (folded permutes, scaled softmax).
     #[serde(default, skip_serializing_if = "views::Views::is_empty")]
     pub views: views::Views,
+    /// ZeRO stage over the data-parallel ranks (0: none; 1 shards the optimizer state, 2 the
+    /// reduced gradients too, 3 the parameters too).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub zero_stage: u8,
+    /// The pipeline schedule chosen with the split (set on a partitioned plan).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schedule: Option<PipelineSchedule>,
+    /// Each device's memory, in bytes, that the split was chosen for (a partitioned plan's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_memory_bytes: Option<u64>,
+    /// The experiment the plan was compiled from, as RON with every default and override
+    /// resolved (set by `compile --emit plan`, so that `train --plan` needs nothing else).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experiment: Option<String>,
+}
+
+fn is_zero(z: &u8) -> bool {
+    *z == 0
 }
 
 /// The named sources of a plan: `(name, step)` in plan order.
@@ -233,7 +281,7 @@ impl Plan {
         let value: serde_json::Value =
             serde_json::from_str(text).map_err(|e| PlanError::Json(e.to_string()))?;
         match value["format"].as_u64() {
-            Some(f) if f == u64::from(PLAN_FORMAT) => {}
+            Some(f) if (u64::from(PLAN_FORMAT_OLDEST)..=u64::from(PLAN_FORMAT)).contains(&f) => {}
             Some(found) => return Err(PlanError::Format { found }),
             None => return Err(PlanError::Json("no `format` field".into())),
         }

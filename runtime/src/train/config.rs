@@ -140,48 +140,50 @@ pub struct Simulated {
     pub capacity: u64,
 }
 
-impl From<&parallax_compiler::target::Split> for Simulated {
-    fn from(split: &parallax_compiler::target::Split) -> Simulated {
-        let s = split.strategy;
-        Simulated {
+impl Simulated {
+    /// The devices of a partitioned `plan` (`None` for a whole plan): its strategy's grid and
+    /// ZeRO stage, each device with `capacity` bytes.
+    pub fn of_plan(plan: &parallax_compiler::Plan, capacity: u64) -> Option<Simulated> {
+        plan.sharding?;
+        let s = plan.strategy;
+        Some(Simulated {
             grid: crate::ranks::Grid {
                 dp: s.dp as usize,
                 tp: s.tp as usize,
                 pp: s.pp as usize,
             },
-            zero: split.zero,
-            capacity: split.capacity,
-        }
+            zero: plan.zero_stage,
+            capacity,
+        })
     }
 }
 
-/// How many devices a run trains on, data parallel (`None`: one device, batches unsplit),
-/// and the strategy: as `--gpus` asks, or several when the file wants them; a run resumed
-/// from `resumed` continues as it was split (on any device count: the bits do not depend
-/// on it), or on `--gpus` devices. The second value says whether that continuation splits a
-/// run that trained unsplit (its bits then differ from an uninterrupted run's).
+/// How many devices a run trains on (`None`: one device, batches unsplit): as `--gpus` asks,
+/// or several when the file wants them. A run resumed from `resumed` continues as it was
+/// split (on any device count: the bits do not depend on it), its degrees, ZeRO stage and
+/// schedule as recorded (returned), or on `--gpus` devices. The third value says whether that
+/// continuation splits a run that trained unsplit (its bits then differ from an uninterrupted
+/// run's).
 pub fn parallel_devices(
     resumed: Option<&Path>,
     gpus: Option<u32>,
     file_gpus: u32,
-    strategy: Option<String>,
-) -> (Option<u32>, Option<String>, bool) {
+) -> (
+    Option<u32>,
+    Option<parallax_compiler::target::Recorded>,
+    bool,
+) {
     let Some(dir) = resumed else {
-        return (
-            gpus.or((file_gpus > 1).then_some(file_gpus)),
-            strategy,
-            false,
-        );
+        return (gpus.or((file_gpus > 1).then_some(file_gpus)), None, false);
     };
-    match (crate::run_record::RunRecord::grid_of(dir), gpus) {
-        (Some(g), None) => (
-            Some(g.devices() as u32),
-            Some(format!("dp{}.tp{}.pp{}", g.dp, g.tp, g.pp)),
-            false,
-        ),
-        (Some(_), Some(m)) => (Some(m), strategy, false),
-        (None, None) => (None, strategy, false),
-        (None, Some(m)) => (Some(m), strategy, true),
+    match (crate::run_record::RunRecord::split_of(dir), gpus) {
+        (Some(r), None) => {
+            let s = r.strategy;
+            (Some(s.dp * s.tp * s.pp), Some(r), false)
+        }
+        (Some(_), Some(m)) => (Some(m), None, false),
+        (None, None) => (None, None, false),
+        (None, Some(m)) => (Some(m), None, true),
     }
 }
 

@@ -46,6 +46,9 @@ pub enum TrainError {
     RunDir(#[from] crate::run_dir::RunDirError),
     #[error(transparent)]
     Resume(#[from] crate::resume::ResumeError),
+    /// A resumed run that had already finished: its final weights and summary are written.
+    #[error("{dir}: the run finished: its {steps} steps are all done (final.safetensors and summary.json are written); ask for more with --steps N, N > {steps}")]
+    Finished { dir: String, steps: u64 },
     /// A signal asked the run to stop: it finished its step and saved where it stood.
     #[error("stopped by {} after step {step} of {total}; its state is in {checkpoint}; continue with `parallax train --resume {dir}`", signal_name(*signal))]
     Interrupted {

@@ -163,6 +163,16 @@ fn train_in(
     let dir = &cfg.run_dir;
     // Where a resumed run starts: its newest checkpoint's own record, read before the data
     // (whose order it sets).
+    if let Some(steps) = cfg
+        .resume
+        .then(|| crate::resume::finished(dir, cfg.steps))
+        .flatten()
+    {
+        return Err(TrainError::Finished {
+            dir: dir.display().to_string(),
+            steps,
+        });
+    }
     let resume = if cfg.resume {
         Some(crate::resume::Resume::newest(dir)?)
     } else {
@@ -180,15 +190,7 @@ fn train_in(
         "dp{}.tp{}.pp{} {}",
         plan.strategy.dp, plan.strategy.tp, plan.strategy.pp, plan.device_kind
     );
-    let plan_record = crate::run_record::PlanRecord {
-        strategy: plan.strategy,
-        micro_shards: plan.sharding.map(|s| s.shards),
-        optimizer_shards: plan.optimizer_shards,
-        kernels: plan.kernels.len(),
-        ops: plan.ops,
-        peak_memory_bytes: plan.memory.peak_bytes,
-        batch_size: plan.batch_size,
-    };
+    let plan_record = crate::run_record::PlanRecord::of(&plan);
     // Checked before the data is loaded or anything allocated (a GPU's is `compile`'s).
     if !matches!(cfg.device, Device::Cuda(_) | Device::CudaRanks(_)) {
         crate::host_memory::check(&plan, cfg.device.simulated().map(|s| s.grid))?;
@@ -199,56 +201,8 @@ fn train_in(
     }
     let exp_text = parallax_compiler::dsl::to_ron(&exp);
     let id = run_id(&exp_text, &session.data_hash);
-    let mut device_memory = None;
     let file_shapes = weights::FileShapes::of(&plan);
-    let max_batch = plan.batch_size as usize;
-    let mut exec: Box<dyn Backend> = match (cfg.device, &peers) {
-        (Device::Simulated(sim), Some(peers)) => {
-            let peers = peers.clone();
-            let ranks = crate::ranks::Ranks::process(plan, sim.grid, seed, sim.capacity, peers)?;
-            device_memory = Some(ranks.memory_of_all()?);
-            Box::new(ranks)
-        }
-        (Device::CudaRanks(g), Some(peers)) => {
-            let make = crate::ranks::shard::cuda(max_batch, seed, g.precision, move |_| g.gpu(0));
-            let mut ranks = crate::ranks::Ranks::process_with(
-                plan,
-                g.ranks.grid,
-                g.ranks.capacity,
-                peers.clone(),
-                &make,
-            )?;
-            if let Some(timeout) = g.nccl {
-                ranks.use_nccl(timeout)?;
-            }
-            device_memory = Some(ranks.memory_of_all()?);
-            Box::new(ranks)
-        }
-        (_, Some(_)) => {
-            return Err(TrainError::Model(
-                "a job of processes runs a partitioned plan (one device per rank)".into(),
-            ))
-        }
-        (Device::CudaRanks(g), None) => {
-            let make = crate::ranks::shard::cuda(max_batch, seed, g.precision, move |d| g.gpu(d));
-            let mut ranks =
-                crate::ranks::Ranks::in_process_with(plan, g.ranks.grid, g.ranks.capacity, &make)?;
-            if let Some(timeout) = g.nccl {
-                ranks.use_nccl(timeout)?;
-            }
-            device_memory = Some(ranks.memory_of_all()?);
-            Box::new(ranks)
-        }
-        (Device::Simulated(sim), None) => {
-            let ranks = crate::ranks::Ranks::in_process(plan, sim.grid, seed, sim.capacity)?;
-            device_memory = Some(ranks.memory_of_all()?);
-            Box::new(ranks)
-        }
-        (Device::Cpu, None) => Box::new(Executor::new(plan, batch_size, seed)),
-        (Device::Cuda(precision), None) => Box::new(crate::cuda::CudaExecutor::new(
-            plan, batch_size, seed, 0, precision,
-        )?),
-    };
+    let (mut exec, device_memory) = backend(plan, cfg.device, &peers, batch_size, seed)?;
     if let Some(init) = &cfg.init {
         weights::load(exec.as_mut(), &file_shapes, init)?;
     }
@@ -325,6 +279,7 @@ fn train_in(
         true => records::Records::open(dir, cfg.resume, start_step)?,
         false => records::Records::none(),
     };
+    let logged = continued(dir, writes && cfg.resume, start_step, total)?;
 
     on_event(&Event::Start {
         total_steps: total,
@@ -476,6 +431,19 @@ fn train_in(
             });
         }
     }
+    if start_step == total && start_step > 0 {
+        // The run stopped after its last checkpoint, before its final files: finish it.
+        last_loss = logged.0.unwrap_or(f32::NAN);
+        // Every rank validates (the same collectives); the line is logged once.
+        if validator.set.len > 0 {
+            let (l, a) = validator.run(exec.as_mut(), total - 1)?;
+            if logged.1.is_none() {
+                records
+                    .line(serde_json::json!({"step": total, "val_loss": l, "val_accuracy": a}))?;
+            }
+            val = (Some(l), a);
+        }
+    }
     records.flush()?;
     let weights_path = dir.join("final.safetensors");
     let (params, stats) = weights::model_values(exec.as_ref())?;
@@ -483,10 +451,7 @@ fn train_in(
         weights::write(params, stats, &file_shapes, &weights_path)?;
     }
 
-    let warmup = (times.len() / 10).clamp(1.min(times.len()), 5);
-    let mut steady: Vec<f64> = times[warmup..].to_vec();
-    steady.sort_by(|a, b| a.total_cmp(b));
-    let median = steady.get(steady.len() / 2).copied().unwrap_or(0.0);
+    let median = steady_median(&times);
     let busy: f64 = times.iter().sum();
     let summary = Summary {
         name: exp.name.clone(),
@@ -505,12 +470,109 @@ fn train_in(
         resumed_from: start_step,
         batches_without_labels: without_labels,
     };
-    let summary_path = dir.join("summary.json");
+    let summary_path = dir.join(crate::resume::SUMMARY);
     let text = serde_json::to_string_pretty(&summary).expect("a summary serialises") + "\n";
     if writes {
         write_atomic(&summary_path, text.as_bytes())?;
     }
     Ok(summary)
+}
+
+/// The median step time after the first steps (warm-up excluded).
+fn steady_median(times: &[f64]) -> f64 {
+    let warmup = (times.len() / 10).clamp(1.min(times.len()), 5);
+    let mut steady: Vec<f64> = times[warmup..].to_vec();
+    steady.sort_by(|a, b| a.total_cmp(b));
+    steady.get(steady.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// What was logged at the checkpoint's step `at` of a continuation (`continues`: this process
+/// writes the folder of a resumed run), when that is the run's last (`total`): the run is
+/// then finished from it. A summary left from before is removed (the continuation writes
+/// its own).
+fn continued(
+    dir: &Path,
+    continues: bool,
+    at: u64,
+    total: u64,
+) -> Result<crate::resume::Logged, TrainError> {
+    if !continues {
+        return Ok((None, None));
+    }
+    let path = dir.join(crate::resume::SUMMARY);
+    match std::fs::remove_file(&path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&path)(e)),
+        _ => {}
+    }
+    if at != total || at == 0 {
+        return Ok((None, None));
+    }
+    let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
+    Ok(crate::resume::logged_at(&text, total))
+}
+
+/// A backend, and what each device of a partitioned plan allocated.
+type Built = (Box<dyn Backend>, Option<Vec<u64>>);
+
+/// What runs `plan` on `device` (one rank's devices of a job over `peers`), and what each
+/// device of a partitioned plan allocated.
+fn backend(
+    plan: Plan,
+    device: Device,
+    peers: &Option<Peers>,
+    batch_size: usize,
+    seed: u64,
+) -> Result<Built, TrainError> {
+    let max_batch = plan.batch_size as usize;
+    let mut device_memory = None;
+    let exec: Box<dyn Backend> = match (device, peers) {
+        (Device::Simulated(sim), Some(peers)) => {
+            let peers = peers.clone();
+            let ranks = crate::ranks::Ranks::process(plan, sim.grid, seed, sim.capacity, peers)?;
+            device_memory = Some(ranks.memory_of_all()?);
+            Box::new(ranks)
+        }
+        (Device::CudaRanks(g), Some(peers)) => {
+            let make = crate::ranks::shard::cuda(max_batch, seed, g.precision, move |_| g.gpu(0));
+            let mut ranks = crate::ranks::Ranks::process_with(
+                plan,
+                g.ranks.grid,
+                g.ranks.capacity,
+                peers.clone(),
+                &make,
+            )?;
+            if let Some(timeout) = g.nccl {
+                ranks.use_nccl(timeout)?;
+            }
+            device_memory = Some(ranks.memory_of_all()?);
+            Box::new(ranks)
+        }
+        (_, Some(_)) => {
+            return Err(TrainError::Model(
+                "a job of processes runs a partitioned plan (one device per rank)".into(),
+            ))
+        }
+        (Device::CudaRanks(g), None) => {
+            let make = crate::ranks::shard::cuda(max_batch, seed, g.precision, move |d| g.gpu(d));
+            let mut ranks =
+                crate::ranks::Ranks::in_process_with(plan, g.ranks.grid, g.ranks.capacity, &make)?;
+            if let Some(timeout) = g.nccl {
+                ranks.use_nccl(timeout)?;
+            }
+            device_memory = Some(ranks.memory_of_all()?);
+            Box::new(ranks)
+        }
+        (Device::Simulated(sim), None) => {
+            let ranks = crate::ranks::Ranks::in_process(plan, sim.grid, seed, sim.capacity)?;
+            device_memory = Some(ranks.memory_of_all()?);
+            Box::new(ranks)
+        }
+        (Device::Cpu, None) => Box::new(Executor::new(plan, batch_size, seed)),
+        (Device::Cuda(precision), None) => Box::new(crate::cuda::CudaExecutor::new(
+            plan, batch_size, seed, 0, precision,
+        )?),
+    };
+    Ok((exec, device_memory))
 }
 
 /// Whether a batch has class labels and every one of them is ignored.
