@@ -25,7 +25,7 @@ pub fn run(
             gpus,
             strategy,
             zero,
-            memory: None,
+            ..target::Request::default()
         };
         let split = target::split(&source, &request).map_err(|e| fail(file, e))?;
         let (_, plan) =
