@@ -14,11 +14,14 @@
 #
 #   scripts/gpu-check.sh                       # every section, within 540 s
 #   BUDGET=300 scripts/gpu-check.sh            # stop starting checks after 300 s
-#   SECTIONS="speed" scripts/gpu-check.sh      # only some: base speed stored ranks more
+#   SECTIONS="speed" scripts/gpu-check.sh      # only some: base interp speed stored ranks more
 #   LOCKSTEP=1 scripts/gpu-check.sh            # also compare every kernel with the oracle
 #
 # Sections, in the order they run: base (the CUDA executor against the CPU oracle on the
-# small models, fp32/tf32/bf16; a step replayed from a CUDA graph), speed (gpt-gpu's bf16 step
+# small models, fp32/tf32/bf16; a step replayed from a CUDA graph), interp (every kernel of
+# the small models on the GPU and on the PTX interpreter from the same inputs, with the
+# tensor cores modelled as Hopper's: where they differ in bits, to $OUT/gpu-check-interp.txt),
+# speed (gpt-gpu's bf16 step
 # against PyTorch eager, SDPA and torch.compile in the same run; as a CUDA graph; per-kernel
 # profile; PyTorch's attention backends and GEMM
 # rates at its shapes), stored (activations stored in bf16, in lockstep with the oracle),
@@ -28,7 +31,7 @@ set -u
 cd "$(dirname "$0")/.."
 START=$SECONDS
 BUDGET=${BUDGET:-540}
-SECTIONS=${SECTIONS:-"base speed stored ranks more"}
+SECTIONS=${SECTIONS:-"base interp speed stored ranks more"}
 BIN=${PARALLAX:-target/release/parallax}
 MPI_BIN=${PARALLAX_MPI:-$BIN}
 if [ ! -x "$BIN" ]; then
@@ -39,6 +42,7 @@ DIR=${OUT:-$(mktemp -d)}
 mkdir -p "$DIR"
 LOG=$DIR/gpu-check-rows.txt
 : >"$LOG"
+: >"$DIR/gpu-check-interp.txt"
 print_table() {
     echo
     echo "gpt-large: not run (13 B parameters with Adam state need about 210 GB, more than one GPU holds; the CPU oracle cannot run it)"
@@ -77,6 +81,8 @@ check() {
     timeout "$t" "$@" >"$out" 2>&1
     rc=$?
     grep -v '^ROW|' "$out" | head -60
+    # The GPU against the interpreter, kept whole.
+    grep '^INTERP' "$out" | sed "s#^#$label: #" >>"$DIR/gpu-check-interp.txt"
     if grep -q '^ROW|' "$out"; then
         grep '^ROW|' "$out" | tail -1 | sed "s#^ROW|[^|]*|#ROW|$label|#" | tee -a "$LOG"
     else
@@ -127,6 +133,21 @@ checks() {
         # The step as a CUDA graph (captured at step 2, replayed at step 3) against the oracle.
         check "models/transformer.ron, CUDA graph" tf32 60 env PARALLAX_CUDA_GRAPH=1 \
             "$BIN" gpu-check models/transformer.ron --steps 3 --precision tf32
+    fi
+
+    if section interp; then
+        # Every kernel on the GPU and on the PTX interpreter from the oracle's inputs: the
+        # values that differ in bits, by kernel, and a line per kernel family (exact kernels
+        # should be bit-equal; approximate functions and tensor cores show the hardware's own
+        # rounding against the models).
+        for m in models/mlp.ron models/cnn.ron; do
+            check "interp $m" fp32 60 "$BIN" gpu-check "$m" --steps 1 --time-steps 1 --interpreter
+        done
+        check "interp models/transformer.ron" tf32 90 "$BIN" gpu-check models/transformer.ron \
+            --steps 1 --time-steps 1 --precision tf32 --interpreter --set train.batch_size=8
+        check "interp bench transformer (tensor cores)" bf16 120 "$BIN" gpu-check \
+            benches/models/transformer.ron --steps 1 --time-steps 1 --precision bf16 --interpreter \
+            --set train.batch_size=2 --set params.seq=32
     fi
 
     if section speed; then

@@ -70,7 +70,29 @@ pub fn gpu_check(file: &Path, set: &[String], a: &CheckArgs) -> Result<(), Exit>
     let (source, plan, base) = compiled(file, set)?;
     let name = &source.experiment.name;
     let prec = precision_name(a.precision);
+    // Per kernel family: kernels, kernels bit-equal to the interpreter, largest ulp apart.
+    let mut families: std::collections::BTreeMap<&str, (usize, usize, u64)> = Default::default();
     let mut progress = |p: Progress| match p {
+        Progress::Interpreter(r) => {
+            let f = families.entry(r.family).or_default();
+            f.0 += 1;
+            f.1 += usize::from(r.differing == 0 && r.failed.is_none());
+            f.2 = f.2.max(r.max_ulp);
+            // Only the kernels that differ: the rest are in the family lines.
+            if r.differing == 0 && r.failed.is_none() {
+                return;
+            }
+            let _ = outln!(
+                "INTERP kernel {} ({}: {}) {}/{} values differ from the interpreter's in bits, largest {} ulp{}",
+                r.kernel,
+                r.family,
+                r.ops.join(" -> "),
+                r.differing,
+                r.elements,
+                r.max_ulp,
+                r.failed.map_or(String::new(), |m| format!("; interpreter: {m}"))
+            );
+        }
         Progress::Started {
             kernels,
             target,
@@ -108,6 +130,9 @@ pub fn gpu_check(file: &Path, set: &[String], a: &CheckArgs) -> Result<(), Exit>
         }
         Err(e) => return Err(fail(file, e)),
     };
+    for (family, (kernels, equal, ulp)) in &families {
+        outln!("INTERP {family}: {equal} of {kernels} kernels bit-equal to the interpreter; largest {ulp} ulp apart")?;
+    }
     if let Some(p) = &c.profile {
         let all = p.total_ms;
         outln!("PROFILE {name}: {all:.2} ms in launches (one step, events around each launch)")?;

@@ -58,6 +58,15 @@ pub(crate) enum MmaArg {
     Hopper,
 }
 
+impl MmaArg {
+    fn model(self) -> parallax_emulator::MmaModel {
+        match self {
+            MmaArg::OracleOrder => parallax_emulator::MmaModel::OracleOrder,
+            MmaArg::Hopper => parallax_emulator::MmaModel::Hopper,
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum Emit {
     /// The IR as stable text (`graph.ir`).
@@ -121,6 +130,13 @@ enum Command {
         /// Also time every launch of one step and print the slowest kinds.
         #[arg(long)]
         profile: bool,
+        /// In lockstep (implied), also run every kernel on the PTX interpreter from the same
+        /// inputs and print where the GPU's values differ from its in bits.
+        #[arg(long)]
+        interpreter: bool,
+        /// The interpreter's model of the tensor cores (`--interpreter`).
+        #[arg(long, value_enum, default_value = "hopper")]
+        mma: MmaArg,
         /// Override a value of the experiment, as `train --set` does (repeatable).
         #[arg(long, value_name = "PATH=VALUE")]
         set: Vec<String>,
@@ -328,14 +344,10 @@ fn main() -> ExitCode {
             zero,
             format,
         } => precision.runtime().and_then(|precision| {
-            let mma = match mma {
-                MmaArg::OracleOrder => parallax_emulator::MmaModel::OracleOrder,
-                MmaArg::Hopper => parallax_emulator::MmaModel::Hopper,
-            };
             let args = parallax_runtime::kernel_check::KernelCheckArgs {
                 precision,
                 ptx_dir: ptx,
-                mma,
+                mma: mma.model(),
             };
             let split = (gpus, strategy.as_deref(), zero);
             check_kernels::run(&file, &set, split, &args, format)
@@ -347,6 +359,8 @@ fn main() -> ExitCode {
             time_steps,
             lockstep,
             profile,
+            interpreter,
+            mma,
             set,
         } => precision.runtime().and_then(|precision| {
             gpu::gpu_check(
@@ -357,7 +371,8 @@ fn main() -> ExitCode {
                     steps,
                     precision,
                     time_steps,
-                    lockstep,
+                    lockstep: lockstep || interpreter,
+                    interpreter: interpreter.then(|| mma.model()),
                 },
             )
         }),

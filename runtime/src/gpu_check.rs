@@ -9,6 +9,7 @@ use crate::cpu::Executor;
 use crate::cuda::{self, CudaError, CudaExecutor, Precision};
 use crate::data::{Batch, Values};
 use crate::exec::{ExecError, Mode};
+use crate::kernel_check::{KernelCheckArgs, KernelRow, Mirror};
 use crate::train::{feed, set_scalars, SessionData, TrainError};
 use parallax_compiler::dsl::ast::Optimizer;
 use parallax_compiler::ir::KernelKind;
@@ -40,6 +41,9 @@ pub struct CheckArgs {
     pub time_steps: u64,
     /// Compare every kernel's values with the oracle's, resynchronising after each.
     pub lockstep: bool,
+    /// In lockstep, also run every kernel on the PTX interpreter from the same inputs and
+    /// compare the GPU's values with its, bit for bit (tensor cores modelled as `mma`).
+    pub interpreter: Option<parallax_emulator::MmaModel>,
 }
 
 /// What a check reports while it runs.
@@ -57,6 +61,43 @@ pub enum Progress<'a> {
         difference: f64,
     },
     Mismatch(Mismatch),
+    /// A kernel's values on the GPU against the PTX interpreter's (`CheckArgs::interpreter`).
+    Interpreter(InterpreterRow),
+}
+
+/// How one kernel's stored values on the GPU differ in bits from the interpreter's.
+pub struct InterpreterRow {
+    pub kernel: usize,
+    /// Its family (`kernel_check::Family::name`).
+    pub family: &'static str,
+    pub ops: Vec<&'static str>,
+    pub elements: usize,
+    /// Values whose bits differ.
+    pub differing: usize,
+    /// The largest distance in f32 units in the last place (`u64::MAX`: a NaN on one side).
+    pub max_ulp: u64,
+    /// Sanitizer findings or a failure on the interpreter.
+    pub failed: Option<String>,
+}
+
+/// The distance of two f32 values in units in the last place (0 for equal bits; +0 and -0
+/// are 0 apart; `u64::MAX` when one is NaN).
+pub fn ulps(a: f32, b: f32) -> u64 {
+    if a.to_bits() == b.to_bits() {
+        return 0;
+    }
+    if a.is_nan() || b.is_nan() {
+        return u64::MAX;
+    }
+    let key = |x: f32| {
+        let b = x.to_bits();
+        if b >> 31 == 1 {
+            -i64::from(b & 0x7fff_ffff)
+        } else {
+            i64::from(b)
+        }
+    };
+    (key(a) - key(b)).unsigned_abs()
 }
 
 /// A value a kernel stored that differs from the oracle's (lockstep mode).
@@ -234,7 +275,18 @@ pub fn check(
         set_batch(&mut gpu_exec, &session, &b, &optimizer, step, total)
             .and_then(|_| set_batch(cpu, &session, &b, &optimizer, step, total))?;
         if a.lockstep {
-            lockstep_failures += lockstep(cpu, &mut gpu_exec, b.size, step, progress)?;
+            let interp = a.interpreter.map(|mma| KernelCheckArgs {
+                precision: a.precision,
+                ptx_dir: None,
+                mma,
+            });
+            let ls = Lockstep {
+                batch: b.size,
+                step,
+                seed,
+                interpreter: interp.as_ref(),
+            };
+            lockstep_failures += lockstep(cpu, &mut gpu_exec, &ls, progress)?;
         } else {
             cpu.run(b.size, Mode::Train, step, 0)?;
             gpu_exec.run(b.size, Mode::Train, step, 0)?;
@@ -352,17 +404,35 @@ fn profile(gpu: &mut CudaExecutor, batch: usize, step: u64) -> Result<Profile, C
 /// Runs one training step kernel by kernel on both backends, comparing every stored value
 /// after each kernel and copying the oracle's values into the GPU's buffers, so each kernel
 /// is judged on identical inputs. Returns the number of kernels that disagree.
+/// One lockstep step's settings.
+struct Lockstep<'a> {
+    batch: usize,
+    step: u64,
+    seed: u64,
+    /// Also run each kernel on the PTX interpreter and compare bits.
+    interpreter: Option<&'a KernelCheckArgs>,
+}
+
 fn lockstep(
     cpu: &mut Executor,
     gpu: &mut CudaExecutor,
-    batch: usize,
-    step: u64,
+    ls: &Lockstep,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<usize, CudaError> {
+    let (batch, step) = (ls.batch, ls.step);
     gpu.begin(batch, Mode::Train)?;
     let mut failures = 0usize;
     let mut error: Option<CudaError> = None;
     let plan = cpu.plan().clone();
+    let mut mirror = match ls.interpreter {
+        Some(a) => {
+            let mut m = Mirror::new(&plan, cpu, None, a, (ls.seed, step))
+                .map_err(|e| CudaError::Exec(format!("the PTX interpreter: {e}")))?;
+            m.keep_values = true;
+            Some(m)
+        }
+        None => None,
+    };
     let mut after = |k: usize, cpu: &mut Executor| {
         if error.is_some() {
             return;
@@ -371,6 +441,14 @@ fn lockstep(
             gpu.run_kernel(k, Mode::Train, step, 0)?;
             gpu.synchronize()?;
             let kern = &plan.kernels[k];
+            if let Some(m) = mirror.as_mut() {
+                let row = m
+                    .after(k, cpu)
+                    .map_err(|e| CudaError::Exec(format!("the PTX interpreter: {e}")))?;
+                progress(Progress::Interpreter(against_interpreter(
+                    gpu, &row, batch,
+                )?));
+            }
             for &s in &kern.steps {
                 let Some(t) = cpu.value(s) else { continue };
                 if !gpu.stored(s) || !t.is_f32() {
@@ -415,6 +493,41 @@ fn lockstep(
     gpu.finish(Mode::Train)?;
     gpu.synchronize()?;
     Ok(failures)
+}
+
+/// The GPU's values of a kernel's steps against the interpreter's (`row.values`).
+fn against_interpreter(
+    gpu: &CudaExecutor,
+    row: &KernelRow,
+    batch: usize,
+) -> Result<InterpreterRow, CudaError> {
+    let mut r = InterpreterRow {
+        kernel: row.kernel,
+        family: row.family.name(),
+        ops: row.ops.clone(),
+        elements: 0,
+        differing: 0,
+        max_ulp: 0,
+        failed: row
+            .failed
+            .clone()
+            .or_else(|| (row.findings > 0).then(|| format!("{} sanitizer findings", row.findings))),
+    };
+    for (s, interp) in &row.values {
+        if !gpu.stored(*s) {
+            continue;
+        }
+        let got = gpu.value(*s, batch)?;
+        for (&g, &i) in got.iter().zip(interp) {
+            r.elements += 1;
+            let u = ulps(g, i);
+            if u > 0 {
+                r.differing += 1;
+                r.max_ulp = r.max_ulp.max(u);
+            }
+        }
+    }
+    Ok(r)
 }
 
 /// GPU 0, opened for the collectives checks.
@@ -502,5 +615,21 @@ impl Gpu {
             worst = worst.max(rel_diff(&full.value(g, b.size)?, &reduced));
         }
         Ok(worst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ulps;
+
+    #[test]
+    fn ulps_count_representable_values_between() {
+        assert_eq!(ulps(1.0, 1.0), 0);
+        assert_eq!(ulps(0.0, -0.0), 0);
+        assert_eq!(ulps(1.0, f32::from_bits(1.0f32.to_bits() + 3)), 3);
+        // Across zero: the smallest subnormals either side are 2 apart.
+        assert_eq!(ulps(f32::from_bits(1), -f32::from_bits(1)), 2);
+        assert_eq!(ulps(f32::NAN, 1.0), u64::MAX);
+        assert_eq!(ulps(f32::MAX, f32::INFINITY), 1);
     }
 }
