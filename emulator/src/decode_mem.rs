@@ -106,6 +106,18 @@ pub(crate) fn ld_st(
     }
 }
 
+/// `Ok` when the instruction has `k` operands, else an error naming it.
+fn operand_count(no: usize, text: &str, ops: &[&str], k: usize) -> Result<(), ParseError> {
+    if ops.len() == k {
+        Ok(())
+    } else {
+        err(
+            no,
+            format!("`{text}` needs {k} operands, has {}", ops.len()),
+        )
+    }
+}
+
 pub(crate) fn other(
     b: &mut EntryBuilder,
     no: usize,
@@ -114,16 +126,7 @@ pub(crate) fn other(
     m: &[&str],
     ops: &[&str],
 ) -> Result<Op, ParseError> {
-    let nops = |k: usize| {
-        if ops.len() == k {
-            Ok(())
-        } else {
-            err(
-                no,
-                format!("`{text}` needs {k} operands, has {}", ops.len()),
-            )
-        }
-    };
+    let nops = |k: usize| operand_count(no, text, ops, k);
     if base == "cp" {
         return cp(b, no, text, m, ops);
     }
@@ -250,16 +253,7 @@ fn cp(
     m: &[&str],
     ops: &[&str],
 ) -> Result<Op, ParseError> {
-    let nops = |k: usize| {
-        if ops.len() == k {
-            Ok(())
-        } else {
-            err(
-                no,
-                format!("`{text}` needs {k} operands, has {}", ops.len()),
-            )
-        }
-    };
+    let nops = |k: usize| operand_count(no, text, ops, k);
     match ("cp", m) {
         ("cp", ["async", cache @ ("ca" | "cg"), "shared" | "shared::cta", "global"]) => {
             if ops.len() != 3 && ops.len() != 4 {
