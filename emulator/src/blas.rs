@@ -94,8 +94,47 @@ fn read(
     Ok(v)
 }
 
+/// Leading dimensions (elements from one stored row to the next) and scales: `c = alpha
+/// op(a) op(b) + beta c`, as BLAS defines it. With `beta == 0`, `c` is not read (so it need
+/// not hold valid values).
+#[derive(Debug, Clone, Copy)]
+pub struct Scaled {
+    pub lda: u64,
+    pub ldb: u64,
+    pub ldc: u64,
+    pub alpha: f32,
+    pub beta: f32,
+}
+
+impl Scaled {
+    /// Densely stored operands, `c = op(a) op(b)`.
+    pub fn packed(g: &Gemm) -> Scaled {
+        Scaled {
+            lda: if g.trans_a { g.m } else { g.k },
+            ldb: if g.trans_b { g.k } else { g.n },
+            ldc: g.n,
+            alpha: 1.0,
+            beta: 0.0,
+        }
+    }
+}
+
+/// Elements an operand of `rows` stored rows of `cols` spans with leading dimension `ld`.
+fn span(rows: u64, cols: u64, ld: u64) -> u64 {
+    if rows == 0 || cols == 0 {
+        0
+    } else {
+        (rows - 1) * ld + cols
+    }
+}
+
 /// Runs `g` over `memory`.
 pub fn gemm(memory: &mut Memory, g: &Gemm) -> Result<(), BlasError> {
+    gemm_scaled(memory, g, &Scaled::packed(g))
+}
+
+/// Runs `g` over `memory` with leading dimensions and scales `s` (row-major, as `Gemm`).
+pub fn gemm_scaled(memory: &mut Memory, g: &Gemm, s: &Scaled) -> Result<(), BlasError> {
     if g.m == 0 || g.n == 0 || g.count == 0 {
         return Ok(());
     }
@@ -106,47 +145,74 @@ pub fn gemm(memory: &mut Memory, g: &Gemm) -> Result<(), BlasError> {
         (Compute::Tf32, false) => round_mantissa(x, 13),
         (Compute::Bf16, false) => round_bf16(x),
     };
+    let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
+    let (lda, ldb, ldc) = (s.lda as usize, s.ldb as usize, s.ldc as usize);
+    let a_span = if g.trans_a {
+        span(g.k, g.m, s.lda)
+    } else {
+        span(g.m, g.k, s.lda)
+    };
+    let b_span = if g.trans_b {
+        span(g.n, g.k, s.ldb)
+    } else {
+        span(g.k, g.n, s.ldb)
+    };
+    let c_span = span(g.m, g.n, s.ldc);
     for i in 0..g.count {
-        let a = read(memory, "A", g.a + i * g.stride_a * ea, g.m * g.k, g.ab_bf16)?;
-        let b = read(memory, "B", g.b + i * g.stride_b * eb, g.k * g.n, g.ab_bf16)?;
-        let (m, n, k) = (g.m as usize, g.n as usize, g.k as usize);
+        let a = read(memory, "A", g.a + i * g.stride_a * ea, a_span, g.ab_bf16)?;
+        let b = read(memory, "B", g.b + i * g.stride_b * eb, b_span, g.ab_bf16)?;
+        let c_addr = g.c + i * g.stride_c * ec;
+        let mut c = if s.beta == 0.0 {
+            vec![0f32; c_span as usize]
+        } else {
+            read(memory, "C", c_addr, c_span, g.c_bf16)?
+        };
         let at = |r: usize, j: usize| {
             if g.trans_a {
-                a[j * m + r]
+                a[j * lda + r]
             } else {
-                a[r * k + j]
+                a[r * lda + j]
             }
         };
         let bt = |j: usize, c: usize| {
             if g.trans_b {
-                b[c * k + j]
+                b[c * ldb + j]
             } else {
-                b[j * n + c]
+                b[j * ldb + c]
             }
         };
-        let mut out = Vec::with_capacity(m * n * ec as usize);
         for r in 0..m {
-            for c in 0..n {
+            for col in 0..n {
                 // Products of f32 (or narrower) values are exact in f64; the sum rounds
                 // far below f32's last bit, then once to the output's type.
-                let s: f64 = (0..k)
-                    .map(|j| f64::from(operand(at(r, j))) * f64::from(operand(bt(j, c))))
+                let sum: f64 = (0..k)
+                    .map(|j| f64::from(operand(at(r, j))) * f64::from(operand(bt(j, col))))
                     .sum();
-                let v = s as f32;
-                if g.c_bf16 {
-                    let h = (round_bf16(v).to_bits() >> 16) as u16;
-                    out.extend_from_slice(&h.to_le_bytes());
-                } else {
-                    out.extend_from_slice(&v.to_le_bytes());
+                let old = &mut c[r * ldc + col];
+                let mut v = f64::from(s.alpha) * sum;
+                if s.beta != 0.0 {
+                    v += f64::from(s.beta) * f64::from(*old);
                 }
+                *old = v as f32;
             }
         }
-        memory
-            .write(g.c + i * g.stride_c * ec, &out)
-            .map_err(|source| BlasError::Memory {
-                operand: "C",
-                source,
-            })?;
+        // Only the m x n elements are written (the gaps of a leading dimension stay).
+        for r in 0..m {
+            let row = &c[r * ldc..r * ldc + n];
+            let bytes: Vec<u8> = if g.c_bf16 {
+                row.iter()
+                    .flat_map(|&v| ((round_bf16(v).to_bits() >> 16) as u16).to_le_bytes())
+                    .collect()
+            } else {
+                row.iter().flat_map(|v| v.to_le_bytes()).collect()
+            };
+            memory
+                .write(c_addr + (r * ldc) as u64 * ec, &bytes)
+                .map_err(|source| BlasError::Memory {
+                    operand: "C",
+                    source,
+                })?;
+        }
     }
     Ok(())
 }
@@ -238,5 +304,27 @@ mod tests {
         };
         gemm(&mut mem, &g).unwrap();
         assert_eq!(mem.read_f32(c, 4).unwrap(), vec![3.0; 4]);
+    }
+
+    #[test]
+    fn leading_dimensions_and_scales() {
+        let mut mem = Memory::new();
+        // a = [[1,2,3],[4,5,6]] with lda 4 (a gap column), b = [[1,0],[0,1],[1,1]].
+        let a = setup(&mut mem, &[1., 2., 3., 9., 4., 5., 6., 9.]);
+        let b = setup(&mut mem, &[1., 0., 0., 1., 1., 1.]);
+        let c = setup(&mut mem, &[1., 1., 7., 1., 1., 7.]);
+        let s = Scaled {
+            lda: 4,
+            ldb: 2,
+            ldc: 3,
+            alpha: 2.0,
+            beta: 0.5,
+        };
+        gemm_scaled(&mut mem, &base(a, b, c), &s).unwrap();
+        // 2 [[4,5],[10,11]] + 0.5: the gap element (7) is untouched.
+        assert_eq!(
+            mem.read_f32(c, 6).unwrap(),
+            vec![8.5, 10.5, 7., 20.5, 22.5, 7.]
+        );
     }
 }

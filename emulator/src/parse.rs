@@ -23,7 +23,7 @@ pub(crate) fn err<T>(line: usize, message: impl Into<String>) -> Result<T, Parse
 
 /// A kernel parameter's declared type.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ParamKind {
+pub enum ParamKind {
     U64,
     U32,
     F32,
@@ -32,6 +32,15 @@ pub(crate) enum ParamKind {
 }
 
 impl ParamKind {
+    /// Bytes of the parameter's value.
+    pub fn size(self) -> u32 {
+        match self {
+            ParamKind::U64 => 8,
+            ParamKind::U32 | ParamKind::F32 => 4,
+            ParamKind::Bytes(n) => n,
+        }
+    }
+
     pub(crate) fn describe(self) -> String {
         match self {
             ParamKind::U64 => ".u64".into(),
@@ -177,6 +186,17 @@ impl Module {
     /// The names of the module's entries, in order.
     pub fn entries(&self) -> Vec<&str> {
         self.entries.iter().map(|e| e.name.as_str()).collect()
+    }
+
+    /// The declared types of `entry`'s parameters, in order (what a launch must pass).
+    pub fn params(&self, entry: &str) -> Option<Vec<ParamKind>> {
+        self.entry(entry)
+            .map(|e| e.params.iter().map(|p| p.kind).collect())
+    }
+
+    /// Bytes of `entry`'s static shared memory.
+    pub fn static_shared(&self, entry: &str) -> Option<u32> {
+        self.entry(entry).map(|e| e.shared_static)
     }
 
     pub(crate) fn entry(&self, name: &str) -> Option<&Entry> {

@@ -1,0 +1,22 @@
+//! An emulated GPU: a shared library exporting the CUDA driver's (and cuBLAS's) C entry
+//! points, with NVIDIA's documented semantics, over Parallax's PTX interpreter. Linked as
+//! `libcuda.so` (and `libcublas.so`, ...) ahead of the real ones (`scripts/emulated-gpu`),
+//! it lets the CUDA backend run, unchanged, with no GPU; every launch runs under the
+//! interpreter's sanitizer, and the launch checks the real driver skips are made here
+//! (block size, dynamic shared memory against the opt-in attribute).
+//!
+//! Files: `state` the process-wide state (devices, memory, handles) and the FFI guard;
+//! `device` devices, contexts and error strings; `memory` allocations and copies;
+//! `module` modules, functions and launches; `stream` streams and events; `cublas` the
+//! cuBLAS GEMMs (column-major, over `parallax_emulator::blas`).
+//!
+//! Streams run their work when it is enqueued (no deferral yet); a sanitizer finding fails
+//! the launch with `CUDA_ERROR_LAUNCH_FAILED`, sticky as on a GPU, and names the finding on
+//! stderr.
+
+mod cublas;
+mod device;
+mod memory;
+mod module;
+mod state;
+mod stream;

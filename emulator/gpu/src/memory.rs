@@ -1,0 +1,189 @@
+//! Device memory on the host (the driver API's "Memory Management" group): one address
+//! space for every device, the interpreter's `Memory`, whose addresses are the device
+//! pointers. Memory from `cuMemAlloc` is uninitialised (the sanitizer's initcheck sees a
+//! read before a write). The async copies run when enqueued; their streams are checked.
+
+use crate::state::{guard, put, state, State};
+use cudarc::driver::sys::{CUdeviceptr, CUresult, CUstream};
+use std::ffi::{c_uchar, c_uint, c_void};
+
+#[no_mangle]
+unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+    guard("cuMemAlloc_v2", || {
+        let mut s = state();
+        let dev = s.current()?;
+        // "If bytesize is 0, cuMemAlloc() returns CUDA_ERROR_INVALID_VALUE."
+        if bytesize == 0 || dptr.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let total = s.config()?.memory;
+        let bytes = bytesize as u64;
+        if s.used[dev].saturating_add(bytes) > total {
+            return Err(CUresult::CUDA_ERROR_OUT_OF_MEMORY);
+        }
+        let p = s
+            .memory
+            .alloc(bytes, format!("cuMemAlloc({bytes}) on device {dev}"));
+        s.used[dev] += bytes;
+        s.allocs.insert(p, (dev, bytes));
+        put(dptr, p)
+    })
+}
+
+#[no_mangle]
+extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+    guard("cuMemFree_v2", || {
+        let mut s = state();
+        s.current()?;
+        let Some((dev, bytes)) = s.allocs.remove(&dptr) else {
+            eprintln!("emulated GPU: cuMemFree({dptr:#x}): not an allocation's start");
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        };
+        s.used[dev] -= bytes;
+        s.memory
+            .free(dptr)
+            .map_err(|_| CUresult::CUDA_ERROR_INVALID_VALUE)
+    })
+}
+
+#[no_mangle]
+unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+    guard("cuMemGetInfo_v2", || {
+        let s = state();
+        let dev = s.current()?;
+        let t = s.config()?.memory;
+        put(free, (t - s.used[dev]) as usize)?;
+        put(total, t as usize)
+    })
+}
+
+fn bad(what: &str, e: impl std::fmt::Display) -> CUresult {
+    eprintln!("emulated GPU: {what}: {e}");
+    CUresult::CUDA_ERROR_INVALID_VALUE
+}
+
+/// The state, with the context current and `stream` valid.
+fn on_stream(stream: CUstream) -> Result<std::sync::MutexGuard<'static, State>, CUresult> {
+    let s = state();
+    s.current()?;
+    s.stream(stream as usize)?;
+    Ok(s)
+}
+
+unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult {
+    guard("cuMemcpyHtoD", || {
+        let mut s = on_stream(stream)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if src.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let bytes = std::slice::from_raw_parts(src as *const u8, n);
+        s.memory
+            .write(dst, bytes)
+            .map_err(|e| bad("cuMemcpyHtoD", e))
+    })
+}
+
+unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
+    guard("cuMemcpyDtoH", || {
+        let s = on_stream(stream)?;
+        if n == 0 {
+            return Ok(());
+        }
+        if dst.is_null() {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let out = std::slice::from_raw_parts_mut(dst as *mut u8, n);
+        s.memory.read(src, out).map_err(|e| bad("cuMemcpyDtoH", e))
+    })
+}
+
+fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
+    guard("cuMemcpyDtoD", || {
+        let mut s = on_stream(stream)?;
+        s.memory
+            .copy(dst, src, n as u64)
+            .map_err(|e| bad("cuMemcpyDtoD", e))
+    })
+}
+
+#[no_mangle]
+unsafe extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
+    htod(dst, src, n, std::ptr::null_mut())
+}
+
+#[no_mangle]
+unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
+    htod(dst, src, n, stream)
+}
+
+#[no_mangle]
+unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
+    dtoh(dst, src, n, std::ptr::null_mut())
+}
+
+#[no_mangle]
+unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
+    dtoh(dst, src, n, stream)
+}
+
+#[no_mangle]
+extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+    dtod(dst, src, n, std::ptr::null_mut())
+}
+
+#[no_mangle]
+extern "C" fn cuMemcpyDtoDAsync_v2(
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    n: usize,
+    stream: CUstream,
+) -> CUresult {
+    dtod(dst, src, n, stream)
+}
+
+/// Fills `n` elements of `unit` bytes each at `dst` with `value` (little-endian).
+fn memset(dst: CUdeviceptr, value: u32, unit: usize, n: usize, stream: CUstream) -> CUresult {
+    guard("cuMemset", || {
+        let mut s = on_stream(stream)?;
+        // "The dstDevice pointer must be four byte aligned" (cuMemsetD32).
+        if !dst.is_multiple_of(unit as u64) {
+            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        }
+        let one = &value.to_le_bytes()[..unit];
+        let bytes: Vec<u8> = one.iter().copied().cycle().take(unit * n).collect();
+        s.memory.write(dst, &bytes).map_err(|e| bad("cuMemset", e))
+    })
+}
+
+#[no_mangle]
+extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, uc: c_uchar, n: usize) -> CUresult {
+    memset(dst, uc.into(), 1, n, std::ptr::null_mut())
+}
+
+#[no_mangle]
+extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, ui: c_uint, n: usize) -> CUresult {
+    memset(dst, ui, 4, n, std::ptr::null_mut())
+}
+
+#[no_mangle]
+extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, uc: c_uchar, n: usize, st: CUstream) -> CUresult {
+    memset(dst, uc.into(), 1, n, st)
+}
+
+#[no_mangle]
+extern "C" fn cuMemsetD32Async(dst: CUdeviceptr, ui: c_uint, n: usize, st: CUstream) -> CUresult {
+    memset(dst, ui, 4, n, st)
+}
