@@ -104,6 +104,9 @@ pub struct Scaled {
     pub ldc: u64,
     pub alpha: f32,
     pub beta: f32,
+    /// A vector of `n` elements (bf16 when `.1`, else f32) at `.0`, added to every row of
+    /// `c` after the scaling (cuBLASLt's bias epilogue, in row-major terms).
+    pub bias: Option<(u64, bool)>,
 }
 
 impl Scaled {
@@ -115,6 +118,7 @@ impl Scaled {
             ldc: g.n,
             alpha: 1.0,
             beta: 0.0,
+            bias: None,
         }
     }
 }
@@ -158,6 +162,10 @@ pub fn gemm_scaled(memory: &mut Memory, g: &Gemm, s: &Scaled) -> Result<(), Blas
         span(g.k, g.n, s.ldb)
     };
     let c_span = span(g.m, g.n, s.ldc);
+    let bias = match s.bias {
+        Some((addr, bf16)) => read(memory, "bias", addr, g.n, bf16)?,
+        None => Vec::new(),
+    };
     for i in 0..g.count {
         let a = read(memory, "A", g.a + i * g.stride_a * ea, a_span, g.ab_bf16)?;
         let b = read(memory, "B", g.b + i * g.stride_b * eb, b_span, g.ab_bf16)?;
@@ -192,6 +200,9 @@ pub fn gemm_scaled(memory: &mut Memory, g: &Gemm, s: &Scaled) -> Result<(), Blas
                 let mut v = f64::from(s.alpha) * sum;
                 if s.beta != 0.0 {
                     v += f64::from(s.beta) * f64::from(*old);
+                }
+                if let Some(&x) = bias.get(col) {
+                    v += f64::from(x);
                 }
                 *old = v as f32;
             }
@@ -319,6 +330,7 @@ mod tests {
             ldc: 3,
             alpha: 2.0,
             beta: 0.5,
+            bias: None,
         };
         gemm_scaled(&mut mem, &base(a, b, c), &s).unwrap();
         // 2 [[4,5],[10,11]] + 0.5: the gap element (7) is untouched.

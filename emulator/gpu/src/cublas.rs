@@ -11,7 +11,7 @@ use parallax_emulator::blas::{self, Compute, Gemm, Scaled};
 use std::ffi::{c_int, c_longlong, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-fn guard(name: &str, f: impl FnOnce() -> Result<(), St>) -> St {
+pub fn guard(name: &str, f: impl FnOnce() -> Result<(), St>) -> St {
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => St::CUBLAS_STATUS_SUCCESS,
         Ok(Err(e)) => e,
@@ -110,6 +110,8 @@ pub struct ColMajor {
     pub ab_bf16: bool,
     pub c_bf16: bool,
     pub compute: Compute,
+    /// cuBLASLt's bias epilogue: `m` elements (bf16 when `.1`) added to each column of C.
+    pub bias: Option<(u64, bool)>,
 }
 
 /// `CUBLAS_OP_N` 0, `CUBLAS_OP_T` 1, `CUBLAS_OP_C` 2 (the transpose, for real types).
@@ -169,8 +171,9 @@ pub fn run(name: &str, g: &ColMajor) -> Result<(), St> {
         ldc: g.ldc as u64,
         alpha: g.alpha,
         beta: g.beta,
+        bias: g.bias,
     };
-    if g.k == 0 && g.beta == 1.0 {
+    if g.k == 0 && g.beta == 1.0 && g.bias.is_none() {
         return Ok(());
     }
     let mut s = state();
@@ -249,6 +252,7 @@ unsafe extern "C" fn cublasSgemmStridedBatched(
             ab_bf16: false,
             c_bf16: false,
             compute,
+            bias: None,
         };
         run("cublasSgemmStridedBatched", &g)
     })
@@ -279,7 +283,7 @@ unsafe extern "C" fn cublasSgemm_v2(
 
 /// The operand types and compute of a `cublasGemm*Ex` call, as the supported combinations
 /// of the cuBLAS documentation's table (f32 and bf16 only; others are not supported here).
-fn ex_types(
+pub fn ex_types(
     math: c_int,
     at: c_int,
     bt: c_int,
@@ -370,6 +374,7 @@ unsafe extern "C" fn cublasGemmStridedBatchedEx(
             ab_bf16,
             c_bf16,
             compute,
+            bias: None,
         };
         run("cublasGemmStridedBatchedEx", &g)
     })

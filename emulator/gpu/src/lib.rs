@@ -1,4 +1,4 @@
-//! An emulated GPU: a shared library exporting the CUDA driver's (and cuBLAS's) C entry
+//! An emulated GPU: a shared library exporting the CUDA driver's, cuBLAS's and cuBLASLt's C entry
 //! points, with NVIDIA's documented semantics, over Parallax's PTX interpreter. Linked as
 //! `libcuda.so` (and `libcublas.so`, ...) ahead of the real ones (`scripts/emulated-gpu`),
 //! it lets the CUDA backend run, unchanged, with no GPU; every launch runs under the
@@ -8,13 +8,15 @@
 //! Files: `state` the process-wide state (devices, memory, handles) and the FFI guard;
 //! `device` devices, contexts and error strings; `memory` allocations and copies;
 //! `module` modules, functions and launches; `stream` streams and events; `cublas` the
-//! cuBLAS GEMMs (column-major, over `parallax_emulator::blas`).
+//! cuBLAS GEMMs (column-major, over `parallax_emulator::blas`); `cublaslt` cuBLASLt's
+//! descriptors, layouts, heuristic and matmul (with the bias epilogue), on the same GEMM.
 //!
 //! Streams run their work when it is enqueued (no deferral yet); a sanitizer finding fails
 //! the launch with `CUDA_ERROR_LAUNCH_FAILED`, sticky as on a GPU, and names the finding on
 //! stderr.
 
 mod cublas;
+mod cublaslt;
 mod device;
 mod memory;
 mod module;

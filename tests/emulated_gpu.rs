@@ -1,0 +1,179 @@
+//! The CUDA backend, unchanged, on the emulated GPU (`emulator/gpu`, the `cdylib` that
+//! `scripts/emulated-gpu` links as libcuda and libcublas): each child runs with a folder of
+//! those links first on its library path, under a hard time limit. fp32 GEMMs go through
+//! cuBLAS, tf32 and bf16 through cuBLASLt (with its bias epilogue).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// The target folder this test was built in (`.../target/<profile>`).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    // .../target/<profile>/deps/emulated_gpu-<hash>
+    exe.parent().unwrap().parent().unwrap().to_path_buf()
+}
+
+/// The emulated GPU library: built with the workspace (this package dev-depends on it),
+/// else built now into the same target folder. Fails, never skips, when it cannot be.
+fn library() -> PathBuf {
+    let dir = profile_dir();
+    let name = "libparallax_emulated_gpu.so";
+    // The newest of the uplifted library and the dependency's own (a `cargo test` of this
+    // package alone refreshes only the latter).
+    let found = || {
+        [dir.join(name), dir.join("deps").join(name)]
+            .into_iter()
+            .filter_map(|p| Some((std::fs::metadata(&p).ok()?.modified().ok()?, p)))
+            .max()
+            .map(|(_, p)| p)
+    };
+    if let Some(p) = found() {
+        return p;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let target = dir.parent().unwrap();
+    let mut c = Command::new(cargo);
+    c.args(["build", "-p", "parallax-emulated-gpu", "--target-dir"])
+        .arg(target)
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    if dir.file_name().is_some_and(|n| n == "release") {
+        c.arg("--release");
+    }
+    let r = common::run_limited(c, Duration::from_secs(900));
+    assert_eq!(r.code, Some(0), "building the emulated GPU: {}", r.stderr);
+    found().unwrap_or_else(|| panic!("no {name} in {} after building it", dir.display()))
+}
+
+/// A folder with the library under the driver's and cuBLAS's names (as the script makes).
+fn libs() -> &'static Path {
+    static LIBS: OnceLock<PathBuf> = OnceLock::new();
+    LIBS.get_or_init(|| {
+        let lib = library();
+        let dir = common::temp("emulated-gpu-libs");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for name in [
+            "libcuda.so",
+            "libcuda.so.1",
+            "libcublas.so",
+            "libcublas.so.13",
+            "libcublasLt.so",
+            "libcublasLt.so.13",
+        ] {
+            std::os::unix::fs::symlink(&lib, dir.join(name)).unwrap();
+        }
+        dir
+    })
+}
+
+/// Runs the binary on the emulated GPU for at most `limit`.
+fn on_emulated_gpu(args: &[&str], limit: Duration) -> common::Limited {
+    let mut c = common::binary();
+    c.args(args)
+        .env("LD_LIBRARY_PATH", libs())
+        .env_remove("PARALLAX_CUBLASLT")
+        .env_remove("PARALLAX_GEMM_BIAS")
+        .env_remove("CUDA_VISIBLE_DEVICES")
+        .env_remove("PARALLAX_EMULATED_GPUS");
+    let r = common::run_limited(c, limit);
+    assert!(r.code.is_some(), "`{}` ran past {limit:?}", args.join(" "));
+    r
+}
+
+#[test]
+fn devices_lists_an_emulated_h200() {
+    let r = on_emulated_gpu(&["devices"], Duration::from_secs(60));
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    assert!(r.stdout.contains("GPU 0: NVIDIA H200"), "{}", r.stdout);
+    assert!(r.stdout.contains("compute capability 9.0"), "{}", r.stdout);
+    assert!(r.stdout.contains("cuBLAS found"), "{}", r.stdout);
+}
+
+/// `gpu-check`: the CUDA executor's losses and parameters against the CPU's, within the
+/// precision's tolerance. Returns the output.
+fn gpu_check(model: &str, precision: &str, limit: Duration) -> String {
+    let file = format!("models/{model}.ron");
+    let args = [
+        "gpu-check",
+        &file,
+        "--precision",
+        precision,
+        "--steps",
+        "2",
+        "--time-steps",
+        "1",
+    ];
+    let r = on_emulated_gpu(&args, limit);
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "{all}");
+    assert!(
+        all.contains(&format!("PTX for sm_90, {precision}")),
+        "{all}"
+    );
+    assert!(
+        all.contains("largest relative difference of losses"),
+        "{all}"
+    );
+    // The conformance row: model, precision, differences, verdict.
+    let row = format!("|{precision}|");
+    assert!(
+        r.stdout.contains(&row) && r.stdout.contains("|ok|"),
+        "{all}"
+    );
+    assert!(!r.stderr.contains("emulated GPU:"), "{all}");
+    all
+}
+
+#[test]
+fn gpu_check_mlp_fp32() {
+    gpu_check("mlp", "fp32", Duration::from_secs(300));
+}
+
+#[test]
+fn gpu_check_mlp_tf32_and_bf16_run_every_gemm_on_cublaslt() {
+    for precision in ["tf32", "bf16"] {
+        let all = gpu_check("mlp", precision, Duration::from_secs(300));
+        let lt = "cuBLASLt ran 5 GEMM shape(s); 0 went to cuBLAS";
+        assert!(all.contains(lt), "{all}");
+    }
+}
+
+#[test]
+fn gpu_check_cnn_fp32_and_bf16() {
+    for precision in ["fp32", "bf16"] {
+        gpu_check("cnn", precision, Duration::from_secs(300));
+    }
+}
+
+#[test]
+fn train_mlp_on_cuda_gives_finite_losses() {
+    let dir = common::temp("emulated-gpu-train-mlp");
+    let _ = std::fs::remove_dir_all(&dir);
+    let run_dir = dir.to_str().unwrap();
+    let args = [
+        "train",
+        "models/mlp.ron",
+        "--backend",
+        "cuda",
+        "--steps",
+        "5",
+        "--run-dir",
+        run_dir,
+    ];
+    let r = on_emulated_gpu(&args, Duration::from_secs(300));
+    assert_eq!(r.code, Some(0), "{}\n{}", r.stdout, r.stderr);
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert!(all.contains("CUDA backend (GPU 0)"), "{all}");
+    let losses: Vec<f64> = all
+        .lines()
+        .filter(|l| l.starts_with("step "))
+        .filter_map(|l| l.split("loss ").nth(1))
+        .filter_map(|x| x.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(losses.len(), 5, "{all}");
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+}
