@@ -25,7 +25,7 @@ pub fn guard(name: &str, f: impl FnOnce() -> Result<(), St>) -> St {
 type Handle = *mut c_void;
 
 #[no_mangle]
-unsafe extern "C" fn cublasCreate_v2(handle: *mut Handle) -> St {
+pub(crate) unsafe extern "C" fn cublasCreate_v2(handle: *mut Handle) -> St {
     guard("cublasCreate_v2", || {
         let mut s = state();
         if handle.is_null() {
@@ -40,7 +40,7 @@ unsafe extern "C" fn cublasCreate_v2(handle: *mut Handle) -> St {
 }
 
 #[no_mangle]
-extern "C" fn cublasDestroy_v2(handle: Handle) -> St {
+pub(crate) extern "C" fn cublasDestroy_v2(handle: Handle) -> St {
     guard("cublasDestroy_v2", || {
         state()
             .blas
@@ -60,7 +60,7 @@ fn with_handle<T>(handle: Handle, f: impl FnOnce(&mut BlasHandle) -> T) -> Resul
 }
 
 #[no_mangle]
-extern "C" fn cublasSetStream_v2(handle: Handle, stream: *mut c_void) -> St {
+pub(crate) extern "C" fn cublasSetStream_v2(handle: Handle, stream: *mut c_void) -> St {
     guard("cublasSetStream_v2", || {
         state()
             .stream(stream as usize)
@@ -70,14 +70,14 @@ extern "C" fn cublasSetStream_v2(handle: Handle, stream: *mut c_void) -> St {
 }
 
 #[no_mangle]
-extern "C" fn cublasSetMathMode(handle: Handle, mode: c_int) -> St {
+pub(crate) extern "C" fn cublasSetMathMode(handle: Handle, mode: c_int) -> St {
     guard("cublasSetMathMode", || {
         with_handle(handle, |h| h.math = mode)
     })
 }
 
 #[no_mangle]
-unsafe extern "C" fn cublasGetMathMode(handle: Handle, mode: *mut c_int) -> St {
+pub(crate) unsafe extern "C" fn cublasGetMathMode(handle: Handle, mode: *mut c_int) -> St {
     guard("cublasGetMathMode", || {
         let m = with_handle(handle, |h| h.math)?;
         if mode.is_null() {
@@ -209,7 +209,7 @@ unsafe fn scalar(p: *const f32) -> Result<f32, St> {
 
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn cublasSgemmStridedBatched(
+pub(crate) unsafe extern "C" fn cublasSgemmStridedBatched(
     handle: Handle,
     transa: c_int,
     transb: c_int,
@@ -260,7 +260,7 @@ unsafe extern "C" fn cublasSgemmStridedBatched(
 
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn cublasSgemm_v2(
+pub(crate) unsafe extern "C" fn cublasSgemm_v2(
     handle: Handle,
     transa: c_int,
     transb: c_int,
@@ -324,7 +324,7 @@ pub fn ex_types(
 
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn cublasGemmStridedBatchedEx(
+pub(crate) unsafe extern "C" fn cublasGemmStridedBatchedEx(
     handle: Handle,
     transa: c_int,
     transb: c_int,

@@ -82,17 +82,17 @@ unsafe fn value(buf: *const c_void, size: usize) -> Result<i64, St> {
 }
 
 #[no_mangle]
-unsafe extern "C" fn cublasLtCreate(h: *mut *mut c_void) -> St {
+pub(crate) unsafe extern "C" fn cublasLtCreate(h: *mut *mut c_void) -> St {
     guard("cublasLtCreate", || create(h, Obj::Handle))
 }
 
 #[no_mangle]
-extern "C" fn cublasLtDestroy(h: *mut c_void) -> St {
+pub(crate) extern "C" fn cublasLtDestroy(h: *mut c_void) -> St {
     guard("cublasLtDestroy", || destroy(h))
 }
 
 #[no_mangle]
-unsafe extern "C" fn cublasLtMatmulDescCreate(
+pub(crate) unsafe extern "C" fn cublasLtMatmulDescCreate(
     d: *mut *mut c_void,
     compute: c_int,
     scale: c_int,
@@ -115,12 +115,12 @@ unsafe extern "C" fn cublasLtMatmulDescCreate(
 }
 
 #[no_mangle]
-extern "C" fn cublasLtMatmulDescDestroy(d: *mut c_void) -> St {
+pub(crate) extern "C" fn cublasLtMatmulDescDestroy(d: *mut c_void) -> St {
     guard("cublasLtMatmulDescDestroy", || destroy(d))
 }
 
 #[no_mangle]
-unsafe extern "C" fn cublasLtMatmulDescSetAttribute(
+pub(crate) unsafe extern "C" fn cublasLtMatmulDescSetAttribute(
     d: *mut c_void,
     attr: c_int,
     buf: *const c_void,
@@ -157,7 +157,7 @@ unsafe extern "C" fn cublasLtMatmulDescSetAttribute(
 }
 
 #[no_mangle]
-unsafe extern "C" fn cublasLtMatrixLayoutCreate(
+pub(crate) unsafe extern "C" fn cublasLtMatrixLayoutCreate(
     l: *mut *mut c_void,
     dtype: c_int,
     rows: u64,
@@ -179,12 +179,12 @@ unsafe extern "C" fn cublasLtMatrixLayoutCreate(
 }
 
 #[no_mangle]
-extern "C" fn cublasLtMatrixLayoutDestroy(l: *mut c_void) -> St {
+pub(crate) extern "C" fn cublasLtMatrixLayoutDestroy(l: *mut c_void) -> St {
     guard("cublasLtMatrixLayoutDestroy", || destroy(l))
 }
 
 #[no_mangle]
-unsafe extern "C" fn cublasLtMatrixLayoutSetAttribute(
+pub(crate) unsafe extern "C" fn cublasLtMatrixLayoutSetAttribute(
     l: *mut c_void,
     attr: c_int,
     buf: *const c_void,
@@ -217,17 +217,17 @@ unsafe extern "C" fn cublasLtMatrixLayoutSetAttribute(
 }
 
 #[no_mangle]
-unsafe extern "C" fn cublasLtMatmulPreferenceCreate(p: *mut *mut c_void) -> St {
+pub(crate) unsafe extern "C" fn cublasLtMatmulPreferenceCreate(p: *mut *mut c_void) -> St {
     guard("cublasLtMatmulPreferenceCreate", || create(p, Obj::Pref))
 }
 
 #[no_mangle]
-extern "C" fn cublasLtMatmulPreferenceDestroy(p: *mut c_void) -> St {
+pub(crate) extern "C" fn cublasLtMatmulPreferenceDestroy(p: *mut c_void) -> St {
     guard("cublasLtMatmulPreferenceDestroy", || destroy(p))
 }
 
 #[no_mangle]
-unsafe extern "C" fn cublasLtMatmulPreferenceSetAttribute(
+pub(crate) unsafe extern "C" fn cublasLtMatmulPreferenceSetAttribute(
     p: *mut c_void,
     _attr: c_int,
     buf: *const c_void,
@@ -330,7 +330,7 @@ fn lookup(desc: *mut c_void, layouts: [*mut c_void; 4]) -> Result<(Desc, [Layout
 
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn cublasLtMatmulAlgoGetHeuristic(
+pub(crate) unsafe extern "C" fn cublasLtMatmulAlgoGetHeuristic(
     handle: *mut c_void,
     desc: *mut c_void,
     a: *mut c_void,
@@ -374,7 +374,7 @@ unsafe extern "C" fn cublasLtMatmulAlgoGetHeuristic(
 
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn cublasLtMatmul(
+pub(crate) unsafe extern "C" fn cublasLtMatmul(
     handle: *mut c_void,
     desc: *mut c_void,
     alpha: *const c_void,

@@ -11,7 +11,7 @@ const VERSION: c_int = 13000;
 const NAME: &str = "NVIDIA H200 (emulated by Parallax)";
 
 #[no_mangle]
-extern "C" fn cuInit(flags: c_uint) -> CUresult {
+pub(crate) extern "C" fn cuInit(flags: c_uint) -> CUresult {
     guard("cuInit", || {
         // "Flags: Initialization flag for CUDA" -- must be 0.
         if flags != 0 {
@@ -27,13 +27,13 @@ extern "C" fn cuInit(flags: c_uint) -> CUresult {
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
+pub(crate) unsafe extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CUresult {
     // Documented to work before cuInit.
     guard("cuDriverGetVersion", || put(version, VERSION))
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
+pub(crate) unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
     guard("cuDeviceGetCount", || {
         let n = state().config()?.gpus;
         put(count, n)
@@ -41,7 +41,7 @@ unsafe extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CUresult {
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
+pub(crate) unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUresult {
     guard("cuDeviceGet", || {
         let d = state().device(ordinal)?;
         put(device, d as CUdevice)
@@ -49,7 +49,11 @@ unsafe extern "C" fn cuDeviceGet(device: *mut CUdevice, ordinal: c_int) -> CUres
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevice) -> CUresult {
+pub(crate) unsafe extern "C" fn cuDeviceGetName(
+    name: *mut c_char,
+    len: c_int,
+    dev: CUdevice,
+) -> CUresult {
     guard("cuDeviceGetName", || {
         state().device(dev)?;
         if name.is_null() || len <= 0 {
@@ -65,7 +69,7 @@ unsafe extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, dev: CUdevic
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
+pub(crate) unsafe extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, dev: CUdevice) -> CUresult {
     guard("cuDeviceTotalMem_v2", || {
         let s = state();
         s.device(dev)?;
@@ -138,7 +142,7 @@ pub fn attribute(a: c_int, sms: c_int) -> c_int {
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuDeviceGetAttribute(
+pub(crate) unsafe extern "C" fn cuDeviceGetAttribute(
     pi: *mut c_int,
     attrib: c_int,
     dev: CUdevice,
@@ -158,7 +162,10 @@ unsafe extern "C" fn cuDeviceGetAttribute(
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevice) -> CUresult {
+pub(crate) unsafe extern "C" fn cuDevicePrimaryCtxRetain(
+    pctx: *mut CUcontext,
+    dev: CUdevice,
+) -> CUresult {
     guard("cuDevicePrimaryCtxRetain", || {
         let mut s = state();
         let d = s.device(dev)?;
@@ -169,7 +176,7 @@ unsafe extern "C" fn cuDevicePrimaryCtxRetain(pctx: *mut CUcontext, dev: CUdevic
 }
 
 #[no_mangle]
-extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
+pub(crate) extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
     guard("cuDevicePrimaryCtxRelease_v2", || {
         let mut s = state();
         let d = s.device(dev)?;
@@ -177,12 +184,16 @@ extern "C" fn cuDevicePrimaryCtxRelease_v2(dev: CUdevice) -> CUresult {
             return Err(CUresult::CUDA_ERROR_INVALID_CONTEXT);
         }
         s.retained[d] -= 1;
+        if s.retained.iter().all(|&r| r == 0) {
+            // The last release destroys the context, and its sticky error with it.
+            s.sticky = None;
+        }
         Ok(())
     })
 }
 
 #[no_mangle]
-extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
+pub(crate) extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
     guard("cuCtxSetCurrent", || {
         let s = state();
         s.config()?;
@@ -198,7 +209,7 @@ extern "C" fn cuCtxSetCurrent(ctx: CUcontext) -> CUresult {
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
+pub(crate) unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
     guard("cuCtxGetCurrent", || {
         state().config()?;
         put(pctx, state::CURRENT.with(|x| x.get()) as CUcontext)
@@ -206,7 +217,7 @@ unsafe extern "C" fn cuCtxGetCurrent(pctx: *mut CUcontext) -> CUresult {
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
+pub(crate) unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
     guard("cuCtxGetDevice", || {
         let d = state().current()?;
         put(device, d as CUdevice)
@@ -214,7 +225,7 @@ unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresult {
 }
 
 #[no_mangle]
-extern "C" fn cuCtxSynchronize() -> CUresult {
+pub(crate) extern "C" fn cuCtxSynchronize() -> CUresult {
     // Work runs when it is enqueued: nothing is outstanding.
     guard("cuCtxSynchronize", || state().current().map(|_| ()))
 }
@@ -330,11 +341,11 @@ unsafe fn error_text(error: u32, out: *mut *const c_char, name: bool) -> CUresul
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuGetErrorString(error: u32, p: *mut *const c_char) -> CUresult {
+pub(crate) unsafe extern "C" fn cuGetErrorString(error: u32, p: *mut *const c_char) -> CUresult {
     error_text(error, p, false)
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuGetErrorName(error: u32, p: *mut *const c_char) -> CUresult {
+pub(crate) unsafe extern "C" fn cuGetErrorName(error: u32, p: *mut *const c_char) -> CUresult {
     error_text(error, p, true)
 }

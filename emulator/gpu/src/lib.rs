@@ -22,3 +22,6 @@ mod memory;
 mod module;
 mod state;
 mod stream;
+
+#[cfg(test)]
+mod tests;

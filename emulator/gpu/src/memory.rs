@@ -8,7 +8,7 @@ use cudarc::driver::sys::{CUdeviceptr, CUresult, CUstream};
 use std::ffi::{c_uchar, c_uint, c_void};
 
 #[no_mangle]
-unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
+pub(crate) unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> CUresult {
     guard("cuMemAlloc_v2", || {
         let mut s = state();
         let dev = s.current()?;
@@ -31,7 +31,7 @@ unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: usize) -> C
 }
 
 #[no_mangle]
-extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
+pub(crate) extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     guard("cuMemFree_v2", || {
         let mut s = state();
         s.current()?;
@@ -47,7 +47,7 @@ extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
+pub(crate) unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut usize) -> CUresult {
     guard("cuMemGetInfo_v2", || {
         let s = state();
         let dev = s.current()?;
@@ -110,12 +110,16 @@ fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUres
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuMemcpyHtoD_v2(dst: CUdeviceptr, src: *const c_void, n: usize) -> CUresult {
+pub(crate) unsafe extern "C" fn cuMemcpyHtoD_v2(
+    dst: CUdeviceptr,
+    src: *const c_void,
+    n: usize,
+) -> CUresult {
     htod(dst, src, n, std::ptr::null_mut())
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
+pub(crate) unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     dst: CUdeviceptr,
     src: *const c_void,
     n: usize,
@@ -125,12 +129,16 @@ unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CUdeviceptr, n: usize) -> CUresult {
+pub(crate) unsafe extern "C" fn cuMemcpyDtoH_v2(
+    dst: *mut c_void,
+    src: CUdeviceptr,
+    n: usize,
+) -> CUresult {
     dtoh(dst, src, n, std::ptr::null_mut())
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
+pub(crate) unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     dst: *mut c_void,
     src: CUdeviceptr,
     n: usize,
@@ -140,12 +148,12 @@ unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
 }
 
 #[no_mangle]
-extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
+pub(crate) extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
     dtod(dst, src, n, std::ptr::null_mut())
 }
 
 #[no_mangle]
-extern "C" fn cuMemcpyDtoDAsync_v2(
+pub(crate) extern "C" fn cuMemcpyDtoDAsync_v2(
     dst: CUdeviceptr,
     src: CUdeviceptr,
     n: usize,
@@ -169,21 +177,31 @@ fn memset(dst: CUdeviceptr, value: u32, unit: usize, n: usize, stream: CUstream)
 }
 
 #[no_mangle]
-extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, uc: c_uchar, n: usize) -> CUresult {
+pub(crate) extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, uc: c_uchar, n: usize) -> CUresult {
     memset(dst, uc.into(), 1, n, std::ptr::null_mut())
 }
 
 #[no_mangle]
-extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, ui: c_uint, n: usize) -> CUresult {
+pub(crate) extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, ui: c_uint, n: usize) -> CUresult {
     memset(dst, ui, 4, n, std::ptr::null_mut())
 }
 
 #[no_mangle]
-extern "C" fn cuMemsetD8Async(dst: CUdeviceptr, uc: c_uchar, n: usize, st: CUstream) -> CUresult {
+pub(crate) extern "C" fn cuMemsetD8Async(
+    dst: CUdeviceptr,
+    uc: c_uchar,
+    n: usize,
+    st: CUstream,
+) -> CUresult {
     memset(dst, uc.into(), 1, n, st)
 }
 
 #[no_mangle]
-extern "C" fn cuMemsetD32Async(dst: CUdeviceptr, ui: c_uint, n: usize, st: CUstream) -> CUresult {
+pub(crate) extern "C" fn cuMemsetD32Async(
+    dst: CUdeviceptr,
+    ui: c_uint,
+    n: usize,
+    st: CUstream,
+) -> CUresult {
     memset(dst, ui, 4, n, st)
 }

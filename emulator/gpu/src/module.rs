@@ -16,7 +16,10 @@ use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::Arc;
 
 #[no_mangle]
-unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c_void) -> CUresult {
+pub(crate) unsafe extern "C" fn cuModuleLoadData(
+    module: *mut CUmodule,
+    image: *const c_void,
+) -> CUresult {
     guard("cuModuleLoadData", || {
         let mut s = state();
         s.current()?;
@@ -41,7 +44,7 @@ unsafe extern "C" fn cuModuleLoadData(module: *mut CUmodule, image: *const c_voi
 }
 
 #[no_mangle]
-extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
+pub(crate) extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
     guard("cuModuleUnload", || {
         let mut s = state();
         s.current()?;
@@ -57,7 +60,7 @@ extern "C" fn cuModuleUnload(hmod: CUmodule) -> CUresult {
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuModuleGetFunction(
+pub(crate) unsafe extern "C" fn cuModuleGetFunction(
     hfunc: *mut CUfunction,
     hmod: CUmodule,
     name: *const c_char,
@@ -93,7 +96,11 @@ unsafe extern "C" fn cuModuleGetFunction(
 }
 
 #[no_mangle]
-extern "C" fn cuFuncSetAttribute(hfunc: CUfunction, attrib: c_int, value: c_int) -> CUresult {
+pub(crate) extern "C" fn cuFuncSetAttribute(
+    hfunc: CUfunction,
+    attrib: c_int,
+    value: c_int,
+) -> CUresult {
     guard("cuFuncSetAttribute", || {
         let mut s = state();
         s.current()?;
@@ -129,7 +136,7 @@ extern "C" fn cuFuncSetAttribute(hfunc: CUfunction, attrib: c_int, value: c_int)
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuFuncGetAttribute(
+pub(crate) unsafe extern "C" fn cuFuncGetAttribute(
     pi: *mut c_int,
     attrib: c_int,
     hfunc: CUfunction,
@@ -235,7 +242,7 @@ fn check_limits(f: &Function, grid: [u32; 3], block: [u32; 3], shared: u32) -> R
 
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
-unsafe extern "C" fn cuLaunchKernel(
+pub(crate) unsafe extern "C" fn cuLaunchKernel(
     f: CUfunction,
     grid_x: c_uint,
     grid_y: c_uint,

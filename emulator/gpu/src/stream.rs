@@ -14,7 +14,7 @@ const EVENT_FLAGS: c_uint = 0x7;
 const DISABLE_TIMING: c_uint = 0x2;
 
 #[no_mangle]
-unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: c_uint) -> CUresult {
+pub(crate) unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: c_uint) -> CUresult {
     guard("cuStreamCreate", || {
         let mut s = state();
         s.current()?;
@@ -28,7 +28,7 @@ unsafe extern "C" fn cuStreamCreate(ph: *mut CUstream, flags: c_uint) -> CUresul
 }
 
 #[no_mangle]
-extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
+pub(crate) extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
     guard("cuStreamDestroy_v2", || {
         let mut s = state();
         s.current()?;
@@ -40,7 +40,7 @@ extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
 }
 
 #[no_mangle]
-extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
+pub(crate) extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
     guard("cuStreamSynchronize", || {
         let s = state();
         s.current()?;
@@ -49,12 +49,16 @@ extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
 }
 
 #[no_mangle]
-extern "C" fn cuStreamQuery(stream: CUstream) -> CUresult {
+pub(crate) extern "C" fn cuStreamQuery(stream: CUstream) -> CUresult {
     cuStreamSynchronize(stream)
 }
 
 #[no_mangle]
-extern "C" fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint) -> CUresult {
+pub(crate) extern "C" fn cuStreamWaitEvent(
+    stream: CUstream,
+    event: CUevent,
+    flags: c_uint,
+) -> CUresult {
     guard("cuStreamWaitEvent", || {
         let s = state();
         s.current()?;
@@ -71,7 +75,7 @@ extern "C" fn cuStreamWaitEvent(stream: CUstream, event: CUevent, flags: c_uint)
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUresult {
+pub(crate) unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUresult {
     guard("cuEventCreate", || {
         let mut s = state();
         s.current()?;
@@ -91,7 +95,7 @@ unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -> CUresult 
 }
 
 #[no_mangle]
-extern "C" fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult {
+pub(crate) extern "C" fn cuEventRecord(event: CUevent, stream: CUstream) -> CUresult {
     guard("cuEventRecord", || {
         let mut s = state();
         s.current()?;
@@ -115,17 +119,17 @@ fn event_exists(event: CUevent) -> Result<(), CUresult> {
 }
 
 #[no_mangle]
-extern "C" fn cuEventSynchronize(event: CUevent) -> CUresult {
+pub(crate) extern "C" fn cuEventSynchronize(event: CUevent) -> CUresult {
     guard("cuEventSynchronize", || event_exists(event))
 }
 
 #[no_mangle]
-extern "C" fn cuEventQuery(event: CUevent) -> CUresult {
+pub(crate) extern "C" fn cuEventQuery(event: CUevent) -> CUresult {
     guard("cuEventQuery", || event_exists(event))
 }
 
 #[no_mangle]
-extern "C" fn cuEventDestroy_v2(event: CUevent) -> CUresult {
+pub(crate) extern "C" fn cuEventDestroy_v2(event: CUevent) -> CUresult {
     guard("cuEventDestroy_v2", || {
         let mut s = state();
         s.current()?;
@@ -137,7 +141,11 @@ extern "C" fn cuEventDestroy_v2(event: CUevent) -> CUresult {
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+pub(crate) unsafe extern "C" fn cuEventElapsedTime_v2(
+    ms: *mut f32,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
     guard("cuEventElapsedTime", || {
         let s = state();
         s.current()?;
@@ -165,6 +173,10 @@ unsafe extern "C" fn cuEventElapsedTime_v2(ms: *mut f32, start: CUevent, end: CU
 }
 
 #[no_mangle]
-unsafe extern "C" fn cuEventElapsedTime(ms: *mut f32, start: CUevent, end: CUevent) -> CUresult {
+pub(crate) unsafe extern "C" fn cuEventElapsedTime(
+    ms: *mut f32,
+    start: CUevent,
+    end: CUevent,
+) -> CUresult {
     cuEventElapsedTime_v2(ms, start, end)
 }
