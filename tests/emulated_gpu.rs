@@ -177,3 +177,40 @@ fn train_mlp_on_cuda_gives_finite_losses() {
     assert_eq!(losses.len(), 5, "{all}");
     assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
 }
+
+#[test]
+fn train_on_cuda_resumes_from_a_checkpoint_bit_for_bit() {
+    let (cut, whole) = (
+        common::temp("emulated-gpu-resume-cut"),
+        common::temp("emulated-gpu-resume-whole"),
+    );
+    for d in [&cut, &whole] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let limit = Duration::from_secs(300);
+    // The file comes with `--run-dir`; a resumed run reads its own copy.
+    let train = |args: &[&str]| {
+        let mut all = vec!["train", "--backend", "cuda"];
+        all.extend_from_slice(args);
+        let r = on_emulated_gpu(&all, limit);
+        assert_eq!(r.code, Some(0), "{}\n{}", r.stdout, r.stderr);
+    };
+    let cut_dir = cut.to_str().unwrap();
+    let mlp = "models/mlp.ron";
+    train(&[
+        mlp,
+        "--steps",
+        "4",
+        "--checkpoint-every",
+        "2",
+        "--run-dir",
+        cut_dir,
+    ]);
+    train(&["--steps", "6", "--resume", cut_dir]);
+    train(&[mlp, "--steps", "6", "--run-dir", whole.to_str().unwrap()]);
+    let read = |d: &PathBuf| std::fs::read(d.join("final.safetensors")).unwrap();
+    assert!(
+        read(&cut) == read(&whole),
+        "the resumed run's parameters differ"
+    );
+}
