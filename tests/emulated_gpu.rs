@@ -72,13 +72,20 @@ fn libs() -> &'static Path {
 
 /// Runs the binary on the emulated GPU for at most `limit`.
 fn on_emulated_gpu(args: &[&str], limit: Duration) -> common::Limited {
+    on_emulated_gpu_with(args, &[], limit)
+}
+
+/// The same with more environment variables.
+fn on_emulated_gpu_with(args: &[&str], env: &[(&str, &str)], limit: Duration) -> common::Limited {
     let mut c = common::binary();
     c.args(args)
         .env("LD_LIBRARY_PATH", libs())
         .env_remove("PARALLAX_CUBLASLT")
         .env_remove("PARALLAX_GEMM_BIAS")
+        .env_remove("PARALLAX_CUDA_GRAPH")
         .env_remove("CUDA_VISIBLE_DEVICES")
-        .env_remove("PARALLAX_EMULATED_GPUS");
+        .env_remove("PARALLAX_EMULATED_GPUS")
+        .envs(env.iter().copied());
     let r = common::run_limited(c, limit);
     assert!(r.code.is_some(), "`{}` ran past {limit:?}", args.join(" "));
     r
@@ -213,4 +220,31 @@ fn train_on_cuda_resumes_from_a_checkpoint_bit_for_bit() {
         read(&cut) == read(&whole),
         "the resumed run's parameters differ"
     );
+}
+
+#[test]
+fn gpu_check_cnn_with_cuda_graphs_captures_and_replays() {
+    let args = [
+        "gpu-check",
+        "models/cnn.ron",
+        "--precision",
+        "fp32",
+        "--steps",
+        "4",
+        "--time-steps",
+        "2",
+    ];
+    let env = [("PARALLAX_CUDA_GRAPH", "1")];
+    let r = on_emulated_gpu_with(&args, &env, Duration::from_secs(300));
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "{all}");
+    assert!(
+        all.contains("CUDA graphs: 1 step(s) captured, 7 replayed"),
+        "{all}"
+    );
+    assert!(
+        r.stdout.contains("|fp32|") && r.stdout.contains("|ok|"),
+        "{all}"
+    );
+    assert!(!r.stderr.contains("emulated GPU:"), "{all}");
 }

@@ -3,11 +3,12 @@
 //! dimensions and strides, run by `parallax_emulator::blas` (row-major) as the transposed
 //! product `C^T = op(B)^T op(A)^T`. Scalars are host pointers (the default pointer mode).
 
+use crate::ops::Op;
 use crate::state::{state, BlasHandle};
 use cudarc::cublas::sys::{
     cublasComputeType_t as Ct, cublasMath_t, cublasStatus_t as St, cudaDataType as Dt,
 };
-use parallax_emulator::blas::{self, Compute, Gemm, Scaled};
+use parallax_emulator::blas::{Compute, Gemm, Scaled};
 use std::ffi::{c_int, c_longlong, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -124,7 +125,7 @@ fn transposed(op: c_int) -> Result<bool, St> {
 }
 
 /// Runs `g` after the documented argument checks.
-pub fn run(name: &str, g: &ColMajor) -> Result<(), St> {
+pub fn run(name: &'static str, g: &ColMajor, stream: usize) -> Result<(), St> {
     let (ta, tb) = (transposed(g.trans_a)?, transposed(g.trans_b)?);
     let invalid = St::CUBLAS_STATUS_INVALID_VALUE;
     if g.m < 0 || g.n < 0 || g.k < 0 || g.count < 0 {
@@ -179,10 +180,17 @@ pub fn run(name: &str, g: &ColMajor) -> Result<(), St> {
     let mut s = state();
     s.current()
         .map_err(|_| St::CUBLAS_STATUS_EXECUTION_FAILED)?;
-    blas::gemm_scaled(&mut s.memory, &row, &scaled).map_err(|e| {
-        eprintln!("emulated GPU: {name}: {e}");
-        St::CUBLAS_STATUS_EXECUTION_FAILED
-    })
+    let op = Op::Gemm {
+        name,
+        gemm: row,
+        scaled,
+    };
+    s.submit(stream, op)
+        .map_err(|_| St::CUBLAS_STATUS_EXECUTION_FAILED)
+}
+
+fn handle_stream(handle: Handle) -> Result<usize, St> {
+    with_handle(handle, |h| h.stream)
 }
 
 fn handle_math(handle: Handle) -> Result<c_int, St> {
@@ -254,7 +262,7 @@ pub(crate) unsafe extern "C" fn cublasSgemmStridedBatched(
             compute,
             bias: None,
         };
-        run("cublasSgemmStridedBatched", &g)
+        run("cublasSgemmStridedBatched", &g, handle_stream(handle)?)
     })
 }
 
@@ -376,6 +384,6 @@ pub(crate) unsafe extern "C" fn cublasGemmStridedBatchedEx(
             compute,
             bias: None,
         };
-        run("cublasGemmStridedBatchedEx", &g)
+        run("cublasGemmStridedBatchedEx", &g, handle_stream(handle)?)
     })
 }

@@ -420,6 +420,6 @@ pub(crate) unsafe extern "C" fn cublasLtMatmul(
             return Err(St::CUBLAS_STATUS_INVALID_VALUE);
         }
         (g.a, g.b, g.c) = (a as u64, b as u64, d as u64);
-        run("cublasLtMatmul", &g)
+        run("cublasLtMatmul", &g, stream as usize)
     })
 }

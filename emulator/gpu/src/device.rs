@@ -227,7 +227,16 @@ pub(crate) unsafe extern "C" fn cuCtxGetDevice(device: *mut CUdevice) -> CUresul
 #[no_mangle]
 pub(crate) extern "C" fn cuCtxSynchronize() -> CUresult {
     // Work runs when it is enqueued: nothing is outstanding.
-    guard("cuCtxSynchronize", || state().current().map(|_| ()))
+    guard("cuCtxSynchronize", || {
+        let mut s = state();
+        s.current()?;
+        // Not permitted while any stream captures.
+        let capturing: Vec<usize> = s.captures.keys().copied().collect();
+        for c in capturing {
+            s.no_capture(c, "cuCtxSynchronize")?;
+        }
+        Ok(())
+    })
 }
 
 /// Each code this library returns: its name and documented description.

@@ -7,11 +7,14 @@
 //!
 //! Files: `state` the process-wide state (devices, memory, handles) and the FFI guard;
 //! `device` devices, contexts and error strings; `memory` allocations and copies;
-//! `module` modules, functions and launches; `stream` streams and events; `cublas` the
+//! `module` modules, functions and launches; `stream` streams and events; `ops` work on a
+//! stream as a value (run, or recorded by a stream capture) and CUDA graphs; `cublas` the
 //! cuBLAS GEMMs (column-major, over `parallax_emulator::blas`); `cublaslt` cuBLASLt's
 //! descriptors, layouts, heuristic and matmul (with the bias epilogue), on the same GEMM.
 //!
-//! Streams run their work when it is enqueued (no deferral yet); a sanitizer finding fails
+//! Streams run their work when it is enqueued (no deferral yet) unless they capture; the
+//! documented capture rules are enforced (no capture of the legacy stream, no legacy-stream
+//! work while a blocking stream captures, no synchronising a capture). A sanitizer finding fails
 //! the launch with `CUDA_ERROR_LAUNCH_FAILED`, sticky as on a GPU, and names the finding on
 //! stderr.
 
@@ -20,6 +23,7 @@ mod cublaslt;
 mod device;
 mod memory;
 mod module;
+mod ops;
 mod state;
 mod stream;
 

@@ -3,6 +3,7 @@
 //! pointers. Memory from `cuMemAlloc` is uninitialised (the sanitizer's initcheck sees a
 //! read before a write). The async copies run when enqueued; their streams are checked.
 
+use crate::ops::Op;
 use crate::state::{guard, put, state, State};
 use cudarc::driver::sys::{CUdeviceptr, CUresult, CUstream};
 use std::ffi::{c_uchar, c_uint, c_void};
@@ -57,11 +58,6 @@ pub(crate) unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut us
     })
 }
 
-fn bad(what: &str, e: impl std::fmt::Display) -> CUresult {
-    eprintln!("emulated GPU: {what}: {e}");
-    CUresult::CUDA_ERROR_INVALID_VALUE
-}
-
 /// The state, with the context current and `stream` valid.
 fn on_stream(stream: CUstream) -> Result<std::sync::MutexGuard<'static, State>, CUresult> {
     let s = state();
@@ -79,33 +75,42 @@ unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream)
         if src.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        let bytes = std::slice::from_raw_parts(src as *const u8, n);
-        s.memory
-            .write(dst, bytes)
-            .map_err(|e| bad("cuMemcpyHtoD", e))
+        let op = Op::HostToDevice {
+            dst,
+            src: src as usize,
+            n,
+        };
+        s.submit(stream as usize, op)
     })
 }
 
 unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
     guard("cuMemcpyDtoH", || {
-        let s = on_stream(stream)?;
+        let mut s = on_stream(stream)?;
         if n == 0 {
             return Ok(());
         }
         if dst.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        let out = std::slice::from_raw_parts_mut(dst as *mut u8, n);
-        s.memory.read(src, out).map_err(|e| bad("cuMemcpyDtoH", e))
+        let op = Op::DeviceToHost {
+            dst: dst as usize,
+            src,
+            n,
+        };
+        s.submit(stream as usize, op)
     })
 }
 
 fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
     guard("cuMemcpyDtoD", || {
         let mut s = on_stream(stream)?;
-        s.memory
-            .copy(dst, src, n as u64)
-            .map_err(|e| bad("cuMemcpyDtoD", e))
+        let op = Op::Copy {
+            dst,
+            src,
+            n: n as u64,
+        };
+        s.submit(stream as usize, op)
     })
 }
 
@@ -172,7 +177,7 @@ fn memset(dst: CUdeviceptr, value: u32, unit: usize, n: usize, stream: CUstream)
         }
         let one = &value.to_le_bytes()[..unit];
         let bytes: Vec<u8> = one.iter().copied().cycle().take(unit * n).collect();
-        s.memory.write(dst, &bytes).map_err(|e| bad("cuMemset", e))
+        s.submit(stream as usize, Op::Write { dst, bytes })
     })
 }
 

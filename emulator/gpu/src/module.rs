@@ -6,12 +6,13 @@
 //! sanitizer, and a finding fails it (`CUDA_ERROR_LAUNCH_FAILED`, sticky, named on stderr).
 
 use crate::device::attribute;
+use crate::ops::Op;
 use crate::state::{guard, put, state, Function, DEFAULT_SHARED, OPTIN_SHARED};
 use cudarc::driver::sys::{
     CUdevice_attribute as D, CUfunction, CUfunction_attribute as F, CUmodule, CUresult, CUstream,
 };
 use parallax_emulator::parse::ParamKind;
-use parallax_emulator::{EmuError, Launch, Module, Options, ParamValue};
+use parallax_emulator::{Module, ParamValue};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::Arc;
 
@@ -274,37 +275,14 @@ pub(crate) unsafe extern "C" fn cuLaunchKernel(
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let kinds = module.params(&entry).unwrap_or_default();
-        let launch = Launch {
-            entry: &entry,
+        let op = Op::Launch {
+            params: read_params(&kinds, params)?,
+            module,
+            entry,
             grid,
             block,
-            dynamic_shared: shared,
-            params: read_params(&kinds, params)?,
+            shared,
         };
-        let result =
-            parallax_emulator::launch(&module, &launch, &mut s.memory, &Options::default());
-        match result {
-            Ok(report) if report.findings.is_empty() => return Ok(()),
-            Ok(report) => {
-                for finding in &report.findings {
-                    eprintln!("emulated GPU: kernel `{entry}`: sanitizer: {finding}");
-                }
-            }
-            Err(EmuError::BadLaunch { message, .. }) => {
-                eprintln!("emulated GPU: cuLaunchKernel(`{entry}`): {message}");
-                return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-            }
-            Err(e) => {
-                eprintln!("emulated GPU: kernel `{entry}`: {e}");
-                if let EmuError::Aborted { report, .. } = &e {
-                    for finding in &report.findings {
-                        eprintln!("emulated GPU: kernel `{entry}`: sanitizer: {finding}");
-                    }
-                }
-            }
-        }
-        // As on a GPU, a failed kernel leaves the context unusable.
-        s.sticky = Some(CUresult::CUDA_ERROR_LAUNCH_FAILED);
-        Err(CUresult::CUDA_ERROR_LAUNCH_FAILED)
+        s.submit(stream as usize, op)
     })
 }

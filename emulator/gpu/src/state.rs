@@ -69,6 +69,10 @@ pub struct State {
     pub streams: HashMap<usize, u32>,
     pub events: HashMap<usize, Event>,
     pub blas: HashMap<usize, BlasHandle>,
+    /// Streams capturing, with what they captured.
+    pub captures: HashMap<usize, crate::ops::Capture>,
+    pub graphs: HashMap<usize, Arc<Vec<crate::ops::Op>>>,
+    pub execs: HashMap<usize, Arc<Vec<crate::ops::Op>>>,
     /// A launch failed: every later call on the context fails so (as on a GPU).
     pub sticky: Option<CUresult>,
     next: usize,

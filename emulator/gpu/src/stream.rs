@@ -42,9 +42,10 @@ pub(crate) extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
 #[no_mangle]
 pub(crate) extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
     guard("cuStreamSynchronize", || {
-        let s = state();
+        let mut s = state();
         s.current()?;
-        s.stream(stream as usize)
+        s.stream(stream as usize)?;
+        s.no_capture(stream as usize, "cuStreamSynchronize")
     })
 }
 

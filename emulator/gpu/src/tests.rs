@@ -267,3 +267,84 @@ fn sgemm_is_column_major_with_leading_dimensions_and_transposes() {
     assert_eq!(cublasDestroy_v2(h), St::CUBLAS_STATUS_SUCCESS);
     teardown();
 }
+
+#[test]
+fn stream_capture_follows_the_documented_rules() {
+    use crate::ops::*;
+    use crate::stream::*;
+    let _g = setup();
+    let f = kernel();
+    let p = alloc_f32(&[1.0; 32]);
+    let legacy = std::ptr::null_mut();
+    // "Capture may not be initiated if stream is CU_STREAM_LEGACY."
+    assert_eq!(
+        cuStreamBeginCapture_v2(legacy, 1),
+        R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    );
+    let (mut blocking, mut graph, mut exec) = (legacy, std::ptr::null_mut(), std::ptr::null_mut());
+    unsafe { ok(cuStreamCreate(&mut blocking, 0)) };
+    // Captured work does not run until the graph is launched, each launch running it again.
+    ok(cuStreamBeginCapture_v2(blocking, 1));
+    let n = 32u32;
+    let mut params = [
+        &p as *const u64 as *mut c_void,
+        &n as *const u32 as *mut c_void,
+    ];
+    let launch_on = |s, params: &mut [*mut c_void; 2]| unsafe {
+        cuLaunchKernel(
+            f,
+            1,
+            1,
+            1,
+            32,
+            1,
+            1,
+            0,
+            s,
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    };
+    ok(launch_on(blocking, &mut params));
+    // The legacy stream is unusable while a blocking stream captures; that ends the capture.
+    assert_eq!(
+        launch_on(legacy, &mut params),
+        R::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
+    );
+    unsafe {
+        assert_eq!(
+            cuStreamEndCapture(blocking, &mut graph),
+            R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        );
+    }
+    assert_eq!(read_f32(p, 32), vec![1.0; 32]);
+    ok(cuStreamBeginCapture_v2(blocking, 1));
+    ok(launch_on(blocking, &mut params));
+    unsafe {
+        ok(cuStreamEndCapture(blocking, &mut graph));
+        ok(cuGraphInstantiateWithFlags(&mut exec, graph, 0));
+    }
+    assert_eq!(read_f32(p, 32), vec![1.0; 32]);
+    ok(cuGraphLaunch(exec, blocking));
+    ok(cuGraphLaunch(exec, blocking));
+    ok(cuStreamSynchronize(blocking));
+    assert_eq!(read_f32(p, 32), vec![3.0; 32]);
+    // Synchronising a capturing stream fails and invalidates the capture.
+    ok(cuStreamBeginCapture_v2(blocking, 1));
+    assert_eq!(
+        cuStreamSynchronize(blocking),
+        R::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+    );
+    let mut other = std::ptr::null_mut();
+    unsafe {
+        assert_eq!(
+            cuStreamEndCapture(blocking, &mut other),
+            R::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        );
+    }
+    ok(cuGraphExecDestroy(exec));
+    ok(cuGraphDestroy(graph));
+    ok(cuStreamDestroy_v2(blocking));
+    ok(cuMemFree_v2(p));
+    teardown();
+}
