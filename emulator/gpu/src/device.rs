@@ -235,7 +235,7 @@ pub(crate) extern "C" fn cuCtxSynchronize() -> CUresult {
         for c in capturing {
             s.no_capture(c, "cuCtxSynchronize")?;
         }
-        Ok(())
+        s.flush_all()
     })
 }
 

@@ -12,7 +12,8 @@
 //! cuBLAS GEMMs (column-major, over `parallax_emulator::blas`); `cublaslt` cuBLASLt's
 //! descriptors, layouts, heuristic and matmul (with the bias epilogue), on the same GEMM.
 //!
-//! Streams run their work when it is enqueued (no deferral yet) unless they capture; the
+//! Created streams queue their work until a synchronisation, an event wait or legacy-stream
+//! work runs it (stale reads show missing synchronisation); capture records it instead; the
 //! documented capture rules are enforced (no capture of the legacy stream, no legacy-stream
 //! work while a blocking stream captures, no synchronising a capture). A sanitizer finding fails
 //! the launch with `CUDA_ERROR_LAUNCH_FAILED`, sticky as on a GPU, and names the finding on

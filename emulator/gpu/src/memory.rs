@@ -36,6 +36,8 @@ pub(crate) extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     guard("cuMemFree_v2", || {
         let mut s = state();
         s.current()?;
+        // cuMemFree waits for the device's work (which may still use the memory).
+        s.flush_all()?;
         let Some((dev, bytes)) = s.allocs.remove(&dptr) else {
             eprintln!("emulated GPU: cuMemFree({dptr:#x}): not an allocation's start");
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);

@@ -45,6 +45,10 @@ pub enum Op {
         gemm: Gemm,
         scaled: Scaled,
     },
+    /// `cuEventRecord`: the event completes when the stream reaches it.
+    Record {
+        event: usize,
+    },
 }
 
 /// A capture in progress on a stream.
@@ -74,10 +78,43 @@ impl State {
             c.ops.push(op);
             return Ok(());
         }
-        if Self::legacy(stream) {
-            self.no_implicit_sync("work on the legacy stream")?;
+        if stream <= 2 {
+            // The legacy (and per-thread) stream runs now, after the blocking streams' work
+            // (the legacy stream waits for it; non-blocking streams are not waited for).
+            if Self::legacy(stream) {
+                self.no_implicit_sync("work on the legacy stream")?;
+                self.flush_blocking()?;
+            }
+            return self.run(&op);
         }
-        self.run(&op)
+        self.queues.entry(stream).or_default().push(op);
+        Ok(())
+    }
+
+    /// Runs `stream`'s queued work, in order (the first error is returned, as a
+    /// synchronisation reports an asynchronous error).
+    pub fn flush(&mut self, stream: usize) -> Result<(), CUresult> {
+        let ops = self.queues.remove(&stream).unwrap_or_default();
+        ops.iter().try_for_each(|op| self.run(op))
+    }
+
+    /// Runs the queued work of every blocking stream.
+    pub fn flush_blocking(&mut self) -> Result<(), CUresult> {
+        let mut blocking: Vec<usize> = self
+            .queues
+            .keys()
+            .copied()
+            .filter(|s| self.streams.get(s) == Some(&0))
+            .collect();
+        blocking.sort_unstable();
+        blocking.into_iter().try_for_each(|s| self.flush(s))
+    }
+
+    /// Runs every stream's queued work.
+    pub fn flush_all(&mut self) -> Result<(), CUresult> {
+        let mut all: Vec<usize> = self.queues.keys().copied().collect();
+        all.sort_unstable();
+        all.into_iter().try_for_each(|s| self.flush(s))
     }
 
     /// "The legacy stream is unusable while a blocking stream is capturing": fails, and
@@ -158,6 +195,13 @@ impl State {
                 self.memory
                     .read(*src, out)
                     .map_err(|e| bad("cuMemcpyDtoH", e))
+            }
+            Op::Record { event } => {
+                if let Some(e) = self.events.get_mut(event) {
+                    e.recorded = Some(std::time::Instant::now());
+                    e.pending = None;
+                }
+                Ok(())
             }
             Op::Gemm { name, gemm, scaled } => blas::gemm_scaled(&mut self.memory, gemm, scaled)
                 .map_err(|e| {

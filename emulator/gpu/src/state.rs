@@ -47,6 +47,8 @@ pub struct Function {
 pub struct Event {
     pub flags: u32,
     pub recorded: Option<Instant>,
+    /// The stream of the last `cuEventRecord`, while that record has not run yet.
+    pub pending: Option<usize>,
 }
 
 pub struct BlasHandle {
@@ -69,6 +71,9 @@ pub struct State {
     pub streams: HashMap<usize, u32>,
     pub events: HashMap<usize, Event>,
     pub blas: HashMap<usize, BlasHandle>,
+    /// Each created stream's work not yet run (it runs at a synchronisation, an event
+    /// wait, or work on the legacy stream, which waits for blocking streams).
+    pub queues: HashMap<usize, Vec<crate::ops::Op>>,
     /// Streams capturing, with what they captured.
     pub captures: HashMap<usize, crate::ops::Capture>,
     pub graphs: HashMap<usize, Arc<Vec<crate::ops::Op>>>,

@@ -1,11 +1,12 @@
 //! Streams and events (the driver API's "Stream Management" and "Event Management" groups).
-//! Work runs when it is enqueued, so a stream is always idle and an event is complete once
-//! recorded; the handles and the documented argument rules are checked.
+//! A created stream's work waits in its queue until a synchronisation, an event wait or
+//! legacy-stream work (for a blocking stream) runs it; the legacy stream runs work as it
+//! comes. A missing synchronisation so shows up as stale data, as it would on a GPU.
 
+use crate::ops::Op;
 use crate::state::{guard, put, state, Event};
 use cudarc::driver::sys::{CUevent, CUresult, CUstream};
 use std::ffi::c_uint;
-use std::time::Instant;
 
 /// `CU_STREAM_NON_BLOCKING`, the only stream flag besides `CU_STREAM_DEFAULT`.
 const NON_BLOCKING: c_uint = 1;
@@ -32,6 +33,8 @@ pub(crate) extern "C" fn cuStreamDestroy_v2(stream: CUstream) -> CUresult {
     guard("cuStreamDestroy_v2", || {
         let mut s = state();
         s.current()?;
+        // Work queued before the destruction still runs.
+        s.flush(stream as usize)?;
         s.streams
             .remove(&(stream as usize))
             .map(|_| ())
@@ -45,7 +48,12 @@ pub(crate) extern "C" fn cuStreamSynchronize(stream: CUstream) -> CUresult {
         let mut s = state();
         s.current()?;
         s.stream(stream as usize)?;
-        s.no_capture(stream as usize, "cuStreamSynchronize")
+        s.no_capture(stream as usize, "cuStreamSynchronize")?;
+        if stream as usize <= 1 {
+            s.flush_blocking()
+        } else {
+            s.flush(stream as usize)
+        }
     })
 }
 
@@ -61,17 +69,22 @@ pub(crate) extern "C" fn cuStreamWaitEvent(
     flags: c_uint,
 ) -> CUresult {
     guard("cuStreamWaitEvent", || {
-        let s = state();
+        let mut s = state();
         s.current()?;
         s.stream(stream as usize)?;
         // Flags: CU_EVENT_WAIT_DEFAULT (0) or CU_EVENT_WAIT_EXTERNAL (1).
         if flags > 1 {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        s.events
+        let e = s
+            .events
             .get(&(event as usize))
-            .map(|_| ())
-            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
+            .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
+        // The wait is modelled by running the recording stream's work now.
+        match e.pending {
+            Some(from) if !s.captures.contains_key(&from) => s.flush(from),
+            _ => Ok(()),
+        }
     })
 }
 
@@ -89,6 +102,7 @@ pub(crate) unsafe extern "C" fn cuEventCreate(ph: *mut CUevent, flags: c_uint) -
             Event {
                 flags,
                 recorded: None,
+                pending: None,
             },
         );
         put(ph, h as CUevent)
@@ -105,28 +119,45 @@ pub(crate) extern "C" fn cuEventRecord(event: CUevent, stream: CUstream) -> CUre
             .events
             .get_mut(&(event as usize))
             .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)?;
-        e.recorded = Some(Instant::now());
-        Ok(())
+        e.pending = Some(stream as usize);
+        s.submit(
+            stream as usize,
+            Op::Record {
+                event: event as usize,
+            },
+        )
     })
 }
 
-fn event_exists(event: CUevent) -> Result<(), CUresult> {
-    let s = state();
+/// The stream whose queued work `event`'s last record waits on (`None`: complete).
+fn event_pending(s: &crate::state::State, event: CUevent) -> Result<Option<usize>, CUresult> {
     s.current()?;
     s.events
         .get(&(event as usize))
-        .map(|_| ())
+        .map(|e| e.pending)
         .ok_or(CUresult::CUDA_ERROR_INVALID_HANDLE)
 }
 
 #[no_mangle]
 pub(crate) extern "C" fn cuEventSynchronize(event: CUevent) -> CUresult {
-    guard("cuEventSynchronize", || event_exists(event))
+    guard("cuEventSynchronize", || {
+        let mut s = state();
+        match event_pending(&s, event)? {
+            Some(from) => {
+                s.no_capture(from, "cuEventSynchronize")?;
+                s.flush(from)
+            }
+            None => Ok(()),
+        }
+    })
 }
 
 #[no_mangle]
 pub(crate) extern "C" fn cuEventQuery(event: CUevent) -> CUresult {
-    guard("cuEventQuery", || event_exists(event))
+    guard("cuEventQuery", || match event_pending(&state(), event)? {
+        Some(_) => Err(CUresult::CUDA_ERROR_NOT_READY),
+        None => Ok(()),
+    })
 }
 
 #[no_mangle]
@@ -160,6 +191,10 @@ pub(crate) unsafe extern "C" fn cuEventElapsedTime_v2(
         // function will return CUDA_ERROR_INVALID_HANDLE"; likewise if never recorded.
         if (a.flags | b.flags) & DISABLE_TIMING != 0 {
             return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);
+        }
+        // "If either event has not been completed yet, CUDA_ERROR_NOT_READY is returned."
+        if a.pending.is_some() || b.pending.is_some() {
+            return Err(CUresult::CUDA_ERROR_NOT_READY);
         }
         let (Some(t0), Some(t1)) = (a.recorded, b.recorded) else {
             return Err(CUresult::CUDA_ERROR_INVALID_HANDLE);

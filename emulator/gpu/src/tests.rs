@@ -93,6 +93,16 @@ fn kernel() -> cudarc::driver::sys::CUfunction {
 }
 
 fn launch(f: cudarc::driver::sys::CUfunction, threads: u32, shared: u32, p: u64) -> R {
+    launch_on(f, threads, shared, p, std::ptr::null_mut())
+}
+
+fn launch_on(
+    f: cudarc::driver::sys::CUfunction,
+    threads: u32,
+    shared: u32,
+    p: u64,
+    stream: cudarc::driver::sys::CUstream,
+) -> R {
     let n = threads;
     let mut params = [
         &p as *const u64 as *mut c_void,
@@ -108,7 +118,7 @@ fn launch(f: cudarc::driver::sys::CUfunction, threads: u32, shared: u32, p: u64)
             1,
             1,
             shared,
-            std::ptr::null_mut(),
+            stream,
             params.as_mut_ptr(),
             std::ptr::null_mut(),
         )
@@ -285,30 +295,10 @@ fn stream_capture_follows_the_documented_rules() {
     unsafe { ok(cuStreamCreate(&mut blocking, 0)) };
     // Captured work does not run until the graph is launched, each launch running it again.
     ok(cuStreamBeginCapture_v2(blocking, 1));
-    let n = 32u32;
-    let mut params = [
-        &p as *const u64 as *mut c_void,
-        &n as *const u32 as *mut c_void,
-    ];
-    let launch_on = |s, params: &mut [*mut c_void; 2]| unsafe {
-        cuLaunchKernel(
-            f,
-            1,
-            1,
-            1,
-            32,
-            1,
-            1,
-            0,
-            s,
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    };
-    ok(launch_on(blocking, &mut params));
+    ok(launch_on(f, 32, 0, p, blocking));
     // The legacy stream is unusable while a blocking stream captures; that ends the capture.
     assert_eq!(
-        launch_on(legacy, &mut params),
+        launch_on(f, 32, 0, p, legacy),
         R::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT
     );
     unsafe {
@@ -319,7 +309,7 @@ fn stream_capture_follows_the_documented_rules() {
     }
     assert_eq!(read_f32(p, 32), vec![1.0; 32]);
     ok(cuStreamBeginCapture_v2(blocking, 1));
-    ok(launch_on(blocking, &mut params));
+    ok(launch_on(f, 32, 0, p, blocking));
     unsafe {
         ok(cuStreamEndCapture(blocking, &mut graph));
         ok(cuGraphInstantiateWithFlags(&mut exec, graph, 0));
@@ -344,6 +334,41 @@ fn stream_capture_follows_the_documented_rules() {
     }
     ok(cuGraphExecDestroy(exec));
     ok(cuGraphDestroy(graph));
+    ok(cuStreamDestroy_v2(blocking));
+    ok(cuMemFree_v2(p));
+    teardown();
+}
+
+#[test]
+fn created_streams_defer_their_work_until_a_synchronisation() {
+    use crate::stream::*;
+    let _g = setup();
+    let f = kernel();
+    let p = alloc_f32(&[1.0; 32]);
+    let (mut non_blocking, mut blocking) = (std::ptr::null_mut(), std::ptr::null_mut());
+    unsafe {
+        ok(cuStreamCreate(&mut non_blocking, 1));
+        ok(cuStreamCreate(&mut blocking, 0));
+    }
+    // A non-blocking stream is not waited for by the legacy stream: without a
+    // synchronisation, the host reads what was there before.
+    ok(launch_on(f, 32, 0, p, non_blocking));
+    assert_eq!(read_f32(p, 32), vec![1.0; 32]);
+    ok(cuStreamSynchronize(non_blocking));
+    assert_eq!(read_f32(p, 32), vec![2.0; 32]);
+    // An event wait orders a stream after another's work; legacy-stream work waits for a
+    // blocking stream's.
+    let mut e = std::ptr::null_mut();
+    unsafe { ok(cuEventCreate(&mut e, 0)) };
+    ok(launch_on(f, 32, 0, p, non_blocking));
+    ok(cuEventRecord(e, non_blocking));
+    assert_eq!(cuEventQuery(e), R::CUDA_ERROR_NOT_READY);
+    ok(cuStreamWaitEvent(blocking, e, 0));
+    ok(cuEventQuery(e));
+    ok(launch_on(f, 32, 0, p, blocking));
+    assert_eq!(read_f32(p, 32), vec![4.0; 32]);
+    ok(cuEventDestroy_v2(e));
+    ok(cuStreamDestroy_v2(non_blocking));
     ok(cuStreamDestroy_v2(blocking));
     ok(cuMemFree_v2(p));
     teardown();
