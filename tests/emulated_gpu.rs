@@ -248,3 +248,42 @@ fn gpu_check_cnn_with_cuda_graphs_captures_and_replays() {
     );
     assert!(!r.stderr.contains("emulated GPU:"), "{all}");
 }
+
+/// `gpu-check --interpreter` on the emulated GPU compares the interpreter with itself
+/// through the whole CUDA path (driver, cuBLAS, the executor's launches): every kernel must
+/// be bit-equal, which checks the comparison that a real GPU's lease will run.
+#[test]
+fn gpu_check_against_the_interpreter_is_bit_equal_here() {
+    for (model, precision) in [("mlp", "fp32"), ("cnn", "bf16")] {
+        let file = format!("models/{model}.ron");
+        let args = [
+            "gpu-check",
+            &file,
+            "--precision",
+            precision,
+            "--steps",
+            "1",
+            "--time-steps",
+            "1",
+            "--interpreter",
+            "--mma",
+            "oracle-order",
+        ];
+        let r = on_emulated_gpu(&args, Duration::from_secs(300));
+        let all = format!("{}{}", r.stdout, r.stderr);
+        assert_eq!(r.code, Some(0), "{all}");
+        let families: Vec<&str> = r
+            .stdout
+            .lines()
+            .filter(|l| l.starts_with("INTERP ") && l.contains("kernels bit-equal"))
+            .collect();
+        assert!(families.len() >= 2, "{all}");
+        for line in families {
+            // `INTERP family: N of N kernels bit-equal ...; largest 0 ulp apart`
+            let counts: Vec<&str> = line.split_whitespace().collect();
+            assert_eq!(counts[2], counts[4], "{line}");
+            assert!(line.ends_with("largest 0 ulp apart"), "{line}");
+        }
+        assert!(!r.stdout.contains("INTERP kernel"), "{all}");
+    }
+}

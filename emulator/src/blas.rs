@@ -201,10 +201,13 @@ pub fn gemm_scaled(memory: &mut Memory, g: &Gemm, s: &Scaled) -> Result<(), Blas
                 if s.beta != 0.0 {
                     v += f64::from(s.beta) * f64::from(*old);
                 }
+                // The epilogue works in the compute type (32F): the bias is added to the
+                // f32 result, as a separate bias launch adds it.
+                let mut v = v as f32;
                 if let Some(&x) = bias.get(col) {
-                    v += f64::from(x);
+                    v += x;
                 }
-                *old = v as f32;
+                *old = v;
             }
         }
         // Only the m x n elements are written (the gaps of a leading dimension stay).

@@ -10,7 +10,7 @@ mod tolerance;
 
 pub use device::{Device, DeviceError};
 pub use mirror::Mirror;
-pub use tolerance::Family;
+pub use tolerance::{of as tolerance, Family};
 
 use crate::cpu::Executor;
 use crate::cuda::Precision;
