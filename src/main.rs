@@ -184,6 +184,10 @@ enum Command {
     },
     /// List the experiment fields that differ between two runs, and each run's final metrics.
     Diff { a: PathBuf, b: PathBuf },
+    /// Turn text files (concatenated in order) into llm.c token files for `Tokens`:
+    /// `PREFIX_train.bin` and `PREFIX_val.bin` (or `PREFIX.bin` without a validation part), and
+    /// for characters the vocabulary `PREFIX_vocab.json`.
+    Tokenize(tokenize::Args),
     /// Check collectives on the GPU: NCCL all-reduce at world size 1, and a 4-rank
     /// data-parallel gradient step on simulated ranks against the 1-rank step of FILE.
     CollectivesCheck { file: PathBuf },
@@ -287,6 +291,7 @@ mod gpu;
 mod job;
 mod prepare;
 mod report;
+mod tokenize;
 mod train;
 
 /// A failure already reported to the user, with its exit code.
@@ -390,6 +395,7 @@ fn main() -> ExitCode {
         },
         Command::Report { runs, out } => report::report(&runs, out.as_deref()),
         Command::Diff { a, b } => report::diff(&a, &b),
+        Command::Tokenize(args) => tokenize::run(args),
     };
     match r {
         Ok(()) if out::failed() => ExitCode::from(1),

@@ -1,9 +1,9 @@
 //! Golden files (`tests/golden/`): the IR text of every experiment in `models/` (the small
-//! models after `simplify`, `gpt-large` after `shapes`: its training graph is 16,000 ops of
-//! the same few blocks); the small models after the last pass, with their kernels, buffers
-//! and memory; dp2, ZeRO-2, pp2 and tp2 plans with their stages and owners; the MLP's
-//! `plan.json`; `compile --explain`; a few PTX kernels. `BLESS=1 cargo test --test golden`
-//! rewrites them; review the diff before committing it.
+//! models after `simplify`; `gpt-large` and `shakespeare` after `shapes`, their training
+//! graphs being many copies of the same few blocks); the small models after the last pass,
+//! with their kernels, buffers and memory; dp2, ZeRO-2, pp2 and tp2 plans with their stages
+//! and owners; the MLP's `plan.json`; `compile --explain`; a few PTX kernels. `BLESS=1 cargo
+//! test --test golden` rewrites them; review the diff before committing it.
 
 use parallax_compiler::ir::print::to_text;
 use parallax_compiler::plan::Strategy;
@@ -77,6 +77,11 @@ fn cnn() {
 #[test]
 fn transformer() {
     golden("transformer", "simplify");
+}
+
+#[test]
+fn shakespeare() {
+    golden("shakespeare", "shapes");
 }
 
 #[test]

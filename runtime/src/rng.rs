@@ -13,6 +13,8 @@ pub enum Purpose {
     Split = 3,
     Dropout = 4,
     Synthetic = 5,
+    /// Where the windows of a token file start (`data::tokens`).
+    Windows = 6,
 }
 
 /// SplitMix64's finaliser: a bijective mix with good avalanche.

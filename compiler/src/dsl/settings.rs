@@ -21,6 +21,19 @@ pub enum SeqTask {
     Sort,
 }
 
+/// The width of a raw token file's ids (an llm.c file's header says its own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+pub enum TokenDtype {
+    /// nanoGPT's `train.bin`: little-endian `uint16`.
+    #[default]
+    U16,
+    U32,
+}
+
+fn validation_windows() -> u64 {
+    1024
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub enum Data {
@@ -77,6 +90,61 @@ pub enum Data {
         #[serde(default = "no_validation")]
         validation: f64,
     },
+    /// Token files (nanoGPT's raw `uint16`, or llm.c's with a 1,024-byte header), memory-mapped:
+    /// windows of the model's sequence length plus one (inputs, and targets shifted by one).
+    Tokens {
+        train: String,
+        /// A second token file; its first `validation_windows` non-overlapping windows.
+        #[serde(default)]
+        validation: Option<String>,
+        #[serde(default)]
+        dtype: TokenDtype,
+        #[serde(default = "validation_windows")]
+        validation_windows: u64,
+    },
+}
+
+impl Data {
+    /// The fields that are file paths, by name (relative to the experiment file until the
+    /// run records them absolute): the one list that checks, messages and runs use.
+    pub fn files(&self) -> Vec<(&'static str, &String)> {
+        match self {
+            Data::Idx { images, labels, .. } => vec![("images", images), ("labels", labels)],
+            Data::Csv { path, .. } => vec![("path", path)],
+            Data::Npy { inputs, labels, .. } => vec![("inputs", inputs), ("labels", labels)],
+            Data::Tokens {
+                train, validation, ..
+            } => {
+                let mut v = vec![("train", train)];
+                v.extend(validation.iter().map(|p| ("validation", p)));
+                v
+            }
+            Data::Digits { .. }
+            | Data::Blobs { .. }
+            | Data::Sequence { .. }
+            | Data::Synthetic { .. } => Vec::new(),
+        }
+    }
+
+    /// [`Data::files`], to change (make absolute).
+    pub fn files_mut(&mut self) -> Vec<&mut String> {
+        match self {
+            Data::Idx { images, labels, .. } => vec![images, labels],
+            Data::Csv { path, .. } => vec![path],
+            Data::Npy { inputs, labels, .. } => vec![inputs, labels],
+            Data::Tokens {
+                train, validation, ..
+            } => {
+                let mut v = vec![train];
+                v.extend(validation.as_mut());
+                v
+            }
+            Data::Digits { .. }
+            | Data::Blobs { .. }
+            | Data::Sequence { .. }
+            | Data::Synthetic { .. } => Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -140,39 +140,25 @@ fn loss(c: &mut Checker, l: &Loss) {
 }
 
 fn data(c: &mut Checker, d: &Data) {
+    for (f, v) in d.files() {
+        if v.trim().is_empty() {
+            c.fail(path!["data", f], format!("`{f}` needs a file path"), None);
+        }
+    }
     let validation = match d {
-        Data::Digits { validation } => *validation,
-        Data::Idx {
-            images,
-            labels,
-            validation,
+        Data::Digits { validation }
+        | Data::Idx { validation, .. }
+        | Data::Csv { validation, .. }
+        | Data::Npy { validation, .. } => *validation,
+        Data::Tokens {
+            validation_windows, ..
         } => {
-            for (f, v) in [("images", images), ("labels", labels)] {
-                if v.trim().is_empty() {
-                    c.fail(path!["data", f], format!("`{f}` needs a file path"), None);
-                }
-            }
-            *validation
-        }
-        Data::Csv {
-            path, validation, ..
-        } => {
-            if path.trim().is_empty() {
-                c.fail(path!["data", "path"], "`path` needs a file path", None);
-            }
-            *validation
-        }
-        Data::Npy {
-            inputs,
-            labels,
-            validation,
-        } => {
-            for (f, v) in [("inputs", inputs), ("labels", labels)] {
-                if v.trim().is_empty() {
-                    c.fail(path!["data", f], format!("`{f}` needs a file path"), None);
-                }
-            }
-            *validation
+            c.count(
+                path!["data", "validation_windows"],
+                "`validation_windows`",
+                *validation_windows,
+            );
+            0.0
         }
         Data::Blobs {
             samples,

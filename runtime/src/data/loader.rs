@@ -125,6 +125,29 @@ impl Loader {
             )));
         }
         let per_epoch = batches_per_epoch(len, batch_size, drop_last);
+        let mut order = (u64::MAX, Vec::new());
+        Loader::spawn(per_epoch, first_batch, move |epoch, index| {
+            if order.0 != epoch {
+                order = (epoch, order_of(shuffle, seed, epoch, len));
+            }
+            make_batch(&dataset, &order.1, batch_size, epoch, index)
+        })
+    }
+
+    /// Serves the windows of a token file (`data::tokens`), from batch `first_batch` of the run.
+    pub fn windows(w: super::tokens::Windows, first_batch: u64) -> Result<Loader, DataError> {
+        Loader::spawn(w.per_epoch, first_batch, move |epoch, index| {
+            w.batch(epoch, index)
+        })
+    }
+
+    /// A worker thread that sends `make(epoch, index)` for every batch of the run from batch
+    /// `first_batch` on, `per_epoch` batches an epoch.
+    fn spawn(
+        per_epoch: usize,
+        first_batch: u64,
+        mut make: impl FnMut(u64, usize) -> Batch + Send + 'static,
+    ) -> Result<Loader, DataError> {
         let (tx, rx) = sync_channel(PREFETCH);
         let worker = std::thread::Builder::new()
             .name("parallax-data".into())
@@ -134,10 +157,8 @@ impl Loader {
                 let mut epoch = first_batch / per_epoch as u64;
                 let mut start = (first_batch % per_epoch as u64) as usize;
                 loop {
-                    let order = order_of(shuffle, seed, epoch, len);
                     for index in std::mem::take(&mut start)..per_epoch {
-                        let batch = make_batch(&dataset, &order, batch_size, epoch, index);
-                        if tx.send(batch).is_err() {
+                        if tx.send(make(epoch, index)).is_err() {
                             return; // the loader was dropped
                         }
                     }

@@ -28,6 +28,8 @@ mod idx;
 pub mod loader;
 mod npy;
 mod synthetic;
+pub mod tokenize;
+pub mod tokens;
 
 #[cfg(test)]
 pub(crate) mod testutil;
@@ -243,58 +245,63 @@ pub(crate) struct Raw {
 /// Reads the data set `data` names (files relative to `base_dir`), fits it to the model's
 /// input and target, and splits it by the seed.
 pub fn load(data: &Data, io: &ModelIo, seed: u64, base_dir: &Path) -> Result<Splits, DataError> {
-    let (raw, validation) = match data {
-        Data::Digits { validation } => (digits::load()?, *validation),
-        Data::Idx {
-            images,
-            labels,
-            validation,
-        } => (
-            idx::load(&base_dir.join(images), &base_dir.join(labels), io)?,
-            *validation,
-        ),
-        Data::Csv {
-            path,
-            label_column,
-            header,
-            validation,
-        } => (
-            csv::load(&base_dir.join(path), *label_column, *header, io)?,
-            *validation,
-        ),
-        Data::Npy {
-            inputs,
-            labels,
-            validation,
-        } => (
-            npy::load(&base_dir.join(inputs), &base_dir.join(labels), io)?,
-            *validation,
-        ),
-        Data::Blobs {
-            samples,
-            classes,
-            features,
-            std,
-            validation,
-        } => (
-            synthetic::blobs(*samples, *classes, *features, *std, seed)?,
-            *validation,
-        ),
-        Data::Sequence {
-            task,
-            length,
-            vocab,
-            samples,
-            validation,
-        } => (
-            synthetic::sequence(*task, *length, *vocab, *samples, seed, io)?,
-            *validation,
-        ),
-        Data::Synthetic {
-            samples,
-            validation,
-        } => (synthetic::synthetic(*samples, seed, io)?, *validation),
-    };
+    let (raw, validation) =
+        match data {
+            Data::Digits { validation } => (digits::load()?, *validation),
+            Data::Idx {
+                images,
+                labels,
+                validation,
+            } => (
+                idx::load(&base_dir.join(images), &base_dir.join(labels), io)?,
+                *validation,
+            ),
+            Data::Csv {
+                path,
+                label_column,
+                header,
+                validation,
+            } => (
+                csv::load(&base_dir.join(path), *label_column, *header, io)?,
+                *validation,
+            ),
+            Data::Npy {
+                inputs,
+                labels,
+                validation,
+            } => (
+                npy::load(&base_dir.join(inputs), &base_dir.join(labels), io)?,
+                *validation,
+            ),
+            Data::Blobs {
+                samples,
+                classes,
+                features,
+                std,
+                validation,
+            } => (
+                synthetic::blobs(*samples, *classes, *features, *std, seed)?,
+                *validation,
+            ),
+            Data::Sequence {
+                task,
+                length,
+                vocab,
+                samples,
+                validation,
+            } => (
+                synthetic::sequence(*task, *length, *vocab, *samples, seed, io)?,
+                *validation,
+            ),
+            Data::Synthetic {
+                samples,
+                validation,
+            } => (synthetic::synthetic(*samples, seed, io)?, *validation),
+            Data::Tokens { .. } => return Err(DataError::Config(
+                "token files are read as windows (`data::tokens::Tokens::open`), not loaded whole"
+                    .into(),
+            )),
+        };
     let (inputs_file, labels_file) =
         files(data, base_dir).unwrap_or_else(|| (raw.source.clone(), raw.source.clone()));
     if let Values::F32(v) = &raw.inputs {
@@ -310,14 +317,10 @@ pub fn load(data: &Data, io: &ModelIo, seed: u64, base_dir: &Path) -> Result<Spl
 /// The files holding a data set's inputs and its labels, as the loaders name them.
 fn files(data: &Data, base_dir: &Path) -> Option<(String, String)> {
     let name = |p: &str| base_dir.join(p).display().to_string();
-    match data {
-        Data::Idx { images, labels, .. } => Some((name(images), name(labels))),
-        Data::Csv { path, .. } => Some((name(path), name(path))),
-        Data::Npy { inputs, labels, .. } => Some((name(inputs), name(labels))),
-        Data::Digits { .. }
-        | Data::Blobs { .. }
-        | Data::Sequence { .. }
-        | Data::Synthetic { .. } => None,
+    match data.files()[..] {
+        [(_, one)] => Some((name(one), name(one))),
+        [(_, inputs), (_, labels), ..] => Some((name(inputs), name(labels))),
+        [] => None,
     }
 }
 

@@ -1,7 +1,7 @@
 //! What a training run is asked for: the command line's settings, the device that runs the
 //! plan, and the experiment as run (the file with those settings applied).
 
-use parallax_compiler::dsl::ast::{Data, Experiment};
+use parallax_compiler::dsl::ast::Experiment;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -212,20 +212,8 @@ pub fn resolved(e: &Experiment, cfg: &TrainConfig) -> Experiment {
                 .to_string();
         }
     };
-    match &mut e.data {
-        Data::Idx { images, labels, .. } => {
-            absolute(images);
-            absolute(labels);
-        }
-        Data::Csv { path, .. } => absolute(path),
-        Data::Npy { inputs, labels, .. } => {
-            absolute(inputs);
-            absolute(labels);
-        }
-        Data::Digits { .. }
-        | Data::Blobs { .. }
-        | Data::Sequence { .. }
-        | Data::Synthetic { .. } => {}
+    for p in e.data.files_mut() {
+        absolute(p);
     }
     e
 }

@@ -149,6 +149,18 @@ impl SessionData {
     ) -> Result<SessionData, TrainError> {
         let e = &source.experiment;
         let (io, input, target) = model_io(plan, &e.loss)?;
+        if let parallax_compiler::dsl::ast::Data::Tokens { .. } = &e.data {
+            let t = data::tokens::open(&e.data, &io, seed, base_dir, batch, e.train.shuffle)?;
+            let train_samples = t.windows.per_epoch * batch;
+            return Ok(SessionData {
+                data_hash: t.hash,
+                loader: Loader::windows(t.windows, first_batch)?,
+                train_samples,
+                validation: t.validation,
+                input,
+                target,
+            });
+        }
         let splits = data::load(&e.data, &io, seed, base_dir)?;
         let train_samples = splits.train.len;
         let mut h = sha2::Sha256::new();

@@ -1,0 +1,242 @@
+//! Token files (`Tokens`) and `parallax tokenize`: raw and llm.c files train alike, bad files
+//! are refused with their name, the windows are the same on one and two devices and a
+//! resumed run continues them exactly; tokenize round-trips and writes the committed
+//! Tiny Shakespeare files; `models/shakespeare.ron` trains.
+
+mod common;
+use common::{binary, metric, run_limited, temp};
+
+use parallax_compiler::dsl::ast::TokenDtype;
+use parallax_runtime::data::tokenize::{detokenize, llmc_bytes, read_vocab};
+use parallax_runtime::data::tokens::TokenFile;
+use std::path::Path;
+use std::time::Duration;
+
+const LIMIT: Duration = Duration::from_secs(300);
+
+/// Runs the binary with `args`; returns (exit code, stdout, stderr).
+fn run(args: &[&str]) -> (Option<i32>, String, String) {
+    let mut c = binary();
+    c.args(args);
+    let r = run_limited(c, LIMIT);
+    (r.code, r.stdout, r.stderr)
+}
+
+fn ok(args: &[&str]) -> String {
+    let (code, out, err) = run(args);
+    assert_eq!(code, Some(0), "{args:?}\n{err}");
+    out
+}
+
+/// A tiny causal model on token files of vocabulary 32, sequence 8, batch 4.
+fn experiment(dir: &Path, train: &str, validation: &str) -> String {
+    let text = format!(
+        r#"Experiment(
+    name: "tokens",
+    params: {{ "d": 16, "vocab": 32, "seq": 8 }},
+    model: Graph(
+        inputs: {{ "tokens": (shape: ["seq"], dtype: I32) }},
+        nodes: [
+            ("emb", Embedding(vocab: "vocab", dim: "d"), ["tokens"]),
+            ("pos", PositionalEmbedding(max_len: "seq"), ["emb"]),
+            ("att", Attention(heads: 2, causal: true), ["pos"]),
+            ("logits", Linear(out: "vocab"), ["att"]),
+        ],
+    ),
+    loss: CrossEntropy,
+    data: Tokens(train: "{train}", validation: "{validation}", validation_windows: 5),
+    optimizer: Adam(lr: 1e-2),
+    train: (batch_size: 4, steps: 8, seed: 3),
+)"#
+    );
+    let path = dir.join(format!("{train}.ron"));
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+fn tokens(n: usize) -> Vec<u32> {
+    // A learnable stream: mostly counting mod 32, with a little noise.
+    (0..n as u32)
+        .map(|i| (i + (i * 7919 % 13 == 0) as u32) % 32)
+        .collect()
+}
+
+/// Trains `file` into `run` with `extra`; the final weights and the losses.
+fn train(file: &str, run: &Path, extra: &[&str]) -> (Vec<u8>, Vec<f64>) {
+    let mut args = vec!["train", file, "--run-dir", run.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    ok(&args);
+    let w = std::fs::read(run.join("final.safetensors")).unwrap();
+    (w, metric(run, "loss"))
+}
+
+#[test]
+fn token_files_train_the_same_on_any_device_count_and_resume_exactly() {
+    let dir = temp("tokens-train");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ids = tokens(3000);
+    let raw: Vec<u8> = ids.iter().flat_map(|&t| (t as u16).to_le_bytes()).collect();
+    std::fs::write(dir.join("raw.bin"), raw).unwrap();
+    std::fs::write(dir.join("llmc.bin"), llmc_bytes(&ids, "llmc").unwrap()).unwrap();
+    std::fs::write(dir.join("val.bin"), llmc_bytes(&ids[..500], "val").unwrap()).unwrap();
+    let raw_exp = experiment(&dir, "raw.bin", "val.bin");
+    let llmc_exp = experiment(&dir, "llmc.bin", "val.bin");
+
+    let (one, losses) = train(&raw_exp, &dir.join("one"), &["--gpus", "1"]);
+    assert_eq!(losses.len(), 8);
+    assert!(losses.iter().all(|l| l.is_finite()));
+    assert!(losses[7] < losses[0], "{losses:?}");
+    assert_eq!(metric(&dir.join("one"), "val_loss").len(), 1);
+    // The same tokens in llm.c's format: the same bits.
+    let (llmc, llmc_losses) = train(&llmc_exp, &dir.join("llmc"), &["--gpus", "1"]);
+    assert!(llmc == one && llmc_losses == losses, "raw and llm.c differ");
+    // Two devices: the same windows, the same bits.
+    let (two, two_losses) = train(&raw_exp, &dir.join("two"), &["--gpus", "2"]);
+    assert!(two == one && two_losses == losses, "1 and 2 devices differ");
+    // Stopped at step 4 on two devices and resumed on one: the data order continues exactly.
+    let cut = dir.join("cut");
+    let c = cut.to_str().unwrap();
+    let first = [
+        "--run-dir",
+        c,
+        "--steps",
+        "4",
+        "--checkpoint-every",
+        "2",
+        "--gpus",
+        "2",
+    ];
+    ok(&[&["train", raw_exp.as_str()][..], &first].concat());
+    ok(&["train", "--resume", c, "--steps", "8", "--gpus", "1"]);
+    let resumed = std::fs::read(cut.join("final.safetensors")).unwrap();
+    assert!(resumed == one, "the resumed run's bytes differ");
+    assert_eq!(metric(&cut, "loss"), losses);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn bad_token_files_are_refused_with_their_name() {
+    let dir = temp("tokens-bad");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ids = tokens(500);
+    let good = llmc_bytes(&ids, "g").unwrap();
+    std::fs::write(dir.join("val.bin"), &good).unwrap();
+    let mut version = good.clone();
+    version[4] = 9;
+    std::fs::write(dir.join("version.bin"), version).unwrap();
+    std::fs::write(dir.join("short.bin"), &good[..good.len() - 10]).unwrap();
+    let mut big = ids.clone();
+    big[321] = 40;
+    std::fs::write(dir.join("vocab.bin"), llmc_bytes(&big, "v").unwrap()).unwrap();
+    for (file, expect) in [
+        ("version.bin", "must have version 1, but it has version 9"),
+        (
+            "short.bin",
+            "should be 1024 + 500 * 2 bytes, but it has 2014",
+        ),
+        (
+            "vocab.bin",
+            "token 321 (byte offset 1666) is 40, but the model's vocabulary has 32",
+        ),
+        ("missing.bin", "cannot read"),
+    ] {
+        let exp = experiment(&dir, file, "val.bin");
+        let (code, _, err) = run(&["train", &exp, "--steps", "1"]);
+        assert_eq!(code, Some(1), "{file}: {err}");
+        assert!(err.contains(file) && err.contains(expect), "{file}: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn tokenize_round_trips_bytes_and_characters() {
+    let dir = temp("tokenize");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = "To be, or not to be: that is the question.\nWhether 'tis nobler — in the mind\n"
+        .repeat(10);
+    std::fs::write(dir.join("a.txt"), &text).unwrap();
+    let prefix = dir.join("out");
+    let p = prefix.to_str().unwrap();
+    let a = dir.join("a.txt");
+    let out = ok(&[
+        "tokenize",
+        a.to_str().unwrap(),
+        "--out",
+        p,
+        "--tokenizer",
+        "chars",
+    ]);
+    assert!(out.contains("MB/s") && out.contains("tokens"), "{out}");
+    let n = text.chars().count();
+    let read = |suffix: &str| {
+        let f = TokenFile::open(&dir.join(format!("out{suffix}")), TokenDtype::U32).unwrap();
+        assert_eq!(f.format, "llm.c");
+        (0..f.len).map(|i| f.get(i)).collect::<Vec<u32>>()
+    };
+    let (train, val) = (read("_train.bin"), read("_val.bin"));
+    assert_eq!(train.len(), (n as f64 * 0.9) as usize);
+    assert_eq!(train.len() + val.len(), n);
+    let json = std::fs::read_to_string(dir.join("out_vocab.json")).unwrap();
+    let vocab = read_vocab(&json, "vocab").unwrap();
+    let mut distinct: Vec<char> = text.chars().collect();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(vocab, distinct);
+    let all: Vec<u32> = train.into_iter().chain(val).collect();
+    assert_eq!(detokenize(&all, Some(&vocab)), text.as_bytes());
+    // Bytes, no validation part: one file, the bytes themselves.
+    ok(&[
+        "tokenize",
+        a.to_str().unwrap(),
+        "--out",
+        p,
+        "--validation",
+        "0",
+    ]);
+    let bytes = read(".bin");
+    assert_eq!(detokenize(&bytes, None), text.as_bytes());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The committed Tiny Shakespeare token files are what `tokenize` writes.
+#[test]
+fn tokenize_writes_the_committed_shakespeare_files() {
+    let dir = temp("tokenize-shakespeare");
+    let prefix = dir.join("shakespeare");
+    let p = prefix.to_str().unwrap();
+    let input = "data/tinyshakespeare/input.txt";
+    let out = ok(&["tokenize", input, "--tokenizer", "chars", "--out", p]);
+    assert!(out.contains("1115394 tokens (vocabulary 65)"), "{out}");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/tinyshakespeare");
+    for f in ["_train.bin", "_val.bin", "_vocab.json"] {
+        let name = format!("shakespeare{f}");
+        let made = std::fs::read(dir.join(&name)).unwrap();
+        let kept = std::fs::read(root.join(&name)).unwrap();
+        assert!(made == kept, "{name} differs from the committed file");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn the_shakespeare_model_trains() {
+    let dir = temp("shakespeare");
+    let d = dir.to_str().unwrap();
+    let args = [
+        "train",
+        "models/shakespeare.ron",
+        "--steps",
+        "5",
+        "--run-dir",
+        d,
+        "--set",
+        "optimizer.schedule=Constant",
+    ];
+    ok(&args);
+    let losses = metric(&dir, "loss");
+    assert_eq!(losses.len(), 5);
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert!(losses[4] < losses[0], "{losses:?}");
+    assert!(metric(&dir, "val_loss")[0].is_finite());
+    let _ = std::fs::remove_dir_all(dir);
+}
