@@ -174,25 +174,7 @@ fn tolerance(p: Precision) -> f64 {
     }
 }
 
-/// `max |a - b| / max |a|`: a difference relative to the reference's scale.
-pub fn rel_diff(reference: &[f32], other: &[f32]) -> f64 {
-    if reference.len() != other.len() {
-        return f64::INFINITY;
-    }
-    let scale = reference
-        .iter()
-        .fold(0f64, |m, &x| m.max((x as f64).abs()))
-        .max(1e-30);
-    let diff = reference.iter().zip(other).fold(0f64, |m, (&a, &b)| {
-        let d = (a as f64 - b as f64).abs();
-        if d.is_nan() {
-            f64::INFINITY
-        } else {
-            m.max(d)
-        }
-    });
-    diff / scale
-}
+pub use crate::kernel_check::rel_diff;
 
 /// Peak dense FLOP/s of a known GPU at a precision (its device profile).
 fn peak_flops(name: &str, precision: Precision) -> Option<f64> {
