@@ -188,6 +188,12 @@ enum Command {
     /// `PREFIX_train.bin` and `PREFIX_val.bin` (or `PREFIX.bin` without a validation part), and
     /// for characters the vocabulary `PREFIX_vocab.json`.
     Tokenize(tokenize::Args),
+    /// Evaluate a trained run's weights on its validation data (or `--data`): mean loss,
+    /// accuracy and top-5 for classifiers, perplexity for language models; every sample once
+    /// on any device count.
+    Eval(trained::EvalArgs),
+    /// A trained classifier's class probabilities and top-k labels for inputs (`.npy`, `.csv`).
+    Predict(trained::PredictArgs),
     /// Check collectives on the GPU: NCCL all-reduce at world size 1, and a 4-rank
     /// data-parallel gradient step on simulated ranks against the 1-rank step of FILE.
     CollectivesCheck { file: PathBuf },
@@ -293,6 +299,7 @@ mod prepare;
 mod report;
 mod tokenize;
 mod train;
+mod trained;
 
 /// A failure already reported to the user, with its exit code.
 pub(crate) struct Exit(u8);
@@ -396,6 +403,8 @@ fn main() -> ExitCode {
         Command::Report { runs, out } => report::report(&runs, out.as_deref()),
         Command::Diff { a, b } => report::diff(&a, &b),
         Command::Tokenize(args) => tokenize::run(args),
+        Command::Eval(args) => trained::eval(args),
+        Command::Predict(args) => trained::predict(args),
     };
     match r {
         Ok(()) if out::failed() => ExitCode::from(1),

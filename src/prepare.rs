@@ -4,7 +4,7 @@
 //! runs it.
 
 use crate::train::Args;
-use crate::{apply_set, load, run_pipeline, Backend, Exit, Format};
+use crate::{apply_set, load, run_pipeline, Backend, Exit, Format, PrecisionArg};
 use parallax_compiler::target::{self, Split};
 use parallax_compiler::{partition, Options, Plan, Source};
 use parallax_runtime::gpu_placement;
@@ -39,16 +39,55 @@ impl Prepared {
     }
 }
 
+/// Where and how a plan runs: the flags `train`, `eval`, `predict` and `sample` share.
+pub(crate) struct Want<'a> {
+    pub gpus: Option<u32>,
+    pub strategy: Option<&'a str>,
+    pub zero: Option<u8>,
+    pub backend: Backend,
+    pub precision: PrecisionArg,
+    pub gpu_memory: Option<u64>,
+    pub collective_timeout: u64,
+    /// The run being continued (its recorded split is kept).
+    pub resume: Option<&'a Path>,
+}
+
+impl Args {
+    fn want(&self) -> Want<'_> {
+        Want {
+            gpus: self.gpus,
+            strategy: self.strategy.as_deref(),
+            zero: self.zero,
+            backend: self.backend,
+            precision: self.precision,
+            gpu_memory: self.gpu_memory,
+            collective_timeout: self.collective_timeout,
+            resume: self.resume.as_deref(),
+        }
+    }
+}
+
 /// Decides what `args` runs (nothing is trained or written).
 pub(crate) fn prepare(args: &Args) -> Result<Prepared, Exit> {
     let (file, source, given) = experiment(args)?;
+    decide(file, source, given, &args.want())
+}
+
+/// Decides where `source` (or the `given` plan) runs as `want` asks: the split, the
+/// per-device plan and the device.
+pub(crate) fn decide(
+    file: PathBuf,
+    source: Source,
+    given: Option<Plan>,
+    want: &Want,
+) -> Result<Prepared, Exit> {
     let lead_file = file.as_path();
     // Under a launcher the world is the device count.
     let world = crate::job::world(lead_file)?;
     let in_job = crate::job::in_job(&world);
     let wanted = match &given {
         Some(plan) => plan.sharding.map(|_| devices_of(plan)),
-        None => args.gpus,
+        None => want.gpus,
     };
     let gpus = match in_job {
         true => Some(
@@ -62,8 +101,8 @@ pub(crate) fn prepare(args: &Args) -> Result<Prepared, Exit> {
         false => wanted,
     };
     // (Not clap's `requires`: under a launcher the world says how many devices.)
-    if gpus.is_none() && (args.strategy.is_some() || args.zero.is_some()) {
-        let flag = match args.strategy {
+    if gpus.is_none() && (want.strategy.is_some() || want.zero.is_some()) {
+        let flag = match want.strategy {
             Some(_) => "--strategy",
             None => "--zero",
         };
@@ -72,11 +111,11 @@ pub(crate) fn prepare(args: &Args) -> Result<Prepared, Exit> {
     }
     let (parallel, resumed) = match &given {
         Some(_) => (gpus, None),
-        None => devices(args, lead_file, gpus, &source, world.rank == 0),
+        None => devices(want, lead_file, gpus, &source, world.rank == 0),
     };
-    let found = probe(args.backend, lead_file)?;
+    let found = probe(want.backend, lead_file)?;
     let cuda = match found {
-        Some(_) => Some(args.precision.runtime()?),
+        Some(_) => Some(want.precision.runtime()?),
         None => None,
     };
     // GPU ranks: which GPU each binds, and the memory each plans for.
@@ -84,11 +123,11 @@ pub(crate) fn prepare(args: &Args) -> Result<Prepared, Exit> {
         (Some(n), Some(found)) => Some(gpu_placement(lead_file, n, in_job, &world, found)?),
         _ => None,
     };
-    let memory = args.gpu_memory.or(placement.map(|p| p.capacity));
+    let memory = want.gpu_memory.or(placement.map(|p| p.capacity));
     let plan = match given {
         Some(plan) => plan,
         None => plan_for(
-            args,
+            want,
             lead_file,
             &source,
             parallel,
@@ -106,7 +145,7 @@ pub(crate) fn prepare(args: &Args) -> Result<Prepared, Exit> {
             first_gpu: p.first_gpu,
             gpus: p.gpus,
             nccl: (std::env::var(parallax_runtime::ranks::nccl_sum::ENV).as_deref() == Ok("1"))
-                .then(|| std::time::Duration::from_secs(args.collective_timeout)),
+                .then(|| std::time::Duration::from_secs(want.collective_timeout)),
         }),
         (Some(s), _, _) => Device::Simulated(s),
         (None, Some(p), _) => Device::Cuda(p),
@@ -172,14 +211,14 @@ fn load_plan(path: &Path) -> Result<(Source, Plan), Exit> {
 
 /// How many devices run (`None`: one, batches unsplit), and the split a resumed run had.
 fn devices(
-    args: &Args,
+    args: &Want,
     file: &Path,
     gpus: Option<u32>,
     source: &Source,
     lead: bool,
 ) -> (Option<u32>, Option<target::Recorded>) {
     let (parallel, resumed, splits_unsplit) =
-        parallel_devices(args.resume.as_deref(), gpus, source.experiment.devices.gpus);
+        parallel_devices(args.resume, gpus, source.experiment.devices.gpus);
     if let (true, Some(n), true) = (splits_unsplit, parallel, lead) {
         errln!(
             "{}: note: this run trained on one device with its batches unsplit; continuing on {n} device(s) cuts them into micro-shards, so from here the bits differ from an uninterrupted run's (by rounding; any device count then resumes this one with the same bits)",
@@ -207,7 +246,7 @@ fn probe(backend: Backend, file: &Path) -> Result<Option<parallax_runtime::cuda:
 
 /// The plan for `parallel` devices: the per-device plan of the split, or the whole plan.
 fn plan_for(
-    args: &Args,
+    args: &Want,
     file: &Path,
     source: &Source,
     parallel: Option<u32>,
@@ -224,7 +263,7 @@ fn plan_for(
     };
     let request = target::Request {
         gpus: n,
-        strategy: args.strategy.as_deref(),
+        strategy: args.strategy,
         zero: args.zero,
         memory,
         resumed,
@@ -262,8 +301,8 @@ fn say_split(source: &Source, request: &target::Request, split: &Split) {
 /// Data and pipeline degrees never change the bits; the tensor-parallel degree changes the
 /// rounding of the row-parallel sums (checkpoints are whole tensors, so the state is
 /// re-sliced for any degree).
-fn tp_note(args: &Args, file: &Path, split: &Split) {
-    let recorded = args.resume.as_deref().and_then(RunRecord::split_of);
+fn tp_note(args: &Want, file: &Path, split: &Split) {
+    let recorded = args.resume.and_then(RunRecord::split_of);
     if let Some(old) = recorded {
         if old.strategy.tp != split.strategy.tp {
             errln!(

@@ -27,6 +27,7 @@ pub mod run_files;
 pub mod run_record;
 pub mod tensorboard;
 pub mod train;
+pub mod trained;
 pub mod weights;
 
 pub use parallax_compiler::Plan;

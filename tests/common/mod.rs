@@ -26,6 +26,14 @@ pub fn run_for(args: &[&str], limit: Duration) -> (Option<i32>, String) {
     (r.code, r.stderr)
 }
 
+/// Runs the binary with `args` for at most `limit`; returns (exit code, stdout, stderr).
+pub fn run_args(args: &[&str], limit: Duration) -> (Option<i32>, String, String) {
+    let mut c = binary();
+    c.args(args);
+    let r = run_limited(c, limit);
+    (r.code, r.stdout, r.stderr)
+}
+
 /// What a time-limited run gave.
 pub struct Limited {
     /// `None`: still running at the limit, then killed.
@@ -136,22 +144,11 @@ pub fn scaled_difference(a: &[f32], b: &[f32]) -> f64 {
 
 /// A `.npy` file (version 1.0, C order, little-endian) of `descr` (`<f4`, `<i4`) values.
 pub fn write_npy(path: &std::path::Path, descr: &str, shape: &[usize], data: &[u8]) {
-    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
-    let tuple = if dims.len() == 1 {
-        format!("({},)", dims[0])
-    } else {
-        format!("({})", dims.join(", "))
-    };
-    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {tuple}, }}");
-    while (10 + header.len() + 1) % 64 != 0 {
-        header.push(' ');
-    }
-    header.push('\n');
-    let mut out = b"\x93NUMPY\x01\x00".to_vec();
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
-    out.extend_from_slice(header.as_bytes());
-    out.extend_from_slice(data);
-    std::fs::write(path, out).unwrap();
+    std::fs::write(
+        path,
+        parallax_runtime::data::inputs::npy(descr, shape, data),
+    )
+    .unwrap();
 }
 
 pub fn f32_bytes(v: &[f32]) -> Vec<u8> {

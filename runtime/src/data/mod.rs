@@ -25,6 +25,7 @@ mod csv;
 pub mod digits;
 mod fit;
 mod idx;
+pub mod inputs;
 pub mod loader;
 mod npy;
 mod synthetic;
@@ -71,6 +72,24 @@ impl Values {
         match self {
             Values::F32(_) => DType::F32,
             Values::I32(_) => DType::I32,
+        }
+    }
+    /// The samples of `self`, then those of `other` (of the same element type).
+    pub fn concat(self, other: Values) -> Result<Values, DataError> {
+        match (self, other) {
+            (Values::F32(mut a), Values::F32(b)) => {
+                a.extend(b);
+                Ok(Values::F32(a))
+            }
+            (Values::I32(mut a), Values::I32(b)) => {
+                a.extend(b);
+                Ok(Values::I32(a))
+            }
+            (a, b) => Err(DataError::Config(format!(
+                "cannot join {} values to {} values",
+                b.dtype().name(),
+                a.dtype().name()
+            ))),
         }
     }
     /// An empty buffer of the same element type, with room for `n` elements.

@@ -14,6 +14,7 @@ mod validate;
 pub use config::{parallel_devices, resolved, CudaRanks, Device, Simulated, TrainConfig};
 pub use error::{signal_name, TrainError};
 pub use session::{feed, model_io, run_id, set_scalars, BatchInfo, Session, SessionData};
+pub use validate::{Tally, Validator};
 
 use crate::backend::Backend;
 use crate::cpu::Executor;
@@ -28,7 +29,6 @@ use serde::Serialize;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
-use validate::Validator;
 
 /// Progress, for the command line to show.
 #[derive(Debug, Clone)]
@@ -512,11 +512,12 @@ fn continued(
 }
 
 /// A backend, and what each device of a partitioned plan allocated.
-type Built = (Box<dyn Backend>, Option<Vec<u64>>);
+pub type Built = (Box<dyn Backend>, Option<Vec<u64>>);
 
-/// What runs `plan` on `device` (one rank's devices of a job over `peers`), and what each
-/// device of a partitioned plan allocated.
-fn backend(
+/// What runs `plan` on `device` (one rank's devices of a job over `peers`), for batches of up
+/// to `batch_size` with parameters initialised from `seed`, and what each device of a
+/// partitioned plan allocated.
+pub fn backend(
     plan: Plan,
     device: Device,
     peers: &Option<Peers>,

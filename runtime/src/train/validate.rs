@@ -7,38 +7,66 @@ use crate::data::{Dataset, Values};
 use crate::exec::tensor::Tensor;
 use crate::exec::{ExecError, Mode};
 
-/// Correct predictions and positions: the argmax of the logits' last axis against labels.
-fn correct(logits: &Tensor, labels: &[i32]) -> (usize, usize) {
-    let c = *logits.shape.last().unwrap_or(&1);
-    let v = logits.f32();
-    let ignore = crate::exec::IGNORE;
-    let counted = labels.iter().filter(|&&l| l != ignore).count();
-    let hits = labels
-        .iter()
-        .enumerate()
-        .filter(|&(_, &l)| l != ignore)
-        .filter(|&(i, &l)| {
-            let row = &v[i * c..(i + 1) * c];
-            let best = row
-                .iter()
-                .enumerate()
-                .fold(
-                    (0, f32::NEG_INFINITY),
-                    |b, (j, &x)| if x > b.1 { (j, x) } else { b },
-                )
-                .0;
-            best as i32 == l
-        })
-        .count();
-    (hits, counted)
+/// What an evaluation counts: the loss summed over samples (each batch's mean times its
+/// size), and for class labels the labelled positions, those whose label is the argmax of the
+/// logits, and those whose label is among the 5 largest.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tally {
+    pub loss_sum: f64,
+    pub samples: usize,
+    pub positions: usize,
+    pub hits: usize,
+    pub top5: usize,
 }
 
-pub(super) struct Validator<'a> {
-    pub(super) set: &'a Dataset,
-    pub(super) input: &'a str,
-    pub(super) target: &'a str,
-    pub(super) output: String,
-    pub(super) batch: usize,
+impl Tally {
+    /// The mean loss per sample.
+    pub fn loss(&self) -> f64 {
+        self.loss_sum / self.samples.max(1) as f64
+    }
+    /// Accuracy over the labelled positions (none: no class labels).
+    pub fn accuracy(&self) -> Option<f64> {
+        (self.positions > 0).then(|| self.hits as f64 / self.positions as f64)
+    }
+    /// Top-5 accuracy over the labelled positions.
+    pub fn top5(&self) -> Option<f64> {
+        (self.positions > 0).then(|| self.top5 as f64 / self.positions as f64)
+    }
+
+    /// Counts the argmax and top-5 hits of `logits` (the class axis last) against `labels`.
+    fn count(&mut self, logits: &Tensor, labels: &[i32]) {
+        let c = *logits.shape.last().unwrap_or(&1);
+        let v = logits.f32();
+        for (i, &l) in labels.iter().enumerate() {
+            if l == crate::exec::IGNORE {
+                continue;
+            }
+            let row = &v[i * c..(i + 1) * c];
+            self.positions += 1;
+            // A label beyond the classes, or a NaN logit, is a miss.
+            let Some(&x) = row.get(l as usize).filter(|x| !x.is_nan()) else {
+                continue;
+            };
+            // The label's rank: values above it, and equal values before it (argmax keeps
+            // the first of equals).
+            let above = row
+                .iter()
+                .enumerate()
+                .filter(|&(j, &y)| y > x || (y == x && j < l as usize))
+                .count();
+            self.hits += (above == 0) as usize;
+            self.top5 += (above < 5) as usize;
+        }
+    }
+}
+
+/// A data set evaluated on a backend, batch by batch: feeds `input` and `target`, reads `output`.
+pub struct Validator<'a> {
+    pub set: &'a Dataset,
+    pub input: &'a str,
+    pub target: &'a str,
+    pub output: String,
+    pub batch: usize,
 }
 
 impl Validator<'_> {
@@ -48,9 +76,15 @@ impl Validator<'_> {
         e: &mut dyn Backend,
         step: u64,
     ) -> Result<(f64, Option<f64>), ExecError> {
+        let t = self.tally(e, step)?;
+        Ok((t.loss(), t.accuracy()))
+    }
+
+    /// Every sample of the set, once, in batches of `batch`: what [`Tally`] counts.
+    pub fn tally(&self, e: &mut dyn Backend, step: u64) -> Result<Tally, ExecError> {
         let n = self.set.len;
         let (per_in, per_t) = (self.set.input.numel(), self.set.target.numel());
-        let (mut loss, mut hits, mut total) = (0f64, 0usize, 0usize);
+        let mut t = Tally::default();
         let mut from = 0;
         while from < n {
             let to = (from + self.batch).min(n);
@@ -59,16 +93,14 @@ impl Validator<'_> {
             let targets = self.set.targets.samples(per_t, from, to);
             feed(e, self.target, b, &targets)?;
             e.run(b, Mode::Eval, step, from as u64)?;
-            loss += e.loss(b)? as f64 * b as f64;
+            t.loss_sum += e.loss(b)? as f64 * b as f64;
+            t.samples += b;
             if let (Values::I32(labels), Some(out)) = (&targets, e.output_values(&self.output, b)?)
             {
-                let (h, t) = correct(&out, labels);
-                hits += h;
-                total += t;
+                t.count(&out, labels);
             }
             from = to;
         }
-        let acc = (total > 0).then(|| hits as f64 / total as f64);
-        Ok((loss / n.max(1) as f64, acc))
+        Ok(t)
     }
 }

@@ -1,0 +1,187 @@
+//! Inputs without labels, for `parallax predict`: a `.npy` array (of many inputs, the first
+//! axis, or of one), or a CSV file of one input a line (a first line that is not all numbers is
+//! a header); and the `.npy` file `predict` writes its probabilities to.
+
+use super::npy;
+use super::{DataError, TensorSpec, Values};
+use std::path::Path;
+
+/// The inputs in `path` for a model reading `spec`: their values (C order) and their count.
+pub fn read(path: &Path, spec: &TensorSpec) -> Result<(Values, usize), DataError> {
+    let file = path.display().to_string();
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    let per = spec.numel();
+    let (values, count) = match ext.as_deref() {
+        Some("npy") => {
+            let a = npy::parse(path)?;
+            // One input of the model's shape, or many along the first axis.
+            let n = match a.shape == spec.shape {
+                true => 1,
+                false if a.sample_shape() == spec.shape => a.samples(),
+                false => {
+                    return Err(DataError::format(&file, format!(
+                        "the model reads {} per input; the array's shape {:?} is neither that nor a list of it",
+                        spec.show(),
+                        a.shape
+                    )))
+                }
+            };
+            let v = match spec.dtype.is_float() {
+                true => Values::F32(a.to_f32(1.0)),
+                false => Values::I32(a.to_i32("input")?),
+            };
+            (v, n)
+        }
+        Some("csv") => csv_rows(path, spec)?,
+        _ => {
+            return Err(DataError::format(
+                &file,
+                "inputs are read from .npy or .csv files".to_string(),
+            ))
+        }
+    };
+    debug_assert_eq!(values.len(), count * per);
+    Ok((values, count))
+}
+
+fn csv_rows(path: &Path, spec: &TensorSpec) -> Result<(Values, usize), DataError> {
+    let file = path.display().to_string();
+    let bytes = super::array::read_file(path)?;
+    let text = std::str::from_utf8(&bytes)
+        .map_err(|e| DataError::format(&file, format!("not a text file: {e}")))?;
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    let per = spec.numel();
+    let mut out: Vec<f64> = Vec::new();
+    let mut n = 0;
+    let mut first = true;
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let cells: Vec<&str> = line.split(',').map(str::trim).collect();
+        let numbers: Result<Vec<f64>, &str> = cells
+            .iter()
+            .map(|c| c.parse::<f64>().map_err(|_| *c))
+            .collect();
+        let header = std::mem::take(&mut first);
+        let row = match numbers {
+            Ok(r) => r,
+            Err(_) if header => continue,
+            Err(c) => {
+                return Err(DataError::format(
+                    &file,
+                    format!("line {}: `{c}` is not a number", i + 1),
+                ))
+            }
+        };
+        if row.len() != per {
+            return Err(DataError::format(
+                &file,
+                format!(
+                    "line {}: {} values, but the model reads {} per input ({} values)",
+                    i + 1,
+                    row.len(),
+                    spec.show(),
+                    per
+                ),
+            ));
+        }
+        out.extend(row);
+        n += 1;
+    }
+    if n == 0 {
+        return Err(DataError::format(&file, "holds no input".to_string()));
+    }
+    let values = match spec.dtype.is_float() {
+        true => Values::F32(out.iter().map(|&x| x as f32).collect()),
+        false => Values::I32(
+            out.iter()
+                .enumerate()
+                .map(
+                    |(k, &x)| match x.fract() == 0.0 && x.abs() <= i32::MAX as f64 {
+                        true => Ok(x as i32),
+                        false => Err(DataError::format(
+                            &file,
+                            format!(
+                                "input {} value {}: {x} is not an integer id",
+                                k / per + 1,
+                                k % per + 1
+                            ),
+                        )),
+                    },
+                )
+                .collect::<Result<_, _>>()?,
+        ),
+    };
+    Ok((values, n))
+}
+
+/// `values` of `shape` as a `.npy` file (version 1.0, little-endian `f32`, C order).
+pub fn npy_f32(values: &[f32], shape: &[usize]) -> Vec<u8> {
+    let data: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    npy("<f4", shape, &data)
+}
+
+/// A `.npy` file (version 1.0, C order) of `data`, elements of type `descr` (`<f4`, `<i4`).
+pub fn npy(descr: &str, shape: &[usize], data: &[u8]) -> Vec<u8> {
+    let dims: Vec<String> = shape.iter().map(|d| d.to_string()).collect();
+    let shape = match dims.len() {
+        1 => format!("({},)", dims[0]),
+        _ => format!("({})", dims.join(", ")),
+    };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    // Magic, version and length take 10 bytes; the header ends in a newline at a multiple of 64.
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = Vec::with_capacity(10 + header.len() + data.len());
+    out.extend_from_slice(b"\x93NUMPY\x01\x00");
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    out.extend_from_slice(data);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::testutil::TempDir;
+    use parallax_compiler::ir::types::DType;
+
+    #[test]
+    fn npy_written_is_read_back_as_inputs() {
+        let t = TempDir::new("inputs-npy");
+        let v: Vec<f32> = (0..12).map(|i| i as f32 * 0.5).collect();
+        let p = t.write("x.npy", &npy_f32(&v, &[3, 2, 2]));
+        let spec = TensorSpec::new(DType::F32, vec![2, 2]);
+        let (got, n) = read(&p, &spec).unwrap();
+        assert_eq!((got, n), (Values::F32(v.clone()), 3));
+        // One input of the model's own shape.
+        let one = t.write("one.npy", &npy_f32(&v[..4], &[2, 2]));
+        assert_eq!(read(&one, &spec).unwrap().1, 1);
+        let e = read(&p, &TensorSpec::new(DType::F32, vec![3])).unwrap_err();
+        assert!(
+            e.to_string().contains("neither that nor a list of it"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn csv_rows_with_a_header_are_inputs_and_bad_cells_are_named() {
+        let t = TempDir::new("inputs-csv");
+        let spec = TensorSpec::new(DType::F32, vec![3]);
+        let p = t.write("x.csv", b"a,b,c\n1,2,3\n\n4,5,6.5\n");
+        let (v, n) = read(&p, &spec).unwrap();
+        assert_eq!((v, n), (Values::F32(vec![1., 2., 3., 4., 5., 6.5]), 2));
+        let bad = t.write("bad.csv", b"1,2,3\n4,x,6\n");
+        let e = read(&bad, &spec).unwrap_err().to_string();
+        assert!(e.contains("line 2: `x` is not a number"), "{e}");
+        let short = t.write("short.csv", b"1,2\n");
+        let e = read(&short, &spec).unwrap_err().to_string();
+        assert!(e.contains("line 1: 2 values"), "{e}");
+    }
+}
