@@ -40,6 +40,8 @@ fn mlp_learns_the_digits_and_writes_its_run() {
         "val_loss",
         "samples_per_sec",
         "step_time_ms_median",
+        "data_wait_seconds",
+        "data_wait_share",
         "wall_seconds",
     ] {
         assert!(

@@ -66,6 +66,11 @@ pub struct Summary {
     pub samples_per_sec: f64,
     /// Median step time after the first steps (warm-up excluded).
     pub step_time_ms_median: f64,
+    /// Seconds the steps waited for their batch: the loading the loader's threads did not
+    /// hide.
+    pub data_wait_seconds: f64,
+    /// That wait's share of the time spent in steps and waiting.
+    pub data_wait_share: f64,
     pub wall_seconds: f64,
     pub parameters: u64,
     pub seed: u64,
@@ -306,6 +311,8 @@ fn train_in(
     let (mut samples, mut last_loss) = (0usize, f32::NAN);
     let mut val = (None, None);
     let mut without_labels = 0u64;
+    // Time the steps waited for the loader's next batch (its threads prepare them ahead).
+    let mut data_wait = 0f64;
     // Every rank gathers the tensors (the same reads in the same order); one writes them.
     let save_checkpoint = |exec: &dyn Backend, step: u64| {
         let meta = crate::checkpoint::Meta {
@@ -322,7 +329,9 @@ fn train_in(
         Ok::<_, TrainError>(path)
     };
     for step in start_step..total {
+        let waiting = Instant::now();
         let batch = loader.next().expect("the loader runs forever");
+        data_wait += waiting.elapsed().as_secs_f64();
         if labelled_but_all_ignored(&exp.loss, &batch.targets) {
             without_labels += 1;
             if without_labels == 1 {
@@ -462,6 +471,8 @@ fn train_in(
         val_accuracy: val.1,
         samples_per_sec: samples as f64 / busy.max(1e-9),
         step_time_ms_median: median * 1e3,
+        data_wait_seconds: data_wait,
+        data_wait_share: data_wait / (data_wait + busy).max(1e-9),
         wall_seconds: started.elapsed().as_secs_f64(),
         parameters,
         seed,
