@@ -20,6 +20,7 @@ pub mod launch;
 pub mod loss_share;
 pub mod ranks;
 pub mod rendezvous;
+pub mod report;
 pub mod resume;
 pub mod rng;
 pub mod run_dir;
