@@ -9,23 +9,6 @@ use std::path::Path;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-/// Where this process stands, as its launcher's variables say.
-pub fn world(file: &Path) -> Result<World, Exit> {
-    World::from_env(&|k| std::env::var(k).ok()).map_err(|e| {
-        errln!("{}: error: {e}", file.display());
-        Exit(1)
-    })
-}
-
-/// Whether the process is one rank of a launcher's job (a lone torchrun rank is not).
-pub fn in_job(world: &World) -> bool {
-    match world.launcher {
-        Launcher::OpenMpi | Launcher::Slurm | Launcher::Pmi => true,
-        Launcher::Torchrun => world.size > 1,
-        Launcher::None => false,
-    }
-}
-
 /// A running job: MPI started (or the TCP links made), and this rank's communicator.
 pub struct Job {
     pub peers: Peers,

@@ -2,9 +2,10 @@
 //! `parallax_runtime::trained`). The run's `experiment.ron` is compiled and placed as `train`
 //! does it (`prepare::decide`).
 
-use crate::prepare::{decide, Prepared, Want};
+use crate::prepare::{decide, Prepared};
 use crate::{apply_set, load, Backend, Exit, Format, PrecisionArg};
 use parallax_runtime::data::inputs;
+use parallax_runtime::train::prepare::Want;
 use parallax_runtime::trained::{self, eval, predict, UseError, Weights};
 use std::path::{Path, PathBuf};
 
@@ -93,10 +94,10 @@ pub(crate) fn open(
         gpus,
         strategy,
         zero: None,
-        backend: args.backend,
-        precision: args.precision,
+        backend: args.backend.choice(),
+        precision: args.precision.runtime()?,
         gpu_memory: None,
-        collective_timeout: 300,
+        collective_timeout: std::time::Duration::from_secs(300),
         resume: None,
     };
     Ok((decide(file, source, None, &want)?, weights))

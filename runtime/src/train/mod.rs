@@ -7,6 +7,7 @@
 mod config;
 mod error;
 mod job;
+pub mod prepare;
 mod records;
 mod session;
 mod validate;
