@@ -7,25 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-/// `mpirun` as the tests run it: root in CI, more ranks than cores, no CMA single-copy
-/// inside containers.
-fn mpirun_command() -> Command {
-    let mut c = Command::new("mpirun");
-    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
-        .arg("--oversubscribe")
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
-    c
-}
-
-/// `mpirun -np N parallax ARGS` for at most `limit`.
-fn mpirun(n: usize, args: &[&str], limit: Duration) -> common::Limited {
-    let mut c = mpirun_command();
-    c.args(["-np", &n.to_string(), env!("CARGO_BIN_EXE_parallax")])
-        .args(args);
-    common::run_limited(c, limit)
-}
+use common::{mpirun, mpirun_command};
 
 #[test]
 fn the_tree_all_reduce_has_one_devices_bits_on_1_to_4_processes() {

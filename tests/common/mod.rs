@@ -284,3 +284,23 @@ pub fn train_steps(
     }
     e
 }
+
+/// `mpirun` as the tests run it: root in CI, more ranks than cores, no CMA single-copy
+/// inside containers.
+pub fn mpirun_command() -> Command {
+    let mut c = Command::new("mpirun");
+    c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+        .arg("--oversubscribe")
+        .current_dir(env!("CARGO_MANIFEST_DIR"));
+    c
+}
+
+/// `mpirun -np N parallax ARGS` for at most `limit`.
+pub fn mpirun(n: usize, args: &[&str], limit: Duration) -> Limited {
+    let mut c = mpirun_command();
+    c.args(["-np", &n.to_string(), env!("CARGO_BIN_EXE_parallax")])
+        .args(args);
+    run_limited(c, limit)
+}
