@@ -5,7 +5,7 @@
 #![cfg(feature = "mpi")]
 
 mod common;
-use common::{mpirun, run_args, temp};
+use common::{metric, mpirun, run_args, temp};
 
 use parallax_runtime::data::tokenize::llmc_bytes;
 use std::path::Path;
@@ -63,16 +63,21 @@ fn a_token_run_has_the_same_bytes_on_any_device_count_process_count_and_across_a
 
     ok(&["train", &exp, "--gpus", "1", "--run-dir", &run("g1")]);
     let want = bytes(&dir.join("g1"));
+    // The 9 validation windows, each counted once: the same loss everywhere.
+    let val = metric(&dir.join("g1"), "val_loss");
+    assert_eq!(val.len(), 1);
     for g in ["2", "3"] {
         let r = run(&format!("g{g}"));
         ok(&["train", &exp, "--gpus", g, "--run-dir", &r]);
         assert!(bytes(Path::new(&r)) == want, "--gpus {g}: other bytes");
+        assert_eq!(metric(Path::new(&r), "val_loss"), val, "--gpus {g}");
     }
     for n in [2, 3] {
         let r = run(&format!("mpi{n}"));
         let out = mpirun(n, &["train", &exp, "--run-dir", &r], LIMIT);
         assert_eq!(out.code, Some(0), "mpirun -np {n}: {}", out.stderr);
         assert!(bytes(Path::new(&r)) == want, "mpirun -np {n}: other bytes");
+        assert_eq!(metric(Path::new(&r), "val_loss"), val, "mpirun -np {n}");
     }
     // Killed (SIGKILL, no chance to save) after step 7 of 10, its last checkpoint at step 6;
     // resumed on another device count: the bytes of the uninterrupted run.
