@@ -12,6 +12,10 @@
 # each side's median and least step over all rounds, and the median over rounds of the ratio
 # of the two chunks' medians (the paired ratio: the figure to quote).
 #
+# Then the limit: the CPU's fp32 FMA peak on the same threads (runtime/examples/fma_peak.rs),
+# and per model the FLOPs of a step (the op table's cost rules), the GFLOP/s each side
+# reached at its median step, and Parallax's share of the peak.
+#
 # Without PyTorch it says so and prints Parallax's numbers alone.
 set -euo pipefail
 
@@ -24,8 +28,11 @@ MODELS=(mlp cnn transformer transformer-512)
 export RAYON_NUM_THREADS=$THREADS
 
 echo "building runtime/examples/step_time.rs (release)..." >&2
-cargo build --release -q -p parallax-runtime --example step_time
+cargo build --release -q -p parallax-runtime --example step_time --example fma_peak
 BIN=target/release/examples/step_time
+# Each model's median milliseconds, per side, for the table of the limit.
+MEDIANS=$(mktemp)
+trap 'rm -f "$MEDIANS"' EXIT
 
 PYTHON=${PYTHON:-python3}
 echo
@@ -38,6 +45,7 @@ if command -v "$PYTHON" >/dev/null && "$PYTHON" -c "import torch" >/dev/null 2>&
         while read -r m px pt pxmin ptmin ratio; do
             printf '%-12s %12.3f %12.3f %12.3f %12.3f %7.2fx\n' "$m" "$px" "$pt" "$pxmin" "$ptmin" \
                 "$ratio"
+            echo "$m $px $pt" >>"$MEDIANS"
         done
 else
     echo "PyTorch is not installed for $PYTHON (pip install torch): Parallax's numbers alone." >&2
@@ -47,5 +55,20 @@ else
         med=$(awk '{ print $3 }' <<<"$line")
         least=$(awk '{ v = $6; gsub(/,/, "", v); print v }' <<<"$line")
         printf '%-12s %12.3f %12.3f\n' "$m" "$med" "$least"
+        echo "$m $med -" >>"$MEDIANS"
     done
 fi
+
+peak_line=$(target/release/examples/fma_peak "$THREADS")
+peak=$(awk '{ print $3 }' <<<"$peak_line")
+echo
+echo "$peak_line"
+echo "GFLOP/s at the median step, and Parallax's share of the peak:"
+printf '%-16s %11s %16s %16s %8s\n' model "GFLOP/step" "Parallax GFLOP/s" "PyTorch GFLOP/s" "of peak"
+while read -r m px pt; do
+    flops=$("$BIN" "benches/models/$m.ron" --flops)
+    awk -v m="$m" -v f="$flops" -v px="$px" -v pt="$pt" -v peak="$peak" 'BEGIN {
+        g = f / 1e9; a = g / (px / 1e3);
+        b = (pt == "-") ? "-" : sprintf("%.1f", g / (pt / 1e3));
+        printf "%-16s %11.3f %16.1f %16s %7.0f%%\n", m, g, a, b, 100 * a / peak }'
+done <"$MEDIANS"

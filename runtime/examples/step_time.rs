@@ -6,6 +6,9 @@
 //! training mode) and prints
 //! `NAME median MS ms/step (min MS, max MS; STEPS steps after WARMUP warm-up)`.
 //!
+//! `step_time FILE --flops` prints the FLOPs of one training step (forward, backward and
+//! update at the file's batch size, by the op table's cost rules) and exits.
+//!
 //! `step_time FILE --serve` instead reads a count `N` per line from standard input and answers
 //! each with one line of `N` step times in milliseconds, until the input ends: a driver
 //! (`benches/pytorch_compare.py --paired`) alternates short runs of it with PyTorch's steps so
@@ -23,6 +26,22 @@ fn main() {
         .get(1)
         .expect("usage: step_time FILE [WARMUP] [STEPS] | step_time FILE --serve");
     let serve = args.get(2).is_some_and(|a| a == "--serve");
+    if args.get(2).is_some_and(|a| a == "--flops") {
+        let source =
+            parse_bytes(&std::fs::read(path).expect("a readable file")).expect("a valid file");
+        let options = parallax_compiler::Options::default();
+        let g = parallax_compiler::compile(&source, &options, &mut |_, _| {})
+            .expect("the experiment compiles")
+            .graph;
+        let batch = source.experiment.train.batch_size;
+        use parallax_compiler::ir::Phase;
+        let flops: u128 = [Phase::Forward, Phase::Backward, Phase::Update]
+            .into_iter()
+            .map(|p| g.flops(batch, p))
+            .sum();
+        println!("{flops}");
+        return;
+    }
     let warmup: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(10);
     let steps: u64 = args
         .get(3)
