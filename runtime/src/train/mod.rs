@@ -7,9 +7,11 @@
 mod config;
 mod error;
 mod job;
+mod open;
 pub mod prepare;
 mod records;
 mod session;
+mod steps;
 mod validate;
 
 pub use config::{parallel_devices, resolved, CudaRanks, Device, Simulated, TrainConfig};
@@ -20,16 +22,15 @@ pub use validate::{Tally, Validator};
 use crate::backend::Backend;
 use crate::cpu::Executor;
 use crate::data::Values;
-use crate::exec::Mode;
 use crate::ranks::{lock, Peers};
 use crate::weights;
-use error::non_finite;
+use open::Opened;
 use parallax_compiler::dsl::ast::Loss;
 use parallax_compiler::{Plan, Source};
 use serde::Serialize;
 use std::path::Path;
-use std::sync::atomic::Ordering;
 use std::time::Instant;
+use steps::{Steps, Tallies};
 
 /// Progress, for the command line to show.
 #[derive(Debug, Clone)]
@@ -150,143 +151,25 @@ fn train_in(
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<Summary, TrainError> {
     let started = Instant::now();
-    let exp = resolved(&source.experiment, cfg);
-    let seed = exp.train.seed;
-    let batch_size = exp.train.batch_size as usize;
-    if plan.updates.is_empty() {
-        return Err(TrainError::Model(
-            "the model has no parameters that affect the loss: there is nothing to train".into(),
-        ));
-    }
-    let output = plan
-        .output_steps
-        .iter()
-        .find(|o| o.name != parallax_compiler::plan::LOSS)
-        .map(|o| o.name.clone())
-        .unwrap_or_default();
-    let parameters = plan.parameters;
-    let optimizer = exp.optimizer.clone();
-    let dir = &cfg.run_dir;
-    // Where a resumed run starts: its newest checkpoint's own record, read before the data
-    // (whose order it sets).
-    if let Some(steps) = cfg
-        .resume
-        .then(|| crate::resume::finished(dir, cfg.steps))
-        .flatten()
-    {
-        return Err(TrainError::Finished {
-            dir: dir.display().to_string(),
-            steps,
-        });
-    }
-    let resume = if cfg.resume {
-        Some(crate::resume::Resume::newest(dir)?)
-    } else {
-        None
-    };
-    let start_step = resume.as_ref().map_or(0, |r| r.step());
-    // A continuation checkpoints as the run did, so a second crash loses no more.
-    let (run_every, run_keep) = resume.as_ref().map_or((None, None), |r| {
-        let (every, keep) = r.record.cadence();
-        (Some(every), keep)
-    });
-    let checkpoint_every = cfg.checkpoint_every.or(run_every).unwrap_or(0);
-    let keep = cfg.keep.or(run_keep).unwrap_or(3);
-    let plan_label = format!(
-        "dp{}.tp{}.pp{} {}",
-        plan.strategy.dp, plan.strategy.tp, plan.strategy.pp, plan.device_kind
-    );
-    let plan_record = crate::run_record::PlanRecord::of(&plan);
-    // Checked before the data is loaded or anything allocated (a GPU's is `compile`'s).
-    if !matches!(cfg.device, Device::Cuda(_) | Device::CudaRanks(_)) {
-        crate::host_memory::check(&plan, cfg.device.simulated().map(|s| s.grid))?;
-    }
-    let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
-    if let Some(p) = &peers {
-        job::agree_on_data(p, &session.data_hash)?;
-    }
-    let exp_text = parallax_compiler::dsl::to_ron(&exp);
-    let id = run_id(&exp_text, &session.data_hash);
-    let file_shapes = weights::FileShapes::of(&plan);
-    let (mut exec, device_memory) = backend(plan, cfg.device, &peers, batch_size, seed)?;
-    if let Some(init) = &cfg.init {
-        weights::load(exec.as_mut(), &file_shapes, init)?;
-    }
-    let model = crate::checkpoint::fingerprint(&exec.param_values()?, &exec.state_values()?);
-    let mut changes = Vec::new();
-    if let Some(r) = &resume {
-        crate::checkpoint::load(&r.checkpoint, exec.as_mut(), &file_shapes)?;
-        // The run's identity as its experiment reads now, without this command's budget.
-        let unextended = TrainConfig {
-            steps: None,
-            epochs: None,
-            ..cfg.clone()
-        };
-        let text = parallax_compiler::dsl::to_ron(&resolved(&source.experiment, &unextended));
-        changes = r.check_identity(
-            &|data| run_id(&text, data),
-            &session.data_hash,
-            cfg.accept_changes,
-        )?;
-    }
-    let per_epoch = session.loader.batches_per_epoch() as u64;
-    let total = match (exp.train.steps, exp.train.epochs) {
-        (Some(s), _) => s,
-        (None, Some(ep)) => ep.checked_mul(per_epoch).ok_or_else(|| {
-            TrainError::Model(format!(
-                "{ep} epochs of {per_epoch} steps each is more steps than can be counted; ask for fewer epochs"
-            ))
-        })?,
-        (None, None) => per_epoch,
-    };
-    if let Some(r) = &resume {
-        r.check_budget(total)?;
-    }
-    // Every rank reads the run's state before rank 0 writes anything over it.
-    if let Some(p) = &peers {
-        lock(p).barrier().map_err(|e| TrainError::Exec(e.into()))?;
-    }
-    let exp_path = dir.join("experiment.ron");
-    if writes {
-        write_atomic(&exp_path, exp_text.as_bytes())?;
-    }
-    let record_path = dir.join(crate::run_record::FILE);
-    let devices = cfg.device.describe(peers.is_some());
-    let record = match &resume {
-        // The record of the run being continued, with this continuation noted.
-        Some(r) => r.record_with(crate::run_record::Continuation {
-            from_step: start_step,
-            run_id: id.clone(),
-            data_sha256: Some(session.data_hash.clone()),
-            devices,
-            checkpoint_every: Some(checkpoint_every),
-            keep: Some(keep),
-            accepted_changes: changes.iter().map(|c| c.to_string()).collect(),
-            plan: Some(plan_record),
-        }),
-        None => crate::run_record::RunRecord {
-            run_id: id.clone(),
-            data_sha256: session.data_hash.clone(),
-            parallax_version: env!("CARGO_PKG_VERSION").to_string(),
-            backend: exec.backend_name().to_string(),
-            devices,
-            plan: plan_record,
-            device_memory_bytes: device_memory,
-            overrides: cfg.overrides.clone(),
-            checkpoint_every,
-            keep: Some(keep),
-            resumes: Vec::new(),
-        },
-    };
-    if writes {
-        write_atomic(&record_path, record.to_json().as_bytes())?;
-    }
-    let mut records = match writes {
-        true => records::Records::open(dir, cfg.resume, start_step)?,
-        false => records::Records::none(),
-    };
-    let logged = continued(dir, writes && cfg.resume, start_step, total)?;
-
+    let Opened {
+        exp,
+        batch_size,
+        output,
+        parameters,
+        start_step,
+        checkpoint_every,
+        keep,
+        plan_label,
+        session,
+        id,
+        model,
+        file_shapes,
+        mut exec,
+        per_epoch,
+        total,
+        mut records,
+        logged,
+    } = open::open(source, plan, cfg, &peers, writes)?;
     on_event(&Event::Start {
         total_steps: total,
         batches_per_epoch: per_epoch,
@@ -307,13 +190,7 @@ fn train_in(
         output,
         batch: batch_size,
     };
-    // Grows with the steps run, never reserved for an absurd budget up front.
-    let mut times = Vec::with_capacity(total.min(1 << 16) as usize);
-    let (mut samples, mut last_loss) = (0usize, f32::NAN);
-    let mut val = (None, None);
-    let mut without_labels = 0u64;
-    // Time the steps waited for the loader's next batch (its threads prepare them ahead).
-    let mut data_wait = 0f64;
+    let dir = &cfg.run_dir;
     // Every rank gathers the tensors (the same reads in the same order); one writes them.
     let save_checkpoint = |exec: &dyn Backend, step: u64| {
         let meta = crate::checkpoint::Meta {
@@ -329,121 +206,27 @@ fn train_in(
         }
         Ok::<_, TrainError>(path)
     };
+    let mut steps = Steps {
+        exp: &exp,
+        cfg,
+        peers: &peers,
+        input: &input,
+        target: &target,
+        validator: &validator,
+        total,
+        per_epoch,
+        checkpoint_every,
+        records: &mut records,
+        save: &save_checkpoint,
+        t: Tallies::default(),
+    };
     for step in start_step..total {
-        let waiting = Instant::now();
-        let batch = loader.next().expect("the loader runs forever");
-        data_wait += waiting.elapsed().as_secs_f64();
-        if labelled_but_all_ignored(&exp.loss, &batch.targets) {
-            without_labels += 1;
-            if without_labels == 1 {
-                on_event(&Event::Warning(format!(
-                    "step {}: every label of this batch is ignored ({}), so it trains nothing; the summary counts such batches",
-                    step + 1,
-                    crate::exec::IGNORE
-                )));
-            }
-        }
-        let t = Instant::now();
-        feed(exec.as_mut(), &input, batch.size, &batch.inputs)?;
-        feed(exec.as_mut(), &target, batch.size, &batch.targets)?;
-        let scalars = set_scalars(exec.as_mut(), &optimizer, step, total)?;
-        let at_step = |source| TrainError::Step {
-            step: step + 1,
-            source,
-        };
-        exec.run(batch.size, Mode::Train, step, 0)
-            .map_err(at_step)?;
-        // Reading the loss waits for an asynchronous backend's step to finish.
-        let loss = exec.loss(batch.size).map_err(at_step)?;
-        times.push(t.elapsed().as_secs_f64());
-        samples += batch.size;
-        // The loss misses a NaN that a ReLU or a max-pooling hides: every tensor is checked.
-        let tensor = exec.first_non_finite().map_err(at_step)?;
-        if !loss.is_finite() || tensor.is_some() {
-            return Err(TrainError::NonFinite {
-                step: step + 1,
-                epoch: None,
-                what: non_finite(loss, tensor),
-                lr: scalars[0].1,
-            });
-        }
-        last_loss = loss;
-        records.line(
-            serde_json::json!({"step": step + 1, "epoch": batch.epoch, "loss": loss, "lr": scalars[0].1}),
-        )?;
-        records.scalar("train/loss", step + 1, loss)?;
-        records.scalar("train/lr", step + 1, scalars[0].1)?;
-        let busy: f64 = times.iter().sum();
-        on_event(&Event::Step {
-            step: step + 1,
-            total,
-            epoch: batch.epoch,
-            loss,
-            samples_per_sec: samples as f64 / busy.max(1e-9),
-        });
-        let epoch_end = batch.index as u64 + 1 == per_epoch;
-        if (epoch_end || step + 1 == total) && validator.set.len > 0 {
-            let (l, a) = validator.run(exec.as_mut(), step)?;
-            if !l.is_finite() {
-                return Err(TrainError::NonFinite {
-                    step: step + 1,
-                    epoch: Some(batch.epoch),
-                    what: format!(
-                        "the validation loss is {l}, though every tensor of the step was finite"
-                    ),
-                    lr: scalars[0].1,
-                });
-            }
-            val = (Some(l), a);
-            records.line(
-                serde_json::json!({"step": step + 1, "epoch": batch.epoch, "val_loss": l, "val_accuracy": a}),
-            )?;
-            records.scalar("val/loss", step + 1, l as f32)?;
-            if let Some(a) = a {
-                records.scalar("val/accuracy", step + 1, a as f32)?;
-            }
-            on_event(&Event::Validation {
-                epoch: batch.epoch,
-                loss: l,
-                accuracy: a,
-            });
-        }
-        let mut saved = None;
-        if checkpoint_every > 0 && (step + 1) % checkpoint_every == 0 {
-            // The metrics up to this step reach the file before the checkpoint exists.
-            records.flush()?;
-            saved = Some(save_checkpoint(exec.as_ref(), step + 1)?);
-        }
-        // A signal stops the run here, its step done and saved, unless this was the last;
-        // the ranks of a job vote, so that all stop after the same step.
-        let mut signal = cfg.stop.as_ref().map_or(0, |s| s.load(Ordering::SeqCst));
-        if let Some(p) = &peers {
-            let any = lock(p).any(signal != 0).map_err(|e| TrainError::Step {
-                step: step + 1,
-                source: e.into(),
-            })?;
-            if any && signal == 0 {
-                signal = job::SIGNALLED_ELSEWHERE;
-            }
-        }
-        if signal != 0 && step + 1 < total {
-            records.flush()?;
-            let checkpoint = match saved {
-                Some(p) => p,
-                None => save_checkpoint(exec.as_ref(), step + 1)?,
-            };
-            return Err(TrainError::Interrupted {
-                signal,
-                step: step + 1,
-                total,
-                checkpoint: checkpoint.display().to_string(),
-                dir: dir.display().to_string(),
-            });
-        }
+        steps.run(exec.as_mut(), &mut loader, step, on_event)?;
     }
+    let mut t = steps.t;
     if start_step == total && start_step > 0 {
         // The run stopped after its last checkpoint, before its final files: finish it.
-        last_loss = logged.0.unwrap_or(f32::NAN);
+        t.last_loss = logged.0.unwrap_or(f32::NAN);
         // Every rank validates (the same collectives); the line is logged once.
         if validator.set.len > 0 {
             let (l, a) = validator.run(exec.as_mut(), total - 1)?;
@@ -451,7 +234,7 @@ fn train_in(
                 records
                     .line(serde_json::json!({"step": total, "val_loss": l, "val_accuracy": a}))?;
             }
-            val = (Some(l), a);
+            t.val = (Some(l), a);
         }
     }
     records.flush()?;
@@ -461,26 +244,26 @@ fn train_in(
         weights::write(params, stats, &file_shapes, &weights_path)?;
     }
 
-    let median = steady_median(&times);
-    let busy: f64 = times.iter().sum();
+    let median = steady_median(&t.times);
+    let busy: f64 = t.times.iter().sum();
     let summary = Summary {
         name: exp.name.clone(),
         steps: total,
         epochs: total as f64 / per_epoch.max(1) as f64,
-        final_train_loss: last_loss,
-        val_loss: val.0,
-        val_accuracy: val.1,
-        samples_per_sec: samples as f64 / busy.max(1e-9),
+        final_train_loss: t.last_loss,
+        val_loss: t.val.0,
+        val_accuracy: t.val.1,
+        samples_per_sec: t.samples as f64 / busy.max(1e-9),
         step_time_ms_median: median * 1e3,
-        data_wait_seconds: data_wait,
-        data_wait_share: data_wait / (data_wait + busy).max(1e-9),
+        data_wait_seconds: t.data_wait,
+        data_wait_share: t.data_wait / (t.data_wait + busy).max(1e-9),
         wall_seconds: started.elapsed().as_secs_f64(),
         parameters,
-        seed,
+        seed: exp.train.seed,
         backend: exec.backend_name(),
         run_id: id.clone(),
         resumed_from: start_step,
-        batches_without_labels: without_labels,
+        batches_without_labels: t.without_labels,
     };
     let summary_path = dir.join(crate::resume::SUMMARY);
     let text = serde_json::to_string_pretty(&summary).expect("a summary serialises") + "\n";
