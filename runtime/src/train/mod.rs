@@ -24,7 +24,6 @@ use crate::cpu::Executor;
 use crate::data::Values;
 use crate::ranks::{lock, Peers};
 use crate::weights;
-use open::Opened;
 use parallax_compiler::dsl::ast::Loss;
 use parallax_compiler::{Plan, Source};
 use serde::Serialize;
@@ -151,28 +150,11 @@ fn train_in(
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<Summary, TrainError> {
     let started = Instant::now();
-    let Opened {
-        exp,
-        batch_size,
-        output,
-        parameters,
-        start_step,
-        checkpoint_every,
-        keep,
-        plan_label,
-        session,
-        id,
-        model,
-        file_shapes,
-        mut exec,
-        per_epoch,
-        total,
-        mut records,
-        logged,
-    } = open::open(source, plan, cfg, &peers, writes)?;
+    let o = open::open(source, plan, cfg, &peers, writes)?;
+    let (exp, session, mut exec, mut records) = (o.exp, o.session, o.exec, o.records);
     on_event(&Event::Start {
-        total_steps: total,
-        batches_per_epoch: per_epoch,
+        total_steps: o.total,
+        batches_per_epoch: o.per_epoch,
         train_samples: session.train_samples,
         validation_samples: session.validation.len,
     });
@@ -187,22 +169,22 @@ fn train_in(
         set: &validation,
         input: &input,
         target: &target,
-        output,
-        batch: batch_size,
+        output: o.output,
+        batch: o.batch_size,
     };
     let dir = &cfg.run_dir;
     // Every rank gathers the tensors (the same reads in the same order); one writes them.
     let save_checkpoint = |exec: &dyn Backend, step: u64| {
         let meta = crate::checkpoint::Meta {
             step,
-            run_id: id.clone(),
-            model: model.clone(),
-            plan: plan_label.clone(),
+            run_id: o.id.clone(),
+            model: o.model.clone(),
+            plan: o.plan_label.clone(),
         };
         let values = crate::checkpoint::values(exec)?;
         let path = crate::checkpoint::path_for(dir, step);
         if writes {
-            crate::checkpoint::write(dir, values, &file_shapes, &meta, keep)?;
+            crate::checkpoint::write(dir, values, &o.file_shapes, &meta, o.keep)?;
         }
         Ok::<_, TrainError>(path)
     };
@@ -213,26 +195,26 @@ fn train_in(
         input: &input,
         target: &target,
         validator: &validator,
-        total,
-        per_epoch,
-        checkpoint_every,
+        total: o.total,
+        per_epoch: o.per_epoch,
+        checkpoint_every: o.checkpoint_every,
         records: &mut records,
         save: &save_checkpoint,
         t: Tallies::default(),
     };
-    for step in start_step..total {
+    for step in o.start_step..o.total {
         steps.run(exec.as_mut(), &mut loader, step, on_event)?;
     }
     let mut t = steps.t;
-    if start_step == total && start_step > 0 {
+    if o.start_step == o.total && o.start_step > 0 {
         // The run stopped after its last checkpoint, before its final files: finish it.
-        t.last_loss = logged.0.unwrap_or(f32::NAN);
-        // Every rank validates (the same collectives); the line is logged once.
+        t.last_loss = o.logged.0.unwrap_or(f32::NAN);
+        // Every rank validates (the same collectives); the line is o.logged once.
         if validator.set.len > 0 {
-            let (l, a) = validator.run(exec.as_mut(), total - 1)?;
-            if logged.1.is_none() {
+            let (l, a) = validator.run(exec.as_mut(), o.total - 1)?;
+            if o.logged.1.is_none() {
                 records
-                    .line(serde_json::json!({"step": total, "val_loss": l, "val_accuracy": a}))?;
+                    .line(serde_json::json!({"step": o.total, "val_loss": l, "val_accuracy": a}))?;
             }
             t.val = (Some(l), a);
         }
@@ -241,15 +223,15 @@ fn train_in(
     let weights_path = dir.join("final.safetensors");
     let (params, stats) = weights::model_values(exec.as_ref())?;
     if writes {
-        weights::write(params, stats, &file_shapes, &weights_path)?;
+        weights::write(params, stats, &o.file_shapes, &weights_path)?;
     }
 
     let median = steady_median(&t.times);
     let busy: f64 = t.times.iter().sum();
     let summary = Summary {
         name: exp.name.clone(),
-        steps: total,
-        epochs: total as f64 / per_epoch.max(1) as f64,
+        steps: o.total,
+        epochs: o.total as f64 / o.per_epoch.max(1) as f64,
         final_train_loss: t.last_loss,
         val_loss: t.val.0,
         val_accuracy: t.val.1,
@@ -258,11 +240,11 @@ fn train_in(
         data_wait_seconds: t.data_wait,
         data_wait_share: t.data_wait / (t.data_wait + busy).max(1e-9),
         wall_seconds: started.elapsed().as_secs_f64(),
-        parameters,
+        parameters: o.parameters,
         seed: exp.train.seed,
         backend: exec.backend_name(),
-        run_id: id.clone(),
-        resumed_from: start_step,
+        run_id: o.id.clone(),
+        resumed_from: o.start_step,
         batches_without_labels: t.without_labels,
     };
     let summary_path = dir.join(crate::resume::SUMMARY);
