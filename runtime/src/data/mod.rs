@@ -21,12 +21,14 @@
 //! wider `f32` target becomes a one-hot vector.
 
 mod array;
+pub mod codec;
 mod csv;
 pub mod digits;
 mod fit;
 mod idx;
 pub mod loader;
 mod npy;
+pub mod shards;
 mod synthetic;
 pub mod tokenize;
 pub mod tokens;
