@@ -10,8 +10,12 @@ use std::time::Instant;
 pub(crate) enum Kind {
     /// Each byte is a token (vocabulary 256).
     Bytes,
-    /// Each distinct character is a token (vocabulary saved as PREFIX_vocab.json).
+    /// Each distinct character is a token (nanoGPT's character-level vocabulary).
     Chars,
+    /// GPT-2's BPE (vocabulary 50,257; built in, works offline).
+    Gpt2,
+    /// A Hugging Face tokenizer.json, given with --tokenizer-file.
+    Hf,
 }
 
 #[derive(clap::Args)]
@@ -20,11 +24,14 @@ pub(crate) struct Args {
     #[arg(required = true)]
     inputs: Vec<PathBuf>,
     /// Output prefix: writes PREFIX_train.bin and PREFIX_val.bin (PREFIX.bin with no
-    /// validation part).
+    /// validation part) and the tokenizer as PREFIX_tokenizer.json.
     #[arg(long, short)]
     out: PathBuf,
     #[arg(long, value_enum, default_value = "bytes")]
     tokenizer: Kind,
+    /// The tokenizer.json of `--tokenizer hf`.
+    #[arg(long, value_name = "TOKENIZER_JSON")]
+    tokenizer_file: Option<PathBuf>,
     /// The fraction of tokens, from the end, written as the validation file.
     #[arg(long, default_value_t = 0.1)]
     validation: f64,
@@ -54,11 +61,27 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
         .iter()
         .map(|p| p.display().to_string())
         .collect();
-    let tokenizer = match args.tokenizer {
-        Kind::Bytes => Tokenizer::Bytes,
-        Kind::Chars => Tokenizer::Chars,
+    let tokenizer = match (args.tokenizer, &args.tokenizer_file) {
+        (Kind::Hf, Some(f)) => Tokenizer::HuggingFace {
+            json: std::fs::read_to_string(f)
+                .map_err(|e| fail(format!("cannot read {}: {e}", f.display())))?,
+            file: f.display().to_string(),
+        },
+        (Kind::Hf, None) => {
+            return Err(fail(
+                "`--tokenizer hf` needs `--tokenizer-file tokenizer.json`",
+            ))
+        }
+        (_, Some(_)) => {
+            return Err(fail(
+                "`--tokenizer-file` is for `--tokenizer hf` (the others are built in)",
+            ))
+        }
+        (Kind::Bytes, None) => Tokenizer::Bytes,
+        (Kind::Chars, None) => Tokenizer::Chars,
+        (Kind::Gpt2, None) => Tokenizer::Gpt2,
     };
-    let t = tk::tokenize(&text, tokenizer, &names.join(" + ")).map_err(fail)?;
+    let t = tk::tokenize(&text, &tokenizer, &names.join(" + ")).map_err(fail)?;
     let n = t.tokens.len();
     let cut = tk::split_at(n, args.validation).map_err(fail)?;
     if let Some(parent) = args.out.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -79,16 +102,15 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
         tk::write_llmc(&path, tokens).map_err(fail)?;
         written.push(format!("{} ({} tokens)", path.display(), tokens.len()));
     }
-    if let Some(vocab) = &t.vocab {
-        let path = with_suffix(&args.out, "_vocab.json");
-        std::fs::write(&path, tk::vocab_json(vocab) + "\n")
-            .map_err(|e| fail(format!("cannot write {}: {e}", path.display())))?;
-        written.push(format!("{} (vocabulary)", path.display()));
-    }
+    // The tokenizer beside the tokens: what decodes them (`parallax sample`).
+    let path = with_suffix(&args.out, "_tokenizer.json");
+    std::fs::write(&path, t.codec.to_json())
+        .map_err(|e| fail(format!("cannot write {}: {e}", path.display())))?;
+    written.push(format!("{} (tokenizer)", path.display()));
     let secs = started.elapsed().as_secs_f64().max(1e-9);
     outln!(
-        "{n} tokens (vocabulary {}) from {:.1} MB of text in {secs:.2} s, {:.1} MB/s",
-        t.vocab_size(),
+        "{n} tokens, tokenizer {}, from {:.1} MB of text in {secs:.2} s, {:.1} MB/s",
+        t.codec.describe(),
         text.len() as f64 / 1e6,
         text.len() as f64 / 1e6 / secs
     )?;

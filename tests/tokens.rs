@@ -7,7 +7,8 @@ mod common;
 use common::{binary, metric, run_limited, temp};
 
 use parallax_compiler::dsl::ast::TokenDtype;
-use parallax_runtime::data::tokenize::{detokenize, llmc_bytes, read_vocab};
+use parallax_runtime::data::codec::Codec;
+use parallax_runtime::data::tokenize::llmc_bytes;
 use parallax_runtime::data::tokens::TokenFile;
 use std::path::Path;
 use std::time::Duration;
@@ -177,14 +178,16 @@ fn tokenize_round_trips_bytes_and_characters() {
     let (train, val) = (read("_train.bin"), read("_val.bin"));
     assert_eq!(train.len(), (n as f64 * 0.9) as usize);
     assert_eq!(train.len() + val.len(), n);
-    let json = std::fs::read_to_string(dir.join("out_vocab.json")).unwrap();
-    let vocab = read_vocab(&json, "vocab").unwrap();
+    let recorded = dir.join("out_tokenizer.json");
+    let json = std::fs::read_to_string(&recorded).unwrap();
+    assert!(json.contains(r#""kind": "chars""#), "{json}");
+    let codec = Codec::open(&recorded).unwrap();
     let mut distinct: Vec<char> = text.chars().collect();
     distinct.sort();
     distinct.dedup();
-    assert_eq!(vocab, distinct);
+    assert_eq!(codec.describe(), format!("chars ({})", distinct.len()));
     let all: Vec<u32> = train.into_iter().chain(val).collect();
-    assert_eq!(detokenize(&all, Some(&vocab)), text.as_bytes());
+    assert_eq!(codec.decode(&all), text);
     // Bytes, no validation part: one file, the bytes themselves.
     ok(&[
         "tokenize",
@@ -195,7 +198,122 @@ fn tokenize_round_trips_bytes_and_characters() {
         "0",
     ]);
     let bytes = read(".bin");
-    assert_eq!(detokenize(&bytes, None), text.as_bytes());
+    let codec = Codec::open(&recorded).unwrap();
+    assert_eq!(codec.describe(), "bytes (256)");
+    assert_eq!(codec.decode_bytes(&bytes), text.as_bytes());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn token_shards_train_and_a_bad_shard_is_refused_with_its_name() {
+    let dir = temp("tokens-shards");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ids = tokens(3000);
+    for (k, part) in ids.chunks(1000).enumerate() {
+        let bytes = llmc_bytes(part, "s").unwrap();
+        std::fs::write(dir.join(format!("sh_train_{k:06}.bin")), &bytes).unwrap();
+        let mut bad = bytes.clone();
+        if k == 1 {
+            bad[4] = 3; // version 3
+        }
+        std::fs::write(dir.join(format!("bad_train_{k:06}.bin")), bad).unwrap();
+    }
+    std::fs::write(dir.join("val.bin"), llmc_bytes(&ids[..500], "val").unwrap()).unwrap();
+    let exp = experiment(&dir, "sh_train_*.bin", "val.bin");
+    let (_, losses) = train(&exp, &dir.join("run"), &[]);
+    assert_eq!(losses.len(), 8);
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    for (train, expect) in [
+        ("bad_train_*.bin", "bad_train_000001.bin: an llm.c token file (magic 20240520) must have version 1, but it has version 3"),
+        ("none_*.bin", "matches none_*.bin"),
+    ] {
+        let exp = experiment(&dir, train, "val.bin");
+        let (code, _, err) = run(&["train", &exp, "--steps", "1"]);
+        assert_eq!(code, Some(1), "{train}: {err}");
+        assert!(err.contains(expect), "{train}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A tiny Hugging Face tokenizer: a word-level vocabulary, split at whitespace.
+const WORDS: &str = r#"{
+  "version": "1.0", "truncation": null, "padding": null,
+  "added_tokens": [{"id": 0, "content": "[UNK]", "single_word": false, "lstrip": false,
+    "rstrip": false, "normalized": false, "special": true}],
+  "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
+  "decoder": null,
+  "model": {"type": "WordLevel", "unk_token": "[UNK]",
+    "vocab": {"[UNK]": 0, "the": 1, "cat": 2, "sat": 3, "on": 4, "mat": 5, ".": 6}}
+}"#;
+
+#[test]
+fn tokenize_with_gpt2_and_a_hugging_face_tokenizer_records_it() {
+    let dir = temp("tokenize-bpe");
+    std::fs::create_dir_all(&dir).unwrap();
+    let a = dir.join("a.txt");
+    std::fs::write(&a, "Hello world").unwrap();
+    let (a, p) = (a.to_str().unwrap(), dir.join("g"));
+    let out = ok(&[
+        "tokenize",
+        a,
+        "--tokenizer",
+        "gpt2",
+        "--validation",
+        "0",
+        "--out",
+        p.to_str().unwrap(),
+    ]);
+    assert!(
+        out.contains("2 tokens, tokenizer gpt2 BPE (50257)"),
+        "{out}"
+    );
+    let f = TokenFile::open(&dir.join("g.bin"), TokenDtype::U16).unwrap();
+    assert_eq!((f.get(0), f.get(1), f.len), (15496, 995, 2));
+    let gpt2 = Codec::open(&dir.join("g_tokenizer.json")).unwrap();
+    assert_eq!(
+        (gpt2.describe(), gpt2.end_of_text()),
+        ("gpt2 BPE (50257)".into(), Some(50256))
+    );
+    assert_eq!(gpt2.decode(&[15496, 995]), "Hello world");
+
+    let words = dir.join("words.json");
+    std::fs::write(&words, WORDS).unwrap();
+    std::fs::write(dir.join("a.txt"), "the cat sat on the mat.\nthe dog sat.").unwrap();
+    let p = dir.join("w");
+    let w = words.to_str().unwrap();
+    let args = [
+        "tokenize",
+        a,
+        "--tokenizer",
+        "hf",
+        "--tokenizer-file",
+        w,
+        "--validation",
+        "0",
+        "--out",
+        p.to_str().unwrap(),
+    ];
+    ok(&args);
+    let f = TokenFile::open(&dir.join("w.bin"), TokenDtype::U16).unwrap();
+    let ids: Vec<u32> = (0..f.len).map(|i| f.get(i)).collect();
+    assert_eq!(ids, [1, 2, 3, 4, 1, 5, 6, 1, 0, 3, 6]);
+    let hf = Codec::open(&dir.join("w_tokenizer.json")).unwrap();
+    assert_eq!(hf.describe(), "huggingface (7)");
+    assert_eq!(hf.encode("the mat sat.").unwrap(), [1, 5, 3, 6]);
+    assert_eq!(hf.decode(&[1, 2, 3, 9]), "the cat sat<?9>");
+    // A tokenizer file is needed for `hf`, and only for it.
+    let (code, _, err) = run(&[
+        "tokenize",
+        a,
+        "--tokenizer",
+        "hf",
+        "--out",
+        p.to_str().unwrap(),
+    ]);
+    assert!(
+        code == Some(1) && err.contains("needs `--tokenizer-file"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -207,9 +325,12 @@ fn tokenize_writes_the_committed_shakespeare_files() {
     let p = prefix.to_str().unwrap();
     let input = "data/tinyshakespeare/input.txt";
     let out = ok(&["tokenize", input, "--tokenizer", "chars", "--out", p]);
-    assert!(out.contains("1115394 tokens (vocabulary 65)"), "{out}");
+    assert!(
+        out.contains("1115394 tokens, tokenizer chars (65)"),
+        "{out}"
+    );
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/tinyshakespeare");
-    for f in ["_train.bin", "_val.bin", "_vocab.json"] {
+    for f in ["_train.bin", "_val.bin", "_tokenizer.json"] {
         let name = format!("shakespeare{f}");
         let made = std::fs::read(dir.join(&name)).unwrap();
         let kept = std::fs::read(root.join(&name)).unwrap();

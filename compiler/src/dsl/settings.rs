@@ -101,6 +101,11 @@ pub enum Data {
         dtype: TokenDtype,
         #[serde(default = "validation_windows")]
         validation_windows: u64,
+        /// The tokenizer file `parallax tokenize` recorded (`parallax sample` decodes with
+        /// it); by default `PREFIX_tokenizer.json` beside a train file `PREFIX_train.bin` or
+        /// `PREFIX.bin`, if it exists.
+        #[serde(default)]
+        tokenizer: Option<String>,
     },
 }
 
@@ -113,10 +118,14 @@ impl Data {
             Data::Csv { path, .. } => vec![("path", path)],
             Data::Npy { inputs, labels, .. } => vec![("inputs", inputs), ("labels", labels)],
             Data::Tokens {
-                train, validation, ..
+                train,
+                validation,
+                tokenizer,
+                ..
             } => {
                 let mut v = vec![("train", train)];
                 v.extend(validation.iter().map(|p| ("validation", p)));
+                v.extend(tokenizer.iter().map(|p| ("tokenizer", p)));
                 v
             }
             Data::Digits { .. }
@@ -133,10 +142,14 @@ impl Data {
             Data::Csv { path, .. } => vec![path],
             Data::Npy { inputs, labels, .. } => vec![inputs, labels],
             Data::Tokens {
-                train, validation, ..
+                train,
+                validation,
+                tokenizer,
+                ..
             } => {
                 let mut v = vec![train];
                 v.extend(validation.as_mut());
+                v.extend(tokenizer.as_mut());
                 v
             }
             Data::Digits { .. }

@@ -21,6 +21,7 @@
 //! wider `f32` target becomes a one-hot vector.
 
 mod array;
+pub mod codec;
 mod csv;
 pub mod digits;
 mod fit;
@@ -28,6 +29,7 @@ mod idx;
 pub mod inputs;
 pub mod loader;
 mod npy;
+pub mod shards;
 mod synthetic;
 pub mod tokenize;
 pub mod tokens;

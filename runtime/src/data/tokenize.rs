@@ -1,75 +1,58 @@
-//! Text to token files (`parallax tokenize`): a byte tokenizer (vocabulary 256, any file) or a
-//! character tokenizer (the sorted set of the text's characters, nanoGPT's `meta.pkl`, saved as
-//! JSON beside the tokens). Token files are written in llm.c's format (`data::tokens`):
-//! `uint16` ids when every id fits, else `uint32`.
+//! Text to token files (`parallax tokenize`): bytes (vocabulary 256, any file), characters
+//! (the sorted set of the text's characters, nanoGPT's `meta.pkl`), GPT-2's BPE or any Hugging
+//! Face `tokenizer.json`; the tokenizer is recorded beside the tokens as a [`Codec`] file
+//! (`data::codec`). Token files are written in llm.c's format (`data::tokens`): `uint16` ids
+//! when every id fits, else `uint32`.
 
+use super::codec::Codec;
 use super::tokens::{HEADER, MAGIC_U16, MAGIC_U32};
 use super::DataError;
 use std::io::Write;
 use std::path::Path;
 
 /// How text becomes ids.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Tokenizer {
     /// Each byte is its id (vocabulary 256).
     Bytes,
     /// Each character's rank among the text's distinct characters (code point order).
     Chars,
+    /// GPT-2's BPE (vocabulary 50,257).
+    Gpt2,
+    /// A Hugging Face `tokenizer.json`: its text, and its file's name for messages.
+    HuggingFace { json: String, file: String },
 }
 
-/// A tokenized text: its ids, and for characters the vocabulary (id `i` is `vocab[i]`).
-#[derive(Debug, Clone, PartialEq)]
+/// A tokenized text: its ids, and the tokenizer that decodes them.
+#[derive(Debug)]
 pub struct Tokenized {
     pub tokens: Vec<u32>,
-    pub vocab: Option<Vec<char>>,
+    pub codec: Codec,
 }
 
-impl Tokenized {
-    /// The vocabulary's size.
-    pub fn vocab_size(&self) -> usize {
-        self.vocab.as_ref().map_or(256, Vec::len)
-    }
-}
-
-/// Tokenizes `text` (`file` names it in messages: characters need UTF-8).
-pub fn tokenize(text: &[u8], tokenizer: Tokenizer, file: &str) -> Result<Tokenized, DataError> {
-    match tokenizer {
-        Tokenizer::Bytes => Ok(Tokenized {
+/// Tokenizes `text` (`file` names it in messages: all but bytes need UTF-8).
+pub fn tokenize(text: &[u8], tokenizer: &Tokenizer, file: &str) -> Result<Tokenized, DataError> {
+    if *tokenizer == Tokenizer::Bytes {
+        return Ok(Tokenized {
             tokens: text.iter().map(|&b| b as u32).collect(),
-            vocab: None,
-        }),
-        Tokenizer::Chars => {
-            let s = std::str::from_utf8(text).map_err(|e| {
-                DataError::format(file, format!(
-                    "the character tokenizer reads UTF-8, but byte {} is not valid UTF-8 (use `--tokenizer bytes` for other text)",
-                    e.valid_up_to()
-                ))
-            })?;
-            let mut vocab: Vec<char> = s.chars().collect();
-            vocab.sort_unstable();
-            vocab.dedup();
-            let tokens = s
-                .chars()
-                .map(|c| vocab.binary_search(&c).unwrap() as u32)
-                .collect();
-            Ok(Tokenized {
-                tokens,
-                vocab: Some(vocab),
-            })
-        }
+            codec: Codec::bytes(),
+        });
     }
-}
-
-/// Ids back to text (the round trip of [`tokenize`]).
-pub fn detokenize(tokens: &[u32], vocab: Option<&[char]>) -> Vec<u8> {
-    match vocab {
-        None => tokens.iter().map(|&t| t as u8).collect(),
-        Some(v) => tokens
-            .iter()
-            .map(|&t| v[t as usize])
-            .collect::<String>()
-            .into_bytes(),
-    }
+    let s = std::str::from_utf8(text).map_err(|e| {
+        DataError::format(file, format!(
+            "this tokenizer reads UTF-8, but byte {} is not valid UTF-8 (use `--tokenizer bytes` for other text)",
+            e.valid_up_to()
+        ))
+    })?;
+    let codec = match tokenizer {
+        Tokenizer::Bytes | Tokenizer::Chars => Codec::chars_of(s),
+        Tokenizer::Gpt2 => Codec::gpt2(),
+        Tokenizer::HuggingFace { json, file } => Codec::huggingface(json, file)?,
+    };
+    let tokens = codec
+        .encode(s)
+        .map_err(|e| DataError::format(file, e.to_string()))?;
+    Ok(Tokenized { tokens, codec })
 }
 
 /// Splits `n` tokens into a train part (the first `floor(n * (1 - validation))`, as
@@ -121,51 +104,25 @@ pub fn write_llmc(path: &Path, tokens: &[u32]) -> Result<(), DataError> {
     f.write_all(&bytes).map_err(io)
 }
 
-/// The character vocabulary as JSON: `{"vocab_size": n, "itos": ["\n", " ", ...]}` (id `i` is
-/// `itos[i]`), as nanoGPT's `meta.pkl` holds it.
-pub fn vocab_json(vocab: &[char]) -> String {
-    let itos: Vec<String> = vocab.iter().map(|c| c.to_string()).collect();
-    serde_json::to_string_pretty(&serde_json::json!({
-        "tokenizer": "chars",
-        "vocab_size": vocab.len(),
-        "itos": itos,
-    }))
-    .expect("strings serialize")
-}
-
-/// Reads a vocabulary that [`vocab_json`] wrote.
-pub fn read_vocab(json: &str, file: &str) -> Result<Vec<char>, DataError> {
-    let bad = |m: &str| DataError::format(file, m.to_string());
-    let v: serde_json::Value =
-        serde_json::from_str(json).map_err(|e| bad(&format!("not JSON: {e}")))?;
-    v["itos"]
-        .as_array()
-        .ok_or_else(|| bad("no `itos` list"))?
-        .iter()
-        .map(|s| {
-            let mut cs = s.as_str().unwrap_or("").chars();
-            match (cs.next(), cs.next()) {
-                (Some(c), None) => Ok(c),
-                _ => Err(bad("every `itos` entry must be one character")),
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn characters_round_trip_in_code_point_order() {
-        let t = tokenize("hello, wörld\n".as_bytes(), Tokenizer::Chars, "t").unwrap();
-        let vocab = t.vocab.clone().unwrap();
-        assert_eq!(vocab.iter().collect::<String>(), "\n ,dehlorwö");
+        let t = tokenize("hello, wörld\n".as_bytes(), &Tokenizer::Chars, "t").unwrap();
+        assert_eq!(
+            t.codec.decode(&(0..11).collect::<Vec<u32>>()),
+            "\n ,dehlorwö"
+        );
         assert_eq!(&t.tokens[..3], &[5, 4, 6]);
-        let back = detokenize(&t.tokens, Some(&vocab));
-        assert_eq!(back, "hello, wörld\n".as_bytes());
-        assert_eq!(read_vocab(&vocab_json(&vocab), "v").unwrap(), vocab);
-        assert!(tokenize(&[0xff], Tokenizer::Chars, "t").is_err());
+        assert_eq!(t.codec.decode_bytes(&t.tokens), "hello, wörld\n".as_bytes());
+        let e = tokenize(&[0xff], &Tokenizer::Gpt2, "t")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("byte 0 is not valid UTF-8"), "{e}");
+        let b = tokenize(&[0xff, 1], &Tokenizer::Bytes, "t").unwrap();
+        assert_eq!((b.tokens, b.codec.vocab_size()), (vec![255, 1], 256));
     }
 
     #[test]

@@ -15,18 +15,22 @@
 //! device count and a resumed run continues it exactly):
 //!
 //! - `seq` is the model's token input length; a file of `n` tokens has `n - seq` windows,
-//!   starting at `0..n - seq`.
-//! - Sample `i` of the global batch of step `s` starts at `below(stream(seed, Windows, s), i,
-//!   n - seq)` (uniform, with replacement, as nanoGPT draws); with `train.shuffle: false` at
-//!   `((s * batch + i) * seq) mod (n - seq)` (consecutive windows, wrapping).
-//! - An "epoch" is `max(1, floor((n - 1) / seq / batch))` steps: as many tokens as the file
-//!   holds. It sets when validation runs, and what `epochs` counts.
-//! - Validation: window `k` of the validation file starts at `k * seq`, for
-//!   `k < min(validation_windows, (n - 1) / seq)`: every target token up to the cap counted once.
+//!   starting at `0..n - seq`. Shards (a pattern, `data::shards`) have the sum `W` of theirs,
+//!   numbered shard after shard (one file: `W = n - seq`); no window straddles two shards.
+//! - Sample `i` of the global batch of step `s` reads window `below(stream(seed, Windows, s),
+//!   i, W)` (uniform, with replacement, as nanoGPT draws); with `train.shuffle: false` window
+//!   `((s * batch + i) * seq) mod W` (consecutive windows, wrapping).
+//! - An "epoch" is `max(1, floor((N - 1) / seq / batch))` steps, `N` the tokens of all
+//!   shards: as many tokens as the files hold. It sets when validation runs, and what
+//!   `epochs` counts.
+//! - Validation: window `k` of a validation file starts at `k * seq`, for `k < (n - 1) / seq`,
+//!   shard after shard, up to `validation_windows` windows: every target token up to the cap
+//!   counted once.
 //! - Every id must be below the model's vocabulary (its embedding's rows and its classes):
-//!   both files are checked before training, and hashed for the run's identity.
+//!   every file is checked before training, and hashed for the run's identity.
 
 use super::loader::Batch;
+use super::shards::{expand, Shards};
 use super::{DataError, Dataset, ModelIo, TensorSpec, Values};
 use crate::rng::{below, stream, Purpose};
 use parallax_compiler::dsl::ast::{Data, TokenDtype};
@@ -166,10 +170,9 @@ impl TokenFile {
     }
 }
 
-/// The training windows of a token file, batch by batch (see the module's rules).
+/// The training windows of token files, batch by batch (see the module's rules).
 pub struct Windows {
-    pub file: TokenFile,
-    pub seq: usize,
+    pub shards: Shards,
     pub batch: usize,
     pub seed: u64,
     pub shuffle: bool,
@@ -178,29 +181,31 @@ pub struct Windows {
 }
 
 impl Windows {
-    /// Where sample `i` of the global batch of step `step` starts.
-    pub fn offset(&self, step: u64, i: usize) -> usize {
-        let starts = (self.file.len - self.seq) as u64;
+    /// The global window that sample `i` of the global batch of step `step` reads.
+    pub fn window(&self, step: u64, i: usize) -> usize {
+        let starts = self.shards.windows() as u64;
         let at = if self.shuffle {
             below(stream(self.seed, Purpose::Windows, step), i as u64, starts)
         } else {
-            ((step as u128 * self.batch as u128 + i as u128) * self.seq as u128 % starts as u128)
-                as u64
+            ((step as u128 * self.batch as u128 + i as u128) * self.shards.seq as u128
+                % starts as u128) as u64
         };
         at as usize
+    }
+
+    /// Where sample `i` of the global batch of step `step` starts: its shard, and its offset
+    /// there.
+    pub fn offset(&self, step: u64, i: usize) -> (usize, usize) {
+        self.shards.locate(self.window(step, i))
     }
 
     /// Batch `index` of epoch `epoch`.
     pub fn batch(&self, epoch: u64, index: usize) -> Batch {
         let step = epoch * self.per_epoch as u64 + index as u64;
-        let (mut x, mut y) = (
-            Vec::with_capacity(self.batch * self.seq),
-            Vec::with_capacity(self.batch * self.seq),
-        );
+        let n = self.batch * self.shards.seq;
+        let (mut x, mut y) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for i in 0..self.batch {
-            let at = self.offset(step, i);
-            self.file.extend(at, self.seq, &mut x);
-            self.file.extend(at + 1, self.seq, &mut y);
+            self.shards.window(self.window(step, i), &mut x, &mut y);
         }
         Batch {
             inputs: Values::I32(x),
@@ -252,49 +257,50 @@ pub fn open(
         validation,
         dtype,
         validation_windows,
+        ..
     } = data
     else {
         return Err(DataError::Config("not a token source".into()));
     };
-    let file = TokenFile::open(&base_dir.join(train), *dtype)?;
-    let (seq, vocab) = contract(io, &file.path)?;
+    let (seq, vocab) = contract(io, train)?;
     if batch == 0 {
         return Err(DataError::Config(
             "the batch size must be at least 1".into(),
         ));
     }
-    if file.len <= seq {
-        return Err(DataError::format(&file.path, format!(
-            "the model reads windows of {seq} tokens (and the next one), but the file holds {} tokens",
-            file.len
-        )));
-    }
+    let shards = Shards::open(&base_dir.join(train), *dtype, seq)?;
     let mut hash = sha2::Sha256::new();
-    file.check_and_hash(vocab, &mut hash)?;
+    for f in &shards.files {
+        f.check_and_hash(vocab, &mut hash)?;
+    }
     let mut vx = Vec::new();
     let mut vy = Vec::new();
     let mut n_val = 0;
     if let Some(v) = validation {
-        let vf = TokenFile::open(&base_dir.join(v), *dtype)?;
-        vf.check_and_hash(vocab, &mut hash)?;
-        n_val = (vf.len.saturating_sub(1) / seq).min(*validation_windows as usize);
-        if n_val == 0 {
-            return Err(DataError::format(&vf.path, format!(
-                "validation needs at least one window of {seq} tokens and the next one, but the file holds {} tokens",
-                vf.len
-            )));
-        }
-        for k in 0..n_val {
-            vf.extend(k * seq, seq, &mut vx);
-            vf.extend(k * seq + 1, seq, &mut vy);
+        // Shards in name order, each's non-overlapping windows from its start, up to the cap.
+        let cap = *validation_windows as usize;
+        for path in expand(&base_dir.join(v))? {
+            let vf = TokenFile::open(&path, *dtype)?;
+            vf.check_and_hash(vocab, &mut hash)?;
+            let here = (vf.len.saturating_sub(1) / seq).min(cap - n_val);
+            if here == 0 && n_val < cap {
+                return Err(DataError::format(&vf.path, format!(
+                    "validation needs at least one window of {seq} tokens and the next one, but the file holds {} tokens",
+                    vf.len
+                )));
+            }
+            for k in 0..here {
+                vf.extend(k * seq, seq, &mut vx);
+                vf.extend(k * seq + 1, seq, &mut vy);
+            }
+            n_val += here;
         }
     }
-    let per_epoch = ((file.len - 1) / seq / batch).max(1);
+    let per_epoch = ((shards.tokens() - 1) / seq / batch).max(1);
     let spec = TensorSpec::new(DType::I32, vec![seq]);
     Ok(Opened {
         windows: Windows {
-            file,
-            seq,
+            shards,
             batch,
             seed,
             shuffle,
@@ -389,14 +395,14 @@ mod tests {
     #[test]
     fn windows_are_keyed_by_step_and_index() {
         let tokens: Vec<u32> = (0..1000).collect();
-        let f = TokenFile::open(
+        let shards = Shards::open(
             &file("w.bin", &llmc_bytes(&tokens, "w").unwrap()),
             TokenDtype::U16,
+            8,
         )
         .unwrap();
         let w = Windows {
-            file: f,
-            seq: 8,
+            shards,
             batch: 4,
             seed: 3,
             shuffle: true,
@@ -407,7 +413,9 @@ mod tests {
             panic!()
         };
         for i in 0..4 {
-            let at = w.offset(33, i) as i32;
+            let (shard, at) = w.offset(33, i);
+            assert_eq!(shard, 0);
+            let at = at as i32;
             assert!(at + 8 < 1000);
             assert_eq!(x[i * 8..i * 8 + 8], (at..at + 8).collect::<Vec<_>>()[..]);
             assert_eq!(
@@ -416,5 +424,58 @@ mod tests {
             );
         }
         assert_ne!(w.offset(33, 0), w.offset(34, 0));
+    }
+
+    #[test]
+    fn shards_serve_windows_from_every_shard_and_never_across_two() {
+        let dir = std::env::temp_dir().join(format!("parallax-shards-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for k in 0..3u32 {
+            let ids: Vec<u32> = (0..40 + 10 * k).map(|i| k * 1000 + i).collect();
+            std::fs::write(
+                dir.join(format!("s_train_{k}.bin")),
+                llmc_bytes(&ids, "s").unwrap(),
+            )
+            .unwrap();
+        }
+        std::fs::write(dir.join("s_val_0.bin"), llmc_bytes(&[1; 50], "v").unwrap()).unwrap();
+        let shards = Shards::open(&dir.join("s_train_*.bin"), TokenDtype::U16, 8).unwrap();
+        assert_eq!((shards.files.len(), shards.windows()), (3, 32 + 42 + 52));
+        assert_eq!(shards.locate(31), (0, 31));
+        assert_eq!(shards.locate(32), (1, 0));
+        assert_eq!(shards.locate(125), (2, 51));
+        let w = Windows {
+            shards,
+            batch: 4,
+            seed: 5,
+            shuffle: true,
+            per_epoch: 8,
+        };
+        let mut seen = [false; 3];
+        for index in 0..8 {
+            let b = w.batch(0, index);
+            let Values::I32(x) = &b.inputs else { panic!() };
+            for win in x.chunks(8) {
+                seen[win[0] as usize / 1000] = true;
+                // Consecutive ids of one shard: the window does not straddle two.
+                assert!(win.windows(2).all(|p| p[1] == p[0] + 1), "{win:?}");
+            }
+        }
+        assert_eq!(seen, [true; 3]);
+        let e = Shards::open(&dir.join("none_*.bin"), TokenDtype::U16, 8)
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().contains("no file in") && e.to_string().contains("matches none_*.bin"),
+            "{e}"
+        );
+        let e = Shards::open(&dir.join("s_train_*.bin"), TokenDtype::U16, 45)
+            .err()
+            .unwrap();
+        assert!(
+            e.to_string().contains("s_train_0.bin") && e.to_string().contains("holds 40 tokens"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
     }
 }
