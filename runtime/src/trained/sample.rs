@@ -4,11 +4,15 @@
 //! set whose probability reaches `top_p`, then drawn with the `index`-th uniform of the
 //! stream `(seed, Sample)`: the same seed gives the same text. Temperature 0 is greedy.
 //!
-//! The plan reads exactly `seq` tokens, so a shorter context is padded after its end; the
-//! logits at its last token do not see the padding because every attention of the model is
-//! causal (checked). Each token runs the model's whole forward over the window: the
-//! decode-step plan with a key/value cache is not built yet.
+//! On the CPU, a model that can be run a token at a time runs its decode-step plan, each
+//! attention's keys and values kept in caches between tokens (`cached`): each new token
+//! costs one position's forward. Otherwise (a GPU, or a model that mixes positions other
+//! than through causal attention) each token runs the training plan's forward over the
+//! window of `seq` tokens, a shorter context padded after its end: the logits at its last
+//! token do not see the padding because every attention of the model is causal (checked).
+//! Both give the same logits (the tests compare them).
 
+use super::cached::Cached;
 use super::{model_output, UseError, Weights};
 use crate::backend::Backend;
 use crate::data::Values;
@@ -91,25 +95,60 @@ pub fn pick(logits: &[f32], o: &Options, u: f64) -> u32 {
     order[keep - 1] as u32
 }
 
-/// A language model's weights on a backend, reading windows of `seq` tokens.
+/// A language model's weights on a backend: the decode step with its key/value cache where
+/// the model allows it (`cached`), else the full forward over windows of `seq` tokens.
 pub struct Generator {
+    path: Path,
+    pub seq: usize,
+    /// The ids the model knows (its embedding's rows, or its output classes).
+    pub vocab: usize,
+    /// Why the key/value cache is not used (`None`: it is): the model mixes positions other
+    /// than through causal attention, or runs on a GPU.
+    pub uncached: Option<String>,
+}
+
+enum Path {
+    Full(Full),
+    Cached(Cached),
+}
+
+/// The training plan's forward over a window of `seq` tokens, padded after the context.
+struct Full {
     exec: Box<dyn Backend>,
     input: String,
     target: String,
     output: String,
-    pub seq: usize,
-    /// The ids the model knows (its embedding's rows, or its output classes).
-    pub vocab: usize,
 }
 
 impl Generator {
     /// The model of `plan` with `weights`, on `device` (one device), if it is a language
-    /// model with causal attention.
+    /// model with causal attention: its decode step with a key/value cache on the CPU, when
+    /// the model can be run a token at a time, else the full-window forward.
     pub fn new(
         source: &Source,
         plan: Plan,
         device: Device,
         weights: &Weights,
+    ) -> Result<Generator, UseError> {
+        Generator::build(source, plan, device, weights, true)
+    }
+
+    /// Like `new`, but always the full-window forward (what the cache is checked against).
+    pub fn full_window(
+        source: &Source,
+        plan: Plan,
+        device: Device,
+        weights: &Weights,
+    ) -> Result<Generator, UseError> {
+        Generator::build(source, plan, device, weights, false)
+    }
+
+    fn build(
+        source: &Source,
+        plan: Plan,
+        device: Device,
+        weights: &Weights,
+        cache: bool,
     ) -> Result<Generator, UseError> {
         let (io, input, target) = model_io(&plan, &source.experiment.loss)?;
         let seq = match (&io.input.shape[..], io.integer_input(), io.class_target()) {
@@ -135,19 +174,46 @@ impl Generator {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => a.or(b).unwrap_or(0),
         };
-        let output = model_output(&plan)?;
-        let files = FileShapes::of(&plan);
-        let seed = source.experiment.train.seed;
-        let (mut exec, _) = backend(plan, device, &None, 1, seed)?;
-        weights.load(exec.as_mut(), &files)?;
+        let cached = match cache {
+            true => Cached::new(source, &input, &device, weights),
+            false => Err("the full-window forward was asked for".into()),
+        };
+        let (path, uncached) = match cached {
+            Ok(c) => (Path::Cached(c), None),
+            Err(why) => {
+                let output = model_output(&plan)?;
+                let files = FileShapes::of(&plan);
+                let seed = source.experiment.train.seed;
+                let (mut exec, _) = backend(plan, device, &None, 1, seed)?;
+                weights.load(exec.as_mut(), &files)?;
+                let full = Full {
+                    exec,
+                    input,
+                    target,
+                    output,
+                };
+                (Path::Full(full), Some(why))
+            }
+        };
         Ok(Generator {
-            exec,
-            input,
-            target,
-            output,
+            path,
             seq,
             vocab,
+            uncached,
         })
+    }
+
+    /// Whether tokens are drawn through the decode step's key/value cache.
+    pub fn cached(&self) -> bool {
+        matches!(self.path, Path::Cached(_))
+    }
+
+    /// Bytes of the key and value caches (0 on the full-window path).
+    pub fn cache_bytes(&self) -> u64 {
+        match &self.path {
+            Path::Cached(c) => c.cache_bytes,
+            Path::Full(_) => 0,
+        }
     }
 
     /// The logits that follow `context` (its last `seq` tokens).
@@ -159,21 +225,10 @@ impl Generator {
                 "the prompt is empty: give at least one token".into(),
             ));
         }
-        let mut ids = vec![0i32; self.seq];
-        for (d, &t) in ids.iter_mut().zip(window) {
-            *d = t as i32;
+        match &mut self.path {
+            Path::Cached(c) => c.next_logits(window),
+            Path::Full(f) => f.next_logits(window, self.seq),
         }
-        let e = self.exec.as_mut();
-        e.set_input(&self.input, 1, &Values::I32(ids))?;
-        e.set_input(&self.target, 1, &Values::I32(vec![0; self.seq]))?;
-        e.run(1, Mode::Eval, 0, 0)?;
-        let out = e.output_values(&self.output, 1)?.ok_or_else(|| {
-            UseError::Model(format!("the model's output `{}` was not kept", self.output))
-        })?;
-        let v = out.f32();
-        let c = v.len() / self.seq;
-        let at = window.len() - 1;
-        Ok(v[at * c..(at + 1) * c].to_vec())
     }
 
     /// Draws up to `o.max_new_tokens` tokens after `prompt`, each handed to `on_token` as it
@@ -205,6 +260,27 @@ impl Generator {
             }
         }
         Ok(drawn)
+    }
+}
+
+impl Full {
+    /// The logits after `window` (1 to `seq` tokens): the whole window's forward, padded.
+    fn next_logits(&mut self, window: &[u32], seq: usize) -> Result<Vec<f32>, UseError> {
+        let mut ids = vec![0i32; seq];
+        for (d, &t) in ids.iter_mut().zip(window) {
+            *d = t as i32;
+        }
+        let e = self.exec.as_mut();
+        e.set_input(&self.input, 1, &Values::I32(ids))?;
+        e.set_input(&self.target, 1, &Values::I32(vec![0; seq]))?;
+        e.run(1, Mode::Eval, 0, 0)?;
+        let out = e.output_values(&self.output, 1)?.ok_or_else(|| {
+            UseError::Model(format!("the model's output `{}` was not kept", self.output))
+        })?;
+        let v = out.f32();
+        let c = v.len() / seq;
+        let at = window.len() - 1;
+        Ok(v[at * c..(at + 1) * c].to_vec())
     }
 }
 
