@@ -345,3 +345,7 @@ mod tests {
         assert!(opts(0.8, Some(200), Some(0.9)).check().is_ok());
     }
 }
+
+#[cfg(test)]
+#[path = "sample_tests.rs"]
+mod cache_tests;

@@ -51,7 +51,10 @@ pub fn cache_write(
     if out.shape != cache.shape {
         return Err(bad(
             "cache_write",
-            format!("the output {:?} is not the cache's {:?}", out.shape, cache.shape),
+            format!(
+                "the output {:?} is not the cache's {:?}",
+                out.shape, cache.shape
+            ),
         ));
     }
     f32s_mut("cache_write", out)?.copy_from_slice(c);

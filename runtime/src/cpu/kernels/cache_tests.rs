@@ -51,7 +51,10 @@ fn cached_attention_matches_an_f64_reference_at_every_position() {
             cached_attention(&q, &k, &v, &pt, 0.4, &mut out).unwrap();
             let want = reference(&q, &k, &v, &pos, 0.4);
             for (i, (&got, &w)) in out.f32().iter().zip(&want).enumerate() {
-                assert!((got as f64 - w).abs() < 1e-6, "t {t} pos {pos:?} [{i}]: {got} vs {w}");
+                assert!(
+                    (got as f64 - w).abs() < 1e-6,
+                    "t {t} pos {pos:?} [{i}]: {got} vs {w}"
+                );
             }
         }
     }
