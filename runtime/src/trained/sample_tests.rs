@@ -206,3 +206,37 @@ fn a_model_that_mixes_positions_runs_the_full_window() {
         let _ = std::fs::remove_file(p);
     }
 }
+
+#[test]
+fn a_decode_step_of_two_samples_keeps_each_samples_cache() {
+    let source = gpt("");
+    let weights = random_weights(&source, 6, "batch");
+    let plan = parallax_compiler::compile_decode(&source, 2, true).unwrap();
+    assert_eq!(plan.memory.cache_bytes, 2 * 2 * 2 * 8 * 16 * 4);
+    let output = model_output(&plan).unwrap();
+    let files = FileShapes::of(&plan);
+    let (mut exec, _) = backend(plan, Device::Cpu, &None, 2, 1).unwrap();
+    weights.load(exec.as_mut(), &files).unwrap();
+    let mut full =
+        Generator::full_window(&source, train_plan(&source), Device::Cpu, &weights).unwrap();
+    // Sample 0 reads a prompt a token at a time; sample 1 rewrites position 0 each step.
+    let prompt = [7u32, 3, 9, 30, 1, 12, 5, 0];
+    for (at, &t) in prompt.iter().enumerate() {
+        let other = (at as i32 * 3) % 32;
+        let tokens = Values::I32(vec![t as i32, other]);
+        exec.set_input("tokens", 2, &tokens).unwrap();
+        let pos = Values::I32(vec![at as i32, 0]);
+        exec.set_input(parallax_compiler::plan::POSITION, 2, &pos)
+            .unwrap();
+        exec.run(2, Mode::Eval, 0, 0).unwrap();
+        let out = exec.output_values(&output, 2).unwrap().unwrap();
+        let rows = out.f32();
+        let first = full.next_logits(&prompt[..=at]).unwrap();
+        let second = full.next_logits(&[other as u32]).unwrap();
+        assert!(rel_diff(&rows[..32], &first) < 1e-5, "sample 0 at {at}");
+        assert!(rel_diff(&rows[32..], &second) < 1e-5, "sample 1 at {at}");
+    }
+    if let Weights::Final(p) = weights {
+        let _ = std::fs::remove_file(p);
+    }
+}
