@@ -4,11 +4,10 @@
 //!
 //! The cache holds the keys and values of the tokens it was last fed (`held`, at positions
 //! `0..held.len()`). A context that extends them feeds only its new tokens; one that does
-//! not (another prompt, or a context longer than `seq`, whose window of its last `seq`
-//! tokens has slid) feeds its window again from the first token that differs. So each
-//! token's logits are those of the full-window forward over the same window; past `seq`
-//! tokens every draw refills the whole window (`seq` steps), as exact as the full forward
-//! and about as costly.
+//! not (another prompt) is fed again from its first token that differs. So each token's
+//! logits are those of the full-window forward over the same context. (A context past
+//! `seq` tokens would need its whole window fed again for each draw, its positions having
+//! moved: the sampler runs the full window's forward there instead.)
 
 use super::{model_output, UseError, Weights};
 use crate::backend::Backend;

@@ -4,13 +4,14 @@
 //! set whose probability reaches `top_p`, then drawn with the `index`-th uniform of the
 //! stream `(seed, Sample)`: the same seed gives the same text. Temperature 0 is greedy.
 //!
-//! On the CPU, a model that can be run a token at a time runs its decode-step plan, each
-//! attention's keys and values kept in caches between tokens (`cached`): each new token
-//! costs one position's forward. Otherwise (a GPU, or a model that mixes positions other
-//! than through causal attention) each token runs the training plan's forward over the
-//! window of `seq` tokens, a shorter context padded after its end: the logits at its last
-//! token do not see the padding because every attention of the model is causal (checked).
-//! Both give the same logits (the tests compare them).
+//! On the CPU, a model that can be run a token at a time runs its decode-step plan while the
+//! context fits in `seq` tokens, each attention's keys and values kept in caches between
+//! tokens (`cached`): each new token costs one position's forward. Otherwise (a GPU, a model
+//! that mixes positions other than through causal attention, or a context past `seq`
+//! tokens, whose window slides and so moves every position) each token runs the training
+//! plan's forward over the window of its last `seq` tokens, a shorter one padded after its
+//! end: the logits at its last token do not see the padding because every attention of the
+//! model is causal (checked). Both give the same logits (the tests compare them).
 
 use super::cached::Cached;
 use super::{model_output, UseError, Weights};
@@ -96,9 +97,12 @@ pub fn pick(logits: &[f32], o: &Options, u: f64) -> u32 {
 }
 
 /// A language model's weights on a backend: the decode step with its key/value cache where
-/// the model allows it (`cached`), else the full forward over windows of `seq` tokens.
+/// the model allows it (`cached`) while the context fits in `seq` tokens, else the full
+/// forward over the window of its last `seq` tokens.
 pub struct Generator {
-    path: Path,
+    /// The decode step, if the model can be cached.
+    cache: Option<Cached>,
+    full: Full,
     pub seq: usize,
     /// The ids the model knows (its embedding's rows, or its output classes).
     pub vocab: usize,
@@ -107,13 +111,27 @@ pub struct Generator {
     pub uncached: Option<String>,
 }
 
-enum Path {
-    Full(Full),
-    Cached(Cached),
+/// The training plan's forward, built the first time it is needed: at once without a
+/// cache, else when a context first passes `seq` tokens (a window that slides moves every
+/// token's position, so each draw past `seq` needs the whole window's forward, which one
+/// pass over the window computes faster than `seq` decode steps).
+enum Full {
+    Ready(Window),
+    Later(Box<Pending>),
+}
+
+/// What builds the full-window forward.
+struct Pending {
+    plan: Plan,
+    device: Device,
+    weights: Weights,
+    seed: u64,
+    input: String,
+    target: String,
 }
 
 /// The training plan's forward over a window of `seq` tokens, padded after the context.
-struct Full {
+struct Window {
     exec: Box<dyn Backend>,
     input: String,
     target: String,
@@ -178,42 +196,39 @@ impl Generator {
             true => Cached::new(source, &input, &device, weights),
             false => Err("the full-window forward was asked for".into()),
         };
-        let (path, uncached) = match cached {
-            Ok(c) => (Path::Cached(c), None),
+        let mut full = Full::Later(Box::new(Pending {
+            plan,
+            device,
+            weights: weights.clone(),
+            seed: source.experiment.train.seed,
+            input,
+            target,
+        }));
+        let (cache, uncached) = match cached {
+            Ok(c) => (Some(c), None),
             Err(why) => {
-                let output = model_output(&plan)?;
-                let files = FileShapes::of(&plan);
-                let seed = source.experiment.train.seed;
-                let (mut exec, _) = backend(plan, device, &None, 1, seed)?;
-                weights.load(exec.as_mut(), &files)?;
-                let full = Full {
-                    exec,
-                    input,
-                    target,
-                    output,
-                };
-                (Path::Full(full), Some(why))
+                full.ready()?;
+                (None, Some(why))
             }
         };
         Ok(Generator {
-            path,
+            cache,
+            full,
             seq,
             vocab,
             uncached,
         })
     }
 
-    /// Whether tokens are drawn through the decode step's key/value cache.
+    /// Whether tokens are drawn through the decode step's key/value cache (while the context
+    /// fits in `seq` tokens).
     pub fn cached(&self) -> bool {
-        matches!(self.path, Path::Cached(_))
+        self.cache.is_some()
     }
 
-    /// Bytes of the key and value caches (0 on the full-window path).
+    /// Bytes of the key and value caches (0 without a cache).
     pub fn cache_bytes(&self) -> u64 {
-        match &self.path {
-            Path::Cached(c) => c.cache_bytes,
-            Path::Full(_) => 0,
-        }
+        self.cache.as_ref().map_or(0, |c| c.cache_bytes)
     }
 
     /// The logits that follow `context` (its last `seq` tokens).
@@ -225,9 +240,9 @@ impl Generator {
                 "the prompt is empty: give at least one token".into(),
             ));
         }
-        match &mut self.path {
-            Path::Cached(c) => c.next_logits(window),
-            Path::Full(f) => f.next_logits(window, self.seq),
+        match &mut self.cache {
+            Some(c) if from == 0 => c.next_logits(window),
+            _ => self.full.ready()?.next_logits(window, self.seq),
         }
     }
 
@@ -264,6 +279,29 @@ impl Generator {
 }
 
 impl Full {
+    /// The forward, built if it was not yet.
+    fn ready(&mut self) -> Result<&mut Window, UseError> {
+        if let Full::Later(p) = self {
+            let output = model_output(&p.plan)?;
+            let files = FileShapes::of(&p.plan);
+            let (mut exec, _) = backend(p.plan.clone(), p.device, &None, 1, p.seed)?;
+            p.weights.load(exec.as_mut(), &files)?;
+            let (input, target) = (std::mem::take(&mut p.input), std::mem::take(&mut p.target));
+            *self = Full::Ready(Window {
+                exec,
+                input,
+                target,
+                output,
+            });
+        }
+        match self {
+            Full::Ready(w) => Ok(w),
+            Full::Later(_) => unreachable!("built above"),
+        }
+    }
+}
+
+impl Window {
     /// The logits after `window` (1 to `seq` tokens): the whole window's forward, padded.
     fn next_logits(&mut self, window: &[u32], seq: usize) -> Result<Vec<f32>, UseError> {
         let mut ids = vec![0i32; seq];

@@ -117,7 +117,8 @@ fn cached_logits_equal_the_full_windows_at_every_position_and_past_it() {
         // layers * (keys + values) * seq * width * 4 bytes.
         assert_eq!(cached.cache_bytes(), 2 * 2 * 8 * 16 * 4);
         let rng = stream(seed, Purpose::Sample, 9);
-        // 13 tokens: positions 0..8, then a window sliding past `seq`.
+        // 13 tokens: positions 0..8 through the cache, then a window sliding past `seq` (the
+        // full forward, built on first need).
         let prompt: Vec<u32> = (0..13).map(|i| (bits(rng, i) % 32) as u32).collect();
         let mut worst = 0f64;
         for n in 1..=prompt.len() {
