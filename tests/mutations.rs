@@ -4,8 +4,8 @@
 //! byte ranges, random bytes including invalid UTF-8, numbers swapped for huge, negative,
 //! zero or NaN values, identifiers swapped for others from the same file, truncation). Each
 //! result goes through `parse_bytes`, `compile` and, if that succeeds, `compile_decode` (the
-//! sampler's decode step); none may panic, an error must never be
-//! an internal one, and every diagnostic must have a message and a span inside the file.
+//! sampler's decode step); none may panic, an error must never be an internal one, and every
+//! diagnostic must have a message and a span inside the file.
 
 use parallax_compiler::dsl::ast::{DimExpr, Layer, Model, NodeDecl, UniqueMap};
 use parallax_compiler::{compile, compile_decode, parse_bytes, Error, Options, Source};
