@@ -3,11 +3,12 @@
 //! Every file in `models/` is mutated many times with a seeded PRNG (deleted and duplicated
 //! byte ranges, random bytes including invalid UTF-8, numbers swapped for huge, negative,
 //! zero or NaN values, identifiers swapped for others from the same file, truncation). Each
-//! result goes through `parse_bytes` and `compile`; neither may panic, an error must never be
-//! an internal one, and every diagnostic must have a message and a span inside the file.
+//! result goes through `parse_bytes`, `compile` and, if that succeeds, `compile_decode` (the
+//! sampler's decode step); none may panic, an error must never be an internal one, and every
+//! diagnostic must have a message and a span inside the file.
 
 use parallax_compiler::dsl::ast::{DimExpr, Layer, Model, NodeDecl, UniqueMap};
-use parallax_compiler::{compile, parse_bytes, Error, Options, Source};
+use parallax_compiler::{compile, compile_decode, parse_bytes, Error, Options, Source};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
@@ -294,7 +295,10 @@ fn check(bytes: &[u8], max_layers: u64) -> Result<(), String> {
         if layers > max_layers && layers <= 100_000 {
             return Ok(());
         }
-        compile(&source, &Options::default(), &mut |_, _| {}).map(|_| ())
+        compile(&source, &Options::default(), &mut |_, _| {})?;
+        // The decode step (`parallax sample`'s key/value cache) of what compiles: built or
+        // refused with a diagnostic, never a panic.
+        compile_decode(&source, 1, true).map(|_| ())
     }));
     let result = match outcome {
         Ok(r) => r,

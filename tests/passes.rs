@@ -419,3 +419,29 @@ fn reshapes_share_their_operands_buffers() {
         "{views} of {reshapes} reshapes are views"
     );
 }
+
+/// The decode step (`compile_decode`, the verifier after each of its passes) of every model:
+/// built for the causal language models, with their caches' bytes; refused with a message
+/// for the others; a plan that reads back from `plan.json`.
+#[test]
+fn the_decode_step_of_every_model_is_built_or_refused() {
+    use parallax_compiler::{compile_decode, Plan};
+    for (name, want) in [
+        ("mlp", Err("reads token ids [seq]")),
+        ("cnn", Err("reads token ids [seq]")),
+        // 2 layers * (keys + values) * seq (a symbol, at its nominal 32) * width 64 * 4 bytes.
+        ("transformer", Ok(2 * 2 * 32 * 64 * 4)),
+        // 4 layers of width 128 and seq 64.
+        ("shakespeare", Ok(4 * 2 * 64 * 128 * 4)),
+    ] {
+        match (compile_decode(&model(name), 1, true), want) {
+            (Ok(plan), Ok(bytes)) => {
+                assert_eq!(plan.memory.cache_bytes, bytes, "{name}");
+                let back = Plan::from_json(&plan.to_json()).unwrap();
+                assert_eq!(back.to_json(), plan.to_json(), "{name}");
+            }
+            (Err(e), Err(m)) => assert!(e.to_string().contains(m), "{name}: {e}"),
+            (got, _) => panic!("{name}: {:?}", got.map(|p| p.memory)),
+        }
+    }
+}

@@ -18,7 +18,7 @@ pub use plan::shards;
 
 pub use diag::{Diagnostic, Loc, Span};
 pub use dsl::{parse, parse_bytes, Source};
-pub use passes::{compile, Compiled, Options, PIPELINE};
+pub use passes::{compile, compile_decode, Compiled, Options, PIPELINE};
 pub use plan::{Plan, Summary};
 
 /// Everything the compiler can refuse. Each carries diagnostics that point into the file.

@@ -543,6 +543,11 @@ fn single(
         | Op::Transfer { .. }
         | Op::Broadcast { .. }
         | Op::Reduce { .. } => Err(CodegenError::Unsupported { op: op.name() }),
+        // The decode step's cache ops run on the CPU only so far: the sampler falls back to
+        // the full-window forward on a GPU.
+        Op::CacheWrite | Op::CachedAttention { .. } => {
+            Err(CodegenError::Unsupported { op: op.name() })
+        }
     }
 }
 

@@ -175,3 +175,57 @@ pub fn attention_grad_flops(op: &Op, ins: &[Vec<u64>], _: &[u64]) -> u64 {
     };
     scaled(scores.saturating_mul(per_score), share)
 }
+
+/// `pos [..]`: one integer per leading index of `of` (`[.., T, H, D]`).
+fn positions(what: &str, of: &TensorType, pos: &TensorType, names: &[String]) -> Rule {
+    let lead = &of.shape[..of.rank() - 3];
+    if pos.dtype.is_float() || pos.shape != lead {
+        let want = TensorType::new(super::types::DType::I32, lead.to_vec());
+        return Err(format!(
+            "{what}: the positions must be integers {}, got {}",
+            want.show(names),
+            pos.show(names)
+        ));
+    }
+    Ok(of.clone())
+}
+
+/// `(cache [.., S, H, D], rows [.., T, H, D], pos [..])` to the cache's type; `T <= S`.
+pub fn cache_write_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let (cache, rows) = (x[0], x[1]);
+    let r = cache.rank();
+    let fits = r >= 3
+        && rows.rank() == r
+        && rows.dtype == cache.dtype
+        && rows.shape[..r - 3] == cache.shape[..r - 3]
+        && rows.shape[r - 2..] == cache.shape[r - 2..]
+        && match (rows.shape[r - 3].as_known(), cache.shape[r - 3].as_known()) {
+            (Some(t), Some(s)) => t <= s,
+            _ => false,
+        };
+    if !fits {
+        return Err(format!(
+            "cache_write needs a cache [.., S, H, D] and rows [.., T, H, D] of one type with known T <= S, got {} and {}",
+            cache.show(names),
+            rows.show(names)
+        ));
+    }
+    positions("cache_write", cache, x[2], names)
+}
+
+/// `(q [.., T, H, D], k [.., S, H, D], v [.., S, H, E], pos [..])` to `[.., T, H, E]`.
+pub fn cached_attention_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+    let y = output(op, &x[..3], names)?;
+    positions("cached_attention", x[0], x[3], names)?;
+    Ok(y)
+}
+
+/// The products over the whole cache (the kernel reads only rows up to the position, so
+/// this is the most one step costs) and about 5 per score for the softmax.
+pub fn cached_attention_flops(op: &Op, ins: &[Vec<u64>], _: &[u64]) -> u64 {
+    let (batch, t, s, d, e, _) = sizes(op, ins);
+    batch
+        .saturating_mul(t)
+        .saturating_mul(s)
+        .saturating_mul(2 * (d + e) + 5)
+}

@@ -20,6 +20,9 @@ pub struct Memory {
     pub optimizer_state_bytes: u64,
     /// BatchNorm's running means and variances: state, but not the optimizer's.
     pub statistics_bytes: u64,
+    /// A decode step's key and value caches (`passes::compile_decode`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_bytes: u64,
     pub input_bytes: u64,
     /// The reused buffers of intermediate values.
     pub activation_bytes: u64,
@@ -30,11 +33,13 @@ pub struct Memory {
 }
 
 impl Memory {
-    /// Parameters, optimizer state, running statistics and inputs: held for the whole run.
+    /// Parameters, optimizer state, running statistics, caches and inputs: held for the whole
+    /// run.
     pub fn dedicated_bytes(&self) -> u64 {
         self.parameter_bytes
             .saturating_add(self.optimizer_state_bytes)
             .saturating_add(self.statistics_bytes)
+            .saturating_add(self.cache_bytes)
             .saturating_add(self.input_bytes)
     }
 
@@ -52,4 +57,8 @@ pub struct BufferSchedule {
     pub memory: Memory,
     /// The batch size the sizes are stated at.
     pub batch: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

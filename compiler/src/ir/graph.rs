@@ -355,10 +355,11 @@ impl Graph {
     /// cross-entropy's gradient alone reads each row whole (its maximum and sum) before
     /// writing any of it, and each element before its write (as llm.c does); a norm's
     /// gradient and the add after it (`KernelKind::NormGradAdd`) read each element of the
-    /// add's other operand just before writing the sum there.
+    /// add's other operand just before writing the sum there; a cache write replaces the
+    /// rows at its position and reads no other row of the cache.
     pub fn rewrites_rows_in_place(&self, nodes: &[NodeIndex]) -> bool {
         match nodes {
-            [n] => matches!(self.g[*n].op, Op::CrossEntropyGrad { .. }),
+            [n] => matches!(self.g[*n].op, Op::CrossEntropyGrad { .. } | Op::CacheWrite),
             [ng, add] => {
                 matches!(
                     self.g[*ng].op,

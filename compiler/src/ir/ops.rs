@@ -259,6 +259,16 @@ pub enum Op {
         scale: f64,
         wrt: AttentionInput,
     },
+    /// `(cache [.., S, H, D], rows [.., T, H, D], pos [..] integer)` to the cache with row
+    /// `pos + t` replaced by `rows[t]`: a decode step's key or value cache, updated where it
+    /// lives (the schedule writes it over its `State`, which persists between steps).
+    CacheWrite,
+    /// `(q [.., T, H, D], k [.., S, H, D], v [.., S, H, E], pos [..] integer)` to
+    /// `[.., T, H, E]`: query `t` at position `pos + t` attends to cache rows `0..=pos + t`
+    /// (a decode step over its key and value caches; the causal mask is the position).
+    CachedAttention {
+        scale: f64,
+    },
 
     // ---- collectives ----
     /// The sum of the operand over a group of devices. Over `Shards` (every micro-shard of
@@ -372,6 +382,8 @@ pub enum OpKind {
     Attention,
     AttentionLse,
     AttentionGrad,
+    CacheWrite,
+    CachedAttention,
     AllReduce,
     TensorParallelCopy,
     Transfer,
@@ -469,7 +481,7 @@ use OpKind as K;
 
 /// The table, in `OpKind` order (a test checks it).
 #[rustfmt::skip]
-pub static OPS: [OpDef; 58] = [
+pub static OPS: [OpDef; 60] = [
     row(K::Input, "input", 0, Source, declared, free, vjp::source),
     row(K::Param, "param", 0, Source, declared, free, vjp::source),
     row(K::State, "state", 0, Source, declared, free, vjp::source),
@@ -523,6 +535,8 @@ pub static OPS: [OpDef; 58] = [
     row(K::Attention, "attention", 3, Attention, attention_shape, attention_flops, vjp::attention),
     row(K::AttentionLse, "attention_lse", 2, Attention, attention_lse_shape, attention_flops, vjp::none),
     row(K::AttentionGrad, "attention_grad", 6, Attention, attention_grad_shape, attention_grad_flops, vjp::none),
+    row(K::CacheWrite, "cache_write", 3, Layout, cache_write_shape, free, vjp::none),
+    row(K::CachedAttention, "cached_attention", 4, Attention, cached_attention_shape, cached_attention_flops, vjp::none),
     row(K::AllReduce, "all_reduce", 1, Collective, float_same, per_out::<1>, vjp::all_reduce),
     row(K::TensorParallelCopy, "tensor_parallel_copy", 1, Layout, float_same, free, vjp::tensor_parallel_copy),
     row(K::Transfer, "transfer", 1, Collective, any_same, free, vjp::none),
@@ -643,6 +657,8 @@ impl Op {
             Op::Attention { .. } => K::Attention,
             Op::AttentionLse { .. } => K::AttentionLse,
             Op::AttentionGrad { .. } => K::AttentionGrad,
+            Op::CacheWrite => K::CacheWrite,
+            Op::CachedAttention { .. } => K::CachedAttention,
             Op::AllReduce { .. } => K::AllReduce,
             Op::TensorParallelCopy => K::TensorParallelCopy,
             Op::Transfer { .. } => K::Transfer,

@@ -89,6 +89,7 @@ impl Op {
             Op::Attention { causal, scale } | Op::AttentionLse { causal, scale } => {
                 format!("scale={scale}{}", flag(*causal, ", causal"))
             }
+            Op::CachedAttention { scale } => format!("scale={scale}"),
             Op::AttentionGrad { causal, scale, wrt } => {
                 format!("wrt={wrt:?}, scale={scale}{}", flag(*causal, ", causal"))
             }
@@ -99,6 +100,7 @@ impl Op {
             Op::Transfer { from, to } => format!("from={from}, to={to}"),
             Op::Broadcast { root } | Op::Reduce { root } => format!("root={root}"),
             Op::TensorParallelCopy
+            | Op::CacheWrite
             | Op::Gather
             | Op::Add
             | Op::Sub

@@ -150,3 +150,43 @@ fn costs() {
         240
     );
 }
+
+#[test]
+fn cache_shape_rules() {
+    let i32s = |shape: &[u64]| {
+        TensorType::new(
+            super::super::types::DType::I32,
+            shape.iter().map(|&d| Dim::known(d)).collect(),
+        )
+    };
+    let (cache, row, pos) = (f(&[2, 8, 4, 16]), f(&[2, 1, 4, 16]), i32s(&[2]));
+    assert_eq!(
+        Op::CacheWrite.infer(&[&cache, &row, &pos], &B).unwrap(),
+        cache
+    );
+    // More rows than the cache holds, another head count, float or misshapen positions.
+    for (c, r, p) in [
+        (&f(&[2, 1, 4, 16]), &f(&[2, 2, 4, 16]), &pos),
+        (&cache, &f(&[2, 1, 2, 16]), &pos),
+        (&cache, &row, &f(&[2])),
+        (&cache, &row, &i32s(&[2, 1])),
+    ] {
+        assert!(
+            Op::CacheWrite.infer(&[c, r, p], &B).is_err(),
+            "{c:?} {r:?} {p:?}"
+        );
+    }
+    let att = Op::CachedAttention { scale: 0.25 };
+    let v = f(&[2, 8, 4, 8]);
+    assert_eq!(
+        att.infer(&[&row, &cache, &v, &pos], &B).unwrap(),
+        f(&[2, 1, 4, 8])
+    );
+    assert!(att.infer(&[&row, &cache, &v, &i32s(&[3])], &B).is_err());
+    assert!(att
+        .infer(&[&row, &cache, &f(&[2, 7, 4, 8]), &pos], &B)
+        .is_err());
+    // Its cost: over the whole cache, 2 (D + E) + 5 per score.
+    let flops = (att.def().flops)(&att, &[vec![2, 1, 4, 16], vec![2, 8, 4, 16]], &[]);
+    assert_eq!(flops, 2 * 4 * 8 * (2 * (16 + 16) + 5));
+}

@@ -139,6 +139,9 @@ pub struct Options {
     pub verify: bool,
     /// Stop after this pass (`check` needs only the forward graph's shapes).
     pub stop_after: Option<&'static str>,
+    /// Lower the decode step for batches of this many samples (one token each, key/value
+    /// caches) instead of the training step: `compile_decode` sets it.
+    pub decode: Option<u64>,
 }
 
 impl Options {
@@ -175,6 +178,9 @@ impl Options {
 
     /// The batch the plan is built for: the file's, or one micro-shard's.
     pub fn plan_batch(&self, source: &Source) -> u64 {
+        if let Some(batch) = self.decode {
+            return batch;
+        }
         let batch = source.experiment.train.batch_size;
         self.shards.map_or(batch, |s| s.shard_batch())
     }
@@ -192,6 +198,7 @@ impl Default for Options {
             zero_stage: 1,
             verify: cfg!(debug_assertions),
             stop_after: None,
+            decode: None,
         }
     }
 }
@@ -221,10 +228,50 @@ pub fn compile(
     options: &Options,
     after_pass: &mut dyn FnMut(&str, &Graph),
 ) -> Result<Compiled, Error> {
+    run_passes(source, options, PIPELINE.iter(), after_pass)
+}
+
+/// The passes of the decode step: forward only (no gradients, no optimizer), on one device.
+pub const DECODE_PASSES: [&str; 5] = ["lower", "shapes", "simplify", "fuse", "schedule"];
+
+/// The decode-step plan of a causal language model (`lower::decode`): one new token per
+/// sample (`batch` samples) and its position in, the logits at that position out, each
+/// attention reading and updating key and value caches that persist between runs. Refuses
+/// a model that cannot be run a token at a time (`Error::Model`).
+pub fn compile_decode(source: &Source, batch: u64, verify: bool) -> Result<Plan, Error> {
+    let options = Options {
+        decode: Some(batch.max(1)),
+        verify,
+        ..Options::default()
+    };
+    let passes = PIPELINE.iter().filter(|p| DECODE_PASSES.contains(&p.name));
+    let compiled = run_passes(source, &options, passes, &mut |_, _| {})?;
+    let plan = compiled.plan(source, &options);
+    // A cache persists only if written where its state lives (an eval step copies nothing).
+    for &(old, new) in &plan.updates {
+        if plan.steps[old].buffer != plan.steps[new].buffer {
+            return Err(Error::Verify {
+                pass: "schedule".into(),
+                message: format!(
+                    "the decode step's `{}` is not written in place",
+                    plan.steps[old].layer
+                ),
+            });
+        }
+    }
+    Ok(plan)
+}
+
+fn run_passes<'p>(
+    source: &Source,
+    options: &Options,
+    passes: impl Iterator<Item = &'p Pass>,
+    after_pass: &mut dyn FnMut(&str, &Graph),
+) -> Result<Compiled, Error> {
     let ctx = Ctx { source, options };
     let mut graph = Graph::new();
     let mut timings = Vec::with_capacity(PIPELINE.len());
-    for pass in PIPELINE {
+    for pass in passes {
         let t = Instant::now();
         (pass.run)(&mut graph, &ctx)?;
         timings.push((pass.name, t.elapsed()));
@@ -241,3 +288,7 @@ pub fn compile(
     }
     Ok(Compiled { graph, timings })
 }
+
+#[cfg(test)]
+#[path = "decode_tests.rs"]
+mod decode_tests;

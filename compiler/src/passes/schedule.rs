@@ -11,7 +11,7 @@ use super::fuse::{stored, streamable};
 use super::Ctx;
 use crate::ir::ops::OpClass;
 use crate::ir::{Buffer, BufferSchedule, DType, Graph, NodeIndex, Op};
-use crate::passes::lower::is_running_statistic;
+use crate::passes::lower::{is_cache, is_running_statistic};
 use crate::Error;
 use std::collections::{BTreeSet, HashMap};
 
@@ -47,6 +47,7 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> BufferSchedule {
         let total = match &node.op {
             Op::Param { .. } => &mut m.parameter_bytes,
             Op::State { name, .. } if is_running_statistic(name) => &mut m.statistics_bytes,
+            Op::State { name, .. } if is_cache(name) => &mut m.cache_bytes,
             Op::State { .. } => &mut m.optimizer_state_bytes,
             _ => &mut m.input_bytes,
         };
@@ -174,7 +175,8 @@ pub fn plan_buffers(g: &Graph, batch: u64) -> BufferSchedule {
 /// The updates written over their old values: `update -> old`. Allowed where every reader of
 /// the old value runs in an earlier kernel, except in the update's own kernel when that is
 /// elementwise and reads the old value only at or before the op that makes the update
-/// (element by element, each read then comes before its write).
+/// (element by element, each read then comes before its write), or rewrites rows in place
+/// (a decode step's cache write).
 fn in_place_updates(
     g: &Graph,
     kernel_of: &HashMap<NodeIndex, usize>,
@@ -200,7 +202,9 @@ fn in_place_updates(
                     Some(&kr) => kr < k,
                     None => false,
                 });
-        if at.is_some() && readers_ok && (!read_here || element_by_element(g, nodes)) {
+        let in_order =
+            !read_here || element_by_element(g, nodes) || g.rewrites_rows_in_place(nodes);
+        if at.is_some() && readers_ok && in_order {
             out.insert(new, old);
         }
     }

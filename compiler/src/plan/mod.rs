@@ -16,6 +16,8 @@ pub const LOSS: &str = "loss";
 pub const LABELS: &str = "labels";
 /// The target input of an MSE loss.
 pub const TARGET: &str = "target";
+/// The decode step's input: each sample's position, `[B]` (`passes::compile_decode`).
+pub const POSITION: &str = "position";
 
 /// The version of `plan.json`; raised whenever a field changes meaning or appears (2: a
 /// partitioned plan records its ZeRO stage, pipeline schedule, device memory and experiment).

@@ -281,6 +281,12 @@ impl Executor {
             {
                 self.run_xent_grad_in_place(steps[0])
             }
+            KernelKind::Single
+                if self.writes_over_operand(steps[0])
+                    && plan.steps[steps[0]].op == Op::CacheWrite =>
+            {
+                self.run_cache_write_in_place(steps[0])
+            }
             KernelKind::Single => self.run_single(steps[0], ctx, false),
             KernelKind::Elementwise => self.run_fused(steps, None, ctx, None, None),
             KernelKind::Gemm { .. } => {

@@ -1,7 +1,8 @@
 //! Attention kernels of two ops: an attention and its log-sum-exp in one pass over the keys,
-//! the key and value gradients of one attention in one pass over the queries.
+//! the key and value gradients of one attention in one pass over the queries; a decode
+//! step's cache written where it lives.
 
-use super::kernels::attention;
+use super::kernels::{attention, cache};
 use super::{ExecError, Executor};
 use parallax_compiler::ir::{AttentionInput, Op};
 
@@ -67,5 +68,16 @@ impl Executor {
         *self.buf_mut(gk) = dk;
         *self.buf_mut(gv) = dv;
         r.map_err(|e| self.kernel_err(gk, e))
+    }
+
+    /// `CacheWrite` step `step`, whose buffer is its cache's (the schedule writes a decode
+    /// step's cache over its state): the new rows only, no copy of the cache.
+    pub(super) fn run_cache_write_in_place(&mut self, step: usize) -> Result<(), ExecError> {
+        self.shape_operands(step);
+        let mut c = self.take_shaped(step);
+        let ops = &self.plan.steps[step].operands;
+        let r = cache::write_rows(&mut c, self.buf(ops[1]), self.buf(ops[2]));
+        *self.buf_mut(step) = c;
+        r.map_err(|e| self.kernel_err(step, e))
     }
 }

@@ -3,6 +3,7 @@
 //! The command line reads the run's `experiment.ron` and compiles its plan as `train` does;
 //! what is here runs it.
 
+mod cached;
 pub mod eval;
 pub mod predict;
 pub mod sample;

@@ -4,11 +4,16 @@
 //! set whose probability reaches `top_p`, then drawn with the `index`-th uniform of the
 //! stream `(seed, Sample)`: the same seed gives the same text. Temperature 0 is greedy.
 //!
-//! The plan reads exactly `seq` tokens, so a shorter context is padded after its end; the
-//! logits at its last token do not see the padding because every attention of the model is
-//! causal (checked). Each token runs the model's whole forward over the window: the
-//! decode-step plan with a key/value cache is not built yet.
+//! On the CPU, a model that can be run a token at a time runs its decode-step plan while the
+//! context fits in `seq` tokens, each attention's keys and values kept in caches between
+//! tokens (`cached`): each new token costs one position's forward. Otherwise (a GPU, a model
+//! that mixes positions other than through causal attention, or a context past `seq`
+//! tokens, whose window slides and so moves every position) each token runs the training
+//! plan's forward over the window of its last `seq` tokens, a shorter one padded after its
+//! end: the logits at its last token do not see the padding because every attention of the
+//! model is causal (checked). Both give the same logits (the tests compare them).
 
+use super::cached::Cached;
 use super::{model_output, UseError, Weights};
 use crate::backend::Backend;
 use crate::data::Values;
@@ -91,25 +96,77 @@ pub fn pick(logits: &[f32], o: &Options, u: f64) -> u32 {
     order[keep - 1] as u32
 }
 
-/// A language model's weights on a backend, reading windows of `seq` tokens.
+/// A language model's weights on a backend: the decode step with its key/value cache where
+/// the model allows it (`cached`) while the context fits in `seq` tokens, else the full
+/// forward over the window of its last `seq` tokens.
 pub struct Generator {
+    /// The decode step, if the model can be cached.
+    cache: Option<Cached>,
+    full: Full,
+    pub seq: usize,
+    /// The ids the model knows (its embedding's rows, or its output classes).
+    pub vocab: usize,
+    /// Why the key/value cache is not used (`None`: it is): the model mixes positions other
+    /// than through causal attention, or runs on a GPU.
+    pub uncached: Option<String>,
+}
+
+/// The training plan's forward, built the first time it is needed: at once without a
+/// cache, else when a context first passes `seq` tokens (a window that slides moves every
+/// token's position, so each draw past `seq` needs the whole window's forward, which one
+/// pass over the window computes faster than `seq` decode steps).
+enum Full {
+    Ready(Window),
+    Later(Box<Pending>),
+}
+
+/// What builds the full-window forward.
+struct Pending {
+    plan: Plan,
+    device: Device,
+    weights: Weights,
+    seed: u64,
+    input: String,
+    target: String,
+}
+
+/// The training plan's forward over a window of `seq` tokens, padded after the context.
+struct Window {
     exec: Box<dyn Backend>,
     input: String,
     target: String,
     output: String,
-    pub seq: usize,
-    /// The ids the model knows (its embedding's rows, or its output classes).
-    pub vocab: usize,
 }
 
 impl Generator {
     /// The model of `plan` with `weights`, on `device` (one device), if it is a language
-    /// model with causal attention.
+    /// model with causal attention: its decode step with a key/value cache on the CPU, when
+    /// the model can be run a token at a time, else the full-window forward.
     pub fn new(
         source: &Source,
         plan: Plan,
         device: Device,
         weights: &Weights,
+    ) -> Result<Generator, UseError> {
+        Generator::build(source, plan, device, weights, true)
+    }
+
+    /// Like `new`, but always the full-window forward (what the cache is checked against).
+    pub fn full_window(
+        source: &Source,
+        plan: Plan,
+        device: Device,
+        weights: &Weights,
+    ) -> Result<Generator, UseError> {
+        Generator::build(source, plan, device, weights, false)
+    }
+
+    fn build(
+        source: &Source,
+        plan: Plan,
+        device: Device,
+        weights: &Weights,
+        cache: bool,
     ) -> Result<Generator, UseError> {
         let (io, input, target) = model_io(&plan, &source.experiment.loss)?;
         let seq = match (&io.input.shape[..], io.integer_input(), io.class_target()) {
@@ -135,19 +192,43 @@ impl Generator {
             (Some(a), Some(b)) => a.min(b),
             (a, b) => a.or(b).unwrap_or(0),
         };
-        let output = model_output(&plan)?;
-        let files = FileShapes::of(&plan);
-        let seed = source.experiment.train.seed;
-        let (mut exec, _) = backend(plan, device, &None, 1, seed)?;
-        weights.load(exec.as_mut(), &files)?;
-        Ok(Generator {
-            exec,
+        let cached = match cache {
+            true => Cached::new(source, &input, &device, weights),
+            false => Err("the full-window forward was asked for".into()),
+        };
+        let mut full = Full::Later(Box::new(Pending {
+            plan,
+            device,
+            weights: weights.clone(),
+            seed: source.experiment.train.seed,
             input,
             target,
-            output,
+        }));
+        let (cache, uncached) = match cached {
+            Ok(c) => (Some(c), None),
+            Err(why) => {
+                full.ready()?;
+                (None, Some(why))
+            }
+        };
+        Ok(Generator {
+            cache,
+            full,
             seq,
             vocab,
+            uncached,
         })
+    }
+
+    /// Whether tokens are drawn through the decode step's key/value cache (while the context
+    /// fits in `seq` tokens).
+    pub fn cached(&self) -> bool {
+        self.cache.is_some()
+    }
+
+    /// Bytes of the key and value caches (0 without a cache).
+    pub fn cache_bytes(&self) -> u64 {
+        self.cache.as_ref().map_or(0, |c| c.cache_bytes)
     }
 
     /// The logits that follow `context` (its last `seq` tokens).
@@ -159,21 +240,10 @@ impl Generator {
                 "the prompt is empty: give at least one token".into(),
             ));
         }
-        let mut ids = vec![0i32; self.seq];
-        for (d, &t) in ids.iter_mut().zip(window) {
-            *d = t as i32;
+        match &mut self.cache {
+            Some(c) if from == 0 => c.next_logits(window),
+            _ => self.full.ready()?.next_logits(window, self.seq),
         }
-        let e = self.exec.as_mut();
-        e.set_input(&self.input, 1, &Values::I32(ids))?;
-        e.set_input(&self.target, 1, &Values::I32(vec![0; self.seq]))?;
-        e.run(1, Mode::Eval, 0, 0)?;
-        let out = e.output_values(&self.output, 1)?.ok_or_else(|| {
-            UseError::Model(format!("the model's output `{}` was not kept", self.output))
-        })?;
-        let v = out.f32();
-        let c = v.len() / self.seq;
-        let at = window.len() - 1;
-        Ok(v[at * c..(at + 1) * c].to_vec())
     }
 
     /// Draws up to `o.max_new_tokens` tokens after `prompt`, each handed to `on_token` as it
@@ -205,6 +275,50 @@ impl Generator {
             }
         }
         Ok(drawn)
+    }
+}
+
+impl Full {
+    /// The forward, built if it was not yet.
+    fn ready(&mut self) -> Result<&mut Window, UseError> {
+        if let Full::Later(p) = self {
+            let output = model_output(&p.plan)?;
+            let files = FileShapes::of(&p.plan);
+            let (mut exec, _) = backend(p.plan.clone(), p.device, &None, 1, p.seed)?;
+            p.weights.load(exec.as_mut(), &files)?;
+            let (input, target) = (std::mem::take(&mut p.input), std::mem::take(&mut p.target));
+            *self = Full::Ready(Window {
+                exec,
+                input,
+                target,
+                output,
+            });
+        }
+        match self {
+            Full::Ready(w) => Ok(w),
+            Full::Later(_) => unreachable!("built above"),
+        }
+    }
+}
+
+impl Window {
+    /// The logits after `window` (1 to `seq` tokens): the whole window's forward, padded.
+    fn next_logits(&mut self, window: &[u32], seq: usize) -> Result<Vec<f32>, UseError> {
+        let mut ids = vec![0i32; seq];
+        for (d, &t) in ids.iter_mut().zip(window) {
+            *d = t as i32;
+        }
+        let e = self.exec.as_mut();
+        e.set_input(&self.input, 1, &Values::I32(ids))?;
+        e.set_input(&self.target, 1, &Values::I32(vec![0; seq]))?;
+        e.run(1, Mode::Eval, 0, 0)?;
+        let out = e.output_values(&self.output, 1)?.ok_or_else(|| {
+            UseError::Model(format!("the model's output `{}` was not kept", self.output))
+        })?;
+        let v = out.f32();
+        let c = v.len() / seq;
+        let at = window.len() - 1;
+        Ok(v[at * c..(at + 1) * c].to_vec())
     }
 }
 
@@ -269,3 +383,7 @@ mod tests {
         assert!(opts(0.8, Some(200), Some(0.9)).check().is_ok());
     }
 }
+
+#[cfg(test)]
+#[path = "sample_tests.rs"]
+mod cache_tests;

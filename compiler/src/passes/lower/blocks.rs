@@ -120,15 +120,12 @@ impl Lowerer<'_> {
         let q = heads_of(self, "q")?;
         let k = heads_of(self, "k")?;
         let v = heads_of(self, "v")?;
-        let ctx = self.add(
-            Op::Attention {
-                causal,
-                scale: 1.0 / (hd as f64).sqrt(),
-            },
-            &[q, k, v],
-            name,
-            span,
-        )?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let ctx = if self.decode.is_some() {
+            self.decode_attention((q, k, v), scale, name, span)?
+        } else {
+            self.add(Op::Attention { causal, scale }, &[q, k, v], name, span)?
+        };
         let ctx = self.reshape(ctx, vec![b, s, Dim::known(d_local)], name, span)?;
         let out = format!("{name}.out");
         if tp > 1 {

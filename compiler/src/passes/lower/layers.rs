@@ -38,6 +38,7 @@ impl Lowerer<'_> {
             }
         }
         let x = ins[0];
+        self.decode_refuses(layer, x, name, p)?;
         match layer {
             Layer::Linear { out, bias } => {
                 let out = self.known(out, &p.join("out"), "`out`")?;
@@ -410,6 +411,9 @@ impl Lowerer<'_> {
             ));
         }
         let table = self.param(name, "weight", &[m, d], Init::Normal { std: 0.02 }, span)?;
+        if self.decode.is_some() {
+            return self.decode_positional(x, (table, m), name, span);
+        }
         let pos = self.add(
             Op::Slice {
                 axis: 0,

@@ -4,11 +4,13 @@
 
 mod batch_norm;
 mod blocks;
+mod decode;
 mod layers;
 mod loss;
 mod models;
 
 pub use batch_norm::is_running_statistic;
+pub use decode::is_cache;
 
 use super::Ctx;
 use crate::diag::{suggest, Diagnostic, Span};
@@ -41,6 +43,7 @@ pub fn run(g: &mut Graph, ctx: &Ctx) -> Result<(), Error> {
         block_stack: Vec::new(),
         tensor_parallel: u64::from(ctx.options.tensor_parallel.unwrap_or(1)).max(1),
         sharded: ctx.options.shards.is_some(),
+        decode: ctx.options.decode.map(|_| decode::Decode::default()),
     };
     l.experiment()?;
     *g = l.g;
@@ -61,6 +64,8 @@ struct Lowerer<'a> {
     /// The plan is built per micro-shard (`crate::shards`): BatchNorm's statistics are sums
     /// all-reduced over every shard.
     sharded: bool,
+    /// Lowering the decode step (`Options::decode`): one token per sample, key/value caches.
+    decode: Option<decode::Decode>,
 }
 
 /// How a tensor-parallel Linear splits its weight `[out, in]` (Megatron-LM).

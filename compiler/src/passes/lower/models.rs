@@ -14,6 +14,9 @@ impl Lowerer<'_> {
         for (i, d) in spec.shape.iter().enumerate() {
             shape.push(self.size(d, &p.join("shape").join(i), "an input dimension")?);
         }
+        if self.decode.is_some() {
+            shape = self.decode_input(name, shape, spec, p)?;
+        }
         let ty = TensorType::new(spec.dtype, shape);
         self.add(
             Op::Input {
@@ -127,6 +130,10 @@ impl Lowerer<'_> {
             }
         };
         self.g.outputs = outputs;
+        // The decode step computes the logits only: no labels, no loss.
+        if self.decode.is_some() {
+            return Ok(());
+        }
         self.loss()?;
         self.data_contract()
     }

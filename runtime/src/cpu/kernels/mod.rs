@@ -7,6 +7,7 @@
 //! how many threads ran them.
 
 pub mod attention;
+pub mod cache;
 pub mod conv;
 pub mod elementwise;
 pub mod gemm;
@@ -141,6 +142,10 @@ pub fn execute(op: &Op, ins: &[&Tensor], out: &mut Tensor, ctx: &Ctx) -> Result<
         Op::Softmax { causal } => rows::softmax(ins[0], *causal, out),
         Op::Attention { causal, scale } => {
             attention::attention(ins[0], ins[1], ins[2], *causal, *scale, out, None)
+        }
+        Op::CacheWrite => cache::cache_write(ins[0], ins[1], ins[2], out),
+        Op::CachedAttention { scale } => {
+            cache::cached_attention(ins[0], ins[1], ins[2], ins[3], *scale, out)
         }
         Op::AttentionLse { causal, scale } => {
             attention::attention_lse(ins[0], ins[1], *causal, *scale, out)
