@@ -194,6 +194,10 @@ enum Command {
     Eval(trained::EvalArgs),
     /// A trained classifier's class probabilities and top-k labels for inputs (`.npy`, `.csv`).
     Predict(trained::PredictArgs),
+    /// Text from a trained language model: `--prompt`, `--max-new-tokens`, `--temperature`,
+    /// `--top-k`, `--top-p`, `--seed` (the same seed, the same text); decoded with the
+    /// tokenizer its token files were written with.
+    Sample(sample::Args),
     /// Check collectives on the GPU: NCCL all-reduce at world size 1, and a 4-rank
     /// data-parallel gradient step on simulated ranks against the 1-rank step of FILE.
     CollectivesCheck { file: PathBuf },
@@ -297,6 +301,7 @@ mod gpu;
 mod job;
 mod prepare;
 mod report;
+mod sample;
 mod tokenize;
 mod train;
 mod trained;
@@ -405,6 +410,7 @@ fn main() -> ExitCode {
         Command::Tokenize(args) => tokenize::run(args),
         Command::Eval(args) => trained::eval(args),
         Command::Predict(args) => trained::predict(args),
+        Command::Sample(args) => sample::run(args),
     };
     match r {
         Ok(()) if out::failed() => ExitCode::from(1),

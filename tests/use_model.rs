@@ -147,3 +147,108 @@ fn eval_and_predict_a_trained_classifier() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A tiny causal character model of `vocab` symbols on token files `PREFIX_train.bin` and
+/// `PREFIX_val.bin`.
+fn char_model(dir: &Path, prefix: &str, vocab: usize) -> String {
+    let text = format!(
+        r#"Experiment(
+    name: "letters",
+    params: {{ "d": 32, "vocab": {vocab}, "seq": 16 }},
+    model: Graph(
+        inputs: {{ "tokens": (shape: ["seq"], dtype: I32) }},
+        nodes: [
+            ("emb", Embedding(vocab: "vocab", dim: "d"), ["tokens"]),
+            ("pos", PositionalEmbedding(max_len: "seq"), ["emb"]),
+            ("n1", LayerNorm, ["pos"]),
+            ("att", Attention(heads: 2, causal: true), ["n1"]),
+            ("r1", Add, ["pos", "att"]),
+            ("n2", LayerNorm, ["r1"]),
+            ("logits", Linear(out: "vocab"), ["n2"]),
+        ],
+    ),
+    loss: CrossEntropy,
+    data: Tokens(train: "{prefix}_train.bin", validation: "{prefix}_val.bin", validation_windows: 20),
+    optimizer: Adam(lr: 1e-2),
+    train: (batch_size: 8, steps: 150, seed: 5),
+)"#
+    );
+    let path = dir.join("letters.ron");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn tokenize_train_eval_and_sample_a_language_model() {
+    let dir = temp("use-lm");
+    std::fs::create_dir_all(&dir).unwrap();
+    let text = "abcdefghijklmnopqrstuvwxyz\n".repeat(300);
+    let input = dir.join("input.txt");
+    std::fs::write(&input, &text).unwrap();
+    let prefix = dir.join("letters");
+    let p = prefix.to_str().unwrap();
+    ok(&[
+        "tokenize",
+        input.to_str().unwrap(),
+        "--tokenizer",
+        "chars",
+        "--out",
+        p,
+    ]);
+    let exp = char_model(&dir, p, 27);
+    let run_dir = dir.join("run");
+    let r = run_dir.to_str().unwrap();
+    ok(&["train", &exp, "--run-dir", r]);
+
+    // Perplexity is exp of the mean loss per token; 20 windows of 16 tokens.
+    let e = json(&["eval", r, "--format", "json"]);
+    assert_eq!(e["samples"], 20);
+    assert_eq!(e["tokens"], 320);
+    let loss = e["loss"].as_f64().unwrap();
+    assert!((e["perplexity"].as_f64().unwrap() - loss.exp()).abs() < 1e-12);
+    let val = common::metric(&run_dir, "val_loss");
+    assert!((loss - val[val.len() - 1]).abs() < 1e-6, "{loss} {val:?}");
+    // The alphabet is learnt: the next letter is predicted almost always.
+    assert!(e["accuracy"].as_f64().unwrap() > 0.9, "{e}");
+    // --data: every window of another file, once: (810 - 1) / 16 = 50 of the validation file.
+    let data = format!(r#"Tokens(train: "{p}_val.bin")"#);
+    let d = json(&["eval", r, "--data", &data, "--format", "json"]);
+    assert_eq!(d["samples"], 50, "{d}");
+
+    // Greedy sampling continues the alphabet; a seed gives the same text twice.
+    let greedy = ok(&[
+        "sample",
+        r,
+        "--prompt",
+        "abc",
+        "--max-new-tokens",
+        "30",
+        "--temperature",
+        "0",
+    ]);
+    assert!(
+        greedy.starts_with("abcdefghijklmnopqrstuvwxyz\nabcdef"),
+        "{greedy:?}"
+    );
+    let drawn = |seed: &str| {
+        ok(&[
+            "sample",
+            r,
+            "--prompt",
+            "k",
+            "--max-new-tokens",
+            "40",
+            "--seed",
+            seed,
+            "--temperature",
+            "1.5",
+        ])
+    };
+    assert_eq!(drawn("1"), drawn("1"));
+    assert_ne!(drawn("1"), drawn("2"));
+    // Ids the tokenizer lacks, and a classifier, are refused.
+    let (code, _, err) = run(&["sample", r, "--prompt", "ABC"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("--prompt"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
