@@ -76,6 +76,9 @@ pub struct Summary {
     pub resumed_from: u64,
     /// Training batches whose every label was ignored (they train nothing).
     pub batches_without_labels: u64,
+    /// Image files that `skip_corrupt` left out (image folders only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped_files: Option<u64>,
 }
 
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> TrainError + '_ {
@@ -196,6 +199,12 @@ fn train_in(
         crate::host_memory::check(&plan, cfg.device.simulated().map(|s| s.grid))?;
     }
     let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
+    if writes {
+        session
+            .warnings
+            .iter()
+            .for_each(|w| on_event(&Event::Warning(w.clone())));
+    }
     if let Some(p) = &peers {
         job::agree_on_data(p, &session.data_hash)?;
     }
@@ -243,6 +252,11 @@ fn train_in(
     let exp_path = dir.join("experiment.ron");
     if writes {
         write_atomic(&exp_path, exp_text.as_bytes())?;
+        // An image folder's class names in index order, for `predict` and the user.
+        if let Some(classes) = &session.classes {
+            let text = serde_json::to_string(classes).expect("strings serialise") + "\n";
+            write_atomic(&dir.join("classes.json"), text.as_bytes())?;
+        }
     }
     let record_path = dir.join(crate::run_record::FILE);
     let devices = cfg.device.describe(peers.is_some());
@@ -292,6 +306,7 @@ fn train_in(
         validation,
         input,
         target,
+        skipped_files,
         ..
     } = session;
     let validator = Validator {
@@ -322,7 +337,13 @@ fn train_in(
         Ok::<_, TrainError>(path)
     };
     for step in start_step..total {
-        let batch = loader.next().expect("the loader runs forever");
+        let Some(batch) = loader.next() else {
+            let why = loader.failure().map_or_else(
+                || TrainError::Model("the data loader stopped".into()),
+                TrainError::from,
+            );
+            return Err(why);
+        };
         if labelled_but_all_ignored(&exp.loss, &batch.targets) {
             without_labels += 1;
             if without_labels == 1 {
@@ -469,6 +490,7 @@ fn train_in(
         run_id: id.clone(),
         resumed_from: start_step,
         batches_without_labels: without_labels,
+        skipped_files: (skipped_files > 0).then_some(skipped_files as u64),
     };
     let summary_path = dir.join(crate::resume::SUMMARY);
     let text = serde_json::to_string_pretty(&summary).expect("a summary serialises") + "\n";
