@@ -50,8 +50,9 @@ pub(crate) struct EvalArgs {
 pub(crate) struct PredictArgs {
     #[command(flatten)]
     run: RunArgs,
-    /// Input files: `.npy` (one input of the model's shape, or many along the first axis) or
-    /// `.csv` (an input a line).
+    /// Input files: `.npy` (one input of the model's shape, or many along the first axis),
+    /// `.csv` (an input a line), or image files and folders of them (for a model trained on
+    /// an image folder: its evaluation transform).
     #[arg(required = true)]
     inputs: Vec<PathBuf>,
     /// The most likely classes listed per input.
@@ -149,19 +150,16 @@ pub(crate) fn eval(args: EvalArgs) -> Result<(), Exit> {
 
 pub(crate) fn predict(args: PredictArgs) -> Result<(), Exit> {
     let (p, weights) = open(&args.run, &[], None, None)?;
-    let spec = predict::input_of(&p.source, &p.plan).map_err(fail(&args.run.run))?;
+    let (spec, images) = predict::input_of(&p.source, &p.plan).map_err(fail(&args.run.run))?;
     // Every input, named for the report: the file, and its index in a file of several.
     let mut names = Vec::new();
     let mut all: Option<parallax_runtime::data::Values> = None;
     for path in &args.inputs {
-        let (v, n) = inputs::read(path, &spec).map_err(data_error)?;
-        match n {
-            1 => names.push(path.display().to_string()),
-            _ => names.extend((0..n).map(|i| format!("{}[{i}]", path.display()))),
-        }
+        let read = inputs::read_any(path, &spec, images.as_ref()).map_err(data_error)?;
+        names.extend(read.names);
         all = Some(match all {
-            None => v,
-            Some(a) => a.concat(v).map_err(data_error)?,
+            None => read.values,
+            Some(a) => a.concat(read.values).map_err(data_error)?,
         });
     }
     let values = all.expect("clap requires an input");

@@ -143,7 +143,13 @@ fn eval_and_predict_a_trained_classifier() {
     );
     bad(
         &["predict", r, "Cargo.toml"],
-        "inputs are read from .npy or .csv",
+        "inputs are read from .npy, .csv or image files",
+    );
+    let png = dir.join("x.png");
+    std::fs::write(&png, b"not decoded").unwrap();
+    bad(
+        &["predict", r, png.to_str().unwrap()],
+        "images are read for a model trained on an image folder",
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

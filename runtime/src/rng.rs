@@ -15,6 +15,8 @@ pub enum Purpose {
     Synthetic = 5,
     /// Where the windows of a token file start (`data::tokens`).
     Windows = 6,
+    /// An image's random crop and flip (`data::image_folder`).
+    Augment = 7,
     /// The draws of `parallax sample` (`trained::sample`).
     Sample = 8,
 }

@@ -107,6 +107,42 @@ pub enum Data {
         #[serde(default)]
         tokenizer: Option<String>,
     },
+    /// A folder of images, one subfolder per class (torchvision's `ImageFolder`), decoded per
+    /// batch; the image size and channels are the model input's `[C, H, W]`.
+    ImageFolder {
+        train: String,
+        /// A second folder of the same classes, read whole with the evaluation transform.
+        #[serde(default)]
+        validation: Option<String>,
+        /// Without a `validation` folder: the fraction of `train` held out for validation
+        /// (default 0.1). Not allowed with one.
+        #[serde(default)]
+        validation_split: Option<f64>,
+        /// Training transform: RandomResizedCrop and a horizontal flip; off, training images
+        /// get the evaluation transform.
+        #[serde(default = "yes")]
+        augment: bool,
+        /// The evaluation transform's short side before the centre crop (default
+        /// `round(H * 256 / 224)`, torchvision's evaluation preset).
+        #[serde(default)]
+        resize: Option<u64>,
+        /// Per-channel mean and standard deviation of `[0, 1]` pixels (default ImageNet's for
+        /// 3 channels; for 1 channel their averages, 0.449 and 0.226).
+        #[serde(default)]
+        normalize: Option<Normalize>,
+        /// Leave out (and count) files that are not images of a decodable format, instead
+        /// of stopping.
+        #[serde(default)]
+        skip_corrupt: bool,
+    },
+}
+
+/// `Normalize`: `(pixel - mean[c]) / std[c]` for channel `c`.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Normalize {
+    pub mean: Vec<f64>,
+    pub std: Vec<f64>,
 }
 
 impl Data {
@@ -126,6 +162,13 @@ impl Data {
                 let mut v = vec![("train", train)];
                 v.extend(validation.iter().map(|p| ("validation", p)));
                 v.extend(tokenizer.iter().map(|p| ("tokenizer", p)));
+                v
+            }
+            Data::ImageFolder {
+                train, validation, ..
+            } => {
+                let mut v = vec![("train", train)];
+                v.extend(validation.iter().map(|p| ("validation", p)));
                 v
             }
             Data::Digits { .. }
@@ -150,6 +193,13 @@ impl Data {
                 let mut v = vec![train];
                 v.extend(validation.as_mut());
                 v.extend(tokenizer.as_mut());
+                v
+            }
+            Data::ImageFolder {
+                train, validation, ..
+            } => {
+                let mut v = vec![train];
+                v.extend(validation.as_mut());
                 v
             }
             Data::Digits { .. }

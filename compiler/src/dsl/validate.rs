@@ -1,7 +1,7 @@
 //! Checks on the sections that later stages execute (data, optimizer, train, devices): every
 //! number in range, every combination meaningful. All problems are reported at once.
 
-use super::ast::{Data, Experiment, Loss, Optimizer, Schedule, DEVICE_KINDS};
+use super::ast::{Data, Experiment, Loss, Normalize, Optimizer, Schedule, DEVICE_KINDS};
 use super::spans::Path;
 use super::Source;
 use crate::diag::{suggest, Diagnostic};
@@ -160,6 +160,22 @@ fn data(c: &mut Checker, d: &Data) {
             );
             0.0
         }
+        Data::ImageFolder {
+            validation,
+            validation_split,
+            resize,
+            normalize,
+            ..
+        } => {
+            image_folder(
+                c,
+                validation.is_some(),
+                *validation_split,
+                *resize,
+                normalize,
+            );
+            validation_split.unwrap_or(0.0)
+        }
         Data::Blobs {
             samples,
             classes,
@@ -201,11 +217,54 @@ fn data(c: &mut Checker, d: &Data) {
             *validation
         }
     };
-    c.unit_interval(
-        path!["data", "validation"],
-        "the validation fraction",
-        validation,
-    );
+    let field = match d {
+        Data::ImageFolder { .. } => "validation_split",
+        _ => "validation",
+    };
+    c.unit_interval(path!["data", field], "the validation fraction", validation);
+}
+
+fn image_folder(
+    c: &mut Checker,
+    folder: bool,
+    split: Option<f64>,
+    resize: Option<u64>,
+    normalize: &Option<Normalize>,
+) {
+    if folder && split.is_some() {
+        c.fail(
+            path!["data", "validation_split"],
+            "give a `validation` folder or a `validation_split` of `train`, not both",
+            None,
+        );
+    }
+    if let Some(r) = resize {
+        c.count(path!["data", "resize"], "`resize`", r);
+    }
+    let Some(n) = normalize else { return };
+    if n.mean.len() != n.std.len() || n.mean.is_empty() {
+        c.fail(
+            path!["data", "normalize"],
+            format!(
+                "`normalize` needs one mean and one std per channel, got {} and {}",
+                n.mean.len(),
+                n.std.len()
+            ),
+            None,
+        );
+    }
+    for (i, s) in n.std.iter().enumerate() {
+        c.positive(path!["data", "normalize", "std", i], "a `std`", *s);
+    }
+    for (i, m) in n.mean.iter().enumerate() {
+        if !m.is_finite() {
+            c.fail(
+                path!["data", "normalize", "mean", i],
+                format!("a `mean` must be finite, got {m}"),
+                None,
+            );
+        }
+    }
 }
 
 fn optimizer(c: &mut Checker, o: &Optimizer) {

@@ -1,12 +1,92 @@
 //! Inputs without labels, for `parallax predict`: a `.npy` array (of many inputs, the first
-//! axis, or of one), or a CSV file of one input a line (a first line that is not all numbers is
-//! a header); and the `.npy` file `predict` writes its probabilities to.
+//! axis, or of one), a CSV file of one input a line (a first line that is not all numbers is
+//! a header), image files and folders of them (for a model trained on an image folder: its
+//! evaluation transform); and the `.npy` file `predict` writes its probabilities to.
 
+use super::image_folder::{eval_image, EXTENSIONS};
 use super::npy;
-use super::{DataError, TensorSpec, Values};
-use std::path::Path;
+use super::{DataError, ImageSpec, TensorSpec, Values};
+use std::path::{Path, PathBuf};
 
-/// The inputs in `path` for a model reading `spec`: their values (C order) and their count.
+/// Inputs read, each named (its file, and its index in a file of several).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Inputs {
+    pub names: Vec<String>,
+    pub values: Values,
+}
+
+/// Whether `path` names an image file (by its extension, as an image folder's scan does).
+pub fn is_image(path: &Path) -> bool {
+    let name = path.to_string_lossy().to_ascii_lowercase();
+    EXTENSIONS.iter().any(|e| name.ends_with(e))
+}
+
+/// The inputs in `path` for a model reading `spec`: an array or CSV file, an image file, or a
+/// folder whose image files (under it, in name order) are the inputs. Images need `images`,
+/// the transform of the image folder the model was trained on.
+pub fn read_any(
+    path: &Path,
+    spec: &TensorSpec,
+    images: Option<&ImageSpec>,
+) -> Result<Inputs, DataError> {
+    let file = path.display().to_string();
+    let image_files = match (path.is_dir(), is_image(path)) {
+        (true, _) => images_under(path)?,
+        (false, true) => vec![path.to_path_buf()],
+        (false, false) => {
+            let (values, n) = read(path, spec)?;
+            let names = match n {
+                1 => vec![file],
+                _ => (0..n).map(|i| format!("{file}[{i}]")).collect(),
+            };
+            return Ok(Inputs { names, values });
+        }
+    };
+    let Some(images) = images else {
+        return Err(DataError::format(&file, "images are read for a model trained on an image folder (with its evaluation transform); give this model .npy or .csv inputs".to_string()));
+    };
+    if image_files.is_empty() {
+        return Err(DataError::format(&file, "holds no image file".to_string()));
+    }
+    let mut values = Vec::with_capacity(image_files.len() * spec.numel());
+    for f in &image_files {
+        values.extend(eval_image(f, images)?);
+    }
+    Ok(Inputs {
+        names: image_files
+            .iter()
+            .map(|p| p.display().to_string())
+            .collect(),
+        values: Values::F32(values),
+    })
+}
+
+/// The image files under `dir`, in name order, hidden files and folders left out.
+fn images_under(dir: &Path) -> Result<Vec<PathBuf>, DataError> {
+    let mut found = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let entries = std::fs::read_dir(&d).map_err(|source| DataError::Io {
+            path: d.clone(),
+            source,
+        })?;
+        for e in entries.flatten() {
+            let p = e.path();
+            let hidden = e.file_name().to_string_lossy().starts_with('.');
+            match (hidden, p.is_dir()) {
+                (true, _) => {}
+                (false, true) => stack.push(p),
+                (false, false) if is_image(&p) => found.push(p),
+                _ => {}
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// The inputs in `path` (`.npy` or `.csv`) for a model reading `spec`: their values (C
+/// order) and their count.
 pub fn read(path: &Path, spec: &TensorSpec) -> Result<(Values, usize), DataError> {
     let file = path.display().to_string();
     let ext = path
@@ -38,7 +118,7 @@ pub fn read(path: &Path, spec: &TensorSpec) -> Result<(Values, usize), DataError
         _ => {
             return Err(DataError::format(
                 &file,
-                "inputs are read from .npy or .csv files".to_string(),
+                "inputs are read from .npy, .csv or image files, or folders of images".to_string(),
             ))
         }
     };

@@ -18,7 +18,7 @@
 use super::{DataError, Dataset, Values};
 use crate::rng::{permutation, stream, Purpose};
 use std::sync::mpsc::{sync_channel, Receiver};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
 /// Batches prepared ahead of the consumer.
@@ -85,6 +85,8 @@ pub struct Loader {
     rx: Option<Receiver<Batch>>,
     worker: Option<JoinHandle<()>>,
     batches_per_epoch: usize,
+    /// Why the worker stopped, if a batch could not be made (an image that does not decode).
+    failure: Arc<Mutex<Option<DataError>>>,
 }
 
 impl Loader {
@@ -130,15 +132,41 @@ impl Loader {
             if order.0 != epoch {
                 order = (epoch, order_of(shuffle, seed, epoch, len));
             }
-            make_batch(&dataset, &order.1, batch_size, epoch, index)
+            Ok(make_batch(&dataset, &order.1, batch_size, epoch, index))
         })
     }
 
     /// Serves the windows of a token file (`data::tokens`), from batch `first_batch` of the run.
     pub fn windows(w: super::tokens::Windows, first_batch: u64) -> Result<Loader, DataError> {
         Loader::spawn(w.per_epoch, first_batch, move |epoch, index| {
-            w.batch(epoch, index)
+            Ok(w.batch(epoch, index))
         })
+    }
+
+    /// Serves the images of a folder (`data::image_folder`), decoded batch by batch, from
+    /// batch `first_batch` of the run. A file that does not decode ends the batches: `next`
+    /// returns `None` and [`Loader::failure`] says why.
+    pub fn images(
+        images: super::image_folder::Images,
+        first_batch: u64,
+    ) -> Result<Loader, DataError> {
+        if images.per_epoch == 0 {
+            return Err(DataError::Config(
+                "the image folder has no training batch".into(),
+            ));
+        }
+        let mut order = (u64::MAX, Vec::new());
+        Loader::spawn(images.per_epoch, first_batch, move |epoch, index| {
+            if order.0 != epoch {
+                order = (epoch, images.order(epoch));
+            }
+            images.batch_in(&order.1, epoch, index)
+        })
+    }
+
+    /// Why the batches ended, if making one failed (taken: later calls say nothing).
+    pub fn failure(&mut self) -> Option<DataError> {
+        self.failure.lock().ok()?.take()
     }
 
     /// A worker thread that sends `make(epoch, index)` for every batch of the run from batch
@@ -146,9 +174,11 @@ impl Loader {
     fn spawn(
         per_epoch: usize,
         first_batch: u64,
-        mut make: impl FnMut(u64, usize) -> Batch + Send + 'static,
+        mut make: impl FnMut(u64, usize) -> Result<Batch, DataError> + Send + 'static,
     ) -> Result<Loader, DataError> {
         let (tx, rx) = sync_channel(PREFETCH);
+        let failure = Arc::new(Mutex::new(None));
+        let failed = failure.clone();
         let worker = std::thread::Builder::new()
             .name("parallax-data".into())
             .spawn(move || {
@@ -158,7 +188,16 @@ impl Loader {
                 let mut start = (first_batch % per_epoch as u64) as usize;
                 loop {
                     for index in std::mem::take(&mut start)..per_epoch {
-                        if tx.send(make(epoch, index)).is_err() {
+                        let batch = match make(epoch, index) {
+                            Ok(b) => b,
+                            Err(e) => {
+                                if let Ok(mut f) = failed.lock() {
+                                    *f = Some(e);
+                                }
+                                return; // the receiver then sees the channel closed
+                            }
+                        };
+                        if tx.send(batch).is_err() {
                             return; // the loader was dropped
                         }
                     }
@@ -170,6 +209,7 @@ impl Loader {
             rx: Some(rx),
             worker: Some(worker),
             batches_per_epoch: per_epoch,
+            failure,
         })
     }
 

@@ -26,6 +26,7 @@ mod csv;
 pub mod digits;
 mod fit;
 mod idx;
+pub mod image_folder;
 pub mod inputs;
 pub mod loader;
 mod npy;
@@ -33,6 +34,7 @@ pub mod shards;
 mod synthetic;
 pub mod tokenize;
 pub mod tokens;
+pub mod transform;
 
 #[cfg(test)]
 pub(crate) mod testutil;
@@ -42,8 +44,10 @@ use parallax_compiler::dsl::ast::Data;
 use std::path::{Path, PathBuf};
 
 pub(crate) use fit::fit;
+pub use image_folder::{class_names, eval_image};
 pub use loader::{epoch_order, Batch, Loader};
 pub use parallax_compiler::ir::DType;
+pub use transform::ImageSpec;
 
 /// A flat buffer of elements: samples one after another, each in C order.
 #[derive(Debug, Clone, PartialEq)]
@@ -266,63 +270,68 @@ pub(crate) struct Raw {
 /// Reads the data set `data` names (files relative to `base_dir`), fits it to the model's
 /// input and target, and splits it by the seed.
 pub fn load(data: &Data, io: &ModelIo, seed: u64, base_dir: &Path) -> Result<Splits, DataError> {
-    let (raw, validation) =
-        match data {
-            Data::Digits { validation } => (digits::load()?, *validation),
-            Data::Idx {
-                images,
-                labels,
-                validation,
-            } => (
-                idx::load(&base_dir.join(images), &base_dir.join(labels), io)?,
-                *validation,
-            ),
-            Data::Csv {
-                path,
-                label_column,
-                header,
-                validation,
-            } => (
-                csv::load(&base_dir.join(path), *label_column, *header, io)?,
-                *validation,
-            ),
-            Data::Npy {
-                inputs,
-                labels,
-                validation,
-            } => (
-                npy::load(&base_dir.join(inputs), &base_dir.join(labels), io)?,
-                *validation,
-            ),
-            Data::Blobs {
-                samples,
-                classes,
-                features,
-                std,
-                validation,
-            } => (
-                synthetic::blobs(*samples, *classes, *features, *std, seed)?,
-                *validation,
-            ),
-            Data::Sequence {
-                task,
-                length,
-                vocab,
-                samples,
-                validation,
-            } => (
-                synthetic::sequence(*task, *length, *vocab, *samples, seed, io)?,
-                *validation,
-            ),
-            Data::Synthetic {
-                samples,
-                validation,
-            } => (synthetic::synthetic(*samples, seed, io)?, *validation),
-            Data::Tokens { .. } => return Err(DataError::Config(
+    let (raw, validation) = match data {
+        Data::Digits { validation } => (digits::load()?, *validation),
+        Data::Idx {
+            images,
+            labels,
+            validation,
+        } => (
+            idx::load(&base_dir.join(images), &base_dir.join(labels), io)?,
+            *validation,
+        ),
+        Data::Csv {
+            path,
+            label_column,
+            header,
+            validation,
+        } => (
+            csv::load(&base_dir.join(path), *label_column, *header, io)?,
+            *validation,
+        ),
+        Data::Npy {
+            inputs,
+            labels,
+            validation,
+        } => (
+            npy::load(&base_dir.join(inputs), &base_dir.join(labels), io)?,
+            *validation,
+        ),
+        Data::Blobs {
+            samples,
+            classes,
+            features,
+            std,
+            validation,
+        } => (
+            synthetic::blobs(*samples, *classes, *features, *std, seed)?,
+            *validation,
+        ),
+        Data::Sequence {
+            task,
+            length,
+            vocab,
+            samples,
+            validation,
+        } => (
+            synthetic::sequence(*task, *length, *vocab, *samples, seed, io)?,
+            *validation,
+        ),
+        Data::Synthetic {
+            samples,
+            validation,
+        } => (synthetic::synthetic(*samples, seed, io)?, *validation),
+        Data::Tokens { .. } => {
+            return Err(DataError::Config(
                 "token files are read as windows (`data::tokens::Tokens::open`), not loaded whole"
                     .into(),
-            )),
-        };
+            ))
+        }
+        Data::ImageFolder { .. } => return Err(DataError::Config(
+            "image folders are decoded per batch (`data::image_folder::open`), not loaded whole"
+                .into(),
+        )),
+    };
     let (inputs_file, labels_file) =
         files(data, base_dir).unwrap_or_else(|| (raw.source.clone(), raw.source.clone()));
     if let Values::F32(v) = &raw.inputs {

@@ -31,6 +31,10 @@ use std::path::Path;
 use std::time::Instant;
 use steps::{Steps, Tallies};
 
+/// The file of the run directory that holds the class names of data that names its classes
+/// (an image folder's), in index order, as a JSON array.
+pub const CLASSES: &str = "classes.json";
+
 /// Progress, for the command line to show.
 #[derive(Debug, Clone)]
 pub enum Event {
@@ -82,6 +86,9 @@ pub struct Summary {
     pub resumed_from: u64,
     /// Training batches whose every label was ignored (they train nothing).
     pub batches_without_labels: u64,
+    /// Image files that `skip_corrupt` left out (image folders only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub skipped_files: Option<u64>,
 }
 
 fn io_err(path: &Path) -> impl Fn(std::io::Error) -> TrainError + '_ {
@@ -152,6 +159,11 @@ fn train_in(
     let started = Instant::now();
     let o = open::open(source, plan, cfg, &peers, writes)?;
     let (exp, session, mut exec, mut records) = (o.exp, o.session, o.exec, o.records);
+    if writes {
+        for w in &session.warnings {
+            on_event(&Event::Warning(w.clone()));
+        }
+    }
     on_event(&Event::Start {
         total_steps: o.total,
         batches_per_epoch: o.per_epoch,
@@ -163,6 +175,7 @@ fn train_in(
         validation,
         input,
         target,
+        skipped_files,
         ..
     } = session;
     let validator = Validator {
@@ -246,6 +259,7 @@ fn train_in(
         run_id: o.id.clone(),
         resumed_from: o.start_step,
         batches_without_labels: t.without_labels,
+        skipped_files: (skipped_files > 0).then_some(skipped_files as u64),
     };
     let summary_path = dir.join(crate::resume::SUMMARY);
     let text = serde_json::to_string_pretty(&summary).expect("a summary serialises") + "\n";

@@ -113,6 +113,11 @@ pub(super) fn open(
     let exp_path = dir.join("experiment.ron");
     if writes {
         write_atomic(&exp_path, exp_text.as_bytes())?;
+        // An image folder's class names in index order, for `predict` and the user.
+        if let Some(classes) = &session.classes {
+            let text = serde_json::to_string(classes).expect("strings serialise") + "\n";
+            write_atomic(&dir.join(super::CLASSES), text.as_bytes())?;
+        }
     }
     let record_path = dir.join(crate::run_record::FILE);
     let devices = cfg.device.describe(peers.is_some());

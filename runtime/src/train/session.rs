@@ -135,6 +135,12 @@ pub struct SessionData {
     pub validation: Dataset,
     pub input: String,
     pub target: String,
+    /// The class names of an image folder, in index order (`classes.json`).
+    pub classes: Option<Vec<String>>,
+    /// What the data's loading wants the user told (hidden folders skipped, ...).
+    pub warnings: Vec<String>,
+    /// Image files left out by `skip_corrupt`.
+    pub skipped_files: usize,
 }
 
 impl SessionData {
@@ -159,6 +165,25 @@ impl SessionData {
                 validation: t.validation,
                 input,
                 target,
+                classes: None,
+                warnings: Vec::new(),
+                skipped_files: 0,
+            });
+        }
+        if let parallax_compiler::dsl::ast::Data::ImageFolder { .. } = &e.data {
+            let (shuffle, drop_last) = (e.train.shuffle, e.train.drop_last);
+            let f =
+                data::image_folder::open(&e.data, &io, seed, base_dir, batch, shuffle, drop_last)?;
+            return Ok(SessionData {
+                data_hash: f.hash,
+                train_samples: f.images.samples.len(),
+                loader: Loader::images(f.images, first_batch)?,
+                validation: f.validation,
+                input,
+                target,
+                classes: Some(f.classes),
+                warnings: f.warnings,
+                skipped_files: f.skipped,
             });
         }
         let splits = data::load(&e.data, &io, seed, base_dir)?;
@@ -188,6 +213,9 @@ impl SessionData {
             validation: splits.validation,
             input,
             target,
+            classes: None,
+            warnings: Vec::new(),
+            skipped_files: 0,
         })
     }
 }

@@ -71,7 +71,12 @@ impl Steps<'_> {
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<(), TrainError> {
         let waiting = Instant::now();
-        let batch = loader.next().expect("the loader runs forever");
+        let Some(batch) = loader.next() else {
+            return Err(loader.failure().map_or_else(
+                || TrainError::Model("the data loader stopped".into()),
+                TrainError::from,
+            ));
+        };
         self.t.data_wait += waiting.elapsed().as_secs_f64();
         let lr = self.train(exec, &batch, step, on_event)?;
         let epoch_end = batch.index as u64 + 1 == self.per_epoch;

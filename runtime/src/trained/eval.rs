@@ -4,7 +4,7 @@
 
 use super::{model_output, UseError, Weights};
 use crate::data::{self, Dataset, ModelIo};
-use crate::train::{backend, model_io, Device, Validator};
+use crate::train::{backend, model_io, Device, SessionData, Validator};
 use crate::weights::FileShapes;
 use parallax_compiler::dsl::ast::Data;
 use parallax_compiler::{Plan, Source};
@@ -51,7 +51,8 @@ pub fn evaluate(r: Request) -> Result<Evaluation, UseError> {
     let (io, input, target) = model_io(&r.plan, &exp.loss)?;
     let output = model_output(&r.plan)?;
     let set = match r.data {
-        None => validation_of(&exp.data, &io, seed, r.base_dir, batch)?,
+        // The set training validated on, as training loads it.
+        None => SessionData::load(r.source, &r.plan, batch, seed, r.base_dir, 0)?.validation,
         Some(d) => every_sample(d, &io, seed, r.base_dir, batch)?,
     };
     if set.len == 0 {
@@ -92,22 +93,9 @@ pub fn evaluate(r: Request) -> Result<Evaluation, UseError> {
     })
 }
 
-/// The run's validation set, as training evaluated it.
-fn validation_of(
-    d: &Data,
-    io: &ModelIo,
-    seed: u64,
-    base_dir: &Path,
-    batch: usize,
-) -> Result<Dataset, UseError> {
-    Ok(match d {
-        Data::Tokens { .. } => data::tokens::open(d, io, seed, base_dir, batch, false)?.validation,
-        _ => data::load(d, io, seed, base_dir)?.validation,
-    })
-}
-
 /// Every sample of `d`: a token file's consecutive windows (its `validation` file's, if it
-/// names one), or both parts of a split source.
+/// names one), every image of an image folder (its `validation` folder's, if it names one),
+/// or both parts of a split source.
 fn every_sample(
     d: &Data,
     io: &ModelIo,
@@ -128,6 +116,21 @@ fn every_sample(
             *validation_windows = u64::MAX;
         }
         return Ok(data::tokens::open(&all, io, seed, base_dir, batch, false)?.validation);
+    }
+    if let Data::ImageFolder { .. } = d {
+        let mut all = d.clone();
+        if let Data::ImageFolder {
+            train,
+            validation,
+            validation_split,
+            ..
+        } = &mut all
+        {
+            validation.get_or_insert_with(|| train.clone());
+            *validation_split = None;
+        }
+        let opened = data::image_folder::open(&all, io, seed, base_dir, batch, false, false)?;
+        return Ok(opened.validation);
     }
     let s = data::load(d, io, seed, base_dir)?;
     concat(s.train, s.validation)

@@ -18,8 +18,7 @@ use parallax_compiler::plan::LOSS;
 use parallax_compiler::Plan;
 use std::path::{Path, PathBuf};
 
-/// The file the class names of a run are kept in (in index order, a JSON array).
-pub const CLASSES: &str = "classes.json";
+pub use crate::train::CLASSES;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UseError {

@@ -3,11 +3,12 @@
 //! the outputs themselves for a regression.
 
 use super::{model_output, softmax_rows, UseError, Weights};
+use crate::data::ImageSpec;
 use crate::data::Values;
 use crate::exec::Mode;
 use crate::train::{backend, feed, model_io, Device};
 use crate::weights::FileShapes;
-use parallax_compiler::dsl::ast::Loss;
+use parallax_compiler::dsl::ast::{Data, Loss};
 use parallax_compiler::{Plan, Source};
 
 /// What `predict` computed for `n` inputs.
@@ -24,9 +25,19 @@ pub struct Predictions {
     pub classifier: bool,
 }
 
-/// The shape one input must have, and whether it holds integers (token ids).
-pub fn input_of(source: &Source, plan: &Plan) -> Result<crate::data::TensorSpec, UseError> {
-    Ok(model_io(plan, &source.experiment.loss)?.0.input)
+/// The shape one input must have, and for a model trained on an image folder the transform
+/// that turns an image file into it.
+pub fn input_of(
+    source: &Source,
+    plan: &Plan,
+) -> Result<(crate::data::TensorSpec, Option<ImageSpec>), UseError> {
+    let io = model_io(plan, &source.experiment.loss)?.0;
+    let data = &source.experiment.data;
+    let images = match data {
+        Data::ImageFolder { .. } => Some(ImageSpec::of(data, &io, "the run's image folder")?),
+        _ => None,
+    };
+    Ok((io.input, images))
 }
 
 /// Runs the model of `plan` with `weights` on `n` inputs (`inputs`, C order).
