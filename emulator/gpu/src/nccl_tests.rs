@@ -335,8 +335,8 @@ fn init_all_gives_blocking_ranks() {
         unsafe { ncclAllReduce(p, p, 3, F32, SUM, comms[r], std::ptr::null_mut()) };
     }
     assert_eq!(ncclGroupEnd(), N::ncclSuccess);
-    for r in 0..2 {
-        assert_eq!(read_f32(v[r], 3), [3.0; 3]);
+    for &p in &v {
+        assert_eq!(read_f32(p, 3), [3.0; 3]);
     }
     for c in comms {
         assert_eq!(ncclCommDestroy(c), N::ncclSuccess);
