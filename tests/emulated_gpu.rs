@@ -343,20 +343,24 @@ fn process_ranks(n: usize, args: &[&str], env: &[(&str, &str)]) -> Vec<(Option<i
         .collect()
 }
 
-/// GPU ranks summing over NCCL (`PARALLAX_NCCL=1`), as threads of one process on two
-/// emulated GPUs and as two processes, give the bytes of the host path's sums.
+/// GPU ranks summing over NCCL (`PARALLAX_NCCL=1`), as threads of one process (two GPUs;
+/// four as dp2.pp2 with ZeRO 1) and as three processes (uneven shards), give the bytes of
+/// the host path's sums (the fixed tree makes them the same for every layout).
 #[test]
-fn nccl_gpu_ranks_in_one_process_and_in_two_give_the_host_paths_bytes() {
+fn nccl_gpu_ranks_in_one_process_and_in_three_give_the_host_paths_bytes() {
     let two = [("PARALLAX_EMULATED_GPUS", "2")];
     let (host, _) = train_gpu_ranks("nccl-host", &["--gpus", "2"], &two);
-    let nccl = [("PARALLAX_EMULATED_GPUS", "2"), ("PARALLAX_NCCL", "1")];
-    let (threads, out) = train_gpu_ranks("nccl-threads", &["--gpus", "2"], &nccl);
-    assert!(out.contains("over NCCL"), "{out}");
-    assert!(!out.contains("emulated GPU:"), "{out}");
-    assert!(
-        threads == host,
-        "NCCL sums in one process differ from the host's"
-    );
+    let dp_pp = ["--gpus", "4", "--strategy", "dp2.pp2", "--zero", "1"];
+    for (tag, gpus, args) in [
+        ("nccl-threads-2", "2", &["--gpus", "2"][..]),
+        ("nccl-threads-4", "4", &dp_pp[..]),
+    ] {
+        let nccl = [("PARALLAX_EMULATED_GPUS", gpus), ("PARALLAX_NCCL", "1")];
+        let (threads, out) = train_gpu_ranks(tag, args, &nccl);
+        assert!(out.contains("over NCCL"), "{out}");
+        assert!(!out.contains("emulated GPU:"), "{out}");
+        assert!(threads == host, "{tag}: NCCL sums differ from the host's");
+    }
 
     let dir = common::temp("emulated-gpu-nccl-processes");
     let d = dir.to_str().unwrap();
@@ -372,7 +376,7 @@ fn nccl_gpu_ranks_in_one_process_and_in_two_give_the_host_paths_bytes() {
         "--collective-timeout",
         "120",
     ];
-    let out = process_ranks(2, &args, &[("PARALLAX_NCCL", "1")]);
+    let out = process_ranks(3, &args, &[("PARALLAX_NCCL", "1")]);
     for (r, (code, text)) in out.iter().enumerate() {
         assert_eq!(*code, Some(0), "rank {r}: {text}");
         assert!(!text.contains("emulated GPU:"), "rank {r}: {text}");
@@ -381,7 +385,7 @@ fn nccl_gpu_ranks_in_one_process_and_in_two_give_the_host_paths_bytes() {
     let processes = std::fs::read(dir.join("final.safetensors")).unwrap();
     assert!(
         processes == host,
-        "NCCL sums over two processes differ from the host's"
+        "NCCL sums over three processes differ from the host's"
     );
 }
 
