@@ -428,3 +428,56 @@ fn a_rank_that_never_calls_the_collective_fails_its_peer_in_time() {
     assert!(out[1].0.is_some(), "rank 1 hung: {}", out[1].1);
     assert!(took < Duration::from_secs(120), "{took:?}");
 }
+
+/// `mpirun -np 2 parallax comm-check --backend cuda` on the emulated GPU (the `mpi`
+/// feature): the fixed-tree all-reduce over NCCL against the host's sum, bit for bit, every
+/// process its own emulated GPU; with `--fail-rank 1` (rank 1 exits mid-check) rank 0 fails
+/// at once, naming the lost rank, instead of waiting out its timeout.
+#[cfg(feature = "mpi")]
+#[test]
+fn comm_check_on_cuda_runs_over_the_emulated_nccl() {
+    let mpirun = |args: &[&str]| {
+        let mut c = Command::new("mpirun");
+        c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+            .env("LD_LIBRARY_PATH", libs())
+            .env_remove("PARALLAX_EMULATED_GPUS")
+            .args([
+                "--oversubscribe",
+                "-np",
+                "2",
+                env!("CARGO_BIN_EXE_parallax"),
+            ])
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        common::run_limited(c, Duration::from_secs(600))
+    };
+    let r = mpirun(&["comm-check", "--backend", "cuda", "--timeout", "120"]);
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "{all}");
+    assert!(all.contains("NCCL 2 rank(s) on NVIDIA H200"), "{all}");
+    let rows = r.stdout.lines().filter(|l| l.ends_with("| yes |")).count();
+    assert_eq!(rows, 16, "{all}");
+    assert!(!all.contains("| no |"), "{all}");
+
+    let r = mpirun(&[
+        "comm-check",
+        "--backend",
+        "cuda",
+        "--timeout",
+        "120",
+        "--fail-rank",
+        "1",
+    ]);
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert!(r.code.is_some_and(|c| c != 0), "{all}");
+    // Rank 0 is waiting on rank 1 when it exits: the emulated NCCL sees its process gone.
+    let named = "rank 1 (process ";
+    assert!(
+        all.lines()
+            .any(|l| l.starts_with("error: rank 0") && l.contains(named) && l.contains("exited")),
+        "{all}"
+    );
+    assert!(r.took < Duration::from_secs(110), "{:?}: {all}", r.took);
+}
