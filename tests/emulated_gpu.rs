@@ -63,6 +63,8 @@ fn libs() -> &'static Path {
             "libcublas.so.13",
             "libcublasLt.so",
             "libcublasLt.so.13",
+            "libnccl.so",
+            "libnccl.so.2",
         ] {
             std::os::unix::fs::symlink(&lib, dir.join(name)).unwrap();
         }
@@ -98,6 +100,8 @@ fn devices_lists_an_emulated_h200() {
     assert!(r.stdout.contains("GPU 0: NVIDIA H200"), "{}", r.stdout);
     assert!(r.stdout.contains("compute capability 9.0"), "{}", r.stdout);
     assert!(r.stdout.contains("cuBLAS found"), "{}", r.stdout);
+    // The emulated NCCL's release (the headers cudarc binds).
+    assert!(r.stdout.contains("NCCL 2.30.0"), "{}", r.stdout);
 }
 
 /// `gpu-check`: the CUDA executor's losses and parameters against the CPU's, within the
@@ -286,4 +290,194 @@ fn gpu_check_against_the_interpreter_is_bit_equal_here() {
         }
         assert!(!r.stdout.contains("INTERP kernel"), "{all}");
     }
+}
+
+/// `train models/mlp.ron --backend cuda` on GPU ranks for 3 steps with `args` and `env`;
+/// the run's `final.safetensors` and its output.
+fn train_gpu_ranks(tag: &str, args: &[&str], env: &[(&str, &str)]) -> (Vec<u8>, String) {
+    let dir = common::temp(&format!("emulated-gpu-{tag}"));
+    let d = dir.to_str().unwrap();
+    let mut all = vec![
+        "train",
+        "models/mlp.ron",
+        "--backend",
+        "cuda",
+        "--steps",
+        "3",
+    ];
+    all.extend_from_slice(&["--run-dir", d]);
+    all.extend_from_slice(args);
+    let r = on_emulated_gpu_with(&all, env, Duration::from_secs(300));
+    let out = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "{tag}: {out}");
+    (std::fs::read(dir.join("final.safetensors")).unwrap(), out)
+}
+
+/// `n` processes of `parallax ARGS` on the emulated GPU with torchrun-style variables (each
+/// its own emulated machine), under one hard limit: each one's exit code (`None`: killed at
+/// the limit) and output.
+fn process_ranks(n: usize, args: &[&str], env: &[(&str, &str)]) -> Vec<(Option<i32>, String)> {
+    let port = common::job_port().to_string();
+    let runs: Vec<_> = (0..n)
+        .map(|r| {
+            let mut c = common::binary();
+            c.args(args)
+                .env("LD_LIBRARY_PATH", libs())
+                .env_remove("PARALLAX_CUDA_GRAPH")
+                .env_remove("CUDA_VISIBLE_DEVICES")
+                .env("RANK", r.to_string())
+                .env("LOCAL_RANK", "0")
+                .env("WORLD_SIZE", n.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", &port)
+                .env("PARALLAX_EMULATED_GPUS", "1")
+                .envs(env.iter().copied());
+            std::thread::spawn(move || common::run_limited(c, Duration::from_secs(300)))
+        })
+        .collect();
+    runs.into_iter()
+        .map(|h| {
+            let r = h.join().unwrap();
+            (r.code, format!("{}{}", r.stdout, r.stderr))
+        })
+        .collect()
+}
+
+/// GPU ranks summing over NCCL (`PARALLAX_NCCL=1`), as threads of one process (two GPUs;
+/// four as dp2.pp2 with ZeRO 1) and as three processes (uneven shards), give the bytes of
+/// the host path's sums (the fixed tree makes them the same for every layout).
+#[test]
+fn nccl_gpu_ranks_in_one_process_and_in_three_give_the_host_paths_bytes() {
+    let two = [("PARALLAX_EMULATED_GPUS", "2")];
+    let (host, _) = train_gpu_ranks("nccl-host", &["--gpus", "2"], &two);
+    let dp_pp = ["--gpus", "4", "--strategy", "dp2.pp2", "--zero", "1"];
+    for (tag, gpus, args) in [
+        ("nccl-threads-2", "2", &["--gpus", "2"][..]),
+        ("nccl-threads-4", "4", &dp_pp[..]),
+    ] {
+        let nccl = [("PARALLAX_EMULATED_GPUS", gpus), ("PARALLAX_NCCL", "1")];
+        let (threads, out) = train_gpu_ranks(tag, args, &nccl);
+        assert!(out.contains("over NCCL"), "{out}");
+        assert!(!out.contains("emulated GPU:"), "{out}");
+        assert!(threads == host, "{tag}: NCCL sums differ from the host's");
+    }
+
+    let dir = common::temp("emulated-gpu-nccl-processes");
+    let d = dir.to_str().unwrap();
+    let args = [
+        "train",
+        "models/mlp.ron",
+        "--backend",
+        "cuda",
+        "--steps",
+        "3",
+        "--run-dir",
+        d,
+        "--collective-timeout",
+        "120",
+    ];
+    let out = process_ranks(3, &args, &[("PARALLAX_NCCL", "1")]);
+    for (r, (code, text)) in out.iter().enumerate() {
+        assert_eq!(*code, Some(0), "rank {r}: {text}");
+        assert!(!text.contains("emulated GPU:"), "rank {r}: {text}");
+    }
+    assert!(out[0].1.contains("over NCCL"), "{}", out[0].1);
+    let processes = std::fs::read(dir.join("final.safetensors")).unwrap();
+    assert!(
+        processes == host,
+        "NCCL sums over three processes differ from the host's"
+    );
+}
+
+/// A planted fault: rank 1's NCCL operations are dropped, as if it never called them
+/// (`PARALLAX_EMULATED_NCCL_SKIP_RANK`). Rank 0 must fail within the emulated NCCL's
+/// timeout, naming the rank it waited for, not hang.
+#[test]
+fn a_rank_that_never_calls_the_collective_fails_its_peer_in_time() {
+    let dir = common::temp("emulated-gpu-nccl-skip");
+    let d = dir.to_str().unwrap();
+    let args = [
+        "train",
+        "models/mlp.ron",
+        "--backend",
+        "cuda",
+        "--steps",
+        "3",
+        "--run-dir",
+        d,
+        "--collective-timeout",
+        "120",
+    ];
+    let env = [
+        ("PARALLAX_NCCL", "1"),
+        ("PARALLAX_EMULATED_NCCL_SKIP_RANK", "1"),
+        ("PARALLAX_EMULATED_NCCL_TIMEOUT", "3"),
+    ];
+    let start = std::time::Instant::now();
+    let out = process_ranks(2, &args, &env);
+    let took = start.elapsed();
+    let (code, text) = &out[0];
+    assert!(
+        code.is_some_and(|c| c != 0),
+        "rank 0 exited {code:?}: {text}"
+    );
+    assert!(text.contains("ncclTimeout"), "{text}");
+    // The runtime's error carries the emulated NCCL's detail (ncclGetLastError).
+    assert!(text.contains("waited 3s for rank 1"), "{text}");
+    assert!(text.contains("the communicator was aborted"), "{text}");
+    assert!(out[1].0.is_some(), "rank 1 hung: {}", out[1].1);
+    assert!(took < Duration::from_secs(120), "{took:?}");
+}
+
+/// `mpirun -np 2 parallax comm-check --backend cuda` on the emulated GPU (the `mpi`
+/// feature): the fixed-tree all-reduce over NCCL against the host's sum, bit for bit, every
+/// process its own emulated GPU; with `--fail-rank 1` (rank 1 exits mid-check) rank 0 fails
+/// at once, naming the lost rank, instead of waiting out its timeout.
+#[cfg(feature = "mpi")]
+#[test]
+fn comm_check_on_cuda_runs_over_the_emulated_nccl() {
+    let mpirun = |args: &[&str]| {
+        let mut c = Command::new("mpirun");
+        c.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+            .env("LD_LIBRARY_PATH", libs())
+            .env_remove("PARALLAX_EMULATED_GPUS")
+            .args([
+                "--oversubscribe",
+                "-np",
+                "2",
+                env!("CARGO_BIN_EXE_parallax"),
+            ])
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"));
+        common::run_limited(c, Duration::from_secs(600))
+    };
+    let r = mpirun(&["comm-check", "--backend", "cuda", "--timeout", "120"]);
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert_eq!(r.code, Some(0), "{all}");
+    assert!(all.contains("NCCL 2 rank(s) on NVIDIA H200"), "{all}");
+    let rows = r.stdout.lines().filter(|l| l.ends_with("| yes |")).count();
+    assert_eq!(rows, 16, "{all}");
+    assert!(!all.contains("| no |"), "{all}");
+
+    let r = mpirun(&[
+        "comm-check",
+        "--backend",
+        "cuda",
+        "--timeout",
+        "120",
+        "--fail-rank",
+        "1",
+    ]);
+    let all = format!("{}{}", r.stdout, r.stderr);
+    assert!(r.code.is_some_and(|c| c != 0), "{all}");
+    // Rank 0 is waiting on rank 1 when it exits: the emulated NCCL sees its process gone.
+    let named = "rank 1 (process ";
+    assert!(
+        all.lines()
+            .any(|l| l.starts_with("error: rank 0") && l.contains(named) && l.contains("exited")),
+        "{all}"
+    );
+    assert!(r.took < Duration::from_secs(110), "{:?}: {all}", r.took);
 }

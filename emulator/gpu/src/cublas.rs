@@ -178,8 +178,11 @@ pub fn run(name: &'static str, g: &ColMajor, stream: usize) -> Result<(), St> {
         return Ok(());
     }
     let mut s = state();
-    s.current()
-        .map_err(|_| St::CUBLAS_STATUS_EXECUTION_FAILED)?;
+    s.current().map_err(|e| {
+        // cuBLAS runs on the calling thread's current context: name the usual cause.
+        eprintln!("emulated GPU: {name}: no usable current context on this thread ({e:?})");
+        St::CUBLAS_STATUS_EXECUTION_FAILED
+    })?;
     let op = Op::Gemm {
         name,
         gemm: row,

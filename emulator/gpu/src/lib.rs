@@ -1,4 +1,4 @@
-//! An emulated GPU: a shared library exporting the CUDA driver's, cuBLAS's and cuBLASLt's C entry
+//! An emulated GPU: a shared library exporting the CUDA driver's, cuBLAS's, cuBLASLt's and NCCL's C entry
 //! points, with NVIDIA's documented semantics, over Parallax's PTX interpreter. Linked as
 //! `libcuda.so` (and `libcublas.so`, ...) ahead of the real ones (`scripts/emulated-gpu`),
 //! it lets the CUDA backend run, unchanged, with no GPU; every launch runs under the
@@ -10,7 +10,10 @@
 //! `module` modules, functions and launches; `stream` streams and events; `ops` work on a
 //! stream as a value (run, or recorded by a stream capture) and CUDA graphs; `cublas` the
 //! cuBLAS GEMMs (column-major, over `parallax_emulator::blas`); `cublaslt` cuBLASLt's
-//! descriptors, layouts, heuristic and matmul (with the bias epilogue), on the same GEMM.
+//! descriptors, layouts, heuristic and matmul (with the bias epilogue), on the same GEMM;
+//! `nccl` NCCL's entry points, `nccl_state` its communicators and groups (stream-ordered),
+//! `nccl_wire` how ranks meet (files named by the unique id, in one process or several),
+//! `nccl_reduce` its element types and reductions (in ascending rank order).
 //!
 //! Created streams queue their work until a synchronisation, an event wait or legacy-stream
 //! work runs it (stale reads show missing synchronisation); capture records it instead; the
@@ -24,9 +27,15 @@ mod cublaslt;
 mod device;
 mod memory;
 mod module;
+mod nccl;
+mod nccl_reduce;
+mod nccl_state;
+mod nccl_wire;
 mod ops;
 mod state;
 mod stream;
 
+#[cfg(test)]
+mod nccl_tests;
 #[cfg(test)]
 mod tests;

@@ -12,14 +12,14 @@ use std::ffi::{c_int, c_void};
 use std::sync::Mutex;
 
 /// The state is process-wide: one test at a time.
-static LOCK: Mutex<()> = Mutex::new(());
+pub(crate) static LOCK: Mutex<()> = Mutex::new(());
 
-fn ok(r: R) {
+pub(crate) fn ok(r: R) {
     assert_eq!(r, R::CUDA_SUCCESS);
 }
 
 /// Initialises, retains device 0's primary context and makes it current.
-fn setup() -> std::sync::MutexGuard<'static, ()> {
+pub(crate) fn setup() -> std::sync::MutexGuard<'static, ()> {
     let g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     ok(cuInit(0));
     let mut ctx = std::ptr::null_mut();
@@ -28,7 +28,7 @@ fn setup() -> std::sync::MutexGuard<'static, ()> {
     g
 }
 
-fn teardown() {
+pub(crate) fn teardown() {
     ok(cuDevicePrimaryCtxRelease_v2(0));
 }
 
@@ -40,7 +40,7 @@ const KERNEL: &str = ".version 8.0\n.target sm_90\n.address_size 64\n\
 \tld.global.f32 %f1, [%rd4];\n\tadd.f32 %f2, %f1, 0f3F800000;\n\tst.global.f32 [%rd4], %f2;\n\
 \tret;\n}\n\0";
 
-fn alloc_f32(v: &[f32]) -> u64 {
+pub(crate) fn alloc_f32(v: &[f32]) -> u64 {
     let mut p = 0;
     unsafe {
         ok(cuMemAlloc_v2(&mut p, 4 * v.len()));
@@ -49,7 +49,7 @@ fn alloc_f32(v: &[f32]) -> u64 {
     p
 }
 
-fn read_f32(p: u64, n: usize) -> Vec<f32> {
+pub(crate) fn read_f32(p: u64, n: usize) -> Vec<f32> {
     let mut v = vec![0f32; n];
     unsafe { ok(cuMemcpyDtoH_v2(v.as_mut_ptr() as *mut c_void, p, 4 * n)) };
     v

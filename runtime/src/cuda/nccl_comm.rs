@@ -484,9 +484,27 @@ impl NcclComm {
         }
     }
 
+    /// NCCL's text for `r`, with `ncclGetLastError`'s detail (which peer, which operation)
+    /// when it has one; read before an abort can replace it.
+    fn detailed_text(&self, r: sys::ncclResult_t) -> String {
+        let text = error_text(r);
+        // SAFETY: NCCL returns a NUL-terminated string it owns (or null); the comm is live or
+        // null, which ncclGetLastError accepts.
+        let last = unsafe { sys::ncclGetLastError(self.comm) };
+        if last.is_null() {
+            return text;
+        }
+        // SAFETY: non-null and NUL-terminated.
+        let last = unsafe { CStr::from_ptr(last) }.to_string_lossy();
+        match last.trim() {
+            "" => text,
+            detail => format!("{text} ({detail})"),
+        }
+    }
+
     /// Aborts and describes a failure.
     fn fail(&mut self, what: &str, r: sys::ncclResult_t) -> NcclCommError {
-        let text = error_text(r);
+        let text = self.detailed_text(r);
         self.abort();
         NcclCommError::Failed {
             rank: self.rank,

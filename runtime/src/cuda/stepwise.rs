@@ -76,10 +76,15 @@ impl RankExecutor for CudaExecutor {
     }
 
     fn run_kernel(&mut self, k: usize, ctx: &StepCtx) -> Result<(), ExecError> {
-        CudaExecutor::run_kernel(self, k, ctx.mode, ctx.step, ctx.first_sample).map_err(|e| {
-            let step = self.plan.kernels[k].steps.last().copied().unwrap_or(0);
-            self.failed(step, format!("kernel {k}"), e)
-        })
+        let step = self.plan.kernels[k].steps.last().copied().unwrap_or(0);
+        // `begin_step` ran on the caller's thread; a rank's kernels run on its own, and the
+        // raw cuBLASLt and driver calls act on the thread's current context (without it,
+        // device 0's, or none). Cheap when already current.
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.failed(step, format!("kernel {k}: binding its GPU"), e.into()))?;
+        CudaExecutor::run_kernel(self, k, ctx.mode, ctx.step, ctx.first_sample)
+            .map_err(|e| self.failed(step, format!("kernel {k}"), e))
     }
 
     fn read(&self, step: usize) -> Result<Option<Vec<f32>>, ExecError> {
@@ -87,6 +92,10 @@ impl RankExecutor for CudaExecutor {
             return Ok(None);
         }
         let n = self.elements(step);
+        // Any thread may read (see `run_kernel`).
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.failed(step, "binding its GPU".into(), e.into()))?;
         self.download_f32(step, n)
             .map(Some)
             .map_err(|e| self.failed(step, "copying to the host".into(), e))
@@ -103,16 +112,22 @@ impl RankExecutor for CudaExecutor {
             )));
         }
         check_len(step, &self.shape(step, self.batch), values.len())?;
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| self.failed(step, "binding its GPU".into(), e.into()))?;
         self.upload_f32(step, values)
             .map_err(|e| self.failed(step, "copying from the host".into(), e))
     }
 
     fn finish_step(&mut self, mode: Mode) -> Result<(), ExecError> {
-        self.finish(mode).map_err(|e| ExecError::Cuda {
-            step: 0,
-            what: "the updates' copies".into(),
-            source: Box::new(e),
-        })
+        let bound = self.ctx.bind_to_thread().map_err(CudaError::from);
+        bound
+            .and_then(|()| self.finish(mode))
+            .map_err(|e| ExecError::Cuda {
+                step: 0,
+                what: "the updates' copies".into(),
+                source: Box::new(e),
+            })
     }
 
     fn take_persistent(&mut self) -> Loan {
