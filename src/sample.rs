@@ -115,8 +115,12 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
         let rest = codec.decode(&pending);
         let _ = writeln!(std::io::stdout(), "{rest}");
     }
+    let path = match &g.uncached {
+        None => format!("a key/value cache of {} bytes", g.cache_bytes()),
+        Some(why) => format!("the full window for every token: {why}"),
+    };
     errln!(
-        "{}: {} tokens drawn ({}, seed {}, temperature {})",
+        "{}: {} tokens drawn ({}, seed {}, temperature {}; {path})",
         weights.describe(),
         drawn.len(),
         codec.describe(),

@@ -291,4 +291,4 @@ fn run_passes<'p>(
 
 #[cfg(test)]
 #[path = "decode_tests.rs"]
-mod decode_tests;
+pub(crate) mod decode_tests;

@@ -98,3 +98,19 @@ fn repeated_blocks_share_their_kernels() {
         m.entries.len()
     );
 }
+
+#[test]
+fn the_cuda_code_generator_refuses_the_decode_step() {
+    // (The decode step's test model; the check is here: code generation comes after the
+    // passes, which may not name it.)
+    let source = crate::passes::decode_tests::gpt(", causal: true", "");
+    let plan = crate::compile_decode(&source, 1, true).unwrap();
+    let err = crate::codegen::generate(&plan, 1, "sm_80")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("no kernel for `cache_write`")
+            || err.contains("no kernel for `cached_attention`"),
+        "{err}"
+    );
+}
