@@ -6,6 +6,8 @@ pub mod codegen;
 pub mod devices;
 pub mod diag;
 pub mod dsl;
+#[doc(hidden)]
+pub mod fixtures;
 pub mod ir;
 pub mod lr_schedule;
 pub mod partition;
