@@ -16,6 +16,10 @@
 #   BUDGET=300 scripts/gpu-check.sh            # stop starting checks after 300 s
 #   SECTIONS="speed" scripts/gpu-check.sh      # only some: base interp speed stored ranks more
 #   LOCKSTEP=1 scripts/gpu-check.sh            # also compare every kernel with the oracle
+#   BASE_MODELS="models/mlp.ron" RANK_MODELS="models/mlp.ron" scripts/gpu-check.sh
+#                                              # fewer models in base, interp, stored, ranks
+#   WHEEL_LIBS=0 scripts/emulated-gpu scripts/gpu-check.sh
+#                                              # a rehearsal: keep the library path as given
 #
 # Sections, in the order they run: base (the CUDA executor against the CPU oracle on the
 # small models, fp32/tf32/bf16; a step replayed from a CUDA graph), interp (every kernel of
@@ -33,6 +37,9 @@ START=$SECONDS
 BUDGET=${BUDGET:-540}
 SECTIONS=${SECTIONS:-"base interp speed stored ranks more"}
 BIN=${PARALLAX:-target/release/parallax}
+BASE_MODELS=${BASE_MODELS:-"models/mlp.ron models/cnn.ron models/transformer.ron benches/models/transformer.ron"}
+# The ranks section's models (scripts/gpu-ranks.sh).
+RANK_MODELS=${RANK_MODELS:-"models/mlp.ron models/transformer.ron"}
 MPI_BIN=${PARALLAX_MPI:-$BIN}
 if [ ! -x "$BIN" ]; then
     echo "no parallax binary at $BIN: build it with 'cargo build --release' and copy it along" >&2
@@ -65,6 +72,8 @@ row() { echo "ROW|$1|$2|-|-|$3|${4:--}|-|-" >>"$LOG"; }
 # Why a command under `timeout T` failed, for a table cell.
 why() { [ "$1" = 124 ] && echo "timeout ${2}s" || echo "exit $1"; }
 section() { [[ " $SECTIONS " == *" $1 "* ]]; }
+# Whether a model is among BASE_MODELS.
+has() { [[ " $BASE_MODELS " == *" $1 "* ]]; }
 
 # check LABEL PREC SECONDS CMD...: runs CMD (a `parallax gpu-check`, which prints one ROW
 # line) within the budget; its row is relabelled LABEL. A run that prints no row gets a FAIL
@@ -96,17 +105,20 @@ check() {
 
 # The CUDA 13 wheels: every folder holding a shared library goes on the library path, and
 # libnccl.so.2 gets the libnccl.so name cudarc looks for.
+# WHEEL_LIBS=0 keeps the library path as given (a rehearsal on the emulated GPU).
 LIBS=/tmp/parallax-cuda-libs
-mkdir -p "$LIBS"
+rm -rf "$LIBS"
 SITE=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' 2>/dev/null || true)
-if [ -n "$SITE" ] && [ -d "$SITE/nvidia" ]; then
+if [ "${WHEEL_LIBS:-1}" != 0 ] && [ -n "$SITE" ] && [ -d "$SITE/nvidia" ]; then
+    mkdir -p "$LIBS"
     for d in $(find "$SITE/nvidia" -name 'lib*.so*' -printf '%h\n' | sort -u); do
         LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
     done
     nccl=$(find "$SITE/nvidia" -name 'libnccl.so.2' | head -1)
     [ -n "$nccl" ] && ln -sf "$nccl" "$LIBS/libnccl.so"
+    LD_LIBRARY_PATH="$LIBS:$LD_LIBRARY_PATH"
 fi
-export LD_LIBRARY_PATH="$LIBS:${LD_LIBRARY_PATH:-}:/usr/local/nvidia/lib64"
+export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/nvidia/lib64"
 export NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=WARN
 # The driver's JIT cache keeps each module's machine code: a plan's PTX is compiled once.
 export CUDA_CACHE_MAXSIZE=4294967296
@@ -125,14 +137,17 @@ checks() {
         fi
         # benches/models/transformer.ron has heads 64 wide: its bf16 row runs the tensor-core
         # attention forward and backward against the oracle.
-        for m in models/mlp.ron models/cnn.ron models/transformer.ron benches/models/transformer.ron; do
+        for m in $BASE_MODELS; do
             for p in bf16 tf32 fp32; do
                 check "$m" "$p" 60 "$BIN" gpu-check "$m" --steps 3 --precision "$p"
             done
         done
-        # The step as a CUDA graph (captured at step 2, replayed at step 3) against the oracle.
-        check "models/transformer.ron, CUDA graph" tf32 60 env PARALLAX_CUDA_GRAPH=1 \
-            "$BIN" gpu-check models/transformer.ron --steps 3 --precision tf32
+        # The step as a CUDA graph (captured at step 2, replayed at step 3) against the oracle:
+        # the small transformer's many launches, or the first of BASE_MODELS without it.
+        g=models/transformer.ron
+        has $g || g=${BASE_MODELS%% *}
+        check "$g, CUDA graph" tf32 60 env PARALLAX_CUDA_GRAPH=1 \
+            "$BIN" gpu-check "$g" --steps 3 --precision tf32
     fi
 
     if section interp; then
@@ -141,13 +156,14 @@ checks() {
         # should be bit-equal; approximate functions and tensor cores show the hardware's own
         # rounding against the models).
         for m in models/mlp.ron models/cnn.ron; do
-            check "interp $m" fp32 60 "$BIN" gpu-check "$m" --steps 1 --time-steps 1 --interpreter
+            has "$m" && check "interp $m" fp32 60 "$BIN" gpu-check "$m" --steps 1 --time-steps 1 --interpreter
         done
-        check "interp models/transformer.ron" tf32 90 "$BIN" gpu-check models/transformer.ron \
-            --steps 1 --time-steps 1 --precision tf32 --interpreter --set train.batch_size=8
-        check "interp bench transformer (tensor cores)" bf16 120 "$BIN" gpu-check \
-            benches/models/transformer.ron --steps 1 --time-steps 1 --precision bf16 --interpreter \
-            --set train.batch_size=2 --set params.seq=32
+        has models/transformer.ron && check "interp models/transformer.ron" tf32 90 "$BIN" \
+            gpu-check models/transformer.ron --steps 1 --time-steps 1 --precision tf32 \
+            --interpreter --set train.batch_size=8
+        has benches/models/transformer.ron && check "interp bench transformer (tensor cores)" \
+            bf16 120 "$BIN" gpu-check benches/models/transformer.ron --steps 1 --time-steps 1 \
+            --precision bf16 --interpreter --set train.batch_size=2 --set params.seq=32
     fi
 
     if section speed; then
@@ -188,7 +204,7 @@ checks() {
         # Activations stored in bf16 (two-byte loads and stores in every kernel family, GEMMs of
         # bf16 operands): the oracle rounds where each value is made; tolerance 2e-2. In lockstep:
         # a kernel family that loads or stores bf16 wrongly is named at once.
-        for m in models/transformer.ron models/mlp.ron models/cnn.ron benches/models/transformer.ron; do
+        for m in $BASE_MODELS; do
             check "$m (bf16-stored, lockstep)" bf16 120 "$BIN" gpu-check "$m" --steps 3 --time-steps 1 \
                 --precision bf16 --set devices.activations=Bf16 --lockstep
         done

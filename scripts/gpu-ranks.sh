@@ -124,46 +124,56 @@ else
     fi
 fi
 
-# ranks_train DIR MODEL SECONDS CMD...: trains MODEL 12 steps on CUDA with CMD into DIR;
-# status 2 when there is no time.
+# ranks_train DIR MODEL SECONDS LAUNCHER OPTIONS: trains MODEL 12 steps on CUDA into DIR as
+# `LAUNCHER train MODEL ... OPTIONS` (each word-split: the launcher ends with the binary, and
+# the options follow the subcommand, where the command line takes them). Sets SKIPPED=1
+# when there is no time; otherwise returns the run's status.
 ranks_train() {
     local dir=$1 model=$2 t
-    t=$(want "$3") || return 2
-    shift 3
+    SKIPPED=0
+    if ! t=$(want "$3"); then
+        SKIPPED=1
+        return 1
+    fi
     rm -rf "$dir"
-    timeout "$t" "$@" train "$model" --backend cuda --steps 12 --run-dir "$dir" >"$dir.log" 2>&1
+    # shellcheck disable=SC2086
+    timeout "$t" $4 train "$model" --backend cuda --steps 12 --run-dir "$dir" $5 >"$dir.log" 2>&1
 }
 step_ms() { grep -o '"step_time_ms_median": [0-9.]*' "$1/summary.json" | grep -o '[0-9.]*$'; }
 first_error() { grep -m1 error "$1" | tr '|' '/' | cut -c1-80; }
-for model in models/mlp.ron models/transformer.ron; do
+SHARE="env PARALLAX_SHARE_GPUS=1"
+for model in $RANK_MODELS; do
     m=$(basename "$model" .ron)
-    ranks_train /tmp/parallax-r1 "$model" 90 "$BIN" --gpus 1
-    case $? in
-        0) row "train $m --gpus 1 --backend cuda" tf32 ok "$(step_ms /tmp/parallax-r1)" ;;
-        2) row "train $m --gpus 1 --backend cuda" tf32 "SKIP (budget)"; continue ;;
-        *) row "train $m --gpus 1 --backend cuda: $(first_error /tmp/parallax-r1.log)" tf32 FAIL; continue ;;
-    esac
-    variants=("host sums|env PARALLAX_SHARE_GPUS=1 $BIN --gpus 2"
-        "pp2|env PARALLAX_SHARE_GPUS=1 $BIN --gpus 2 --strategy pp2")
-    [ -n "$NCCL2" ] && variants+=("NCCL sums|env PARALLAX_SHARE_GPUS=1 PARALLAX_NCCL=1 NCCL_MULTI_RANK_GPU_ENABLE=1 LD_LIBRARY_PATH=$NCCL2 $BIN --gpus 2")
-    command -v mpirun >/dev/null && variants+=("mpirun -np 2|env PARALLAX_SHARE_GPUS=1 mpirun --allow-run-as-root --oversubscribe -x PARALLAX_SHARE_GPUS -x LD_LIBRARY_PATH -np 2 $MPI_BIN")
+    ranks_train /tmp/parallax-r1 "$model" 90 "$BIN" "--gpus 1"
+    rc=$?
+    if [ "$SKIPPED" = 1 ]; then
+        row "train $m --gpus 1 --backend cuda" tf32 "SKIP (budget)"
+        continue
+    elif [ "$rc" != 0 ]; then
+        row "train $m --gpus 1 --backend cuda: $(first_error /tmp/parallax-r1.log)" tf32 "FAIL ($(why $rc 90))"
+        continue
+    fi
+    row "train $m --gpus 1 --backend cuda" tf32 ok "$(step_ms /tmp/parallax-r1)"
+    # label|launcher|options
+    variants=("host sums|$SHARE $BIN|--gpus 2"
+        "pp2|$SHARE $BIN|--gpus 2 --strategy pp2")
+    [ -n "$NCCL2" ] && variants+=("NCCL sums|$SHARE PARALLAX_NCCL=1 NCCL_MULTI_RANK_GPU_ENABLE=1 LD_LIBRARY_PATH=$NCCL2 $BIN|--gpus 2")
+    command -v mpirun >/dev/null && variants+=("mpirun -np 2|$SHARE mpirun --allow-run-as-root --oversubscribe -x PARALLAX_SHARE_GPUS -x LD_LIBRARY_PATH -np 2 $MPI_BIN|")
     # torchrun's ranks meet over TCP through rank 0 (no MPI); its port picked per run.
-    command -v torchrun >/dev/null && variants+=("torchrun 2 ranks|env PARALLAX_SHARE_GPUS=1 torchrun --nproc-per-node 2 --master-port $((20000 + RANDOM % 20000)) --no-python $BIN")
+    command -v torchrun >/dev/null && variants+=("torchrun 2 ranks|$SHARE torchrun --nproc-per-node 2 --master-port $((20000 + RANDOM % 20000)) --no-python $BIN|")
     for v in "${variants[@]}"; do
-        what=${v%%|*}
-        # shellcheck disable=SC2086
-        ranks_train /tmp/parallax-r2 "$model" 120 ${v#*|}
-        case $? in
-            0)
-                if cmp -s /tmp/parallax-r1/final.safetensors /tmp/parallax-r2/final.safetensors; then
-                    row "train $m --gpus 2, $what: the bits of --gpus 1" tf32 ok "$(step_ms /tmp/parallax-r2)"
-                else
-                    row "train $m --gpus 2, $what: bits differ from --gpus 1" tf32 FAIL "$(step_ms /tmp/parallax-r2)"
-                fi
-                ;;
-            2) row "train $m --gpus 2, $what" tf32 "SKIP (budget)" ;;
-            *) row "train $m --gpus 2, $what: $(first_error /tmp/parallax-r2.log)" tf32 FAIL ;;
-        esac
+        IFS='|' read -r what launcher options <<<"$v"
+        ranks_train /tmp/parallax-r2 "$model" 120 "$launcher" "$options"
+        rc=$?
+        if [ "$SKIPPED" = 1 ]; then
+            row "train $m --gpus 2, $what" tf32 "SKIP (budget)"
+        elif [ "$rc" != 0 ]; then
+            row "train $m --gpus 2, $what: $(first_error /tmp/parallax-r2.log)" tf32 "FAIL ($(why $rc 120))"
+        elif cmp -s /tmp/parallax-r1/final.safetensors /tmp/parallax-r2/final.safetensors; then
+            row "train $m --gpus 2, $what: the bits of --gpus 1" tf32 ok "$(step_ms /tmp/parallax-r2)"
+        else
+            row "train $m --gpus 2, $what: bits differ from --gpus 1" tf32 FAIL "$(step_ms /tmp/parallax-r2)"
+        fi
     done
 done
 if [ -s "$NOTES" ]; then

@@ -70,26 +70,33 @@ pub fn gpu_check(file: &Path, set: &[String], a: &CheckArgs) -> Result<(), Exit>
     let (source, plan, base) = compiled(file, set)?;
     let name = &source.experiment.name;
     let prec = precision_name(a.precision);
-    // Per kernel family: kernels, kernels bit-equal to the interpreter, largest ulp apart.
-    let mut families: std::collections::BTreeMap<&str, (usize, usize, u64)> = Default::default();
+    // Per kernel family: kernels, kernels bit-equal to the interpreter, largest ulp apart,
+    // largest difference over the tensor's largest magnitude.
+    let mut families: std::collections::BTreeMap<&str, (usize, usize, u64, f64)> =
+        Default::default();
     let mut progress = |p: Progress| match p {
         Progress::Interpreter(r) => {
             let f = families.entry(r.family).or_default();
             f.0 += 1;
             f.1 += usize::from(r.differing == 0 && r.failed.is_none());
             f.2 = f.2.max(r.max_ulp);
+            f.3 = f.3.max(r.max_scaled);
             // Only the kernels that differ: the rest are in the family lines.
             if r.differing == 0 && r.failed.is_none() {
                 return;
             }
             let _ = outln!(
-                "INTERP kernel {} ({}: {}) {}/{} values differ from the interpreter's in bits, largest {} ulp{}",
+                "INTERP kernel {} ({}: {}) {}/{} values differ from the interpreter's in bits, largest {} ulp, {:.1e} of the largest value{}{}",
                 r.kernel,
                 r.family,
                 r.ops.join(" -> "),
                 r.differing,
                 r.elements,
                 r.max_ulp,
+                r.max_scaled,
+                r.worst.map_or(String::new(), |(s, e, g, i)| format!(
+                    " (step {s} element {e}: GPU {g:e}, interpreter {i:e})"
+                )),
                 r.failed.map_or(String::new(), |m| format!("; interpreter: {m}"))
             );
         }
@@ -130,8 +137,8 @@ pub fn gpu_check(file: &Path, set: &[String], a: &CheckArgs) -> Result<(), Exit>
         }
         Err(e) => return Err(fail(file, e)),
     };
-    for (family, (kernels, equal, ulp)) in &families {
-        outln!("INTERP {family}: {equal} of {kernels} kernels bit-equal to the interpreter; largest {ulp} ulp apart")?;
+    for (family, (kernels, equal, ulp, scaled)) in &families {
+        outln!("INTERP {family}: {equal} of {kernels} kernels bit-equal to the interpreter; largest {ulp} ulp apart, {scaled:.1e} of the largest value")?;
     }
     if let Some(p) = &c.profile {
         let all = p.total_ms;
@@ -152,8 +159,11 @@ pub fn gpu_check(file: &Path, set: &[String], a: &CheckArgs) -> Result<(), Exit>
         (format!("{:.2e}", d.0), format!("{:.2e}", d.1))
     };
     let (worst, worst_d) = &c.worst_tensor;
-    if let Some((plans, fallbacks)) = c.cublaslt {
+    if let Some((plans, fallbacks, refused)) = &c.cublaslt {
         errln!("{name}: cuBLASLt ran {plans} GEMM shape(s); {fallbacks} went to cuBLAS");
+        for r in refused {
+            errln!("{name}: cuBLASLt refused {r}");
+        }
     }
     if let Some(graphs) = &c.cuda_graphs {
         errln!("{name}: CUDA graphs: {graphs}");

@@ -76,6 +76,12 @@ pub struct InterpreterRow {
     pub differing: usize,
     /// The largest distance in f32 units in the last place (`u64::MAX`: a NaN on one side).
     pub max_ulp: u64,
+    /// The largest difference over the largest magnitude of its tensor (on the
+    /// interpreter): ulps mislead across zero, where values a rounding apart but of
+    /// opposite signs are billions of ulps apart.
+    pub max_scaled: f64,
+    /// Where `max_scaled` is: (step, element, the GPU's value, the interpreter's).
+    pub worst: Option<(usize, usize, f32, f32)>,
     /// Sanitizer findings or a failure on the interpreter.
     pub failed: Option<String>,
 }
@@ -143,8 +149,9 @@ pub struct Conformance {
     pub peak_percent: Option<f64>,
     pub tolerance: f64,
     pub profile: Option<Profile>,
-    /// cuBLASLt's (plans built, GEMM shapes sent to cuBLAS); `None`: every GEMM on cuBLAS.
-    pub cublaslt: Option<(usize, usize)>,
+    /// cuBLASLt's (plans built, GEMM shapes sent to cuBLAS, the heuristic's refusals);
+    /// `None`: every GEMM on cuBLAS.
+    pub cublaslt: Option<(usize, usize, Vec<String>)>,
     /// What CUDA graphs did (`PARALLAX_CUDA_GRAPH=1`); `None`: off.
     pub cuda_graphs: Option<String>,
 }
@@ -502,6 +509,8 @@ fn against_interpreter(
         elements: 0,
         differing: 0,
         max_ulp: 0,
+        max_scaled: 0.0,
+        worst: None,
         failed: row
             .failed
             .clone()
@@ -512,12 +521,23 @@ fn against_interpreter(
             continue;
         }
         let got = gpu.value(*s, batch)?;
-        for (&g, &i) in got.iter().zip(interp) {
+        let scale = interp.iter().fold(0f32, |m, x| m.max(x.abs()));
+        for (e, (&g, &i)) in got.iter().zip(interp).enumerate() {
             r.elements += 1;
             let u = ulps(g, i);
             if u > 0 {
                 r.differing += 1;
                 r.max_ulp = r.max_ulp.max(u);
+                let scaled = f64::from((g - i).abs()) / f64::from(scale.max(f32::MIN_POSITIVE));
+                let scaled = if scaled.is_nan() {
+                    f64::INFINITY
+                } else {
+                    scaled
+                };
+                if scaled > r.max_scaled || r.worst.is_none() {
+                    r.max_scaled = scaled;
+                    r.worst = Some((*s, e, g, i));
+                }
             }
         }
     }

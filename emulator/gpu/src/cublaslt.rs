@@ -279,10 +279,13 @@ fn plan(desc: &Desc, a: &Layout, b: &Layout, c: &Layout, d: &Layout) -> Result<C
     }
     let (ab_bf16, c_bf16, compute) = ex_types(0, a.dtype, b.dtype, d.dtype, desc.compute)?;
     let int = |x: u64| c_int::try_from(x).map_err(|_| unsupported);
-    let bias_bf16 = match desc.bias_type {
-        -1 => c_bf16,
-        t => t == Dt::CUDA_R_16BF as c_int,
-    };
+    // CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: "bias vector elements are the same type as the
+    // elements of the output matrix (Dtype)", the exceptions being integer (IMMA) and FP8
+    // kernels, which this library does not model.
+    if desc.bias_type != -1 && desc.bias_type != d.dtype {
+        return Err(St::CUBLAS_STATUS_INVALID_VALUE);
+    }
+    let bias_bf16 = c_bf16;
     Ok(ColMajor {
         trans_a: desc.trans_a,
         trans_b: desc.trans_b,
@@ -422,4 +425,50 @@ pub(crate) unsafe extern "C" fn cublasLtMatmul(
         (g.a, g.b, g.c) = (a as u64, b as u64, d as u64);
         run("cublasLtMatmul", &g, stream as usize)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cudarc::cublas::sys::cublasComputeType_t as Ct;
+
+    fn layout(dtype: Dt, rows: u64, cols: u64) -> Layout {
+        Layout {
+            dtype: dtype as c_int,
+            rows,
+            cols,
+            ld: rows as i64,
+            batch: 1,
+            stride: 0,
+            order: 0,
+        }
+    }
+
+    /// The bias epilogue's vector has D's type: an f32 bias with a bf16 D is refused (as an
+    /// H200 refused it), one of D's type (or the default, -1) is taken.
+    #[test]
+    fn the_bias_vector_must_have_the_output_type() {
+        let bf16 = Dt::CUDA_R_16BF;
+        let (a, b, d) = (layout(bf16, 4, 3), layout(bf16, 3, 5), layout(bf16, 4, 5));
+        let desc = |bias_type: c_int| Desc {
+            compute: Ct::CUBLAS_COMPUTE_32F as c_int,
+            trans_a: 0,
+            trans_b: 0,
+            epilogue: Ep::CUBLASLT_EPILOGUE_BIAS as c_int,
+            bias: 256,
+            bias_type,
+        };
+        let f32_bias = desc(Dt::CUDA_R_32F as c_int);
+        assert!(matches!(
+            plan(&f32_bias, &a, &b, &d, &d),
+            Err(St::CUBLAS_STATUS_INVALID_VALUE)
+        ));
+        for t in [-1, bf16 as c_int] {
+            let g = plan(&desc(t), &a, &b, &d, &d).unwrap_or_else(|_| panic!("bias type {t}"));
+            assert_eq!(g.bias, Some((256, true)));
+        }
+        // With an f32 D, an f32 bias is D's type.
+        let d32 = layout(Dt::CUDA_R_32F, 4, 5);
+        assert!(plan(&f32_bias, &a, &b, &d32, &d32).is_ok());
+    }
 }

@@ -572,9 +572,10 @@ impl CudaExecutor {
         self.slot.get(step).copied().flatten().is_some()
     }
 
-    /// cuBLASLt's (plans built, GEMM shapes it sent to cuBLAS), or `None` when every GEMM
-    /// runs on cuBLAS (fp32, `PARALLAX_CUBLASLT=0`, or no libcublasLt).
-    pub fn cublaslt_plans(&self) -> Option<(usize, usize)> {
+    /// cuBLASLt's (plans built, GEMM shapes it sent to cuBLAS, the heuristic's refusals),
+    /// or `None` when every GEMM runs on cuBLAS (fp32, `PARALLAX_CUBLASLT=0`, or no
+    /// libcublasLt).
+    pub fn cublaslt_plans(&self) -> Option<(usize, usize, Vec<String>)> {
         self.lt.as_ref().map(|lt| lt.counts())
     }
 

@@ -236,6 +236,25 @@ fn blas(what: &str, e: result::CublasError) -> CudaError {
     CudaError::Blas(format!("cuBLASLt {what}: {e:?}"))
 }
 
+/// A key for a person: `m×n×k`, the batch, transposes, bf16 operands and the epilogue.
+fn describe(key: &Key) -> String {
+    let t = |b: bool| if b { "bf16" } else { "f32" };
+    format!(
+        "{}x{}x{} batch {} trans {}{} A {} B {} C {}{} {:?}",
+        key.m,
+        key.n,
+        key.k,
+        key.batch,
+        u8::from(key.trans_a),
+        u8::from(key.trans_b),
+        t(key.bf16[0]),
+        t(key.bf16[1]),
+        t(key.bf16[2]),
+        if key.bias { " +bias" } else { "" },
+        key.compute,
+    )
+}
+
 fn not_supported(e: &result::CublasError) -> bool {
     e.0 == sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED
 }
@@ -377,6 +396,9 @@ pub(super) struct Lt {
     compute: Compute,
     /// Whether `gemm_bias` adds biases in the epilogue (`PARALLAX_GEMM_BIAS` is not `0`).
     bias_epilogue: bool,
+    /// The keys whose heuristic query failed, with cuBLASLt's status: sent to cuBLAS, and
+    /// named by `gpu-check` so a refused configuration is seen rather than only slower.
+    refused: RefCell<Vec<String>>,
 }
 
 impl Lt {
@@ -400,12 +422,15 @@ impl Lt {
             workspace: Workspace { ptr, bytes },
             compute,
             bias_epilogue: std::env::var(BIAS_ENV).map_or(true, |v| v.trim() != "0"),
+            refused: RefCell::new(Vec::new()),
         }))
     }
 
-    /// (plans built, shapes sent to cuBLAS), for checks that cuBLASLt really ran.
-    pub(super) fn counts(&self) -> (usize, usize) {
-        self.plans.counts()
+    /// (plans built, shapes sent to cuBLAS, why the heuristic refused some), for checks
+    /// that cuBLASLt really ran.
+    pub(super) fn counts(&self) -> (usize, usize, Vec<String>) {
+        let (plans, fallbacks) = self.plans.counts();
+        (plans, fallbacks, self.refused.borrow().clone())
     }
 
     /// Queues `g` on `stream` through its plan. `Ok(false)`: cuBLASLt cannot run it (no
@@ -436,14 +461,24 @@ impl Lt {
         // The heuristic is not told the bias's address: take vectors as aligned as any
         // kernel loads them (16 bytes; the arena aligns every buffer to more).
         let aligned = bias.is_multiple_of(16);
-        if !self.bias_epilogue || !aligned || g.m == 0 || g.n == 0 || g.count == 0 || g.k == 0 {
+        // The epilogue's bias has D's type (CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: other types
+        // only for integer and FP8 kernels), and a bias is an f32 parameter: a bf16 D adds
+        // it in a launch of its own.
+        let bf16_d = g.bf16[2];
+        if !self.bias_epilogue
+            || !aligned
+            || bf16_d
+            || g.m == 0
+            || g.n == 0
+            || g.count == 0
+            || g.k == 0
+        {
             return Ok(false);
         }
         let key = Key {
             bias: true,
             ..Key::of(g, self.compute)
         };
-        // (`g.bf16[2]` is the bias output's type: D is the add's buffer.)
         self.queue(key, g, Some(bias), stream)
     }
 
@@ -505,13 +540,6 @@ impl Lt {
             let epilogue = sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS;
             // SAFETY: a live descriptor; EPILOGUE is a cublasLtEpilogue_t.
             unsafe { set_desc(&desc, D::CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue)? };
-            if key.bf16[2] {
-                // The bias vector (a parameter) stays f32 while D is bf16; by default it
-                // would be read as D's type.
-                let t = f32t as i32;
-                // SAFETY: a live descriptor; BIAS_DATA_TYPE is an int32 (a cudaDataType).
-                unsafe { set_desc(&desc, D::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t)? };
-            }
         }
         // A' is B's memory, B' is A's.
         let a = Layout::new(&cm.a, batch, key.bf16[1])?;
@@ -564,7 +592,14 @@ impl Lt {
                 algo: h.algo,
             })),
             Err(e) if not_supported(&e) => Ok(None),
-            Err(e) => Err(blas("heuristic", e)),
+            // Any other refusal of the configuration (INVALID_VALUE for a combination of
+            // types it does not run, say): cuBLAS runs the GEMM, and the refusal is kept.
+            Err(e) => {
+                self.refused
+                    .borrow_mut()
+                    .push(format!("{}: {e:?}", describe(key)));
+                Ok(None)
+            }
         }
     }
 
