@@ -13,6 +13,7 @@ pub mod nccl;
 pub mod nccl_comm;
 pub mod nccl_tree;
 mod stepwise;
+pub mod tree_check;
 
 pub use cudarc;
 pub use exec::{codegen_options, CudaExecutor, Precision};
