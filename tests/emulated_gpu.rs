@@ -576,3 +576,72 @@ fn the_gpu_check_script_runs_whole_on_the_emulated_gpu() {
     let log = std::fs::read_to_string(out.join("gpu-check.log")).unwrap();
     assert!(log.contains("took "), "{log}");
 }
+
+/// `sample` on the CUDA backend draws through the decode step's key/value cache (its cache
+/// write and cached attention as PTX kernels, run here on the interpreter with its
+/// sanitizer): a tiny character model trained on the CPU gives the CPU's text, greedy and
+/// drawn with a seed.
+#[test]
+fn sample_draws_through_the_key_value_cache_on_cuda() {
+    let dir = common::temp("emulated-gpu-sample");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let input = dir.join("input.txt");
+    std::fs::write(&input, "abcdefghijklmnopqrstuvwxyz\n".repeat(300)).unwrap();
+    let prefix = dir.join("letters");
+    let p = prefix.to_str().unwrap();
+    let cpu = |args: &[&str]| {
+        let r = common::run_args(args, Duration::from_secs(120));
+        assert_eq!(r.0, Some(0), "{}", r.2);
+        (r.1, r.2)
+    };
+    cpu(&[
+        "tokenize",
+        input.to_str().unwrap(),
+        "--tokenizer",
+        "chars",
+        "--out",
+        p,
+    ]);
+    let exp = common::char_model(&dir, p, 27);
+    let run = dir.join("run");
+    let r = run.to_str().unwrap();
+    cpu(&["train", &exp, "--run-dir", r, "--backend", "cpu"]);
+    for draw in [
+        &[
+            "--prompt",
+            "abc",
+            "--max-new-tokens",
+            "30",
+            "--temperature",
+            "0",
+        ][..],
+        &[
+            "--prompt",
+            "k",
+            "--max-new-tokens",
+            "40",
+            "--seed",
+            "1",
+            "--temperature",
+            "1.5",
+        ],
+    ] {
+        let mut on_cpu = vec!["sample", r, "--backend", "cpu"];
+        on_cpu.extend_from_slice(draw);
+        let (want, said) = cpu(&on_cpu);
+        assert!(said.contains("a key/value cache of 4096 bytes"), "{said}");
+        let mut on_gpu = vec!["sample", r, "--backend", "cuda", "--precision", "fp32"];
+        on_gpu.extend_from_slice(draw);
+        let g = on_emulated_gpu(&on_gpu, Duration::from_secs(300));
+        assert_eq!(g.code, Some(0), "{}", g.stderr);
+        assert!(
+            g.stderr.contains("a key/value cache of 4096 bytes"),
+            "{}",
+            g.stderr
+        );
+        assert!(!g.stderr.contains("emulated GPU:"), "{}", g.stderr);
+        assert_eq!(g.stdout, want, "{}", g.stderr);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

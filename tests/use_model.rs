@@ -3,7 +3,7 @@
 //! `eval`'s accuracy on the same samples; bad requests are refused with exit 1.
 
 mod common;
-use common::{f32_bytes, i32_bytes, run_args, temp, write_npy};
+use common::{char_model, f32_bytes, i32_bytes, run_args, temp, write_npy};
 
 use parallax_runtime::data::digits;
 use std::path::Path;
@@ -152,36 +152,6 @@ fn eval_and_predict_a_trained_classifier() {
         "images are read for a model trained on an image folder",
     );
     let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// A tiny causal character model of `vocab` symbols on token files `PREFIX_train.bin` and
-/// `PREFIX_val.bin`.
-fn char_model(dir: &Path, prefix: &str, vocab: usize) -> String {
-    let text = format!(
-        r#"Experiment(
-    name: "letters",
-    params: {{ "d": 32, "vocab": {vocab}, "seq": 16 }},
-    model: Graph(
-        inputs: {{ "tokens": (shape: ["seq"], dtype: I32) }},
-        nodes: [
-            ("emb", Embedding(vocab: "vocab", dim: "d"), ["tokens"]),
-            ("pos", PositionalEmbedding(max_len: "seq"), ["emb"]),
-            ("n1", LayerNorm, ["pos"]),
-            ("att", Attention(heads: 2, causal: true), ["n1"]),
-            ("r1", Add, ["pos", "att"]),
-            ("n2", LayerNorm, ["r1"]),
-            ("logits", Linear(out: "vocab"), ["n2"]),
-        ],
-    ),
-    loss: CrossEntropy,
-    data: Tokens(train: "{prefix}_train.bin", validation: "{prefix}_val.bin", validation_windows: 20),
-    optimizer: Adam(lr: 1e-2),
-    train: (batch_size: 8, steps: 150, seed: 5),
-)"#
-    );
-    let path = dir.join("letters.ron");
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
 }
 
 #[test]

@@ -51,6 +51,9 @@ pub(super) struct Dims {
     d: u64,
     e: u64,
     causal: bool,
+    /// A decode step's attention over caches (`CachedAttention`): query `i` of sample `b`
+    /// sits at position `pos[b] + i` and sees keys `0..=pos[b] + i` (causal, shifted).
+    cached: bool,
     scale: f32,
 }
 
@@ -67,6 +70,7 @@ fn params(op: &Op) -> Option<(bool, f32)> {
         Op::Attention { causal, scale }
         | Op::AttentionLse { causal, scale }
         | Op::AttentionGrad { causal, scale, .. } => Some((causal, scale as f32)),
+        Op::CachedAttention { scale } => Some((true, scale as f32)),
         _ => None,
     }
 }
@@ -103,9 +107,10 @@ impl Dims {
             d: q.shape[r - 1],
             e: v.map_or(0, |v| v.shape[r - 1]),
             causal,
+            cached: matches!(op, Op::CachedAttention { .. }),
             scale,
         };
-        if causal && dm.t != dm.s {
+        if causal && !dm.cached && dm.t != dm.s {
             return Err(bad(op, format!("a causal attention needs T = S: {dm:?}")));
         }
         Ok(dm)
@@ -238,10 +243,14 @@ fn problem_and_first(k: &mut Kernel, dm: &Dims, task: Rd, tiles: u64, rows: u64)
 }
 
 /// The end of the keys the block's queries `[i0, i0 + WARPS)` see: all `S`, or when causal
-/// up to the block's last query.
-fn keys_end(k: &mut Kernel, dm: &Dims, i0: Rd) -> Rd {
+/// up to the block's last query (at `shift + i`: a cached attention's position).
+fn keys_end(k: &mut Kernel, dm: &Dims, i0: Rd, shift: Option<Rd>) -> Rd {
     if dm.causal {
         let e = k.op64("add", i0, WARPS);
+        let e = match shift {
+            Some(p) => k.op64("add", e, p),
+            None => e,
+        };
         k.op64("min", e, dm.s)
     } else {
         k.u64c(dm.s)
@@ -394,10 +403,15 @@ fn warp_row(k: &mut Kernel, ctx: &Ctx, first: Rd, n: u64) -> (Rd, Rd, P) {
     (i, ic, valid)
 }
 
-/// Whether key `j` counts for query `i`: `j < S` and, causal, `j <= i`.
-fn visible(k: &mut Kernel, dm: &Dims, i: Rd, j: Rd, n: (Rd, u64)) -> P {
+/// Whether key `j` counts for query `i`: `j < S` and, causal, `j <= i` (`j <= shift + i`
+/// for a cached attention).
+fn visible(k: &mut Kernel, dm: &Dims, i: Rd, j: Rd, n: (Rd, u64), shift: Option<Rd>) -> P {
     let p = k.cmp64("lt", n.0, n.1);
     if dm.causal {
+        let i = match shift {
+            Some(s) => k.op64("add", i, s),
+            None => i,
+        };
         let c = k.cmp64("le", j, i);
         k.ins(format!("and.pred {p}, {p}, {c}"));
     }
@@ -413,17 +427,28 @@ fn tile_rows(k: &mut Kernel, start: Rd, n: u64) -> Rd {
 
 // ---- the forward ----
 
+/// Sample `b`'s position from the i32 `pos`, clamped to `0..=last` (the cache's last start
+/// for the step's queries), so that no key past the cache is read whatever it holds.
+fn position(k: &mut Kernel, pos: Rd, b: Rd, last: u64) -> Rd {
+    let p = k.load_s32(pos, b);
+    let nonneg = k.r();
+    k.ins(format!("max.s32 {nonneg}, {p}, 0"));
+    let p64 = k.wide(nonneg);
+    k.op64("min", p64, last)
+}
+
 /// The forward of queries by warp: `o = softmax(scale q k^T) v` when `o` is given (with `v`),
-/// `lse = m + ln l` when `lse` is.
+/// `lse = m + ln l` when `lse` is; a cached attention reads its positions from `pos`.
 fn forward(
     g: &mut Gen,
     name: &str,
     dm: Dims,
-    (q, key): (&Operand, &Operand),
+    (q, key, pos): (&Operand, &Operand, Option<&Operand>),
     vo: Option<(&Operand, &Operand)>,
     lse: Option<&Operand>,
 ) -> Launch {
     let mut k = g.kernel(name);
+    let pos = pos.map(|p| k.param_ptr(p.arg));
     let tq = dm.tensor(k.param_ptr(q.arg), dm.t, dm.d);
     let tk = dm.tensor(k.param_ptr(key.arg), dm.s, dm.d);
     let vo = vo.map(|(v, o)| {
@@ -437,6 +462,7 @@ fn forward(
     each_task(&mut k, tasks, |k, task| {
         let (pb, i0) = problem_and_first(k, &dm, task, tiles, WARPS);
         let (i, ic, valid) = warp_row(k, &ctx, i0, dm.t);
+        let shift = pos.map(|p| position(k, p, pb.b, dm.s - dm.t));
         let qrow = tq.at(k, &pb, ic);
         let (m, l) = (k.fc(f32::NEG_INFINITY), k.fc(0.0));
         let mut o = zeros(k, dm.e);
@@ -444,7 +470,7 @@ fn forward(
             o.clear();
         }
         // Causal: the block's last query sees keys up to itself.
-        let end = keys_end(k, &dm, i0);
+        let end = keys_end(k, &dm, i0, shift);
         let zero = k.u64c(0);
         k.for_range(zero, end, ROWS, |k, j0| {
             let rows = tile_rows(k, j0, dm.s);
@@ -457,7 +483,7 @@ fn forward(
                 dot(k, s, vec, row, c.1);
             }
             let j = k.op64("add", j0, ctx.lane64);
-            let vis = visible(k, &dm, ic, j, (j, dm.s));
+            let vis = visible(k, &dm, ic, j, (j, dm.s), shift);
             let x = k.mulc(s, dm.scale);
             let ninf = k.fc(f32::NEG_INFINITY);
             let x = k.sel(x, ninf, vis);
@@ -599,10 +625,26 @@ fn forward_checked(
         ],
     )?;
     let vo = v.zip(o);
-    if g.options.bf16_attention && mma::fits(&dm) {
+    // A cached attention's positions: one i32 per sample (its queries shift by it).
+    let pos = dm.cached.then(|| ins.get(3)).flatten();
+    if dm.cached {
+        let samples = n / dm.heads;
+        match pos {
+            Some(p) if p.dtype == DType::I32 && p.numel() == samples && o.is_some() => {}
+            _ => {
+                return Err(bad(
+                    op,
+                    format!("needs q, k, v and {samples} i32 positions, and its output"),
+                ))
+            }
+        }
+    }
+    // The tensor-core kernels know no positions: a decode step's one query per sample
+    // runs on the f32 kernel.
+    if g.options.bf16_attention && !dm.cached && mma::fits(&dm) {
         return Ok(vec![mma::forward(g, name, dm, (&ins[0], &ins[1]), vo, lse)]);
     }
-    Ok(vec![forward(g, name, dm, (&ins[0], &ins[1]), vo, lse)])
+    Ok(vec![forward(g, name, dm, (&ins[0], &ins[1], pos), vo, lse)])
 }
 
 /// One attention op alone.
@@ -614,7 +656,9 @@ pub fn single(
     out: &Operand,
 ) -> Result<Vec<Launch>, CodegenError> {
     match op {
-        Op::Attention { .. } => forward_checked(g, name, op, ins, Some(out), None),
+        Op::Attention { .. } | Op::CachedAttention { .. } => {
+            forward_checked(g, name, op, ins, Some(out), None)
+        }
         Op::AttentionLse { .. } => forward_checked(g, name, op, ins, None, Some(out)),
         Op::AttentionGrad { wrt, .. } => match wrt {
             AttentionInput::Query => mma_grad::query_grad(g, name, op, ins, out),

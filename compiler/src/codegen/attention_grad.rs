@@ -86,7 +86,7 @@ pub(super) fn query(
         let lse = k.load(lp, at);
         let delta = k.load(dp, at);
         let acc = zeros(k, dm.d);
-        let end = keys_end(k, &dm, i0);
+        let end = keys_end(k, &dm, i0, None);
         let zero = k.u64c(0);
         k.for_range(zero, end, ROWS, |k, j0| {
             let rows = tile_rows(k, j0, dm.s);
@@ -104,7 +104,7 @@ pub(super) fn query(
                 dot(k, dpv, vec, r, c.1);
             }
             let j = k.op64("add", j0, ctx.lane64);
-            let vis = visible(k, &dm, ic, j, (j, dm.s));
+            let vis = visible(k, &dm, ic, j, (j, dm.s), None);
             let pr = probs(k, &dm, s, lse, vis);
             let t = k.sub(dpv, delta);
             let ds = k.mul(pr, t);
@@ -173,7 +173,7 @@ pub(super) fn key_value(
         k.for_range(start, end, ROWS, |k, i0| {
             let rows = tile_rows(k, i0, dm.t);
             let i = k.op64("add", i0, ctx.lane64);
-            let vis = visible(k, &dm, i, jc, (i, dm.t));
+            let vis = visible(k, &dm, i, jc, (i, dm.t), None);
             let ic = k.op64("min", i, dm.t.saturating_sub(1));
             let at = tl.offset(k, &pb, ic);
             let lse = k.load(lp, at);

@@ -29,6 +29,7 @@ pub(super) fn generate(
     };
     let want = match op {
         Op::Concat { .. } | Op::Gather | Op::ScatterAdd { .. } => 2,
+        Op::CacheWrite => 3,
         _ => 1,
     };
     if ins.len() != want {
@@ -182,6 +183,25 @@ pub(super) fn generate(
                 return Err(shapes());
             }
             scatter_add(g, name, idx, dy, out)
+        }
+        Op::CacheWrite => {
+            let (cache, rows, pos) = (&ins[0], &ins[1], &ins[2]);
+            let f32s = [cache, rows, out].iter().all(|o| o.dtype == DType::F32);
+            if !f32s || pos.dtype != DType::I32 {
+                return Err(bad("needs an f32 cache and rows and i32 positions".into()));
+            }
+            let r = cache.shape.len();
+            let fits = r >= 3
+                && rows.shape.len() == r
+                && out.shape == cache.shape
+                && cache.shape[..r - 3] == rows.shape[..r - 3]
+                && cache.shape[r - 2..] == rows.shape[r - 2..]
+                && rows.shape[r - 3] <= cache.shape[r - 3]
+                && pos.numel() == numel(&cache.shape[..r - 3]);
+            if !fits {
+                return Err(shapes());
+            }
+            cache_write(g, name, (cache, rows, pos), out)
         }
         Op::ReduceSum { axes } | Op::ReduceMean { axes } => {
             if !floats {
@@ -431,6 +451,43 @@ fn gather(g: &mut Gen, name: &str, table: &Operand, idx: &Operand, out: &Operand
         load_word(k, &guard(ok, true), src[0], si, w);
         store_word(k, dst, i, w);
     })
+}
+
+/// `out [B, S, H, D]`: the cache, with rows `pos[b]..pos[b] + T` of sample `b` replaced by
+/// `rows [B, T, H, D]`. Every element is written, from the rows or from the cache, so the
+/// output may be the cache's own buffer (a decode step writes it in place: each thread reads
+/// and writes only its element) or another.
+fn cache_write(
+    g: &mut Gen,
+    name: &str,
+    (cache, rows, pos): (&Operand, &Operand, &Operand),
+    out: &Operand,
+) -> Launch {
+    let r = cache.shape.len();
+    let (s, t) = (cache.shape[r - 3], rows.shape[r - 3]);
+    let row = cache.shape[r - 2] * cache.shape[r - 1];
+    elementwise(
+        g,
+        name,
+        &[cache, rows, pos],
+        out,
+        |k, src, dst, i, small| {
+            let (b, rest) = div_rem(k, i, s * row, small);
+            let (at, c) = div_rem(k, rest, row, small);
+            let p = k.load_s32(src[2], b);
+            let p64 = k.rd();
+            k.ins(format!("cvt.s64.s32 {p64}, {p}"));
+            // at - p wraps around below p, so one unsigned compare checks both ends.
+            let tr = k.op64("sub", at, p64);
+            let inside = k.cmp64("lt", tr, t);
+            let bt = mad(k, b, t, tr);
+            let ri = mad(k, bt, row, c);
+            let v = k.r();
+            load_word(k, &guard(inside, true), src[1], ri, v);
+            load_word(k, &guard(inside, false), src[0], i, v);
+            store_word(k, dst, i, v);
+        },
+    )
 }
 
 /// `out [V, D]`: for each output row `r`, the rows of `dy` whose index is `r`, added in index

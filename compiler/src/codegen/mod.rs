@@ -515,9 +515,10 @@ fn single(
         | Op::RmsNormGrad { .. }
         | Op::CrossEntropy { .. }
         | Op::CrossEntropyGrad { .. } => rows::generate(g, name, op, ins, out),
-        Op::Attention { .. } | Op::AttentionLse { .. } | Op::AttentionGrad { .. } => {
-            attention::single(g, name, op, ins, out)
-        }
+        Op::Attention { .. }
+        | Op::AttentionLse { .. }
+        | Op::AttentionGrad { .. }
+        | Op::CachedAttention { .. } => attention::single(g, name, op, ins, out),
         Op::Reshape { .. }
         | Op::Permute { .. }
         | Op::Concat { .. }
@@ -529,7 +530,8 @@ fn single(
         | Op::ReduceMean { .. }
         | Op::SumTo { .. }
         | Op::Expand { .. }
-        | Op::TensorParallelCopy => layout::generate(g, name, op, ins, out),
+        | Op::TensorParallelCopy
+        | Op::CacheWrite => layout::generate(g, name, op, ins, out),
         // Elementwise ops are chains (`elementwise::chain`); sources hold values the executor
         // sets; collectives are the collective library's; none is a kernel of its own here.
         crate::map_ops!()
@@ -543,11 +545,6 @@ fn single(
         | Op::Transfer { .. }
         | Op::Broadcast { .. }
         | Op::Reduce { .. } => Err(CodegenError::Unsupported { op: op.name() }),
-        // The decode step's cache ops run on the CPU only so far: the sampler falls back to
-        // the full-window forward on a GPU.
-        Op::CacheWrite | Op::CachedAttention { .. } => {
-            Err(CodegenError::Unsupported { op: op.name() })
-        }
     }
 }
 

@@ -8,6 +8,10 @@ mod device;
 mod mirror;
 mod tolerance;
 
+#[cfg(test)]
+#[path = "decode_tests.rs"]
+mod decode_tests;
+
 pub use device::{Device, DeviceError};
 pub use mirror::Mirror;
 pub use tolerance::{of as tolerance, Family};

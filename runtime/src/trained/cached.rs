@@ -1,5 +1,5 @@
 //! The sampler's cached path: the decode-step plan (`parallax_compiler::compile_decode`)
-//! on the CPU executor, one token per run at its position, each attention reading and
+//! on the CPU executor or a GPU's, one token per run at its position, each attention reading and
 //! updating its key and value caches (buffers of the plan that persist between runs).
 //!
 //! The cache holds the keys and values of the tokens it was last fed (`held`, at positions
@@ -30,33 +30,35 @@ pub struct Cached {
 }
 
 impl Cached {
-    /// The decode step of `source`'s model with `weights` on the CPU; `Err` with the reason
-    /// when the model cannot be cached (the sampler then runs the full window).
+    /// The decode step of `source`'s model with `weights` on the CPU executor or GPU 0's;
+    /// `Err` with the reason when the model cannot be cached (the sampler then runs the full
+    /// window).
     pub fn new(
         source: &Source,
         input: &str,
         device: &Device,
         weights: &Weights,
     ) -> Result<Cached, String> {
-        if !matches!(device, Device::Cpu) {
-            return Err("the key/value cache runs on the CPU executor only so far".into());
+        if !matches!(device, Device::Cpu | Device::Cuda(_)) {
+            return Err("the key/value cache runs on one CPU or one GPU".into());
         }
         let plan = parallax_compiler::compile_decode(source, 1, cfg!(debug_assertions))
             .map_err(|e| e.to_string())?;
-        Cached::of_plan(plan, source, input, weights).map_err(|e| e.to_string())
+        Cached::of_plan(plan, source, input, *device, weights).map_err(|e| e.to_string())
     }
 
     fn of_plan(
         plan: Plan,
         source: &Source,
         input: &str,
+        device: Device,
         weights: &Weights,
     ) -> Result<Cached, UseError> {
         let output = model_output(&plan)?;
         let files = FileShapes::of(&plan);
         let cache_bytes = plan.memory.cache_bytes;
         let seed = source.experiment.train.seed;
-        let (mut exec, _) = backend(plan, Device::Cpu, &None, 1, seed)?;
+        let (mut exec, _) = backend(plan, device, &None, 1, seed)?;
         weights.load(exec.as_mut(), &files)?;
         Ok(Cached {
             exec,

@@ -2,6 +2,7 @@
 //! entries.
 
 use super::testing::{assemble, model_module};
+use super::CodegenOptions;
 
 /// Every kernel of every model file assembles for sm_80 and sm_90 with zero errors.
 #[test]
@@ -100,17 +101,21 @@ fn repeated_blocks_share_their_kernels() {
 }
 
 #[test]
-fn the_cuda_code_generator_refuses_the_decode_step() {
+fn the_decode_steps_module_assembles_with_its_cache_kernels() {
     // (The decode step's test model; the check is here: code generation comes after the
-    // passes, which may not name it.)
+    // passes, which may not name it.) Its cached attention stays on the f32 kernel also
+    // where the plan's attention would take tensor cores.
     let source = crate::passes::decode_tests::gpt(", causal: true", "");
-    let plan = crate::compile_decode(&source, 1, true).unwrap();
-    let err = crate::codegen::generate(&plan, 1, "sm_80")
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("no kernel for `cache_write`")
-            || err.contains("no kernel for `cached_attention`"),
-        "{err}"
-    );
+    for batch in [1, 3] {
+        let plan = crate::compile_decode(&source, batch, true).unwrap();
+        for bf16_attention in [false, true] {
+            let options = CodegenOptions { bf16_attention };
+            let m = crate::codegen::generate_with(&plan, batch, "sm_80", &options).unwrap();
+            let ops: Vec<&str> = m.kernels.iter().flat_map(|k| k.ops.clone()).collect();
+            assert!(ops.contains(&"cache_write"), "{ops:?}");
+            assert!(ops.contains(&"cached_attention"), "{ops:?}");
+            assert!(!m.text().contains("mma.sync"));
+            assemble(&m.text()).unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
 }
