@@ -14,7 +14,7 @@
 #
 #   scripts/gpu-check.sh                       # every section, within 540 s
 #   BUDGET=300 scripts/gpu-check.sh            # stop starting checks after 300 s
-#   SECTIONS="speed" scripts/gpu-check.sh      # only some: base interp speed stored ranks more
+#   SECTIONS="speed" scripts/gpu-check.sh      # only some: base interp speed stored ranks use more
 #   LOCKSTEP=1 scripts/gpu-check.sh            # also compare every kernel with the oracle
 #   BASE_MODELS="models/mlp.ron" RANK_MODELS="models/mlp.ron" scripts/gpu-check.sh
 #                                              # fewer models in base, interp, stored, ranks
@@ -29,13 +29,15 @@
 # against PyTorch eager, SDPA and torch.compile in the same run; as a CUDA graph; per-kernel
 # profile; PyTorch's attention backends and GEMM
 # rates at its shapes), stored (activations stored in bf16, in lockstep with the oracle),
-# ranks (train on CUDA, resume, collectives, NCCL ranks, GPU ranks in train), more (the bench
+# ranks (train on CUDA, resume, collectives, NCCL ranks, GPU ranks in train), use (a
+# Shakespeare run's eval and sample on CUDA, through the key/value cache, against the CPU's;
+# USE_STEPS, USE_TOKENS), more (the bench
 # models, the cuBLAS and bias-launch variants of gpt-gpu, mlp-gpu).
 set -u
 cd "$(dirname "$0")/.."
 START=$SECONDS
 BUDGET=${BUDGET:-540}
-SECTIONS=${SECTIONS:-"base interp speed stored ranks more"}
+SECTIONS=${SECTIONS:-"base interp speed stored ranks use more"}
 BIN=${PARALLAX:-target/release/parallax}
 BASE_MODELS=${BASE_MODELS:-"models/mlp.ron models/cnn.ron models/transformer.ron benches/models/transformer.ron"}
 # The ranks section's models (scripts/gpu-ranks.sh).
@@ -122,8 +124,6 @@ export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:/usr/local/nvidia/lib64"
 export NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=WARN
 # The driver's JIT cache keeps each module's machine code: a plan's PTX is compiled once.
 export CUDA_CACHE_MAXSIZE=4294967296
-HAS_TORCH=0
-python3 -c 'import torch' 2>/dev/null && HAS_TORCH=1
 
 checks() {
     timeout 30 "$BIN" devices
@@ -167,6 +167,9 @@ checks() {
     fi
 
     if section speed; then
+        # (Asked here: importing torch takes seconds of the budget.)
+        HAS_TORCH=0
+        python3 -c 'import torch' 2>/dev/null && HAS_TORCH=1
         check gpt-gpu bf16 150 "$BIN" gpu-check benches/models/gpt-gpu.ron --steps 0 --precision bf16 --time-steps 10
         ours=$(grep '^ROW|gpt-gpu|' "$LOG" | tail -1 | cut -d'|' -f7)
         if [ "$HAS_TORCH" = 1 ] && t=$(want 240); then
@@ -244,6 +247,49 @@ checks() {
         check collectives fp32 90 "$BIN" collectives-check models/mlp.ron
         # NCCL ranks and GPU ranks in train: uses want, row and why.
         . scripts/gpu-ranks.sh
+    fi
+
+    if section use; then
+        # A trained run used on the GPU: Shakespeare trained a few hundred steps on the CPU,
+        # then its validation loss (eval) and its text (sample, through the decode step's
+        # key/value cache) on CUDA in fp32 against the CPU's.
+        echo "== Shakespeare: eval and sample on CUDA against the CPU"
+        U=/tmp/parallax-use
+        rm -rf "$U" && mkdir -p "$U"
+        if ! t=$(want 120); then
+            row "use: train shakespeare on the CPU" fp32 "SKIP (budget)"
+        elif ! timeout "$t" "$BIN" train models/shakespeare.ron --backend cpu \
+            --steps "${USE_STEPS:-300}" --run-dir "$U/run" >"$U/train.log" 2>&1; then
+            row "use: train shakespeare on the CPU: $(grep -m1 error "$U/train.log" | cut -c1-60)" fp32 FAIL
+        else
+            for b in cpu cuda; do
+                timeout 120 "$BIN" eval "$U/run" --backend "$b" --precision fp32 --format json \
+                    >"$U/eval-$b.json" 2>"$U/eval-$b.err"
+            done
+            lc=$(grep -o '"loss": [-0-9.e]*' "$U/eval-cpu.json" | grep -o '[-0-9.e]*$')
+            lg=$(grep -o '"loss": [-0-9.e]*' "$U/eval-cuda.json" | grep -o '[-0-9.e]*$')
+            ok=$(awk -v a="$lc" -v b="$lg" 'BEGIN { d = (a - b) / a; if (d < 0) d = -d;
+                print (a != "" && b != "" && d < 1e-5) ? "ok" : "FAIL" }')
+            row "use: eval on CUDA, loss $lg (CPU $lc)" fp32 "$ok"
+            for draw in "greedy|--temperature 0" "seeded|--temperature 0.8 --seed 7"; do
+                IFS='|' read -r what opts <<<"$draw"
+                for b in cpu cuda; do
+                    # shellcheck disable=SC2086
+                    timeout 120 "$BIN" sample "$U/run" --prompt "ROMEO:" --backend "$b" \
+                        --precision fp32 --max-new-tokens "${USE_TOKENS:-200}" $opts \
+                        >"$U/$what-$b.txt" 2>"$U/$what-$b.err"
+                done
+                cat "$U/$what-cuda.err"
+                if ! grep -q 'key/value cache of' "$U/$what-cuda.err"; then
+                    row "use: sample $what on CUDA: not through the cache" fp32 FAIL
+                elif [ -s "$U/$what-cpu.txt" ] && cmp -s "$U/$what-cpu.txt" "$U/$what-cuda.txt"; then
+                    row "use: sample $what on CUDA (key/value cache): the CPU's text" fp32 ok
+                else
+                    row "use: sample $what on CUDA: text differs from the CPU's" fp32 FAIL
+                fi
+            done
+            head -c 300 "$U/seeded-cuda.txt"; echo
+        fi
     fi
 
     if section more; then
