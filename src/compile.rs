@@ -4,7 +4,8 @@
 use crate::{apply_set, load, run_pipeline, Emit, Exit, Format};
 use parallax_compiler::ir::print::{to_dot, to_text};
 use parallax_compiler::partition::explain::smallest_hint;
-use parallax_compiler::plan::{bytes, si, thousands};
+use parallax_compiler::plan::bytes;
+use parallax_compiler::plan::summary::{self, Partitioned};
 use parallax_compiler::target::{self, simulated_device_bytes};
 use parallax_compiler::{partition, Options};
 use std::io::Write;
@@ -188,67 +189,21 @@ pub(crate) fn compile_cmd(
 
 /// The partition's verdict for more than one GPU: the choice (and with `--explain` the
 /// candidates), or, when nothing fits, the memory table and the smallest GPU count that fits.
-fn partition_fit(
-    partitioned: &Result<partition::Partition, partition::Error>,
-    format: Format,
-    explain: bool,
-) -> Result<(), Exit> {
-    let e = match partitioned {
-        Ok(p) => {
-            if format == Format::Text {
-                if explain {
-                    out!("{}", partition::explain::explain(p))?;
-                } else {
-                    outln!(
-                        "  (--explain lists the {} candidates and each pipeline stage)",
-                        p.candidates.len()
-                    )?;
-                }
-            }
-            return Ok(());
+fn partition_fit(partitioned: &Partitioned, format: Format, explain: bool) -> Result<(), Exit> {
+    match partitioned {
+        Ok(p) if format == Format::Text && explain => out!("{}", partition::explain::explain(p))?,
+        Ok(p) if format == Format::Text => outln!(
+            "  (--explain lists the {} candidates and each pipeline stage)",
+            p.candidates.len()
+        )?,
+        Ok(_) => {}
+        Err(e) => {
+            errln!("error: {e}");
+            err!("{}", summary::no_fit(e, explain));
+            return Err(Exit(1));
         }
-        Err(e) => e,
-    };
-    errln!("error: {e}");
-    match e {
-        partition::Error::NoFit {
-            least,
-            smallest,
-            candidates,
-            ..
-        } => {
-            if explain {
-                err!(
-                    "{}",
-                    partition::explain::candidate_table(candidates, least.memory.total.max(1))
-                );
-            }
-            errln!(
-                "  the candidate needing the least memory, {} (zero {}, schedule {}, {} micro-batches of {}):",
-                least.strategy_name(),
-                least.zero,
-                least.schedule.name(),
-                least.micro_batches,
-                least.micro_batch_size
-            );
-            err!(
-                "{}",
-                partition::explain::memory_lines(&least.memory, "    ")
-            );
-            errln!("  = hint: {}", smallest_hint(smallest.as_ref()));
-        }
-        partition::Error::ForcedNoFit { candidate, .. } => {
-            err!(
-                "{}",
-                partition::explain::memory_lines(&candidate.memory, "    ")
-            );
-            errln!(
-                "  = hint: without --strategy the planner picks among every strategy for this GPU count"
-            );
-        }
-        _ => {}
     }
-    Err(Exit(1))
+    Ok(())
 }
 
 /// Whether the plan's peak memory fits one device; a plan for one GPU that does not fit is
@@ -260,45 +215,16 @@ fn memory_fit(
     format: Format,
     hint: impl FnOnce() -> String,
 ) -> Result<(), Exit> {
-    let m = &p.memory;
-    let fits = m.peak_bytes <= capacity;
     if format == Format::Text {
-        outln!(
-            "  device:     {} ({} each): {}",
-            profile.name,
-            bytes(capacity),
-            if fits {
-                format!(
-                    "fits, peak {} ({:.1}%)",
-                    bytes(m.peak_bytes),
-                    100.0 * m.peak_bytes as f64 / capacity as f64
-                )
-            } else {
-                format!("does not fit one device: peak {}", bytes(m.peak_bytes))
-            }
-        )?;
+        outln!("{}", summary::device_line(p, profile.name, capacity))?;
     }
-    if fits {
+    if p.memory.peak_bytes <= capacity {
         return Ok(());
     }
-    let activations = m.activation_bytes_at_peak();
-    errln!(
-        "error: `{}` needs {} at its peak, more than the {} of one {}",
-        p.name,
-        bytes(m.peak_bytes),
-        bytes(capacity),
-        profile.name
+    err!(
+        "{}",
+        summary::one_device_refusal(p, profile.name, capacity)
     );
-    for (what, b) in [
-        ("parameters", m.parameter_bytes),
-        ("optimizer state", m.optimizer_state_bytes),
-        ("running statistics", m.statistics_bytes),
-        ("inputs", m.input_bytes),
-        ("activations at the peak", activations),
-        ("total at the peak", m.peak_bytes),
-    ] {
-        errln!("  {what:<24} {:>12}", bytes(b));
-    }
     errln!("  = hint: {}", hint());
     Err(Exit(1))
 }
@@ -396,112 +322,16 @@ fn print_plan(
     timings: &[(&str, Duration)],
     format: Format,
     device: serde_json::Value,
-    partitioned: &Result<partition::Partition, partition::Error>,
+    partitioned: &Partitioned,
     simulated: Option<Vec<u64>>,
 ) -> Result<(), Exit> {
     match format {
         Format::Json => {
-            // A plan that fits nowhere is an error (exit 1, the table on stderr).
-            let ok = if p.gpus_requested > 1 {
-                partitioned.is_ok()
-            } else {
-                device["fits_one_device"].as_bool().unwrap_or(true)
-            };
-            let partition = match partitioned {
-                Ok(part) => serde_json::to_value(part).expect("a partition serialises"),
-                Err(e) => partition::explain::failure_json(e),
-            };
-            let v = serde_json::json!({
-                "ok": ok,
-                "partition": partition,
-                "simulated_device_bytes": simulated,
-                "device": device,
-                "name": p.name,
-                "gpus_requested": p.gpus_requested,
-                "device_kind": p.device_kind,
-                "strategy": p.strategy,
-                "parameters": p.parameters,
-                "layers": p.layers,
-                "flops_per_sample": p.flops_per_sample,
-                "ops": p.steps.len(),
-                "kernels_before_fusion": p.ops,
-                "kernels": p.kernels.len(),
-                "batch_size": p.batch_size,
-                "memory": p.memory,
-                "timings_ms": timings.iter().map(|(n, d)| (n.to_string(), ms(*d))).collect::<std::collections::BTreeMap<_, _>>(),
-            });
+            let ms: Vec<(&str, f64)> = timings.iter().map(|(n, d)| (*n, ms(*d))).collect();
+            let v = summary::json(p, partitioned, simulated.as_deref(), device, &ms);
             outln!("{v}")?;
         }
-        Format::Text => {
-            outln!("{}: compiled", p.name)?;
-            outln!("  gpus:       {} ({})", p.gpus_requested, p.device_kind)?;
-            match partitioned {
-                Ok(part) => outln!(
-                    "  strategy:   {} (dp={} tp={} pp={}, zero {}, schedule {}, {} micro-batches of {}){}: per-GPU peak {} of {}, est. step {:.3} s, {} sent per GPU per step",
-                    partition::strategy_name(&part.strategy),
-                    part.strategy.dp,
-                    part.strategy.tp,
-                    part.strategy.pp,
-                    part.zero,
-                    part.schedule.name(),
-                    part.micro_batches,
-                    part.micro_batch_size,
-                    if part.forced { " (forced)" } else { "" },
-                    bytes(part.per_device_peak_bytes),
-                    bytes(part.capacity_bytes),
-                    part.step_time_s,
-                    bytes(part.bytes_communicated_per_step),
-                )?,
-                Err(_) => outln!("  strategy:   none fits (see below)")?,
-            }
-            if let Some(sim) = &simulated {
-                let (lo, hi) = (
-                    sim.iter().min().copied().unwrap_or(0),
-                    sim.iter().max().copied().unwrap_or(0),
-                );
-                outln!(
-                    "  simulated:  `train --backend cpu` allocates {} to {} on each of its {} devices (exact; it holds every micro-shard's activations at once)",
-                    bytes(lo),
-                    bytes(hi),
-                    sim.len()
-                )?;
-            }
-            outln!(
-                "  parameters: {} ({})",
-                thousands(p.parameters),
-                bytes(p.memory.parameter_bytes)
-            )?;
-            outln!(
-                "  layers:     {}   ops: {}   kernels: {} before fusion, {} after",
-                p.layers,
-                p.steps.len(),
-                p.ops,
-                p.kernels.len()
-            )?;
-            outln!(
-                "  forward:    {} per sample",
-                si(p.flops_per_sample, "FLOP")
-            )?;
-            let m = &p.memory;
-            // Running statistics are named only where the model has some (BatchNorm).
-            let statistics = if m.statistics_bytes > 0 {
-                format!(" + running statistics {}", bytes(m.statistics_bytes))
-            } else {
-                String::new()
-            };
-            outln!(
-                "  memory:     {}at batch {}: peak {} = parameters {} + optimizer state {}{statistics} + inputs {} + activations {}{} ({} without buffer reuse)",
-                if p.gpus_requested > 1 { "unpartitioned, on one device, " } else { "" },
-                p.batch_size,
-                bytes(m.peak_bytes),
-                bytes(m.parameter_bytes),
-                bytes(m.optimizer_state_bytes),
-                bytes(m.input_bytes),
-                bytes(m.activation_bytes_at_peak()),
-                if p.bf16_activations() { " in bf16" } else { "" },
-                bytes(m.activation_bytes_without_reuse)
-            )?;
-        }
+        Format::Text => out!("{}", summary::text(p, partitioned, simulated.as_deref()))?,
     }
     Ok(())
 }
