@@ -6,6 +6,7 @@
 
 mod device;
 mod mirror;
+pub mod report;
 mod tolerance;
 
 #[cfg(test)]
