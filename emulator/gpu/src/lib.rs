@@ -36,6 +36,8 @@ mod state;
 mod stream;
 
 #[cfg(test)]
+mod fault_tests;
+#[cfg(test)]
 mod nccl_tests;
 #[cfg(test)]
 mod tests;
