@@ -95,7 +95,36 @@ impl State {
             return self.run(&op);
         }
         self.queues.entry(stream).or_default().push(op);
-        Ok(())
+        self.run_early()
+    }
+
+    /// With `PARALLAX_EMULATED_STREAM_SEED`, queued work may also run before anything asks
+    /// for it, as a GPU may finish it early: after each enqueue, a stream drawn from the
+    /// generator runs a drawn number (possibly none) of its oldest operations. Any prefix of
+    /// a queue may run at any time: an event wait ran the awaited work when it was made.
+    fn run_early(&mut self) -> Result<(), CUresult> {
+        if self.config()?.stream_seed.is_none() {
+            return Ok(());
+        }
+        let mut queued: Vec<usize> = self
+            .queues
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(&s, _)| s)
+            .collect();
+        if queued.is_empty() {
+            return Ok(());
+        }
+        queued.sort_unstable();
+        let stream = queued[(self.draw() % queued.len() as u64) as usize];
+        let len = self.queues.get(&stream).map_or(0, Vec::len) as u64;
+        let k = (self.draw() % (len + 1)) as usize;
+        let ops: Vec<Op> = self
+            .queues
+            .get_mut(&stream)
+            .map(|q| q.drain(..k).collect())
+            .unwrap_or_default();
+        ops.iter().try_for_each(|op| self.run(op))
     }
 
     /// Runs `stream`'s queued work, in order (the first error is returned, as a

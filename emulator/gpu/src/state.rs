@@ -19,7 +19,8 @@ pub const OPTIN_SHARED: u32 = 227 * 1024;
 /// The emulated machine, from the environment: `PARALLAX_EMULATED_GPUS` (default 1),
 /// `PARALLAX_EMULATED_GPU_MEMORY` (bytes per device, default an H200's),
 /// `PARALLAX_EMULATED_STREAM_SEED` (when set, independent streams' queued work runs
-/// interleaved in an order drawn from this seed, rather than stream by stream).
+/// interleaved in an order drawn from this seed, rather than stream by stream, and may run
+/// before a synchronisation asks for it).
 #[derive(Debug, Clone)]
 pub struct Config {
     pub gpus: i32,
