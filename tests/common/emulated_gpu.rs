@@ -88,6 +88,9 @@ pub fn on_emulated_gpu_with(
         .env_remove("PARALLAX_CUDA_GRAPH")
         .env_remove("CUDA_VISIBLE_DEVICES")
         .env_remove("PARALLAX_EMULATED_GPUS")
+        .env_remove("PARALLAX_EMULATED_GPU_MEMORY")
+        .env_remove("PARALLAX_EMULATED_STREAM_SEED")
+        .env_remove("PARALLAX_PLANT_BUG")
         .envs(env.iter().copied());
     let r = super::run_limited(c, limit);
     assert!(r.code.is_some(), "`{}` ran past {limit:?}", args.join(" "));
