@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests that run the `parallax` binary.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod emulated_gpu;
+
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};

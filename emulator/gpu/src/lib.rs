@@ -16,11 +16,13 @@
 //! `nccl_reduce` its element types and reductions (in ascending rank order).
 //!
 //! Created streams queue their work until a synchronisation, an event wait or legacy-stream
-//! work runs it (stale reads show missing synchronisation); capture records it instead; the
-//! documented capture rules are enforced (no capture of the legacy stream, no legacy-stream
-//! work while a blocking stream captures, no synchronising a capture). A sanitizer finding fails
-//! the launch with `CUDA_ERROR_LAUNCH_FAILED`, sticky as on a GPU, and names the finding on
-//! stderr.
+//! work runs it (stale reads show missing synchronisation; `PARALLAX_EMULATED_STREAM_SEED`
+//! draws the order of unordered streams' work, and runs some of it early); capture records
+//! it instead; the documented capture rules are enforced (no capture of the legacy stream,
+//! no legacy-stream work while a blocking stream captures, no synchronising a capture, no
+//! allocation or synchronous copy by a thread whose capture's mode forbids it). A sanitizer
+//! finding fails the launch with `CUDA_ERROR_LAUNCH_FAILED`, sticky as on a GPU, and names
+//! the finding on stderr.
 
 mod cublas;
 mod cublaslt;
@@ -35,6 +37,8 @@ mod ops;
 mod state;
 mod stream;
 
+#[cfg(test)]
+mod fault_tests;
 #[cfg(test)]
 mod nccl_tests;
 #[cfg(test)]

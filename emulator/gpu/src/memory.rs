@@ -2,6 +2,8 @@
 //! space for every device, the interpreter's `Memory`, whose addresses are the device
 //! pointers. Memory from `cuMemAlloc` is uninitialised (the sanitizer's initcheck sees a
 //! read before a write). The async copies run when enqueued; their streams are checked.
+//! Allocations, frees and the synchronous copies and memsets are "potentially unsafe" calls,
+//! refused while the calling thread's stream capture forbids them (`State::no_unsafe_call`).
 
 use crate::ops::Op;
 use crate::state::{guard, put, state, State};
@@ -17,6 +19,7 @@ pub(crate) unsafe extern "C" fn cuMemAlloc_v2(dptr: *mut CUdeviceptr, bytesize: 
         if bytesize == 0 || dptr.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
+        s.no_unsafe_call("cuMemAlloc")?;
         let total = s.config()?.memory;
         let bytes = bytesize as u64;
         if s.used[dev].saturating_add(bytes) > total {
@@ -36,6 +39,7 @@ pub(crate) extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     guard("cuMemFree_v2", || {
         let mut s = state();
         s.current()?;
+        s.no_unsafe_call("cuMemFree")?;
         // cuMemFree waits for the device's work (which may still use the memory).
         s.flush_all()?;
         let Some((dev, bytes)) = s.allocs.remove(&dptr) else {
@@ -60,17 +64,37 @@ pub(crate) unsafe extern "C" fn cuMemGetInfo_v2(free: *mut usize, total: *mut us
     })
 }
 
-/// The state, with the context current and `stream` valid.
-fn on_stream(stream: CUstream) -> Result<std::sync::MutexGuard<'static, State>, CUresult> {
-    let s = state();
+/// How a copy or memset was called: `Sync` (the entry point without `Async`, named) on the
+/// legacy stream, or on a stream.
+#[derive(Clone, Copy)]
+enum On {
+    Sync(&'static str),
+    Stream(CUstream),
+}
+
+impl On {
+    fn stream(self) -> CUstream {
+        match self {
+            On::Sync(_) => std::ptr::null_mut(),
+            On::Stream(s) => s,
+        }
+    }
+}
+
+/// The state, with the context current, the stream valid, and a synchronous call allowed.
+fn on_stream(on: On) -> Result<std::sync::MutexGuard<'static, State>, CUresult> {
+    let mut s = state();
     s.current()?;
-    s.stream(stream as usize)?;
+    s.stream(on.stream() as usize)?;
+    if let On::Sync(what) = on {
+        s.no_unsafe_call(what)?;
+    }
     Ok(s)
 }
 
-unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream) -> CUresult {
+unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, on: On) -> CUresult {
     guard("cuMemcpyHtoD", || {
-        let mut s = on_stream(stream)?;
+        let mut s = on_stream(on)?;
         if n == 0 {
             return Ok(());
         }
@@ -82,13 +106,13 @@ unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, stream: CUstream)
             src: src as usize,
             n,
         };
-        s.submit(stream as usize, op)
+        s.submit(on.stream() as usize, op)
     })
 }
 
-unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
+unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, on: On) -> CUresult {
     guard("cuMemcpyDtoH", || {
-        let mut s = on_stream(stream)?;
+        let mut s = on_stream(on)?;
         if n == 0 {
             return Ok(());
         }
@@ -100,19 +124,19 @@ unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, stream: CUstream) -
             src,
             n,
         };
-        s.submit(stream as usize, op)
+        s.submit(on.stream() as usize, op)
     })
 }
 
-fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, stream: CUstream) -> CUresult {
+fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, on: On) -> CUresult {
     guard("cuMemcpyDtoD", || {
-        let mut s = on_stream(stream)?;
+        let mut s = on_stream(on)?;
         let op = Op::Copy {
             dst,
             src,
             n: n as u64,
         };
-        s.submit(stream as usize, op)
+        s.submit(on.stream() as usize, op)
     })
 }
 
@@ -122,7 +146,7 @@ pub(crate) unsafe extern "C" fn cuMemcpyHtoD_v2(
     src: *const c_void,
     n: usize,
 ) -> CUresult {
-    htod(dst, src, n, std::ptr::null_mut())
+    htod(dst, src, n, On::Sync("cuMemcpyHtoD"))
 }
 
 #[no_mangle]
@@ -132,7 +156,7 @@ pub(crate) unsafe extern "C" fn cuMemcpyHtoDAsync_v2(
     n: usize,
     stream: CUstream,
 ) -> CUresult {
-    htod(dst, src, n, stream)
+    htod(dst, src, n, On::Stream(stream))
 }
 
 #[no_mangle]
@@ -141,7 +165,7 @@ pub(crate) unsafe extern "C" fn cuMemcpyDtoH_v2(
     src: CUdeviceptr,
     n: usize,
 ) -> CUresult {
-    dtoh(dst, src, n, std::ptr::null_mut())
+    dtoh(dst, src, n, On::Sync("cuMemcpyDtoH"))
 }
 
 #[no_mangle]
@@ -151,12 +175,12 @@ pub(crate) unsafe extern "C" fn cuMemcpyDtoHAsync_v2(
     n: usize,
     stream: CUstream,
 ) -> CUresult {
-    dtoh(dst, src, n, stream)
+    dtoh(dst, src, n, On::Stream(stream))
 }
 
 #[no_mangle]
 pub(crate) extern "C" fn cuMemcpyDtoD_v2(dst: CUdeviceptr, src: CUdeviceptr, n: usize) -> CUresult {
-    dtod(dst, src, n, std::ptr::null_mut())
+    dtod(dst, src, n, On::Sync("cuMemcpyDtoD"))
 }
 
 #[no_mangle]
@@ -166,31 +190,31 @@ pub(crate) extern "C" fn cuMemcpyDtoDAsync_v2(
     n: usize,
     stream: CUstream,
 ) -> CUresult {
-    dtod(dst, src, n, stream)
+    dtod(dst, src, n, On::Stream(stream))
 }
 
 /// Fills `n` elements of `unit` bytes each at `dst` with `value` (little-endian).
-fn memset(dst: CUdeviceptr, value: u32, unit: usize, n: usize, stream: CUstream) -> CUresult {
+fn memset(dst: CUdeviceptr, value: u32, unit: usize, n: usize, on: On) -> CUresult {
     guard("cuMemset", || {
-        let mut s = on_stream(stream)?;
+        let mut s = on_stream(on)?;
         // "The dstDevice pointer must be four byte aligned" (cuMemsetD32).
         if !dst.is_multiple_of(unit as u64) {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
         let one = &value.to_le_bytes()[..unit];
         let bytes: Vec<u8> = one.iter().copied().cycle().take(unit * n).collect();
-        s.submit(stream as usize, Op::Write { dst, bytes })
+        s.submit(on.stream() as usize, Op::Write { dst, bytes })
     })
 }
 
 #[no_mangle]
 pub(crate) extern "C" fn cuMemsetD8_v2(dst: CUdeviceptr, uc: c_uchar, n: usize) -> CUresult {
-    memset(dst, uc.into(), 1, n, std::ptr::null_mut())
+    memset(dst, uc.into(), 1, n, On::Sync("cuMemsetD8"))
 }
 
 #[no_mangle]
 pub(crate) extern "C" fn cuMemsetD32_v2(dst: CUdeviceptr, ui: c_uint, n: usize) -> CUresult {
-    memset(dst, ui, 4, n, std::ptr::null_mut())
+    memset(dst, ui, 4, n, On::Sync("cuMemsetD32"))
 }
 
 #[no_mangle]
@@ -200,7 +224,7 @@ pub(crate) extern "C" fn cuMemsetD8Async(
     n: usize,
     st: CUstream,
 ) -> CUresult {
-    memset(dst, uc.into(), 1, n, st)
+    memset(dst, uc.into(), 1, n, On::Stream(st))
 }
 
 #[no_mangle]
@@ -210,5 +234,5 @@ pub(crate) extern "C" fn cuMemsetD32Async(
     n: usize,
     st: CUstream,
 ) -> CUresult {
-    memset(dst, ui, 4, n, st)
+    memset(dst, ui, 4, n, On::Stream(st))
 }

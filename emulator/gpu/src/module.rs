@@ -14,7 +14,7 @@ use cudarc::driver::sys::{
 use parallax_emulator::parse::ParamKind;
 use parallax_emulator::{Module, ParamValue};
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 #[no_mangle]
 pub(crate) unsafe extern "C" fn cuModuleLoadData(
@@ -167,24 +167,53 @@ pub(crate) unsafe extern "C" fn cuFuncGetAttribute(
     })
 }
 
+/// `len` bytes of this process's memory at `p`, or `None` where they are not mapped. A
+/// `kernelParams` array shorter than the entry's `.param` list (a launch parameter dropped)
+/// is read past its end, as the real driver would read it: that must fail the launch, not
+/// crash the process, so the reads go through `/proc/self/mem`, which reports unmapped
+/// addresses as errors.
+fn host_bytes(p: usize, len: usize) -> Option<Vec<u8>> {
+    use std::os::unix::fs::FileExt;
+    static MEM: OnceLock<Option<std::fs::File>> = OnceLock::new();
+    let mut buf = vec![0u8; len];
+    match MEM.get_or_init(|| std::fs::File::open("/proc/self/mem").ok()) {
+        Some(mem) => mem.read_exact_at(&mut buf, p as u64).ok().map(|_| buf),
+        // SAFETY: without /proc, the caller's promise that `p` holds `len` bytes is taken.
+        None => Some(unsafe { std::slice::from_raw_parts(p as *const u8, len) }.to_vec()),
+    }
+}
+
 /// The launch's parameter values, each read with its declared size from `params[i]`.
-unsafe fn read_params(
+fn read_params(
+    entry: &str,
     kinds: &[ParamKind],
     params: *mut *mut c_void,
 ) -> Result<Vec<ParamValue>, CUresult> {
     if kinds.is_empty() {
         return Ok(Vec::new());
     }
+    let unreadable = |i: usize, what: &str| {
+        eprintln!(
+            "emulated GPU: cuLaunchKernel(`{entry}`): parameter {i} of the {} its `.param` list \
+             declares: {what} (fewer parameters passed than declared?)",
+            kinds.len()
+        );
+        CUresult::CUDA_ERROR_INVALID_VALUE
+    };
     if params.is_null() {
-        return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        return Err(unreadable(0, "kernelParams is null"));
     }
     let mut out = Vec::with_capacity(kinds.len());
     for (i, k) in kinds.iter().enumerate() {
-        let p = *params.add(i) as *const u8;
-        if p.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
+        let slot = params as usize + i * std::mem::size_of::<*mut c_void>();
+        let p = host_bytes(slot, 8)
+            .map(|b| usize::from_le_bytes(b.try_into().unwrap_or_default()))
+            .ok_or_else(|| unreadable(i, "its pointer cannot be read"))?;
+        if p == 0 {
+            return Err(unreadable(i, "its pointer is null"));
         }
-        let bytes = std::slice::from_raw_parts(p, k.size() as usize);
+        let bytes = host_bytes(p, k.size() as usize)
+            .ok_or_else(|| unreadable(i, &format!("its value at {p:#x} cannot be read")))?;
         let word = |n: usize| {
             let mut b = [0u8; 8];
             b[..n].copy_from_slice(&bytes[..n]);
@@ -194,7 +223,7 @@ unsafe fn read_params(
             ParamKind::U64 => ParamValue::U64(word(8)),
             ParamKind::U32 => ParamValue::U32(word(4) as u32),
             ParamKind::F32 => ParamValue::F32(f32::from_bits(word(4) as u32)),
-            ParamKind::Bytes(_) => ParamValue::Bytes(bytes.to_vec()),
+            ParamKind::Bytes(_) => ParamValue::Bytes(bytes),
         });
     }
     Ok(out)
@@ -276,7 +305,7 @@ pub(crate) unsafe extern "C" fn cuLaunchKernel(
         }
         let kinds = module.params(&entry).unwrap_or_default();
         let op = Op::Launch {
-            params: read_params(&kinds, params)?,
+            params: read_params(&entry, &kinds, params)?,
             module,
             entry,
             grid,

@@ -2,7 +2,9 @@
 //! captured, what the capture records for a graph to replay (the driver API's "Graph
 //! Management" and stream capture). The documented capture rules are enforced: the legacy
 //! stream cannot be captured, nor used while a blocking stream captures; synchronising a
-//! capturing stream fails and invalidates the capture.
+//! capturing stream fails and invalidates the capture; a thread whose capture's mode forbids
+//! "potentially unsafe API calls" (`cuStreamBeginCapture`'s modes) cannot allocate, free, or
+//! copy or set memory synchronously. A graph launch is stream-ordered work like any other.
 
 use crate::state::{guard, put, state, State};
 use cudarc::driver::sys::{CUgraph, CUgraphExec, CUresult, CUstream};
@@ -49,11 +51,16 @@ pub enum Op {
     Record {
         event: usize,
     },
+    /// `cuGraphLaunch`: the graph's work, in order, when the stream reaches it.
+    Graph(Arc<Vec<Op>>),
 }
 
 /// A capture in progress on a stream.
-#[derive(Default)]
 pub struct Capture {
+    /// `CU_STREAM_CAPTURE_MODE_GLOBAL` (0), `THREAD_LOCAL` (1) or `RELAXED` (2).
+    pub mode: c_int,
+    /// The thread that began it (the modes restrict that thread's calls, or every thread's).
+    pub thread: std::thread::ThreadId,
     pub ops: Vec<Op>,
     /// Why the capture became invalid (it then ends with
     /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`).
@@ -88,7 +95,36 @@ impl State {
             return self.run(&op);
         }
         self.queues.entry(stream).or_default().push(op);
-        Ok(())
+        self.run_early()
+    }
+
+    /// With `PARALLAX_EMULATED_STREAM_SEED`, queued work may also run before anything asks
+    /// for it, as a GPU may finish it early: after each enqueue, a stream drawn from the
+    /// generator runs a drawn number (possibly none) of its oldest operations. Any prefix of
+    /// a queue may run at any time: an event wait ran the awaited work when it was made.
+    fn run_early(&mut self) -> Result<(), CUresult> {
+        if self.config()?.stream_seed.is_none() {
+            return Ok(());
+        }
+        let mut queued: Vec<usize> = self
+            .queues
+            .iter()
+            .filter(|(_, q)| !q.is_empty())
+            .map(|(&s, _)| s)
+            .collect();
+        if queued.is_empty() {
+            return Ok(());
+        }
+        queued.sort_unstable();
+        let stream = queued[(self.draw() % queued.len() as u64) as usize];
+        let len = self.queues.get(&stream).map_or(0, Vec::len) as u64;
+        let k = (self.draw() % (len + 1)) as usize;
+        let ops: Vec<Op> = self
+            .queues
+            .get_mut(&stream)
+            .map(|q| q.drain(..k).collect())
+            .unwrap_or_default();
+        ops.iter().try_for_each(|op| self.run(op))
     }
 
     /// Runs `stream`'s queued work, in order (the first error is returned, as a
@@ -100,21 +136,54 @@ impl State {
 
     /// Runs the queued work of every blocking stream.
     pub fn flush_blocking(&mut self) -> Result<(), CUresult> {
-        let mut blocking: Vec<usize> = self
+        let blocking: Vec<usize> = self
             .queues
             .keys()
             .copied()
             .filter(|s| self.streams.get(s) == Some(&0))
             .collect();
-        blocking.sort_unstable();
-        blocking.into_iter().try_for_each(|s| self.flush(s))
+        self.flush_streams(blocking)
     }
 
     /// Runs every stream's queued work.
     pub fn flush_all(&mut self) -> Result<(), CUresult> {
-        let mut all: Vec<usize> = self.queues.keys().copied().collect();
-        all.sort_unstable();
-        all.into_iter().try_for_each(|s| self.flush(s))
+        let all: Vec<usize> = self.queues.keys().copied().collect();
+        self.flush_streams(all)
+    }
+
+    /// Runs the queued work of `streams`, which nothing orders between them (an event wait
+    /// ran the awaited work when it was made): stream after stream in ascending handle
+    /// order, or, with `PARALLAX_EMULATED_STREAM_SEED`, one operation at a time from a
+    /// stream drawn from the seeded generator, so a missing event between them shows.
+    fn flush_streams(&mut self, mut streams: Vec<usize>) -> Result<(), CUresult> {
+        streams.sort_unstable();
+        if self.config()?.stream_seed.is_none() {
+            return streams.into_iter().try_for_each(|s| self.flush(s));
+        }
+        let mut queues: Vec<std::collections::VecDeque<Op>> = streams
+            .iter()
+            .filter_map(|s| self.queues.remove(s))
+            .map(Into::into)
+            .collect();
+        loop {
+            queues.retain(|q| !q.is_empty());
+            if queues.is_empty() {
+                return Ok(());
+            }
+            let i = (self.draw() % queues.len() as u64) as usize;
+            if let Some(op) = queues[i].pop_front() {
+                self.run(&op)?;
+            }
+        }
+    }
+
+    /// The next value of the stream-order generator (splitmix64).
+    fn draw(&mut self) -> u64 {
+        self.order = self.order.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.order;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
     }
 
     /// "The legacy stream is unusable while a blocking stream is capturing": fails, and
@@ -143,6 +212,29 @@ impl State {
         if let Some(c) = self.captures.get_mut(&stream) {
             eprintln!("emulated GPU: {what} on a stream being captured");
             c.invalid.get_or_insert_with(|| what.to_string());
+            return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+        }
+        Ok(())
+    }
+
+    /// A potentially unsafe call (`what`: an allocation, a free, a synchronous copy or
+    /// memset) by the calling thread: "if the local thread has an ongoing capture sequence
+    /// that was not initiated with CU_STREAM_CAPTURE_MODE_RELAXED ..., or if any other
+    /// thread has a concurrent capture sequence initiated with CU_STREAM_CAPTURE_MODE_GLOBAL,
+    /// this thread is prohibited from potentially unsafe API calls". Refused with
+    /// `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`, invalidating the captures that forbid it.
+    pub fn no_unsafe_call(&mut self, what: &str) -> Result<(), CUresult> {
+        let me = std::thread::current().id();
+        let mut refused = false;
+        for c in self.captures.values_mut() {
+            let local = c.thread == me && c.mode != 2;
+            if local || c.mode == 0 {
+                c.invalid.get_or_insert_with(|| what.to_string());
+                refused = true;
+            }
+        }
+        if refused {
+            eprintln!("emulated GPU: {what} during a stream capture that forbids it");
             return Err(CUresult::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
         }
         Ok(())
@@ -203,6 +295,7 @@ impl State {
                 }
                 Ok(())
             }
+            Op::Graph(ops) => ops.iter().try_for_each(|op| self.run(op)),
             Op::Gemm { name, gemm, scaled } => blas::gemm_scaled(&mut self.memory, gemm, scaled)
                 .map_err(|e| {
                     eprintln!("emulated GPU: {name}: {e}");
@@ -260,7 +353,13 @@ pub(crate) extern "C" fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_int) 
         if s.captures.contains_key(&(stream as usize)) {
             return Err(CUresult::CUDA_ERROR_ILLEGAL_STATE);
         }
-        s.captures.insert(stream as usize, Capture::default());
+        let capture = Capture {
+            mode,
+            thread: std::thread::current().id(),
+            ops: Vec::new(),
+            invalid: None,
+        };
+        s.captures.insert(stream as usize, capture);
         Ok(())
     })
 }
@@ -342,10 +441,8 @@ pub(crate) extern "C" fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) -> C
             eprintln!("emulated GPU: cuGraphLaunch into a capture is not supported");
             return Err(CUresult::CUDA_ERROR_NOT_SUPPORTED);
         }
-        if State::legacy(stream as usize) {
-            s.no_implicit_sync("cuGraphLaunch on the legacy stream")?;
-        }
-        ops.iter().try_for_each(|op| s.run(op))
+        // Queued like any work: a created stream runs it at its next synchronisation.
+        s.submit(stream as usize, Op::Graph(ops))
     })
 }
 

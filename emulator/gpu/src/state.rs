@@ -17,11 +17,15 @@ pub const DEFAULT_SHARED: u32 = 48 * 1024;
 pub const OPTIN_SHARED: u32 = 227 * 1024;
 
 /// The emulated machine, from the environment: `PARALLAX_EMULATED_GPUS` (default 1),
-/// `PARALLAX_EMULATED_GPU_MEMORY` (bytes per device, default an H200's).
+/// `PARALLAX_EMULATED_GPU_MEMORY` (bytes per device, default an H200's),
+/// `PARALLAX_EMULATED_STREAM_SEED` (when set, independent streams' queued work runs
+/// interleaved in an order drawn from this seed, rather than stream by stream, and may run
+/// before a synchronisation asks for it).
 #[derive(Debug, Clone)]
 pub struct Config {
     pub gpus: i32,
     pub memory: u64,
+    pub stream_seed: Option<u64>,
 }
 
 impl Config {
@@ -32,6 +36,7 @@ impl Config {
         Config {
             gpus: var::<u32>("PARALLAX_EMULATED_GPUS").unwrap_or(1).min(4096) as i32,
             memory: var("PARALLAX_EMULATED_GPU_MEMORY").unwrap_or(H200_MEMORY),
+            stream_seed: var("PARALLAX_EMULATED_STREAM_SEED"),
         }
     }
 }
@@ -80,6 +85,8 @@ pub struct State {
     pub execs: HashMap<usize, Arc<Vec<crate::ops::Op>>>,
     /// A launch failed: every later call on the context fails so (as on a GPU).
     pub sticky: Option<CUresult>,
+    /// The state of the generator that orders independent streams (from the seed).
+    pub order: u64,
     next: usize,
 }
 
@@ -137,6 +144,7 @@ impl State {
         if self.config.is_none() {
             let c = Config::from_env();
             self.used = vec![0; c.gpus as usize];
+            self.order = c.stream_seed.unwrap_or(0);
             self.retained = vec![0; c.gpus as usize];
             self.config = Some(c);
         }

@@ -83,7 +83,7 @@ fn an_h200_by_default() {
 }
 
 /// Loads the test kernel; returns its function.
-fn kernel() -> cudarc::driver::sys::CUfunction {
+pub(crate) fn kernel() -> cudarc::driver::sys::CUfunction {
     let (mut m, mut f) = (std::ptr::null_mut(), std::ptr::null_mut());
     unsafe {
         ok(cuModuleLoadData(&mut m, KERNEL.as_ptr() as *const c_void));
@@ -96,7 +96,7 @@ fn launch(f: cudarc::driver::sys::CUfunction, threads: u32, shared: u32, p: u64)
     launch_on(f, threads, shared, p, std::ptr::null_mut())
 }
 
-fn launch_on(
+pub(crate) fn launch_on(
     f: cudarc::driver::sys::CUfunction,
     threads: u32,
     shared: u32,

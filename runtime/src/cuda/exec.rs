@@ -220,6 +220,24 @@ impl CudaExecutor {
                 )
             },
         );
+        // The scratch: the largest any batch size needs (its size is known from the
+        // module at the largest batch).
+        let code =
+            codegen::generate_with(&plan, max_batch as u64, target, &codegen_options(precision))?;
+        // Refused before allocating anything: a plan past the device's free memory fails
+        // here, naming both, rather than at whichever allocation runs out.
+        let needed = total + (code.scratch.max(1) + code.staging.div_ceil(2).max(1)) * 4;
+        ctx.bind_to_thread()?;
+        let (free, device) = result::mem_get_info()?;
+        if needed > free as u64 {
+            return Err(CudaError::PlanTooLarge {
+                gpu: ordinal,
+                needed,
+                what,
+                free: free as u64,
+                total: device as u64,
+            });
+        }
         let arena = Arc::new(alloc(total / 4, &what)?);
         let lt = match super::lt::selected(precision, std::env::var(super::lt::ENV).ok().as_deref())
         {
@@ -227,10 +245,6 @@ impl CudaExecutor {
             None => None,
         };
         let buffers: Vec<u64> = offsets.iter().map(|&o| arena.ptr + o).collect();
-        // The scratch: the largest any batch size needs (its size is known from the
-        // module at the largest batch).
-        let code =
-            codegen::generate_with(&plan, max_batch as u64, target, &codegen_options(precision))?;
         let scratch = alloc(code.scratch, "scratch")?;
         let staging = alloc(code.staging.div_ceil(2), "the bf16 GEMM operands' staging")?;
         let names = plan.names();

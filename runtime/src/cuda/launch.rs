@@ -134,6 +134,10 @@ impl CudaExecutor {
             .get(entry)
             .ok_or_else(|| CudaError::Exec(format!("no kernel `{entry}` in the module")))?;
         let mut b = self.stream.launch_builder(f);
+        let values = match values.split_first() {
+            Some((_, rest)) if super::plant::planted(super::plant::Bug::DropLaunchParam) => rest,
+            _ => values,
+        };
         for v in values {
             match v {
                 ArgValue::U64(x) => b.arg(x),
@@ -277,6 +281,12 @@ impl CudaExecutor {
         let flags = self.training_flags.iter().map(|&s| (s, training));
         for (step, value) in self.fills.iter().copied().chain(flags) {
             let n = numel(&self.shape(step, batch));
+            if super::plant::planted(super::plant::Bug::SyncCopyInCapture) {
+                let v = vec![value; n as usize];
+                // SAFETY: the step's buffer holds `n` f32 values.
+                unsafe { result::memcpy_htod_sync(self.ptr(step)?, &v)? };
+                continue;
+            }
             let values = [
                 ArgValue::U64(self.ptr(step)?),
                 ArgValue::U64(n),

@@ -12,6 +12,7 @@ mod lt;
 pub mod nccl;
 pub mod nccl_comm;
 pub mod nccl_tree;
+mod plant;
 mod stepwise;
 pub mod tree_check;
 
@@ -48,6 +49,14 @@ pub enum CudaError {
         bytes: u64,
         predicted: u64,
         free: u64,
+    },
+    #[error("the plan needs {needed} bytes of memory on GPU {gpu} ({what}, the scratch and the bf16 staging), but {free} of its {total} bytes are free: nothing was allocated (a smaller batch or model, or more GPUs, would fit)")]
+    PlanTooLarge {
+        gpu: usize,
+        needed: u64,
+        what: String,
+        free: u64,
+        total: u64,
     },
     #[error("code generation: {0}")]
     Codegen(#[from] parallax_compiler::codegen::CodegenError),
