@@ -221,10 +221,7 @@ fn memory_fit(
     if p.memory.peak_bytes <= capacity {
         return Ok(());
     }
-    err!(
-        "{}",
-        summary::one_device_refusal(p, profile.name, capacity)
-    );
+    err!("{}", summary::one_device_refusal(p, profile.name, capacity));
     errln!("  = hint: {}", hint());
     Err(Exit(1))
 }
