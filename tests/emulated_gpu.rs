@@ -87,6 +87,23 @@ fn gpu_check_mlp_with_bf16_activations_in_lockstep() {
     assert!(all.contains("0 went to cuBLAS"), "{all}");
 }
 
+/// The small transformer (attention, layer norms, GELU, cross-entropy) at every precision
+/// and with bf16-stored activations in lockstep, at batch 4 (about 6 s each here).
+#[test]
+fn gpu_check_transformer_at_every_precision_and_stored_in_bf16() {
+    let small = ["--set", "train.batch_size=4"];
+    for precision in ["fp32", "tf32", "bf16"] {
+        gpu_check_with("transformer", precision, &small, Duration::from_secs(300));
+    }
+    let stored = [
+        &small[..],
+        &["--set", "devices.activations=Bf16", "--lockstep"],
+    ]
+    .concat();
+    let all = gpu_check_with("transformer", "bf16", &stored, Duration::from_secs(300));
+    assert!(!all.contains("LOCKSTEP"), "{all}");
+}
+
 #[test]
 fn gpu_check_cnn_fp32_and_bf16() {
     for precision in ["fp32", "bf16"] {
