@@ -1,7 +1,7 @@
 //! The data people bring, on any number of processes: a token-file run gives the same
 //! `final.safetensors` bytes on 1, 2 and 3 simulated devices and on 2 and 3 `mpirun` ranks,
-//! and across a `kill -9` and `--resume`; an image-folder run the same bytes on 1 device and
-//! on 2 and 3 `mpirun` ranks. Each process reads (decodes) only its own micro-shards' samples
+//! and across a `kill -9` and `--resume`; an image-folder run the same bytes on 1 device, on
+//! 2 and 3 `mpirun` ranks and across a `kill -9` of one rank and a resume on 3. Each process reads (decodes) only its own micro-shards' samples
 //! (`data_samples_read`). Every run has a hard limit, so a hang fails the test, not CI.
 #![cfg(feature = "mpi")]
 
@@ -136,7 +136,7 @@ fn write_pngs(root: &Path, per_class: u32) {
 }
 
 #[test]
-fn an_image_folder_run_has_the_same_bytes_on_one_device_and_on_mpirun_ranks() {
+fn an_image_folder_run_has_the_same_bytes_on_one_device_on_mpirun_ranks_and_across_a_kill() {
     let dir = temp("data-ranks-images");
     write_pngs(&dir.join("pngs"), 8);
     let text = r#"Experiment(
@@ -166,5 +166,36 @@ fn an_image_folder_run_has_the_same_bytes_on_one_device_and_on_mpirun_ranks() {
         // Rank 0 decoded only its micro-shards' images: a sixth of the batch per shard.
         assert_eq!(samples_read(Path::new(&r)), 36 / n as u64, "mpirun -np {n}");
     }
+    // Rank 1 of 2 killed (SIGKILL) after step 5, its last checkpoint at step 4; resumed on 3
+    // processes: the crops continue from the same keys, each rank decoding its own shards.
+    let cut = run("cut");
+    let args = [
+        "train",
+        &exp,
+        "--run-dir",
+        &cut,
+        "--checkpoint-every",
+        "2",
+        "--collective-timeout",
+        "20",
+        "--crash-after",
+        "1:5",
+    ];
+    let out = mpirun(2, &args, LIMIT);
+    assert_ne!(
+        out.code,
+        Some(0),
+        "the crash did not happen: {}",
+        out.stderr
+    );
+    assert!(!Path::new(&cut).join("final.safetensors").exists());
+    let out = mpirun(3, &["train", "--resume", &cut], LIMIT);
+    assert_eq!(out.code, Some(0), "resume: {}", out.stderr);
+    assert!(
+        bytes(Path::new(&cut)) == want,
+        "killed and resumed: other bytes"
+    );
+    // The continuation trained steps 5 and 6: rank 0 read 2 of each batch of 6.
+    assert_eq!(samples_read(Path::new(&cut)), 4);
     let _ = std::fs::remove_dir_all(&dir);
 }
