@@ -35,6 +35,11 @@ pub trait Backend {
     /// (a copy), in plan order.
     fn state_values(&self) -> Result<ParamValues, ExecError>;
     fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError>;
+    /// The samples of a global batch this process's devices read (see
+    /// `data::loader::Wanted`), when that is not all of them: a process of a job of several.
+    fn samples_here(&self) -> Option<crate::data::loader::Wanted> {
+        None
+    }
     /// After a training step: the first tensor holding a NaN or an infinity, gradients
     /// first, then parameters, then states (each in plan order). Training calls it after
     /// every step, so a backend should scan in place; this default copies the parameters and

@@ -254,7 +254,7 @@ fn escape(s: &str) -> String {
 
 /// The order of `train`'s summary fields (`serde_json` reads objects sorted by key).
 const SUMMARY_ORDER: &str = "name steps epochs final_train_loss val_loss val_accuracy \
-    samples_per_sec step_time_ms_median data_wait_seconds data_wait_share wall_seconds parameters seed backend run_id resumed_from";
+    samples_per_sec step_time_ms_median data_wait_seconds data_wait_share data_samples_read wall_seconds parameters seed backend run_id resumed_from";
 
 /// The summaries side by side: one row per field (the known ones first, in `train`'s order,
 /// then any others by name), one column per run.

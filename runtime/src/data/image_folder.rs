@@ -1,6 +1,6 @@
 //! Image folders (`ImageFolder`): `root/<class>/.../<file>`, as torchvision's `ImageFolder`
-//! reads them, decoded batch by batch on the loader's worker thread (never the whole folder up
-//! front).
+//! reads them, decoded batch by batch (never the whole folder up front): training images on
+//! the loader's worker thread, validation images as validation feeds them (`EvalSet`).
 //!
 //! The stated rules:
 //!
@@ -23,12 +23,12 @@
 //! - The data's hash covers the class names and, for every file, its path below the root,
 //!   its class and its size in bytes (not its contents: the folder is read once, per batch).
 
-use super::loader::{batches_per_epoch, order_of, Batch};
+use super::eval_set::{EvalImages, EvalSet};
+use super::loader::{batches_per_epoch, order_of, read_mask, Batch, Wanted};
 use super::transform::{self, ImageSpec};
-use super::{DataError, Dataset, ModelIo, TensorSpec, Values};
+use super::{DataError, ModelIo, Values};
 use crate::rng::{self, Purpose};
 use parallax_compiler::dsl::ast::Data;
-use parallax_compiler::ir::DType;
 use rayon::prelude::*;
 use sha2::Digest;
 use std::path::{Path, PathBuf};
@@ -257,16 +257,30 @@ impl Images {
 
     /// Batch `index` of epoch `epoch`; its images are decoded in parallel.
     pub fn batch(&self, epoch: u64, index: usize) -> Result<Batch, DataError> {
-        self.batch_in(&self.order(epoch), epoch, index)
+        self.batch_in(&self.order(epoch), epoch, index, None)
     }
 
-    /// [`Images::batch`] given the epoch's [`Images::order`] (computed once an epoch).
-    pub fn batch_in(&self, order: &[usize], epoch: u64, index: usize) -> Result<Batch, DataError> {
+    /// [`Images::batch`] given the epoch's [`Images::order`] (computed once an epoch),
+    /// decoding only the `wanted` images (the loader's rule: the others stay zero; every
+    /// class is read, from the file list).
+    pub fn batch_in(
+        &self,
+        order: &[usize],
+        epoch: u64,
+        index: usize,
+        wanted: Option<&Wanted>,
+    ) -> Result<Batch, DataError> {
         let start = (index * self.batch).min(order.len());
         let picked = &order[start..(start + self.batch).min(order.len())];
+        let mask = read_mask(wanted, picked.len());
+        let size = self.spec.channels * self.spec.height * self.spec.width;
         let images: Vec<Vec<f32>> = picked
             .par_iter()
-            .map(|&k| self.sample(epoch, k))
+            .zip(&mask)
+            .map(|(&k, &read)| match read {
+                true => self.sample(epoch, k),
+                false => Ok(vec![0.0; size]),
+            })
             .collect::<Result<_, _>>()?;
         Ok(Batch {
             inputs: Values::F32(images.concat()),
@@ -274,6 +288,7 @@ impl Images {
             size: picked.len(),
             epoch,
             index,
+            read: mask.iter().filter(|&&r| r).count(),
         })
     }
 }
@@ -281,7 +296,8 @@ impl Images {
 /// An image folder opened for training.
 pub struct Opened {
     pub images: Images,
-    pub validation: Dataset,
+    /// Decoded batch by batch as validation feeds it, never whole up front.
+    pub validation: EvalSet,
     pub hash: String,
     pub classes: Vec<String>,
     pub warnings: Vec<String>,
@@ -304,18 +320,11 @@ fn hash_scan(h: &mut sha2::Sha256, scan: &Scan, samples: &[usize]) {
     }
 }
 
-/// Samples `k` of `scan` with the evaluation transform, as a data set.
-fn eval_set(scan: &Scan, picked: &[usize], spec: &ImageSpec) -> Result<Dataset, DataError> {
-    let images: Vec<Vec<f32>> = picked
-        .par_iter()
-        .map(|&k| eval_image(&scan.samples[k].0, spec))
-        .collect::<Result<_, _>>()?;
-    Ok(Dataset {
-        inputs: Values::F32(images.concat()),
-        targets: Values::I32(picked.iter().map(|&k| scan.samples[k].1 as i32).collect()),
-        input: TensorSpec::new(DType::F32, vec![spec.channels, spec.height, spec.width]),
-        target: TensorSpec::new(DType::I32, vec![]),
-        len: picked.len(),
+/// Samples `picked` of `scan` with the evaluation transform, decoded batch by batch.
+fn eval_set(scan: &Scan, picked: &[usize], spec: &ImageSpec) -> EvalSet {
+    EvalSet::Images(EvalImages {
+        samples: picked.iter().map(|&k| scan.samples[k].clone()).collect(),
+        spec: spec.clone(),
     })
 }
 
@@ -385,13 +394,13 @@ pub fn open(
             let vall: Vec<usize> = (0..vscan.samples.len()).collect();
             hash_scan(&mut h, &scan, &all);
             hash_scan(&mut h, &vscan, &vall);
-            (all, eval_set(&vscan, &vall, &spec)?)
+            (all, eval_set(&vscan, &vall, &spec))
         }
         None => {
             let (t, v) = split_ids(scan.samples.len(), validation_split.unwrap_or(0.1), seed)?;
             hash_scan(&mut h, &scan, &t);
             hash_scan(&mut h, &scan, &v);
-            let val = eval_set(&scan, &v, &spec)?;
+            let val = eval_set(&scan, &v, &spec);
             (t, val)
         }
     };

@@ -1,6 +1,7 @@
 use super::*;
 use crate::data::testutil::{classify, TempDir};
 use crate::data::transform::{crop_params, eval_transform, flips, resample, Pixels, Region};
+use crate::data::DType;
 use parallax_compiler::dsl::ast::Normalize;
 
 /// Writes a `w × h` grey PNG whose pixel (y, x) is `f(y, x)`, creating folders.
@@ -225,13 +226,10 @@ fn digits_folder(d: &Path) {
     }
 }
 
-#[test]
-fn batches_are_pure_functions_of_seed_epoch_and_index() {
-    let t = TempDir::new("batches");
-    digits_folder(t.path());
-    let io = classify(DType::F32, vec![1, 8, 8], 3);
-    let data = Data::ImageFolder {
-        train: t.path().display().to_string(),
+/// [`digits_folder`] at `root` as an augmented source, a quarter held out.
+fn digits_data(root: &Path) -> Data {
+    Data::ImageFolder {
+        train: root.display().to_string(),
         validation: None,
         validation_split: Some(0.25),
         augment: true,
@@ -241,16 +239,32 @@ fn batches_are_pure_functions_of_seed_epoch_and_index() {
             std: vec![0.5],
         }),
         skip_corrupt: false,
-    };
+    }
+}
+
+#[test]
+fn batches_are_pure_functions_of_seed_epoch_and_index() {
+    let t = TempDir::new("batches");
+    digits_folder(t.path());
+    let io = classify(DType::F32, vec![1, 8, 8], 3);
+    let data = digits_data(t.path());
     let a = open(&data, &io, 3, Path::new("."), 4, true, false).unwrap();
     let b = open(&data, &io, 3, Path::new("."), 4, true, false).unwrap();
     assert_eq!(
-        (a.images.samples.len(), a.validation.len, a.images.per_epoch),
+        (
+            a.images.samples.len(),
+            a.validation.len(),
+            a.images.per_epoch
+        ),
         (9, 3, 3)
     );
     assert_eq!(a.hash, b.hash);
     assert_eq!(a.classes, ["0", "1", "2"]);
-    assert_eq!(a.validation.inputs.len(), 3 * 64);
+    // The validation images are decoded batch by batch, as validation feeds them.
+    let (x, y) = a.validation.batch(0, 3, None).unwrap();
+    assert_eq!((x.len(), y.len()), (3 * 64, 3));
+    let (x1, _) = a.validation.batch(1, 2, None).unwrap();
+    assert_eq!(x1, x.samples(64, 1, 2));
     let x = a.images.batch(1, 2).unwrap();
     assert_eq!(x, b.images.batch(1, 2).unwrap());
     assert_eq!((x.size, x.inputs.len()), (1, 64));
@@ -315,4 +329,33 @@ fn batches_are_pure_functions_of_seed_epoch_and_index() {
     assert!((0..3).any(|_| loader.next().is_none()));
     let why = loader.failure().unwrap().to_string();
     assert!(why.contains(&p.display().to_string()), "{why}");
+}
+
+#[test]
+fn a_process_decodes_only_its_micro_shards_images() {
+    let t = TempDir::new("wanted");
+    digits_folder(t.path());
+    let io = classify(DType::F32, vec![1, 8, 8], 3);
+    let data = digits_data(t.path());
+    let a = open(&data, &io, 3, Path::new("."), 4, true, false).unwrap();
+    let order = a.images.order(0);
+    let whole = a.images.batch_in(&order, 0, 0, None).unwrap();
+    assert_eq!(whole.read, 4);
+    let wanted: crate::data::loader::Wanted =
+        std::sync::Arc::new(|n: usize| std::iter::once(1..n.min(3)).collect());
+    let part = a.images.batch_in(&order, 0, 0, Some(&wanted)).unwrap();
+    assert_eq!((part.size, part.read), (4, 2));
+    assert_eq!(part.targets, whole.targets); // classes come from the file list
+    let (Values::F32(p), Values::F32(w)) = (&part.inputs, &whole.inputs) else {
+        panic!()
+    };
+    assert_eq!(p[64..192], w[64..192]);
+    assert!(p[..64].iter().chain(&p[192..]).all(|&v| v == 0.0));
+    // The images left out are not even read: a broken one there does not stop the batch.
+    std::fs::write(&a.images.samples[order[0]].0, b"\x89PNG\r\n\x1a\nbroken").unwrap();
+    assert!(a.images.batch_in(&order, 0, 0, None).is_err());
+    assert_eq!(
+        a.images.batch_in(&order, 0, 0, Some(&wanted)).unwrap(),
+        part
+    );
 }

@@ -14,12 +14,40 @@
 //!   empty data set.
 //! - A batch is a pure function of (data set, seed, batch size, drop_last, shuffle, epoch,
 //!   index): the worker thread changes only when it is computed, never what it holds.
+//! - A process that runs only some devices of a job reads (decodes) only the samples of their
+//!   micro-shards ([`Loader::only`]); the batch's other samples are left zero, never read there.
+//!   Targets stay whole where they cost nothing to read (an image's class), since each shard's
+//!   loss share counts the whole batch's labels.
+//! - The worker thread starts at the first [`Loader::next`]: a loader that is never read
+//!   (`eval` opening a run's data) reads nothing.
 
 use super::{DataError, Dataset, Values};
 use crate::rng::{permutation, stream, Purpose};
+use std::ops::Range;
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+
+/// The samples of a global batch this process reads, given the batch's size: its devices'
+/// micro-shards as sample ranges, in order (`Backend::samples_here`).
+pub type Wanted = Arc<dyn Fn(usize) -> Vec<Range<usize>> + Send + Sync>;
+
+/// Which of a batch's `size` samples to read: all without `wanted`.
+pub fn read_mask(wanted: Option<&Wanted>, size: usize) -> Vec<bool> {
+    let Some(w) = wanted else {
+        return vec![true; size];
+    };
+    let mut mask = vec![false; size];
+    for r in w(size) {
+        for m in &mut mask[r.start.min(size)..r.end.min(size)] {
+            *m = true;
+        }
+    }
+    mask
+}
+
+/// Makes batch (epoch, index) reading only the wanted samples.
+type Make = Box<dyn FnMut(u64, usize, Option<&Wanted>) -> Result<Batch, DataError> + Send>;
 
 /// Batches prepared ahead of the consumer.
 pub const PREFETCH: usize = 4;
@@ -56,6 +84,8 @@ pub struct Batch {
     pub size: usize,
     pub epoch: u64,
     pub index: usize,
+    /// The samples read (decoded) for it here: `size`, or this process's share of them.
+    pub read: usize,
 }
 
 /// Batch `index` of an epoch whose order is `order`.
@@ -75,6 +105,7 @@ pub fn make_batch(
         size: end - start,
         epoch,
         index,
+        read: end - start,
     }
 }
 
@@ -87,6 +118,9 @@ pub struct Loader {
     batches_per_epoch: usize,
     /// Why the worker stopped, if a batch could not be made (an image that does not decode).
     failure: Arc<Mutex<Option<DataError>>>,
+    /// The worker's first batch and maker, until the first `next` starts it.
+    pending: Option<(u64, Make)>,
+    wanted: Option<Wanted>,
 }
 
 impl Loader {
@@ -128,7 +162,8 @@ impl Loader {
         }
         let per_epoch = batches_per_epoch(len, batch_size, drop_last);
         let mut order = (u64::MAX, Vec::new());
-        Loader::spawn(per_epoch, first_batch, move |epoch, index| {
+        // Samples in memory are gathered whole: copying them costs less than skipping them.
+        Loader::spawn(per_epoch, first_batch, move |epoch, index, _| {
             if order.0 != epoch {
                 order = (epoch, order_of(shuffle, seed, epoch, len));
             }
@@ -138,8 +173,8 @@ impl Loader {
 
     /// Serves the windows of a token file (`data::tokens`), from batch `first_batch` of the run.
     pub fn windows(w: super::tokens::Windows, first_batch: u64) -> Result<Loader, DataError> {
-        Loader::spawn(w.per_epoch, first_batch, move |epoch, index| {
-            Ok(w.batch(epoch, index))
+        Loader::spawn(w.per_epoch, first_batch, move |epoch, index, wanted| {
+            Ok(w.batch_of(epoch, index, wanted))
         })
     }
 
@@ -156,12 +191,28 @@ impl Loader {
             ));
         }
         let mut order = (u64::MAX, Vec::new());
-        Loader::spawn(images.per_epoch, first_batch, move |epoch, index| {
-            if order.0 != epoch {
-                order = (epoch, images.order(epoch));
-            }
-            images.batch_in(&order.1, epoch, index)
-        })
+        Loader::spawn(
+            images.per_epoch,
+            first_batch,
+            move |epoch, index, wanted| {
+                if order.0 != epoch {
+                    order = (epoch, images.order(epoch));
+                }
+                images.batch_in(&order.1, epoch, index, wanted)
+            },
+        )
+    }
+
+    /// Reads only the `wanted` samples of every batch (this process's devices' micro-shards;
+    /// see the module's rules). Refused once the first batch was asked for.
+    pub fn only(&mut self, wanted: Wanted) -> Result<(), DataError> {
+        if self.pending.is_none() {
+            return Err(DataError::Config(
+                "the loader already started: it cannot be told which samples to read now".into(),
+            ));
+        }
+        self.wanted = Some(wanted);
+        Ok(())
     }
 
     /// Why the batches ended, if making one failed (taken: later calls say nothing).
@@ -169,16 +220,28 @@ impl Loader {
         self.failure.lock().ok()?.take()
     }
 
-    /// A worker thread that sends `make(epoch, index)` for every batch of the run from batch
-    /// `first_batch` on, `per_epoch` batches an epoch.
+    /// A loader whose worker thread, once started, sends `make(epoch, index, wanted)` for
+    /// every batch of the run from batch `first_batch` on, `per_epoch` batches an epoch.
     fn spawn(
         per_epoch: usize,
         first_batch: u64,
-        mut make: impl FnMut(u64, usize) -> Result<Batch, DataError> + Send + 'static,
+        make: impl FnMut(u64, usize, Option<&Wanted>) -> Result<Batch, DataError> + Send + 'static,
     ) -> Result<Loader, DataError> {
+        Ok(Loader {
+            rx: None,
+            worker: None,
+            batches_per_epoch: per_epoch,
+            failure: Arc::new(Mutex::new(None)),
+            pending: Some((first_batch, Box::new(make))),
+            wanted: None,
+        })
+    }
+
+    /// Starts the worker thread (at the first `next`).
+    fn start(&mut self, first_batch: u64, mut make: Make) -> Result<(), DataError> {
         let (tx, rx) = sync_channel(PREFETCH);
-        let failure = Arc::new(Mutex::new(None));
-        let failed = failure.clone();
+        let failed = self.failure.clone();
+        let (per_epoch, wanted) = (self.batches_per_epoch, self.wanted.clone());
         let worker = std::thread::Builder::new()
             .name("parallax-data".into())
             .spawn(move || {
@@ -188,7 +251,7 @@ impl Loader {
                 let mut start = (first_batch % per_epoch as u64) as usize;
                 loop {
                     for index in std::mem::take(&mut start)..per_epoch {
-                        let batch = match make(epoch, index) {
+                        let batch = match make(epoch, index, wanted.as_ref()) {
                             Ok(b) => b,
                             Err(e) => {
                                 if let Ok(mut f) = failed.lock() {
@@ -205,12 +268,9 @@ impl Loader {
                 }
             })
             .map_err(|e| DataError::Config(format!("cannot start the data worker thread: {e}")))?;
-        Ok(Loader {
-            rx: Some(rx),
-            worker: Some(worker),
-            batches_per_epoch: per_epoch,
-            failure,
-        })
+        self.rx = Some(rx);
+        self.worker = Some(worker);
+        Ok(())
     }
 
     /// Batches in each epoch.
@@ -224,6 +284,14 @@ impl Iterator for Loader {
 
     /// The next batch; `None` only if the worker thread died (its panic is resumed here).
     fn next(&mut self) -> Option<Batch> {
+        if let Some((first_batch, make)) = self.pending.take() {
+            if let Err(e) = self.start(first_batch, make) {
+                if let Ok(mut f) = self.failure.lock() {
+                    *f = Some(e);
+                }
+                return None;
+            }
+        }
         match self.rx.as_ref()?.recv() {
             Ok(b) => Some(b),
             Err(_) => {
@@ -384,6 +452,46 @@ mod tests {
         assert_eq!((small[0].size, small[1].epoch), (10, 1));
         assert!(Loader::new(ds, 0, 1, false, 0).is_err());
         assert!(Loader::new(numbered(0), 1, 1, false, 0).is_err());
+    }
+
+    #[test]
+    fn the_worker_starts_at_the_first_batch_and_reads_only_the_wanted_samples() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let made = Arc::new(AtomicUsize::new(0));
+        let counter = made.clone();
+        let make = move |epoch, index, wanted: Option<&Wanted>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let mask = read_mask(wanted, 6);
+            let ids: Vec<i32> = (0..6)
+                .map(|i| if mask[i] { i as i32 } else { -1 })
+                .collect();
+            Ok(Batch {
+                inputs: Values::I32(ids.clone()),
+                targets: Values::I32(ids),
+                size: 6,
+                epoch,
+                index,
+                read: mask.iter().filter(|&&r| r).count(),
+            })
+        };
+        // Never read: no batch is ever made (`eval` opens a run's data and reads none).
+        let unread = Loader::spawn(3, 0, make.clone()).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        drop(unread);
+        assert_eq!(made.load(Ordering::SeqCst), 0);
+        let mut l = Loader::spawn(3, 0, make).unwrap();
+        l.only(Arc::new(|n: usize| vec![0..1, 4..n])).unwrap();
+        let b = l.next().unwrap();
+        assert_eq!(b.inputs, Values::I32(vec![0, -1, -1, -1, 4, 5]));
+        assert_eq!(b.read, 3);
+        assert!(made.load(Ordering::SeqCst) >= 1);
+        let e = l
+            .only(Arc::new(|n: usize| std::iter::once(0..n).collect()))
+            .unwrap_err();
+        assert!(e.to_string().contains("already started"), "{e}");
+        assert_eq!(read_mask(None, 2), [true, true]);
+        let past: Wanted = Arc::new(|_| std::iter::once(1..9).collect());
+        assert_eq!(read_mask(Some(&past), 3), [false, true, true]);
     }
 
     #[test]

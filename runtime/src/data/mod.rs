@@ -24,6 +24,7 @@ mod array;
 pub mod codec;
 mod csv;
 pub mod digits;
+pub mod eval_set;
 mod fit;
 mod idx;
 pub mod image_folder;
@@ -43,6 +44,7 @@ use crate::rng::{self, Purpose};
 use parallax_compiler::dsl::ast::Data;
 use std::path::{Path, PathBuf};
 
+pub use eval_set::EvalSet;
 pub(crate) use fit::fit;
 pub use image_folder::{class_names, eval_image};
 pub use loader::{epoch_order, Batch, Loader};

@@ -29,7 +29,7 @@
 //! - Every id must be below the model's vocabulary (its embedding's rows and its classes):
 //!   every file is checked before training, and hashed for the run's identity.
 
-use super::loader::Batch;
+use super::loader::{read_mask, Batch, Wanted};
 use super::shards::{expand, Shards};
 use super::{DataError, Dataset, ModelIo, TensorSpec, Values};
 use crate::rng::{below, stream, Purpose};
@@ -201,11 +201,24 @@ impl Windows {
 
     /// Batch `index` of epoch `epoch`.
     pub fn batch(&self, epoch: u64, index: usize) -> Batch {
+        self.batch_of(epoch, index, None)
+    }
+
+    /// [`Windows::batch`] reading only the `wanted` windows (the loader's rule: the others
+    /// stay zero, and zero is a counted label, so every shard's loss share is unchanged).
+    pub fn batch_of(&self, epoch: u64, index: usize, wanted: Option<&Wanted>) -> Batch {
         let step = epoch * self.per_epoch as u64 + index as u64;
-        let n = self.batch * self.shards.seq;
+        let seq = self.shards.seq;
+        let n = self.batch * seq;
         let (mut x, mut y) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for i in 0..self.batch {
-            self.shards.window(self.window(step, i), &mut x, &mut y);
+        let mask = read_mask(wanted, self.batch);
+        for (i, &read) in mask.iter().enumerate() {
+            if read {
+                self.shards.window(self.window(step, i), &mut x, &mut y);
+            } else {
+                x.resize(x.len() + seq, 0);
+                y.resize(y.len() + seq, 0);
+            }
         }
         Batch {
             inputs: Values::I32(x),
@@ -213,6 +226,7 @@ impl Windows {
             size: self.batch,
             epoch,
             index,
+            read: mask.iter().filter(|&&r| r).count(),
         }
     }
 }

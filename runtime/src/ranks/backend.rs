@@ -40,6 +40,30 @@ impl<E: ShardExecutor> Backend for Ranks<E> {
         self.devices.iter().any(|d| d.shards[0].has_input(name))
     }
 
+    fn samples_here(&self) -> Option<crate::data::loader::Wanted> {
+        let grid = self.grid;
+        if self.devices.len() >= grid.dp * grid.tp * grid.pp {
+            return None; // every device is here: the whole batch is read
+        }
+        // The data ranks of the devices here (their tensor ranks and stages read the same).
+        let mut ranks: Vec<usize> = (0..self.devices.len())
+            .map(|i| grid.place(self.first + i).0)
+            .collect();
+        ranks.dedup();
+        let sharding = self.sharding;
+        Some(std::sync::Arc::new(move |batch| {
+            let split = sharding.split(batch);
+            let owners = assign(split.len(), grid.dp);
+            (ranks.iter())
+                .filter_map(|&r| {
+                    let o = owners.get(r).filter(|o| !o.is_empty())?;
+                    let (first, last) = (split.get(o.start)?, split.get(o.end - 1)?);
+                    Some(first.start..last.end)
+                })
+                .collect()
+        }))
+    }
+
     fn run(
         &mut self,
         batch: usize,

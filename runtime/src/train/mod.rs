@@ -76,6 +76,9 @@ pub struct Summary {
     pub data_wait_seconds: f64,
     /// That wait's share of the time spent in steps and waiting.
     pub data_wait_share: f64,
+    /// Samples of the trained batches this process read (decoded): all of them, or, in a
+    /// job of several processes, its devices' micro-shards' (rank 0's, in the run's file).
+    pub data_samples_read: u64,
     pub wall_seconds: f64,
     pub parameters: u64,
     pub seed: u64,
@@ -168,7 +171,7 @@ fn train_in(
         total_steps: o.total,
         batches_per_epoch: o.per_epoch,
         train_samples: session.train_samples,
-        validation_samples: session.validation.len,
+        validation_samples: session.validation.len(),
     });
     let SessionData {
         mut loader,
@@ -223,7 +226,7 @@ fn train_in(
         // The run stopped after its last checkpoint, before its final files: finish it.
         t.last_loss = o.logged.0.unwrap_or(f32::NAN);
         // Every rank validates (the same collectives); the line is o.logged once.
-        if validator.set.len > 0 {
+        if !validator.set.is_empty() {
             let (l, a) = validator.run(exec.as_mut(), o.total - 1)?;
             if o.logged.1.is_none() {
                 records
@@ -252,6 +255,7 @@ fn train_in(
         step_time_ms_median: median * 1e3,
         data_wait_seconds: t.data_wait,
         data_wait_share: t.data_wait / (t.data_wait + busy).max(1e-9),
+        data_samples_read: t.samples_read,
         wall_seconds: started.elapsed().as_secs_f64(),
         parameters: o.parameters,
         seed: exp.train.seed,

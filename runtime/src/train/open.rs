@@ -73,7 +73,8 @@ pub(super) fn open(
     if !matches!(cfg.device, Device::Cuda(_) | Device::CudaRanks(_)) {
         crate::host_memory::check(&plan, cfg.device.simulated().map(|s| s.grid))?;
     }
-    let session = SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
+    let mut session =
+        SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
     if let Some(p) = peers {
         job::agree_on_data(p, &session.data_hash)?;
     }
@@ -81,6 +82,10 @@ pub(super) fn open(
     let id = run_id(&exp_text, &session.data_hash);
     let file_shapes = weights::FileShapes::of(&plan);
     let (mut exec, device_memory) = backend(plan, cfg.device, peers, batch_size, seed)?;
+    // A process of a job reads only its devices' samples of each batch.
+    if let Some(wanted) = exec.samples_here() {
+        session.loader.only(wanted)?;
+    }
     if let Some(init) = &cfg.init {
         weights::load(exec.as_mut(), &file_shapes, init)?;
     }

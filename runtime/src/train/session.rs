@@ -4,7 +4,7 @@
 use super::TrainError;
 use crate::backend::Backend;
 use crate::cpu::Executor;
-use crate::data::{self, Dataset, Loader, ModelIo, TensorSpec, Values};
+use crate::data::{self, EvalSet, Loader, ModelIo, TensorSpec, Values};
 use crate::exec::ExecError;
 use parallax_compiler::dsl::ast::{Loss, Optimizer};
 use parallax_compiler::ir::{Dim, Op};
@@ -121,7 +121,7 @@ pub struct Session {
     pub exec: Executor,
     pub loader: Loader,
     pub train_samples: usize,
-    pub validation: Dataset,
+    pub validation: EvalSet,
     pub input: String,
     pub target: String,
 }
@@ -132,7 +132,7 @@ pub struct SessionData {
     pub data_hash: String,
     pub loader: Loader,
     pub train_samples: usize,
-    pub validation: Dataset,
+    pub validation: EvalSet,
     pub input: String,
     pub target: String,
     /// The class names of an image folder, in index order (`classes.json`).
@@ -162,7 +162,7 @@ impl SessionData {
                 data_hash: t.hash,
                 loader: Loader::windows(t.windows, first_batch)?,
                 train_samples,
-                validation: t.validation,
+                validation: t.validation.into(),
                 input,
                 target,
                 classes: None,
@@ -210,7 +210,7 @@ impl SessionData {
             data_hash,
             loader,
             train_samples,
-            validation: splits.validation,
+            validation: splits.validation.into(),
             input,
             target,
             classes: None,

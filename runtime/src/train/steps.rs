@@ -26,6 +26,8 @@ pub(super) struct Tallies {
     pub without_labels: u64,
     /// Seconds the steps waited for the loader's next batch (its threads prepare them ahead).
     pub data_wait: f64,
+    /// Samples of the trained batches read here (`Batch::read`).
+    pub samples_read: u64,
 }
 
 impl Default for Tallies {
@@ -37,6 +39,7 @@ impl Default for Tallies {
             val: (None, None),
             without_labels: 0,
             data_wait: 0.0,
+            samples_read: 0,
         }
     }
 }
@@ -78,9 +81,10 @@ impl Steps<'_> {
             ));
         };
         self.t.data_wait += waiting.elapsed().as_secs_f64();
+        self.t.samples_read += batch.read as u64;
         let lr = self.train(exec, &batch, step, on_event)?;
         let epoch_end = batch.index as u64 + 1 == self.per_epoch;
-        if (epoch_end || step + 1 == self.total) && self.validator.set.len > 0 {
+        if (epoch_end || step + 1 == self.total) && !self.validator.set.is_empty() {
             self.validate(exec, &batch, step, lr, on_event)?;
         }
         self.checkpoint_or_stop(exec, step)

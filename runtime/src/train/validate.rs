@@ -2,10 +2,11 @@
 //! labels.
 
 use super::session::feed;
+use super::TrainError;
 use crate::backend::Backend;
-use crate::data::{Dataset, Values};
+use crate::data::{EvalSet, Values};
 use crate::exec::tensor::Tensor;
-use crate::exec::{ExecError, Mode};
+use crate::exec::Mode;
 
 /// What an evaluation counts: the loss summed over samples (each batch's mean times its
 /// size), and for class labels the labelled positions, those whose label is the argmax of the
@@ -62,7 +63,7 @@ impl Tally {
 
 /// A data set evaluated on a backend, batch by batch: feeds `input` and `target`, reads `output`.
 pub struct Validator<'a> {
-    pub set: &'a Dataset,
+    pub set: &'a EvalSet,
     pub input: &'a str,
     pub target: &'a str,
     pub output: String,
@@ -75,22 +76,23 @@ impl Validator<'_> {
         &self,
         e: &mut dyn Backend,
         step: u64,
-    ) -> Result<(f64, Option<f64>), ExecError> {
+    ) -> Result<(f64, Option<f64>), TrainError> {
         let t = self.tally(e, step)?;
         Ok((t.loss(), t.accuracy()))
     }
 
-    /// Every sample of the set, once, in batches of `batch`: what [`Tally`] counts.
-    pub fn tally(&self, e: &mut dyn Backend, step: u64) -> Result<Tally, ExecError> {
-        let n = self.set.len;
-        let (per_in, per_t) = (self.set.input.numel(), self.set.target.numel());
+    /// Every sample of the set, once, in batches of `batch`: what [`Tally`] counts. A
+    /// process of a job reads (decodes) only its devices' samples of each batch.
+    pub fn tally(&self, e: &mut dyn Backend, step: u64) -> Result<Tally, TrainError> {
+        let n = self.set.len();
+        let wanted = e.samples_here();
         let mut t = Tally::default();
         let mut from = 0;
         while from < n {
             let to = (from + self.batch).min(n);
             let b = to - from;
-            feed(e, self.input, b, &self.set.inputs.samples(per_in, from, to))?;
-            let targets = self.set.targets.samples(per_t, from, to);
+            let (inputs, targets) = self.set.batch(from, to, wanted.as_ref())?;
+            feed(e, self.input, b, &inputs)?;
             feed(e, self.target, b, &targets)?;
             e.run(b, Mode::Eval, step, from as u64)?;
             t.loss_sum += e.loss(b)? as f64 * b as f64;

@@ -3,7 +3,7 @@
 //! for class labels, perplexity for language models.
 
 use super::{model_output, UseError, Weights};
-use crate::data::{self, Dataset, ModelIo};
+use crate::data::{self, Dataset, EvalSet, ModelIo};
 use crate::train::{backend, model_io, Device, SessionData, Validator};
 use crate::weights::FileShapes;
 use parallax_compiler::dsl::ast::Data;
@@ -55,7 +55,7 @@ pub fn evaluate(r: Request) -> Result<Evaluation, UseError> {
         None => SessionData::load(r.source, &r.plan, batch, seed, r.base_dir, 0)?.validation,
         Some(d) => every_sample(d, &io, seed, r.base_dir, batch)?,
     };
-    if set.len == 0 {
+    if set.is_empty() {
         return Err(UseError::Asked(
             "the run's data has no validation part to evaluate; name data with --data".into(),
         ));
@@ -102,7 +102,7 @@ fn every_sample(
     seed: u64,
     base_dir: &Path,
     batch: usize,
-) -> Result<Dataset, UseError> {
+) -> Result<EvalSet, UseError> {
     if let Data::Tokens { .. } = d {
         let mut all = d.clone();
         if let Data::Tokens {
@@ -115,7 +115,9 @@ fn every_sample(
             validation.get_or_insert_with(|| train.clone());
             *validation_windows = u64::MAX;
         }
-        return Ok(data::tokens::open(&all, io, seed, base_dir, batch, false)?.validation);
+        return Ok(data::tokens::open(&all, io, seed, base_dir, batch, false)?
+            .validation
+            .into());
     }
     if let Data::ImageFolder { .. } = d {
         let mut all = d.clone();
@@ -133,7 +135,7 @@ fn every_sample(
         return Ok(opened.validation);
     }
     let s = data::load(d, io, seed, base_dir)?;
-    concat(s.train, s.validation)
+    Ok(concat(s.train, s.validation)?.into())
 }
 
 fn concat(a: Dataset, b: Dataset) -> Result<Dataset, UseError> {
