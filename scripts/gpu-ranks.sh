@@ -159,6 +159,7 @@ for model in $RANK_MODELS; do
         "pp2|$SHARE $BIN|--gpus 2 --strategy pp2")
     [ -n "$NCCL2" ] && variants+=("NCCL sums|$SHARE PARALLAX_NCCL=1 NCCL_MULTI_RANK_GPU_ENABLE=1 LD_LIBRARY_PATH=$NCCL2 $BIN|--gpus 2")
     command -v mpirun >/dev/null && variants+=("mpirun -np 2|$SHARE mpirun --allow-run-as-root --oversubscribe -x PARALLAX_SHARE_GPUS -x LD_LIBRARY_PATH -np 2 $MPI_BIN|")
+    [ -n "$NCCL2" ] && command -v mpirun >/dev/null && variants+=("mpirun -np 2, NCCL sums|$SHARE PARALLAX_NCCL=1 NCCL_MULTI_RANK_GPU_ENABLE=1 LD_LIBRARY_PATH=$NCCL2 mpirun --allow-run-as-root --oversubscribe -x PARALLAX_SHARE_GPUS -x PARALLAX_NCCL -x NCCL_MULTI_RANK_GPU_ENABLE -x LD_LIBRARY_PATH -x NCCL_SOCKET_IFNAME -np 2 $MPI_BIN|")
     # torchrun's ranks meet over TCP through rank 0 (no MPI); its port picked per run.
     command -v torchrun >/dev/null && variants+=("torchrun 2 ranks|$SHARE torchrun --nproc-per-node 2 --master-port $((20000 + RANDOM % 20000)) --no-python $BIN|")
     for v in "${variants[@]}"; do

@@ -491,13 +491,14 @@ fn the_gpu_check_script_runs_whole_on_the_emulated_gpu() {
         "train mlp --gpus 2, pp2: the bits of --gpus 1",
         "train mlp --gpus 2, NCCL sums: the bits of --gpus 1",
         "train mlp --gpus 2, mpirun -np 2: the bits of --gpus 1",
+        "train mlp --gpus 2, mpirun -np 2, NCCL sums: the bits of --gpus 1",
     ] {
         assert!(
             rows.iter().any(|r| r.starts_with(want)),
             "no row `{want}`: {all}"
         );
     }
-    assert!(rows.len() >= 17, "{all}");
+    assert!(rows.len() >= 18, "{all}");
     for row in &rows {
         assert!(row.contains(" ok "), "{row}: {all}");
     }
