@@ -177,6 +177,51 @@ fn train_on_cuda_resumes_from_a_checkpoint_bit_for_bit() {
     );
 }
 
+/// A CUDA run killed with SIGKILL after a checkpoint, then resumed, writes the bytes of the
+/// run never killed.
+#[test]
+fn a_cuda_run_killed_after_a_checkpoint_resumes_to_the_same_bytes() {
+    let (cut, whole) = (
+        common::temp("emulated-gpu-kill-cut"),
+        common::temp("emulated-gpu-kill-whole"),
+    );
+    for d in [&cut, &whole] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let (cut_dir, whole_dir) = (cut.to_str().unwrap(), whole.to_str().unwrap());
+    fn train(dir: &str) -> Vec<&str> {
+        let a = [
+            "train",
+            "models/mlp.ron",
+            "--backend",
+            "cuda",
+            "--steps",
+            "120",
+        ];
+        [&a[..], &["--checkpoint-every", "20", "--run-dir", dir]].concat()
+    }
+    let limit = Duration::from_secs(300);
+    let r = on_emulated_gpu(&train(whole_dir), limit);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let command = common::emulated_gpu::emulated_gpu_command(&train(cut_dir), &[]);
+    let mut run = common::Running::spawn(command);
+    let checkpoint = cut.join("checkpoints").join("step-00000040.safetensors");
+    run.wait_until(limit, || checkpoint.exists());
+    run.signal(libc::SIGKILL);
+    let _ = run.exit_code(limit);
+    assert!(!cut.join("final.safetensors").exists(), "it finished first");
+    let r = on_emulated_gpu(&["train", "--resume", cut_dir, "--backend", "cuda"], limit);
+    assert_eq!(r.code, Some(0), "{}", r.stderr);
+    let read = |d: &PathBuf| std::fs::read(d.join("final.safetensors")).unwrap();
+    assert!(
+        read(&cut) == read(&whole),
+        "the resumed run's parameters differ"
+    );
+    for d in [&cut, &whole] {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
 #[test]
 fn gpu_check_cnn_with_cuda_graphs_captures_and_replays() {
     let args = [

@@ -80,6 +80,14 @@ pub fn on_emulated_gpu_with(
     env: &[(&str, &str)],
     limit: Duration,
 ) -> super::Limited {
+    let r = super::run_limited(emulated_gpu_command(args, env), limit);
+    assert!(r.code.is_some(), "`{}` ran past {limit:?}", args.join(" "));
+    r
+}
+
+/// The binary with `args` and `env`, set to run on the emulated GPU (and nothing of the
+/// caller's environment that changes it).
+pub fn emulated_gpu_command(args: &[&str], env: &[(&str, &str)]) -> std::process::Command {
     let mut c = super::binary();
     c.args(args)
         .env("LD_LIBRARY_PATH", libs())
@@ -92,7 +100,5 @@ pub fn on_emulated_gpu_with(
         .env_remove("PARALLAX_EMULATED_STREAM_SEED")
         .env_remove("PARALLAX_PLANT_BUG")
         .envs(env.iter().copied());
-    let r = super::run_limited(c, limit);
-    assert!(r.code.is_some(), "`{}` ran past {limit:?}", args.join(" "));
-    r
+    c
 }
