@@ -4,8 +4,8 @@
 use crate::{apply_set, load, run_pipeline, Emit, Exit, Format};
 use parallax_compiler::ir::print::{to_dot, to_text};
 use parallax_compiler::partition::explain::smallest_hint;
+use parallax_compiler::partition::summary::{self, Partitioned};
 use parallax_compiler::plan::bytes;
-use parallax_compiler::plan::summary::{self, Partitioned};
 use parallax_compiler::target::{self, simulated_device_bytes};
 use parallax_compiler::{partition, Options};
 use std::io::Write;

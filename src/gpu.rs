@@ -5,7 +5,7 @@
 use crate::{load, run_pipeline, Exit, Format};
 use parallax_compiler::{Options, Plan, Source};
 use parallax_runtime::cuda;
-use parallax_runtime::gpu_check::{self, precision_name, CheckArgs, CheckError, Gpu, Progress};
+use parallax_runtime::gpu_check::{self, CheckArgs, CheckError, Gpu, Progress};
 use std::path::{Path, PathBuf};
 
 pub fn devices(format: Format) -> Result<(), Exit> {
@@ -69,7 +69,7 @@ pub(crate) fn compiled(file: &Path, set: &[String]) -> Result<(Source, Plan, Pat
 pub fn gpu_check(file: &Path, set: &[String], a: &CheckArgs) -> Result<(), Exit> {
     let (source, plan, base) = compiled(file, set)?;
     let name = &source.experiment.name;
-    let prec = precision_name(a.precision);
+    let prec = a.precision.name();
     // Per kernel family: kernels, kernels bit-equal to the interpreter, largest ulp apart,
     // largest difference over the tensor's largest magnitude.
     let mut families: std::collections::BTreeMap<&str, (usize, usize, u64, f64)> =

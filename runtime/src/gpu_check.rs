@@ -164,14 +164,6 @@ impl Conformance {
     }
 }
 
-pub fn precision_name(p: Precision) -> &'static str {
-    match p {
-        Precision::Fp32 => "fp32",
-        Precision::Tf32 => "tf32",
-        Precision::Bf16 => "bf16",
-    }
-}
-
 /// How closely the GPU must follow the oracle at a precision.
 fn tolerance(p: Precision) -> f64 {
     match p {

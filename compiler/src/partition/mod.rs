@@ -7,6 +7,7 @@ pub mod cost;
 pub mod explain;
 pub mod model;
 mod pick;
+pub mod summary;
 #[cfg(test)]
 mod tests;
 

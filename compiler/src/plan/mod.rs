@@ -3,7 +3,6 @@
 //! pipeline stages, tensor-parallel splits and ZeRO owners say which).
 
 pub mod shards;
-pub mod summary;
 pub mod views;
 
 use crate::dsl::Source;

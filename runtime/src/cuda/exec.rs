@@ -23,6 +23,17 @@ pub enum Precision {
     Bf16,
 }
 
+impl Precision {
+    /// As `--precision` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Tf32 => "tf32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
+
 /// Device memory freed on drop. It keeps its context alive and current for the free: an
 /// arena lent to another executor (`stepwise`) can outlive the executor that allocated it.
 pub(super) struct DeviceBuffer {

@@ -2,7 +2,6 @@
 //! line prints them).
 
 use super::{KernelReport, KernelRow};
-use crate::gpu_check::precision_name;
 use parallax_emulator::MmaModel;
 use std::fmt::Write;
 
@@ -45,7 +44,7 @@ pub fn text(name: &str, r: &KernelReport, seconds: f64) -> String {
         "{name}: {} kernels on the PTX interpreter against the CPU oracle, one training step, batch {}, {}, mma {}",
         r.rows.len(),
         r.batch,
-        precision_name(r.precision),
+        r.precision.name(),
         mma_name(r.mma)
     );
     for (entry, f) in &r.replaced {
@@ -151,7 +150,7 @@ pub fn json(r: &KernelReport, seconds: f64) -> String {
     serde_json::json!({
         "ok": r.ok(),
         "batch": r.batch,
-        "precision": precision_name(r.precision),
+        "precision": r.precision.name(),
         "mma": mma_name(r.mma),
         "kernels": rows,
         "findings": findings,

@@ -1,9 +1,9 @@
 //! What `parallax compile` says of a plan: its summary (text or JSON), the one-device memory
 //! verdict, and why a partition did not fit. Text only; the command line prints it.
 
-use super::{bytes, si, thousands, Plan};
-use crate::partition::explain::{candidate_table, failure_json, memory_lines, smallest_hint};
+use super::explain::{candidate_table, failure_json, memory_lines, smallest_hint};
 use crate::partition::{self, Partition};
+use crate::plan::{bytes, si, thousands, Plan};
 use std::fmt::Write;
 
 /// The partition the planner chose for the plan's GPU count, or why none fits.
