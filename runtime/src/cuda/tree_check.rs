@@ -70,13 +70,13 @@ pub fn run(
     fail_rank: Option<usize>,
     report: &mut dyn FnMut(Event),
 ) -> Result<bool, TreeCheckError> {
-    let failed = |e: String| TreeCheckError::Failed(e);
+    use TreeCheckError::Failed;
     let (rank, size) = (comm.rank(), comm.size());
     let ordinal = local_rank % devices.gpus.len().max(1);
     let gpu = devices
         .gpus
         .get(ordinal)
-        .ok_or_else(|| failed("no GPU".into()))?;
+        .ok_or_else(|| Failed("no GPU".into()))?;
     let setup = (|| {
         let ctx = CudaContext::new(ordinal).map_err(|e| format!("GPU {ordinal}: {e:?}"))?;
         // NCCL's init takes the current device.
@@ -95,17 +95,17 @@ pub fn run(
         .and_then(|m| m.as_ref().ok())
         .map(|id| id.to_bytes());
     if comm.any_failed(setup.is_err() || matches!(made, Some(Err(_)))) {
-        return Err(failed(match (&setup, made) {
+        return Err(Failed(match (&setup, made) {
             (Err(e), _) => e.clone(),
             (_, Some(Err(e))) => format!("making the NCCL id: {e}"),
             _ => "another rank failed to set up its GPU or the NCCL id".into(),
         }));
     }
-    let (_ctx, stream, mut tree) = setup.map_err(failed)?;
-    let id = NcclId::from_bytes(share_id(comm, 0, id).map_err(|e| failed(e.to_string()))?);
+    let (_ctx, stream, mut tree) = setup.map_err(Failed)?;
+    let id = NcclId::from_bytes(share_id(comm, 0, id).map_err(|e| Failed(e.to_string()))?);
     // SAFETY: the stream belongs to the current context and outlives `nccl` (declared after).
     let mut nccl = unsafe { NcclComm::init(&id, rank, size, stream.cu_stream(), wait) }
-        .map_err(|e| failed(e.to_string()))?;
+        .map_err(|e| Failed(e.to_string()))?;
     report(Event::Started {
         ranks: size,
         gpu: &gpu.name,
@@ -122,8 +122,8 @@ pub fn run(
         }
         let at = (rank, size);
         let (same, seconds, hash) =
-            case(&mut tree, &mut nccl, &stream, at, (len, leaves), wait).map_err(failed)?;
-        let everywhere = !comm.any(!same).map_err(|e| failed(e.to_string()))?;
+            case(&mut tree, &mut nccl, &stream, at, (len, leaves), wait).map_err(Failed)?;
+        let everywhere = !comm.any(!same).map_err(|e| Failed(e.to_string()))?;
         all_same &= everywhere;
         report(Event::Case(Case {
             floats: len,
