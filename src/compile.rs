@@ -1,56 +1,133 @@
 //! `parallax compile`: the plan, its kernels and memory, the device check, and what `--emit`
 //! writes (IR, DOT, plan JSON, PTX).
 
-use crate::{apply_set, load, run_pipeline, Emit, Exit, Format};
+use crate::{base_dir, fail, load, run_pipeline, Exit, Format, PrecisionArg};
+use clap::ValueEnum;
 use parallax_compiler::ir::print::{to_dot, to_text};
-use parallax_compiler::partition::explain::smallest_hint;
 use parallax_compiler::partition::summary::{self, Partitioned};
-use parallax_compiler::plan::bytes;
+use parallax_compiler::passes::pass_names;
 use parallax_compiler::target::{self, simulated_device_bytes};
-use parallax_compiler::{partition, Options};
-use std::io::Write;
+use parallax_compiler::verdict::verdict;
+use parallax_compiler::{codegen, Options, Plan};
+use parallax_runtime::cuda::Precision;
+use parallax_runtime::train::prepare;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-/// What `compile` plans for: GPU count, device kind and memory (the file's unless given).
-pub(crate) struct Target {
+/// `parallax compile`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    pub file: PathBuf,
+    /// Override a field of the file, as `train --set` does: `--set devices.gpus=4`.
+    #[arg(long = "set", value_name = "PATH=VALUE")]
+    pub set: Vec<String>,
+    /// GPUs to plan for: the partition planner picks data, tensor and pipeline
+    /// parallelism for them (the file's `devices.gpus` when absent).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub gpus: Option<u32>,
-    pub device: Option<String>,
-    pub gpu_memory: Option<u64>,
+    /// Nodes the GPUs are spread over (default: 8 GPUs per node).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub nodes: Option<u32>,
-    /// `--strategy`, as written.
+    /// Force a strategy: `dp4`, `tp8`, `dp2.tp2.pp2` (degrees not named are 1; their
+    /// product must be the GPU count).
+    #[arg(long, value_name = "S")]
     pub strategy: Option<String>,
+    /// Print the partition candidates, the choice and each pipeline stage.
+    #[arg(long)]
     pub explain: bool,
-    /// The CUDA precision `--emit ptx` generates for.
-    pub precision: parallax_runtime::cuda::Precision,
+    /// The device kind to plan for (overrides the file's `devices.kind`): h100, h200,
+    /// a100-80gb, a100-40gb, l4, cpu.
+    #[arg(long, value_name = "KIND")]
+    pub device: Option<String>,
+    /// Each GPU's memory (overrides the profile's), e.g. `24GiB`.
+    #[arg(long, value_name = "SIZE", value_parser = parallax_compiler::devices::parse_bytes)]
+    pub gpu_memory: Option<u64>,
+    /// What to write: the IR text, its DOT graph, or the plan (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub emit: Vec<Emit>,
+    /// The CUDA precision whose kernels `--emit ptx` writes, as `train --precision` runs
+    /// them (bf16: attention on tensor cores).
+    #[arg(long, value_enum, default_value = "tf32")]
+    pub precision: PrecisionArg,
+    /// The folder to write emitted files to (stdout when absent and one thing is emitted).
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+    /// Print how long each pass took (to stderr).
+    #[arg(long)]
+    pub timings: bool,
+    /// Print the IR after a pass (to stderr), e.g. `after:lower`.
+    #[arg(long, value_name = "after:PASS", value_parser = parse_dump)]
+    pub dump_ir: Vec<String>,
 }
 
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn compile_cmd(
-    file: &Path,
-    set: &[String],
-    target: Target,
-    emit: &[Emit],
-    out: Option<&Path>,
-    format: Format,
-    timings: bool,
-    dump_ir: &[String],
-) -> Result<(), Exit> {
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Emit {
+    /// The IR as stable text (`graph.ir`).
+    Ir,
+    /// The IR as a Graphviz graph (`graph.dot`).
+    Dot,
+    /// The plan as JSON (`plan.json`).
+    Plan,
+    /// One PTX file per kernel and `manifest.json` (each kernel's launches and fused ops);
+    /// needs `--out`.
+    Ptx,
+}
+
+impl Emit {
+    fn file_name(self) -> &'static str {
+        match self {
+            Emit::Ir => "graph.ir",
+            Emit::Dot => "graph.dot",
+            Emit::Plan => "plan.json",
+            Emit::Ptx => "manifest.json",
+        }
+    }
+}
+
+fn parse_dump(s: &str) -> Result<String, String> {
+    let names = pass_names();
+    let Some(pass) = s.strip_prefix("after:") else {
+        return Err(format!(
+            "expected `after:PASS`, where PASS is one of: {}",
+            names.join(", ")
+        ));
+    };
+    if names.contains(&pass) || pass == "all" {
+        Ok(pass.to_string())
+    } else {
+        Err(format!(
+            "unknown pass `{pass}`; the passes are: {}, or `all`",
+            names.join(", ")
+        ))
+    }
+}
+
+pub(crate) fn run(args: Args) -> Result<(), Exit> {
+    let Args {
+        file,
+        set,
+        gpus,
+        nodes,
+        strategy,
+        explain,
+        device,
+        gpu_memory,
+        emit,
+        precision,
+        out,
+        format,
+        timings,
+        dump_ir,
+    } = args;
+    let (file, out, emit) = (file.as_path(), out.as_deref(), emit.as_slice());
+    let precision = precision.runtime();
     if out.is_none() && (emit.len() > 1 || emit.contains(&Emit::Ptx)) {
         errln!("error: emitting several files needs `--out DIR`");
         return Err(Exit(2));
     }
-    let Target {
-        gpus,
-        device,
-        gpu_memory,
-        nodes,
-        strategy,
-        explain,
-        precision,
-    } = target;
-    let (source, parse_time) = load(file, format)?;
-    let source = apply_set(file, source, set, format)?;
+    let (source, parse_time) = load(file, &set, format)?;
     let options = Options {
         gpus,
         ..Options::default()
@@ -88,20 +165,19 @@ pub(crate) fn compile_cmd(
         .expect("a device kind that `find` knows has a profile");
     pass_times.push(("partition", t.elapsed()));
     let split = target::split_from(&source, &request, Some(&partitioned));
-    let (split, emitted) = emitted_plan(file, &source, &plan, split, emit)?;
-    if let Some(split) = split {
+    let chosen = split.as_ref().ok().copied();
+    let emitted = match emit.contains(&Emit::Plan) {
+        true => {
+            Some(prepare::plan_to_emit(&source, &plan, split, &base_dir(file)).map_err(refused)?)
+        }
+        false => None,
+    };
+    if let Some(split) = chosen {
         plan.strategy = split.strategy;
     }
     if timings {
-        let mut err = std::io::stderr().lock();
-        let _ = writeln!(err, "timings:");
-        let _ = writeln!(err, "  {:<10} {:>9.3} ms", "parse", ms(parse_time));
-        let mut total = parse_time;
-        for (name, d) in &pass_times {
-            let _ = writeln!(err, "  {name:<10} {:>9.3} ms", ms(*d));
-            total += *d;
-        }
-        let _ = writeln!(err, "  {:<10} {:>9.3} ms", "total", ms(total));
+        pass_times.insert(0, ("parse", parse_time));
+        err!("{}", summary::timings(&pass_times));
     }
     let render = |e: Emit| -> String {
         match e {
@@ -143,7 +219,7 @@ pub(crate) fn compile_cmd(
         "memory_bytes": capacity,
         "fits_one_device": fits,
     });
-    let simulated = match (&partitioned.partition, split) {
+    let simulated = match (&partitioned.partition, chosen) {
         (Ok(p), Some(s)) if p.gpus > 1 => simulated_device_bytes(&source, s.strategy, s.zero),
         _ => None,
     };
@@ -155,110 +231,27 @@ pub(crate) fn compile_cmd(
         &partitioned.partition,
         simulated,
     )?;
-    if plan.gpus_requested > 1 {
-        return partition_fit(&partitioned.partition, format, explain);
+    let text = format == Format::Text;
+    let v = verdict(&plan, &partitioned, profile.name, capacity, text, explain);
+    out!("{}", v.out)?;
+    err!("{}", v.err);
+    match v.refused {
+        true => Err(Exit(1)),
+        false => Ok(()),
     }
-    if explain && format == Format::Text {
-        match &partitioned.partition {
-            Ok(p) => out!("{}", partition::explain::explain(p))?,
-            Err(partition::Error::NoFit { candidates, .. }) => {
-                err!(
-                    "{}",
-                    partition::explain::candidate_table(candidates, capacity)
-                )
-            }
-            Err(_) => {}
-        }
-    }
-    // Only computed when one device does not fit: what to do instead.
-    let hint = || {
-        match &partitioned.partition {
-        Err(partition::Error::NoFit { smallest, .. }) => smallest_hint(smallest.as_ref()),
-        Ok(p) => format!(
-            "the planner fits it on one GPU with gradient accumulation ({} micro-batches of {}, peak {}), which single-device plans do not do yet; {}",
-            p.micro_batches,
-            p.micro_batch_size,
-            bytes(p.per_device_peak_bytes),
-            smallest_hint(partitioned.smallest_fitting().as_ref())
-        ),
-        Err(_) => smallest_hint(partitioned.smallest_fitting().as_ref()),
-    }
-    };
-    memory_fit(&plan, profile, capacity, format, hint)
-}
-
-/// The partition's verdict for more than one GPU: the choice (and with `--explain` the
-/// candidates), or, when nothing fits, the memory table and the smallest GPU count that fits.
-fn partition_fit(partitioned: &Partitioned, format: Format, explain: bool) -> Result<(), Exit> {
-    match partitioned {
-        Ok(p) if format == Format::Text && explain => out!("{}", partition::explain::explain(p))?,
-        Ok(p) if format == Format::Text => outln!(
-            "  (--explain lists the {} candidates and each pipeline stage)",
-            p.candidates.len()
-        )?,
-        Ok(_) => {}
-        Err(e) => {
-            errln!("error: {e}");
-            err!("{}", summary::no_fit(e, explain));
-            return Err(Exit(1));
-        }
-    }
-    Ok(())
-}
-
-/// Whether the plan's peak memory fits one device; a plan for one GPU that does not fit is
-/// refused with its memory table (exit 1) before anything runs.
-fn memory_fit(
-    p: &parallax_compiler::Plan,
-    profile: &parallax_compiler::devices::Profile,
-    capacity: u64,
-    format: Format,
-    hint: impl FnOnce() -> String,
-) -> Result<(), Exit> {
-    if format == Format::Text {
-        outln!("{}", summary::device_line(p, profile.name, capacity))?;
-    }
-    if p.memory.peak_bytes <= capacity {
-        return Ok(());
-    }
-    err!("{}", summary::one_device_refusal(p, profile.name, capacity));
-    errln!("  = hint: {}", hint());
-    Err(Exit(1))
 }
 
 /// Writes `DIR/<kernel>.ptx` for each generated entry and `DIR/manifest.json`.
-fn emit_ptx(
-    plan: &parallax_compiler::Plan,
-    dir: &Path,
-    file: &Path,
-    precision: parallax_runtime::cuda::Precision,
-) -> Result<(), Exit> {
+fn emit_ptx(plan: &Plan, dir: &Path, file: &Path, precision: Precision) -> Result<(), Exit> {
     let options = parallax_runtime::cuda::codegen_options(precision);
-    let module =
-        parallax_compiler::codegen::generate_with(plan, plan.batch_size, "sm_80", &options)
-            .map_err(|e| {
-                errln!("{}: error: {e}", file.display());
-                Exit(1)
-            })?;
-    let write = |path: PathBuf, text: String| {
-        std::fs::write(&path, text).map_err(|err| {
-            errln!("error: cannot write `{}`: {err}", path.display());
-            Exit(1)
-        })
-    };
-    for (name, _) in &module.entries {
-        let text = module.entry_text(name).unwrap_or_default();
-        write(dir.join(format!("{name}.ptx")), text)?;
-    }
-    let manifest = module.manifest();
-    write(
-        dir.join("manifest.json"),
-        serde_json::to_string_pretty(&manifest).expect("serialisable") + "\n",
-    )?;
+    let module = codegen::generate_with(plan, plan.batch_size, "sm_80", &options)
+        .map_err(|e| fail(file, e))?;
+    module
+        .write_files(dir)
+        .map_err(|(path, e)| fail(&path, format!("cannot write: {e}")))?;
+    let (files, kernels) = (module.entries.len(), module.kernels.len());
     errln!(
-        "wrote {} PTX files and manifest.json for {} kernels to {}",
-        module.entries.len(),
-        module.kernels.len(),
+        "wrote {files} PTX files and manifest.json for {kernels} kernels to {}",
         dir.display()
     );
     Ok(())
@@ -273,49 +266,8 @@ fn refused(e: target::TargetError) -> Exit {
     Exit(1)
 }
 
-/// The split (none where the partition's verdict says why), and what `--emit plan` writes:
-/// the plan `train` runs (for several devices, the per-device plan of the split), with its
-/// experiment.
-fn emitted_plan(
-    file: &Path,
-    source: &parallax_compiler::Source,
-    plan: &parallax_compiler::Plan,
-    split: Result<target::Split, target::TargetError>,
-    emit: &[Emit],
-) -> Result<(Option<target::Split>, Option<parallax_compiler::Plan>), Exit> {
-    let chosen = split.as_ref().ok().copied();
-    if !emit.contains(&Emit::Plan) {
-        return Ok((chosen, None));
-    }
-    let mut emitted = match (split, plan.gpus_requested > 1) {
-        (Err(e), true) => return Err(refused(e)),
-        (Ok(split), true) => {
-            target::compile_split(source, &split, &mut |_, _| {})
-                .map_err(refused)?
-                .1
-        }
-        (_, false) => plan.clone(),
-    };
-    emitted.experiment = Some(experiment_text(file, source));
-    Ok((chosen, Some(emitted)))
-}
-
-/// The experiment as `train` would record it (every default and `--set` resolved, data paths
-/// absolute), for a plan that `train --plan` runs without the file.
-fn experiment_text(file: &Path, source: &parallax_compiler::Source) -> String {
-    let cfg = parallax_runtime::train::TrainConfig {
-        base_dir: file.parent().map(Path::to_path_buf).unwrap_or_default(),
-        ..Default::default()
-    };
-    parallax_compiler::dsl::to_ron(&parallax_runtime::train::resolved(&source.experiment, &cfg))
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
 fn print_plan(
-    p: &parallax_compiler::Plan,
+    p: &Plan,
     timings: &[(&str, Duration)],
     format: Format,
     device: serde_json::Value,
@@ -324,7 +276,10 @@ fn print_plan(
 ) -> Result<(), Exit> {
     match format {
         Format::Json => {
-            let ms: Vec<(&str, f64)> = timings.iter().map(|(n, d)| (*n, ms(*d))).collect();
+            let ms: Vec<(&str, f64)> = timings
+                .iter()
+                .map(|(n, d)| (*n, d.as_secs_f64() * 1e3))
+                .collect();
             let v = summary::json(p, partitioned, simulated.as_deref(), device, &ms);
             outln!("{v}")?;
         }

@@ -4,12 +4,10 @@
 //! runs it.
 
 use crate::train::Args;
-use crate::{apply_set, load, Backend, Exit, Format};
+use crate::{load, Backend, Exit, Format};
 use parallax_compiler::target::TargetError;
-use parallax_compiler::{partition, Plan, Source};
-use parallax_runtime::launch::World;
-use parallax_runtime::train::prepare::{self, PrepareError, Want};
-use parallax_runtime::train::Device;
+use parallax_compiler::{Plan, Source};
+use parallax_runtime::train::prepare::{self, Decided, PrepareError, Want};
 use std::path::{Path, PathBuf};
 
 /// What `train` runs, decided.
@@ -17,25 +15,7 @@ pub(crate) struct Prepared {
     /// The file errors name: the experiment, the resumed run's `experiment.ron`, or the plan.
     pub file: PathBuf,
     pub source: Source,
-    pub plan: Plan,
-    pub device: Device,
-    pub world: World,
-    pub in_job: bool,
-}
-
-impl Prepared {
-    /// What `--dry-run` prints: the split that would run, as data.
-    pub fn describe(&self) -> serde_json::Value {
-        let p = &self.plan;
-        serde_json::json!({
-            "name": p.name,
-            "strategy": p.strategy,
-            "zero": p.zero_stage,
-            "schedule": p.schedule.unwrap_or(partition::PipelineSchedule::Sequential),
-            "micro_shards": p.sharding.map(|s| s.shards),
-            "partitioned": p.sharding.is_some(),
-        })
-    }
+    pub decided: Decided,
 }
 
 impl Backend {
@@ -49,24 +29,24 @@ impl Backend {
 }
 
 impl Args {
-    fn want(&self) -> Result<Want<'_>, Exit> {
-        Ok(Want {
+    fn want(&self) -> Want<'_> {
+        Want {
             gpus: self.gpus,
             strategy: self.strategy.as_deref(),
             zero: self.zero,
             backend: self.backend.choice(),
-            precision: self.precision.runtime()?,
+            precision: self.precision.runtime(),
             gpu_memory: self.gpu_memory,
             collective_timeout: std::time::Duration::from_secs(self.collective_timeout),
             resume: self.resume.as_deref(),
-        })
+        }
     }
 }
 
 /// Decides what `args` runs (nothing is trained or written).
 pub(crate) fn prepare(args: &Args) -> Result<Prepared, Exit> {
     let (file, source, given) = experiment(args)?;
-    decide(file, source, given, &args.want()?)
+    decide(file, source, given, &args.want())
 }
 
 /// Decides where `source` (or the `given` plan) runs as `want` asks (`train::prepare`): the
@@ -78,18 +58,15 @@ pub(crate) fn decide(
     want: &Want,
 ) -> Result<Prepared, Exit> {
     let at = file.display().to_string();
-    let d = prepare::decide(&source, given, want, &|k| std::env::var(k).ok())
+    let decided = prepare::decide(&source, given, want, &|k| std::env::var(k).ok())
         .map_err(|e| refuse(&at, &source, e))?;
-    for note in &d.notes {
+    for note in &decided.notes {
         errln!("{at}: note: {note}");
     }
     Ok(Prepared {
         file,
         source,
-        plan: d.plan,
-        device: d.device,
-        world: d.world,
-        in_job: d.in_job,
+        decided,
     })
 }
 
@@ -127,8 +104,7 @@ fn experiment(args: &Args) -> Result<(PathBuf, Source, Option<Plan>), Exit> {
         (None, Some(f)) => f.clone(),
         (None, None) => unreachable!("clap requires FILE unless --resume or --plan"),
     };
-    let (source, _) = load(&file, Format::Text)?;
-    let source = apply_set(&file, source, &args.set, Format::Text)?;
+    let (source, _) = load(&file, &args.set, Format::Text)?;
     Ok((file, source, None))
 }
 

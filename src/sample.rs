@@ -3,8 +3,8 @@
 //! files were written with.
 
 use crate::trained::{open, RunArgs};
-use crate::Exit;
-use parallax_runtime::data::codec::{tokenizer_of, Codec};
+use crate::{fail, Exit};
+use parallax_runtime::data::codec::{tokenizer_of, Codec, TextStream};
 use parallax_runtime::trained::sample::{Generator, Options};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -40,30 +40,19 @@ pub(crate) struct Args {
     ids: bool,
 }
 
-fn fail(at: &Path) -> impl Fn(String) -> Exit + '_ {
-    move |e| {
-        errln!("{}: error: {e}", at.display());
-        Exit(1)
-    }
-}
-
 pub(crate) fn run(args: Args) -> Result<(), Exit> {
     let run_dir = args.run.run.clone();
     let (p, weights) = open(&args.run, &[], None, None)?;
     let path = match &args.tokenizer {
         Some(t) => t.clone(),
         None => tokenizer_of(&p.source.experiment.data, Path::new("."))
-            .map_err(|e| fail(&run_dir)(e.to_string()))?
-            .ok_or_else(|| {
-                fail(&run_dir)(
-                    "the run's data names no tokenizer and none lies beside its token files; give --tokenizer FILE (`parallax tokenize` writes PREFIX_tokenizer.json)".into(),
-                )
-            })?,
+            .map_err(|e| fail(&run_dir, e))?
+            .ok_or_else(|| fail(&run_dir, "the run's data names no tokenizer and none lies beside its token files; give --tokenizer FILE (`parallax tokenize` writes PREFIX_tokenizer.json)"))?,
     };
-    let codec = Codec::open(&path).map_err(|e| fail(&path)(e.to_string()))?;
+    let codec = Codec::open(&path).map_err(|e| fail(&path, e))?;
     let prompt = codec
         .encode(&args.prompt)
-        .map_err(|e| fail(&path)(format!("--prompt: {e}")))?;
+        .map_err(|e| fail(&path, format!("--prompt: {e}")))?;
     let options = Options {
         max_new_tokens: args.max_new_tokens,
         temperature: args.temperature,
@@ -71,8 +60,8 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
         top_p: args.top_p,
         seed: args.seed,
     };
-    let mut g = Generator::new(&p.source, p.plan, p.device, &weights)
-        .map_err(|e| fail(&run_dir)(e.to_string()))?;
+    let mut g = Generator::new(&p.source, p.decided.plan, p.decided.device, &weights)
+        .map_err(|e| fail(&run_dir, e))?;
     if codec.vocab_size() > g.vocab {
         errln!(
             "{}: warning: the tokenizer ({}) knows more ids than the model's {}",
@@ -87,33 +76,21 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
     if !args.ids {
         let _ = write!(stdout, "{}", args.prompt);
     }
-    let mut pending: Vec<u32> = Vec::new();
+    let mut text = TextStream::default();
     let mut broken = false;
     let mut on_token = |t: u32| {
-        broken = match args.ids {
-            true => writeln!(stdout, "{t}").is_err(),
-            false => {
-                pending.push(t);
-                let text = codec.decode(&pending);
-                match text.ends_with('\u{fffd}') {
-                    true => false,
-                    false => {
-                        pending.clear();
-                        write!(stdout, "{text}")
-                            .and_then(|_| stdout.flush())
-                            .is_err()
-                    }
-                }
-            }
+        broken = match (args.ids, text.push(&codec, t)) {
+            (true, _) => writeln!(stdout, "{t}").is_err(),
+            (false, Some(s)) => write!(stdout, "{s}").and_then(|_| stdout.flush()).is_err(),
+            (false, None) => false,
         };
         !broken
     };
     let drawn = g
         .generate(&prompt, &options, &mut on_token)
-        .map_err(|e| fail(&run_dir)(e.to_string()))?;
+        .map_err(|e| fail(&run_dir, e))?;
     if !args.ids && !broken {
-        let rest = codec.decode(&pending);
-        let _ = writeln!(std::io::stdout(), "{rest}");
+        let _ = writeln!(std::io::stdout(), "{}", text.rest(&codec));
     }
     let path = match &g.uncached {
         None => format!("a key/value cache of {} bytes", g.cache_bytes()),

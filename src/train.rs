@@ -3,9 +3,8 @@
 use crate::prepare::Prepared;
 use crate::{Backend, Exit, PrecisionArg};
 use indicatif::{ProgressBar, ProgressStyle};
-use parallax_compiler::Plan;
-use parallax_runtime::launch::World;
-use parallax_runtime::train::{train, train_rank, Device, Event, TrainConfig, TrainError};
+use parallax_runtime::comm::job::Job;
+use parallax_runtime::train::{say, train, train_rank, Device, Event, TrainConfig, TrainError};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
@@ -110,17 +109,18 @@ pub fn run(args: Args) -> Result<(), Exit> {
     }
     let prepared = crate::prepare::prepare(&args)?;
     if args.dry_run {
-        outln!("{}", prepared.describe())?;
+        outln!(
+            "{}",
+            parallax_runtime::train::prepare::describe(&prepared.decided.plan)
+        )?;
         return Ok(());
     }
     let Prepared {
         file,
         source,
-        plan,
-        device,
-        world,
-        in_job,
+        decided: d,
     } = prepared;
+    let (plan, device, world, in_job) = (d.plan, d.device, d.world, d.in_job);
     let file = file.as_path();
     let lead = world.rank == 0;
     let run_dir = args
@@ -134,7 +134,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         seed: args.seed,
         run_dir: run_dir.clone(),
         init: args.init.clone(),
-        base_dir: file.parent().map(Path::to_path_buf).unwrap_or_default(),
+        base_dir: crate::base_dir(file),
         device,
         checkpoint_every: args.checkpoint_every,
         keep: args.keep,
@@ -145,7 +145,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
     };
     let mut progress = Progress {
         name: source.experiment.name.clone(),
-        backend: backend_label(&device, &plan, in_job, &world),
+        backend: say::devices(&device, &plan, in_job, &world),
         lead,
         rank: world.rank,
         crash_after: args.crash_after,
@@ -155,12 +155,18 @@ pub fn run(args: Args) -> Result<(), Exit> {
         every: 1,
     };
     let job = match (in_job, device) {
-        (true, Device::Simulated(_) | Device::CudaRanks(_)) => Some(crate::job::start(
-            file,
-            &world,
-            std::time::Duration::from_secs(args.collective_timeout),
-            &cfg.stop.clone().unwrap_or_default(),
-        )?),
+        (true, Device::Simulated(_) | Device::CudaRanks(_)) => {
+            let timeout = std::time::Duration::from_secs(args.collective_timeout);
+            let stop = cfg.stop.clone().unwrap_or_default();
+            let var = |k: &str| std::env::var(k).ok();
+            Some(Job::start(&world, timeout, &stop, &var).map_err(|e| {
+                errln!("{}: error: {e}", file.display());
+                if let Some(hint) = e.hint() {
+                    errln!("  = hint: {hint}");
+                }
+                Exit(1)
+            })?)
+        }
         _ => None,
     };
     let result = match &job {
@@ -183,7 +189,9 @@ pub fn run(args: Args) -> Result<(), Exit> {
             let rank = if e.contains(&rank) { "" } else { rank.as_str() };
             let line = format!("{}: error: {rank}{e}\n", file.display());
             err!("{line}");
-            crate::job::fail(1);
+            // Not through `MPI_Finalize`, which waits for every rank (one that stopped
+            // answering would hold this one); the launcher ends the job's other processes.
+            std::process::exit(1);
         }
     }
     if !lead {
@@ -205,20 +213,7 @@ fn report(
 ) -> Result<(), Exit> {
     match result {
         Ok(s) => {
-            let acc = s.val_accuracy.map_or(String::new(), |a| {
-                format!(", validation accuracy {:.2}%", a * 100.0)
-            });
-            let val = s
-                .val_loss
-                .map_or(String::new(), |l| format!(", validation loss {l:.4}"));
-            outln!(
-                "{}: {} steps, train loss {:.4}{val}{acc}, {:.0} samples/s, {:.1} s",
-                s.name,
-                s.steps,
-                s.final_train_loss,
-                s.samples_per_sec,
-                s.wall_seconds
-            )?;
+            outln!("{}", s.line())?;
             outln!("run: {}", run_dir.display())?;
             Ok(())
         }
@@ -238,39 +233,6 @@ fn report(
     }
 }
 
-/// The devices, as the start line names them.
-fn backend_label(device: &Device, plan: &Plan, in_job: bool, world: &World) -> String {
-    let shards = plan.sharding.map_or(1, |s| s.shards);
-    let ranks = |here: String| match in_job {
-        true => format!("rank(s) under {}", world.launcher),
-        false => here,
-    };
-    match device {
-        Device::Cuda(_) => "CUDA backend (GPU 0)".to_string(),
-        Device::Simulated(s) => format!(
-            "CPU backend, {} {} (dp{}.tp{}.pp{}) over {shards} micro-shards",
-            s.grid.devices(),
-            ranks("simulated device(s)".to_string()),
-            s.grid.dp,
-            s.grid.tp,
-            s.grid.pp,
-        ),
-        Device::Cpu => "CPU backend".to_string(),
-        Device::CudaRanks(g) => format!(
-            "CUDA backend, {} GPU {} (dp{}.tp{}.pp{}) over {shards} micro-shards, summed {}",
-            g.ranks.grid.devices(),
-            ranks(format!("rank(s) in this process on {} GPU(s)", g.gpus)),
-            g.ranks.grid.dp,
-            g.ranks.grid.tp,
-            g.ranks.grid.pp,
-            match g.nccl {
-                Some(_) => "on the GPUs over NCCL",
-                None => "on the host",
-            }
-        ),
-    }
-}
-
 /// The run's progress on stderr: a bar on a terminal, else a line every tenth of the run;
 /// rank 0 speaks for a job. Also the failure tests' hooks.
 struct Progress {
@@ -287,7 +249,6 @@ struct Progress {
 
 impl Progress {
     fn on_event(&mut self, e: &Event) {
-        let name = &self.name;
         match e {
             Event::Step { step, .. } if self.crash_after == Some((self.rank, *step)) => {
                 // As `kill -9` would: no checkpoint, no goodbye.
@@ -298,54 +259,35 @@ impl Progress {
             }
             // The job's other ranks train silently; rank 0 speaks for it.
             _ if !self.lead => {}
-            Event::Start {
-                total_steps,
-                train_samples,
-                validation_samples,
-                ..
-            } => {
-                errln!(
-                    "{name}: training {total_steps} steps on {train_samples} samples ({validation_samples} for validation), {}",
-                    self.backend
-                );
+            Event::Start { total_steps, .. } => {
+                errln!("{}", e.line(&self.name, &self.backend));
                 self.every = (total_steps / 10).max(1);
                 if self.terminal {
                     let b = ProgressBar::new(*total_steps);
-                    b.set_style(
-                        ProgressStyle::with_template(
-                            "{bar:30} {pos}/{len} steps  {msg}  eta {eta}",
-                        )
-                        .expect("a valid template"),
-                    );
+                    let style = "{bar:30} {pos}/{len} steps  {msg}  eta {eta}";
+                    b.set_style(ProgressStyle::with_template(style).expect("a valid template"));
                     self.bar = Some(b);
                 }
             }
             Event::Step {
                 step,
                 total,
-                epoch,
                 loss,
                 samples_per_sec,
+                ..
             } => match &self.bar {
                 Some(b) => {
                     b.set_position(*step);
                     b.set_message(format!("loss {loss:.4}  {samples_per_sec:.0} samples/s"));
                 }
-                None if step % self.every == 0 || step == total => errln!(
-                    "step {step}/{total}  epoch {epoch}  loss {loss:.4}  {samples_per_sec:.0} samples/s"
-                ),
+                None if step % self.every == 0 || step == total => {
+                    errln!("{}", e.line(&self.name, &self.backend))
+                }
                 None => {}
             },
-            Event::Validation {
-                epoch,
-                loss,
-                accuracy,
-            } => {
-                let acc =
-                    accuracy.map_or(String::new(), |a| format!("  accuracy {:.2}%", a * 100.0));
-                self.say(format!("epoch {epoch}: validation loss {loss:.4}{acc}"));
+            Event::Validation { .. } | Event::Warning(_) => {
+                self.say(e.line(&self.name, &self.backend))
             }
-            Event::Warning(w) => self.say(format!("{name}: warning: {w}")),
         }
     }
 

@@ -3,10 +3,10 @@
 //! does it (`prepare::decide`).
 
 use crate::prepare::{decide, Prepared};
-use crate::{apply_set, load, Backend, Exit, Format, PrecisionArg};
+use crate::{fail, load, Backend, Exit, Format, PrecisionArg};
 use parallax_runtime::data::inputs;
 use parallax_runtime::train::prepare::Want;
-use parallax_runtime::trained::{self, eval, predict, UseError, Weights};
+use parallax_runtime::trained::{self, eval, predict, Weights};
 use std::path::{Path, PathBuf};
 
 /// The run, the weights and where they run: what the three commands share.
@@ -66,13 +66,6 @@ pub(crate) struct PredictArgs {
     format: Format,
 }
 
-fn fail(at: &Path) -> impl Fn(UseError) -> Exit + '_ {
-    move |e| {
-        errln!("{}: error: {e}", at.display());
-        Exit(1)
-    }
-}
-
 /// A data error names its file itself.
 fn data_error(e: parallax_runtime::data::DataError) -> Exit {
     errln!("error: {e}");
@@ -87,16 +80,15 @@ pub(crate) fn open(
     gpus: Option<u32>,
     strategy: Option<&str>,
 ) -> Result<(Prepared, Weights), Exit> {
-    let weights = Weights::of_run(&args.run, args.step).map_err(fail(&args.run))?;
+    let weights = Weights::of_run(&args.run, args.step).map_err(|e| fail(&args.run, e))?;
     let file = args.run.join("experiment.ron");
-    let (source, _) = load(&file, Format::Text)?;
-    let source = apply_set(&file, source, sets, Format::Text)?;
+    let (source, _) = load(&file, sets, Format::Text)?;
     let want = Want {
         gpus,
         strategy,
         zero: None,
         backend: args.backend.choice(),
-        precision: args.precision.runtime()?,
+        precision: args.precision.runtime(),
         gpu_memory: None,
         collective_timeout: std::time::Duration::from_secs(300),
         resume: None,
@@ -110,120 +102,50 @@ pub(crate) fn eval(args: EvalArgs) -> Result<(), Exit> {
     let data = args.data.as_ref().map(|_| &p.source.experiment.data);
     let e = eval::evaluate(eval::Request {
         source: &p.source,
-        plan: p.plan,
-        device: p.device,
+        plan: p.decided.plan,
+        device: p.decided.device,
         weights: &weights,
         data,
         base_dir: Path::new("."),
     })
-    .map_err(fail(&args.run.run))?;
-    if args.format == Format::Json {
-        outln!("{}", serde_json::to_string_pretty(&e).unwrap_or_default())?;
-        return Ok(());
+    .map_err(|e| fail(&args.run.run, e))?;
+    match args.format {
+        Format::Json => outln!("{}", serde_json::to_string_pretty(&e).unwrap_or_default()),
+        Format::Text => out!("{}", e.text()),
     }
-    let what = match data {
-        None => "the run's validation data",
-        Some(_) => "--data",
-    };
-    let tokens = e
-        .tokens
-        .map(|t| format!(", {t} tokens"))
-        .unwrap_or_default();
-    outln!(
-        "{} on {what}: {} samples{tokens} ({})",
-        e.weights,
-        e.samples,
-        e.backend
-    )?;
-    outln!("loss        {:.6}", e.loss)?;
-    if let Some(p) = e.perplexity {
-        outln!("perplexity  {p:.4}")?;
-    }
-    if let Some(a) = e.accuracy {
-        outln!("accuracy    {:.2}%", a * 100.0)?;
-    }
-    if let Some(a) = e.top5.filter(|_| e.tokens.is_none()) {
-        outln!("top-5       {:.2}%", a * 100.0)?;
-    }
-    Ok(())
 }
 
 pub(crate) fn predict(args: PredictArgs) -> Result<(), Exit> {
     let (p, weights) = open(&args.run, &[], None, None)?;
-    let (spec, images) = predict::input_of(&p.source, &p.plan).map_err(fail(&args.run.run))?;
-    // Every input, named for the report: the file, and its index in a file of several.
-    let mut names = Vec::new();
-    let mut all: Option<parallax_runtime::data::Values> = None;
-    for path in &args.inputs {
-        let read = inputs::read_any(path, &spec, images.as_ref()).map_err(data_error)?;
-        names.extend(read.names);
-        all = Some(match all {
-            None => read.values,
-            Some(a) => a.concat(read.values).map_err(data_error)?,
-        });
-    }
-    let values = all.expect("clap requires an input");
-    let r = predict::predict(&p.source, p.plan, p.device, &weights, &values, names.len())
-        .map_err(fail(&args.run.run))?;
+    let (spec, images) =
+        predict::input_of(&p.source, &p.decided.plan).map_err(|e| fail(&args.run.run, e))?;
+    let read = inputs::read_all(&args.inputs, &spec, images.as_ref()).map_err(data_error)?;
+    let (names, values) = (read.names, read.values);
+    let r = predict::predict(
+        &p.source,
+        p.decided.plan,
+        p.decided.device,
+        &weights,
+        &values,
+        names.len(),
+    )
+    .map_err(|e| fail(&args.run.run, e))?;
     if let Some(path) = &args.probabilities {
         let mut shape = vec![r.n];
         shape.extend(&r.shape);
-        std::fs::write(path, inputs::npy_f32(&r.values, &shape)).map_err(|e| {
-            errln!("{}: error: cannot write: {e}", path.display());
-            Exit(1)
-        })?;
+        std::fs::write(path, inputs::npy_f32(&r.values, &shape))
+            .map_err(|e| fail(path, format!("cannot write: {e}")))?;
     }
-    let classes = trained::class_names(&args.run.run).map_err(fail(&args.run.run))?;
-    let label = |c: usize| match classes.as_ref().and_then(|n| n.get(c)) {
-        Some(name) => name.clone(),
-        None => c.to_string(),
-    };
-    let rows = r.values.chunks(r.per);
-    if args.format == Format::Json {
-        let list: Vec<serde_json::Value> = names
-            .iter()
-            .zip(rows)
-            .map(|(name, row)| match r.classifier {
-                true => serde_json::json!({
-                    "input": name,
-                    "top": trained::top_k(row, args.top_k as usize).iter().map(|&c| serde_json::json!({
-                        "class": c, "label": label(c), "probability": row[c],
-                    })).collect::<Vec<_>>(),
-                }),
-                false => serde_json::json!({ "input": name, "output": row }),
-            })
-            .collect();
-        outln!(
-            "{}",
-            serde_json::to_string_pretty(&list).unwrap_or_default()
-        )?;
-        return Ok(());
-    }
-    let k = (args.top_k as usize).min(r.per);
-    let header: Vec<String> = match r.classifier {
-        true => (1..=k)
-            .flat_map(|i| [format!("label_{i}"), format!("probability_{i}")])
-            .collect(),
-        false => (0..r.per).map(|i| format!("output_{i}")).collect(),
-    };
-    outln!("input,{}", header.join(","))?;
-    for (name, row) in names.iter().zip(rows) {
-        let cells: Vec<String> = match r.classifier {
-            true => trained::top_k(row, k)
-                .iter()
-                .flat_map(|&c| [csv_cell(&label(c)), format!("{:.6}", row[c])])
-                .collect(),
-            false => row.iter().map(|v| v.to_string()).collect(),
-        };
-        outln!("{},{}", csv_cell(name), cells.join(","))?;
-    }
-    Ok(())
-}
-
-/// A CSV cell, quoted when it holds a comma, a quote or a line break.
-fn csv_cell(s: &str) -> String {
-    match s.contains([',', '"', '\n']) {
-        true => format!("\"{}\"", s.replace('"', "\"\"")),
-        false => s.to_string(),
+    let classes = trained::class_names(&args.run.run).map_err(|e| fail(&args.run.run, e))?;
+    let k = args.top_k as usize;
+    match args.format {
+        Format::Json => {
+            let list = r.json(&names, k, classes.as_deref());
+            outln!(
+                "{}",
+                serde_json::to_string_pretty(&list).unwrap_or_default()
+            )
+        }
+        Format::Text => out!("{}", r.csv(&names, k, classes.as_deref())),
     }
 }

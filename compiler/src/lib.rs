@@ -15,6 +15,7 @@ pub mod passes;
 pub mod plan;
 pub mod scalar;
 pub mod target;
+pub mod verdict;
 // Sharding is part of what a plan says; the old path stays for callers.
 pub use plan::shards;
 

@@ -4,6 +4,9 @@
 //! data-parallel all-reduce on simulated ranks against one rank. The figures come back
 //! typed; the command line prints them.
 
+#[path = "gpu_check_report.rs"]
+pub mod report;
+
 use crate::backend::Backend;
 use crate::cpu::Executor;
 use crate::cuda::{self, CudaError, CudaExecutor, Precision};
@@ -534,6 +537,47 @@ fn against_interpreter(
         }
     }
     Ok(r)
+}
+
+/// `collectives-check`'s rows for `scripts/gpu-check.sh`: NCCL's all-reduce at world size 1,
+/// and a 4-rank data-parallel gradient step (simulated ranks on one GPU) against the 1-rank
+/// step of `source`; `Ok(false)` when the step's row failed. A GPU that cannot be opened or data that
+/// cannot be read is an error.
+pub fn collectives(
+    source: &Source,
+    plan: Plan,
+    base_dir: &Path,
+) -> Result<(Vec<String>, bool), CheckError> {
+    let gpu = Gpu::open()?;
+    let nccl = match gpu.nccl_world_one() {
+        Ok(d) => format!("{d:.1e}"),
+        Err(e) => format!("error: {e}"),
+    };
+    let mut rows = vec![format!(
+        "ROW|nccl all-reduce, world size 1|fp32|{nccl}|-|{}|-|-|-",
+        if nccl == "0.0e0" { "ok" } else { "FAIL" }
+    )];
+    let ranks = 4usize;
+    let ok = match gpu.data_parallel(source, plan, base_dir, ranks) {
+        Ok(d) => {
+            let name = &source.experiment.name;
+            let ok = d <= 1e-5;
+            let verdict = if ok { "ok" } else { "FAIL" };
+            rows.push(format!(
+                "ROW|dp{ranks} simulated ranks vs 1 rank ({name})|fp32|-|{d:.2e}|{verdict}|-|-|-"
+            ));
+            ok
+        }
+        Err(e @ CheckError::Data(_)) => return Err(e),
+        Err(e) => {
+            rows.push(format!(
+                "ROW|dp{ranks} simulated ranks vs 1 rank|fp32|-|error: {e}|FAIL|-|-|-"
+            ));
+            false
+        }
+    };
+    // The NCCL row is the table's to judge; the exit code is the step's.
+    Ok((rows, ok))
 }
 
 /// GPU 0, opened for the collectives checks.

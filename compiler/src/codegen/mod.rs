@@ -201,6 +201,23 @@ impl Module {
     }
 
     /// One entry as a PTX module of its own.
+    /// Writes `DIR/<entry>.ptx` for each entry and `DIR/manifest.json` (`compile --emit
+    /// ptx`); a failure names the file.
+    pub fn write_files(
+        &self,
+        dir: &std::path::Path,
+    ) -> Result<(), (std::path::PathBuf, std::io::Error)> {
+        let write = |path: std::path::PathBuf, text: String| {
+            std::fs::write(&path, text).map_err(|e| (path, e))
+        };
+        for (name, _) in &self.entries {
+            let text = self.entry_text(name).unwrap_or_default();
+            write(dir.join(format!("{name}.ptx")), text)?;
+        }
+        let manifest = serde_json::to_string_pretty(&self.manifest()).expect("serialisable");
+        write(dir.join("manifest.json"), manifest + "\n")
+    }
+
     pub fn entry_text(&self, name: &str) -> Option<String> {
         let (_, e) = self.entries.iter().find(|(n, _)| n == name)?;
         Some(builder::header(&self.target) + e)

@@ -175,6 +175,17 @@ pub fn one_device_refusal(p: &Plan, device: &str, capacity: u64) -> String {
     s
 }
 
+/// `compile --timings`: each stage's milliseconds and their total.
+pub fn timings(stages: &[(&str, std::time::Duration)]) -> String {
+    let mut s = "timings:\n".to_string();
+    for (name, d) in stages {
+        let _ = writeln!(s, "  {name:<10} {:>9.3} ms", d.as_secs_f64() * 1e3);
+    }
+    let total: std::time::Duration = stages.iter().map(|(_, d)| *d).sum();
+    let _ = writeln!(s, "  {:<10} {:>9.3} ms", "total", total.as_secs_f64() * 1e3);
+    s
+}
+
 /// What follows the error line of a partition that did not fit: the candidates (with
 /// `explain`), the least memory any candidate needs, and the hint.
 pub fn no_fit(e: &partition::Error, explain: bool) -> String {

@@ -9,6 +9,7 @@
 //! communicator's timeout with an error naming the peer and the collective, never a hang.
 
 pub mod check;
+pub mod job;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod protocol;

@@ -294,6 +294,33 @@ pub struct ReductionTiming {
 }
 
 impl MpiComm {
+    /// `comm-check --bench`: the fixed tree against `MPI_Allreduce` at four sizes, 20 times
+    /// each, as a Markdown table (rank 0 prints it; every rank calls this).
+    pub fn reduction_table(&mut self) -> Result<Vec<String>, CommError> {
+        use crate::comm::Communicator;
+        let mut lines = vec![
+            "| floats per rank | fixed tree | MPI_Allreduce | tree / MPI | tree bytes sent per rank | MPI's buffer | same bits here |".to_string(),
+            "|---|---|---|---|---|---|---|".to_string(),
+        ];
+        for floats in [1 << 10, 1 << 14, 1 << 18, 1 << 21] {
+            let t = self.time_reductions(floats, 20)?;
+            lines.push(format!(
+                "| {} | {:.3} ms | {:.3} ms | {:.2} | {} | {} | {} |",
+                t.floats,
+                t.tree_seconds * 1e3,
+                t.allreduce_seconds * 1e3,
+                t.tree_seconds / t.allreduce_seconds.max(1e-12),
+                parallax_compiler::plan::bytes(t.tree_bytes),
+                parallax_compiler::plan::bytes(4 * t.floats as u64),
+                if t.same_bits { "yes" } else { "no" }
+            ));
+        }
+        lines.push(format!("({} rank(s); medians of 20)", self.size()));
+        Ok(lines)
+    }
+}
+
+impl MpiComm {
     /// Times both reductions over `floats` values per rank, `repeats` times each (every rank
     /// calls it with the same arguments). For the benchmark only: training never sums
     /// floats with `MPI_Allreduce`.

@@ -90,6 +90,33 @@ pub struct Devices {
     pub nccl_version: Option<i32>,
 }
 
+/// What `parallax devices` prints: the versions, then a line per GPU.
+impl std::fmt::Display for Devices {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let v = |x: i32| format!("{}.{}", x / 1000, x % 1000 / 10);
+        let nccl = self.nccl_version.map_or("not found".to_string(), |n| {
+            format!("{}.{}.{}", n / 10000, n / 100 % 100, n % 100)
+        });
+        let cublas = if self.cublas { "found" } else { "not found" };
+        let cuda = v(self.driver_cuda_version);
+        writeln!(
+            f,
+            "CUDA driver supports CUDA {cuda}; cuBLAS {cublas}; NCCL {nccl}"
+        )?;
+        for g in &self.gpus {
+            let (major, minor) = g.compute_capability;
+            let gib = g.memory_bytes as f64 / (1u64 << 30) as f64;
+            let name = &g.name;
+            writeln!(
+                f,
+                "GPU {}: {name}, {gib:.1} GiB, compute capability {major}.{minor}",
+                g.ordinal
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// Whether libcuda can be opened (checked first: every cudarc call panics without it).
 pub fn driver_present() -> bool {
     // SAFETY: only tries to open the library.

@@ -59,6 +59,28 @@ pub struct Case {
     pub same_everywhere: bool,
 }
 
+impl Event<'_> {
+    /// The event's lines of rank 0's table.
+    pub fn lines(&self) -> Vec<String> {
+        match self {
+            Event::Started { ranks, gpu } => vec![
+                format!("NCCL {ranks} rank(s) on {gpu}; the fixed-tree all-reduce against the host's sum"),
+                "| floats | ranks | shards | time | result's bits (FNV-1a) | same bits |".into(),
+                "|---|---|---|---|---|---|".into(),
+            ],
+            Event::Case(c) => vec![format!(
+                "| {} | {} | {} | {:.3} ms | {:016x} | {} |",
+                c.floats,
+                c.ranks,
+                c.shards,
+                c.seconds * 1e3,
+                c.hash,
+                if c.same_everywhere { "yes" } else { "no" }
+            )],
+        }
+    }
+}
+
 /// Runs the check on the ranks of `comm` (this rank drives GPU `local_rank` modulo the
 /// count); `Ok(true)` when every case gave the host's bits on every rank. Before NCCL is up
 /// a failing rank tells the others over `comm`, so none waits out `wait` for it.

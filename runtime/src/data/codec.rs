@@ -345,6 +345,30 @@ pub fn tokenizer_of(data: &Data, base_dir: &Path) -> Result<Option<PathBuf>, Dat
     Ok(conventional_tokenizer(&base_dir.join(train)).filter(|p| p.is_file()))
 }
 
+/// Text as ids arrive one at a time: a character split across tokens waits for its rest.
+#[derive(Default)]
+pub struct TextStream {
+    pending: Vec<u32>,
+}
+
+impl TextStream {
+    /// The text `id` completes, if any.
+    pub fn push(&mut self, codec: &Codec, id: u32) -> Option<String> {
+        self.pending.push(id);
+        let text = codec.decode(&self.pending);
+        if text.ends_with('\u{fffd}') {
+            return None;
+        }
+        self.pending.clear();
+        Some(text)
+    }
+
+    /// What is left at the end, decoded as it is.
+    pub fn rest(&mut self, codec: &Codec) -> String {
+        codec.decode(&std::mem::take(&mut self.pending))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -21,6 +21,28 @@ pub fn is_image(path: &Path) -> bool {
     EXTENSIONS.iter().any(|e| name.ends_with(e))
 }
 
+/// The inputs of every path in order (`read_any`), named: the file, and its index in a file
+/// of several.
+pub fn read_all(
+    paths: &[std::path::PathBuf],
+    spec: &TensorSpec,
+    images: Option<&ImageSpec>,
+) -> Result<Inputs, DataError> {
+    let mut all: Option<Inputs> = None;
+    for path in paths {
+        let read = read_any(path, spec, images)?;
+        all = Some(match all {
+            None => read,
+            Some(mut a) => {
+                a.names.extend(read.names);
+                a.values = a.values.concat(read.values)?;
+                a
+            }
+        });
+    }
+    all.ok_or_else(|| DataError::Config("no inputs given".into()))
+}
+
 /// The inputs in `path` for a model reading `spec`: an array or CSV file, an image file, or a
 /// folder whose image files (under it, in name order) are the inputs. Images need `images`,
 /// the transform of the image folder the model was trained on.

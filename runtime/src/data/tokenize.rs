@@ -104,6 +104,73 @@ pub fn write_llmc(path: &Path, tokens: &[u32]) -> Result<(), DataError> {
     f.write_all(&bytes).map_err(io)
 }
 
+/// What `tokenize_files` wrote.
+pub struct Written {
+    pub tokens: usize,
+    pub text_bytes: usize,
+    pub codec: String,
+    /// Each file and what it holds.
+    pub files: Vec<String>,
+}
+
+/// Tokenizes the text files `inputs` (concatenated in order) and writes `PREFIX_train.bin`
+/// and `PREFIX_val.bin` (the last `validation` share), or `PREFIX.bin` when that share holds
+/// no token, and the tokenizer that decodes them, `PREFIX_tokenizer.json`.
+pub fn tokenize_files(
+    inputs: &[std::path::PathBuf],
+    tokenizer: &Tokenizer,
+    validation: f64,
+    prefix: &Path,
+) -> Result<Written, DataError> {
+    let mut text = Vec::new();
+    for path in inputs {
+        let bytes = std::fs::read(path).map_err(|source| DataError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        text.extend_from_slice(&bytes);
+    }
+    let names: Vec<String> = inputs.iter().map(|p| p.display().to_string()).collect();
+    let t = tokenize(&text, tokenizer, &names.join(" + "))?;
+    let n = t.tokens.len();
+    let cut = split_at(n, validation)?;
+    let at = |suffix: &str| {
+        let mut s = prefix.as_os_str().to_os_string();
+        s.push(suffix);
+        std::path::PathBuf::from(s)
+    };
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |e| DataError::Config(format!("cannot write {path}: {e}"))
+    };
+    if let Some(parent) = prefix.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(io(parent))?;
+    }
+    let parts: Vec<(&str, &[u32])> = match cut < n {
+        true => vec![
+            ("_train.bin", &t.tokens[..cut]),
+            ("_val.bin", &t.tokens[cut..]),
+        ],
+        false => vec![(".bin", &t.tokens[..])],
+    };
+    let mut files = Vec::new();
+    for (suffix, tokens) in parts {
+        let path = at(suffix);
+        write_llmc(&path, tokens)?;
+        files.push(format!("{} ({} tokens)", path.display(), tokens.len()));
+    }
+    // The tokenizer beside the tokens: what decodes them (`parallax sample`).
+    let path = at("_tokenizer.json");
+    std::fs::write(&path, t.codec.to_json()).map_err(io(&path))?;
+    files.push(format!("{} (tokenizer)", path.display()));
+    Ok(Written {
+        tokens: n,
+        text_bytes: text.len(),
+        codec: t.codec.describe(),
+        files,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

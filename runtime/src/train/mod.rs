@@ -10,6 +10,7 @@ mod job;
 mod open;
 pub mod prepare;
 mod records;
+pub mod say;
 mod session;
 mod steps;
 mod validate;

@@ -252,3 +252,39 @@ fn tp_note(want: &Want, split: &Split) -> Option<String> {
         old.strategy.tp, split.strategy.tp
     ))
 }
+
+/// What `compile --emit plan` writes: the plan `train` runs (for several devices, the
+/// per-device plan of the split), with its experiment as `train` records it (every default
+/// and override resolved, data paths absolute from `base_dir`), so that `train --plan` runs
+/// it without the file.
+pub fn plan_to_emit(
+    source: &Source,
+    plan: &Plan,
+    split: Result<Split, TargetError>,
+    base_dir: &Path,
+) -> Result<Plan, TargetError> {
+    let mut emitted = match (split, plan.gpus_requested > 1) {
+        (Err(e), true) => return Err(e),
+        (Ok(split), true) => target::compile_split(source, &split, &mut |_, _| {})?.1,
+        (_, false) => plan.clone(),
+    };
+    let cfg = super::TrainConfig {
+        base_dir: base_dir.to_path_buf(),
+        ..Default::default()
+    };
+    let experiment = super::resolved(&source.experiment, &cfg);
+    emitted.experiment = Some(parallax_compiler::dsl::to_ron(&experiment));
+    Ok(emitted)
+}
+
+/// What `train --dry-run` prints: the split that would run, as data.
+pub fn describe(p: &Plan) -> serde_json::Value {
+    serde_json::json!({
+        "name": p.name,
+        "strategy": p.strategy,
+        "zero": p.zero_stage,
+        "schedule": p.schedule.unwrap_or(partition::PipelineSchedule::Sequential),
+        "micro_shards": p.sharding.map(|s| s.shards),
+        "partitioned": p.sharding.is_some(),
+    })
+}

@@ -6,6 +6,7 @@
 mod cached;
 pub mod eval;
 pub mod predict;
+mod report;
 pub mod sample;
 
 use crate::backend::Backend;

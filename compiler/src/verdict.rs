@@ -1,0 +1,67 @@
+//! What `parallax compile` concludes for a GPU count: the partition chosen (or why none fits)
+//! and, for one GPU, whether the plan fits its memory. Text only; the command line prints it
+//! and exits 1 when the verdict is a refusal.
+
+use crate::partition::explain::{candidate_table, explain};
+use crate::partition::{self, summary};
+use crate::plan::Plan;
+use crate::target::Partitioned;
+use std::fmt::Write;
+
+/// The verdict's text for the standard output and the error stream, and whether it is a
+/// refusal.
+#[derive(Default)]
+pub struct Verdict {
+    pub out: String,
+    pub err: String,
+    pub refused: bool,
+}
+
+/// The verdict for `plan` on `partitioned`, on devices named `device` of `capacity` bytes
+/// each; `text`: the text format (the JSON summary already holds the rest); `explain`: the
+/// candidates and each pipeline stage too.
+pub fn verdict(
+    plan: &Plan,
+    partitioned: &Partitioned,
+    device: &str,
+    capacity: u64,
+    text: bool,
+    explain_it: bool,
+) -> Verdict {
+    let mut v = Verdict::default();
+    match (&partitioned.partition, plan.gpus_requested > 1) {
+        (Err(e), true) => {
+            let _ = writeln!(v.err, "error: {e}");
+            v.err += &summary::no_fit(e, explain_it);
+            v.refused = true;
+            return v;
+        }
+        (Ok(p), true) if text && explain_it => v.out += &explain(p),
+        (Ok(p), true) if text => {
+            let n = p.candidates.len();
+            let _ = writeln!(
+                v.out,
+                "  (--explain lists the {n} candidates and each pipeline stage)"
+            );
+        }
+        (_, true) => {}
+        (Ok(p), false) if text && explain_it => v.out += &explain(p),
+        (Err(partition::Error::NoFit { candidates, .. }), false) if text && explain_it => {
+            v.err += &candidate_table(candidates, capacity)
+        }
+        (_, false) => {}
+    }
+    if plan.gpus_requested > 1 {
+        return v;
+    }
+    // One GPU: whether the plan fits it, refused with its memory table before anything runs.
+    if text {
+        let _ = writeln!(v.out, "{}", summary::device_line(plan, device, capacity));
+    }
+    if plan.memory.peak_bytes > capacity {
+        v.err += &summary::one_device_refusal(plan, device, capacity);
+        let _ = writeln!(v.err, "  = hint: {}", partitioned.one_device_hint());
+        v.refused = true;
+    }
+    v
+}
