@@ -45,9 +45,9 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
     let (file, set, format) = (args.file.as_path(), args.set.as_slice(), args.format);
     let (gpus, strategy, zero) = (args.gpus, args.strategy.as_deref(), args.zero);
     let a = KernelCheckArgs {
-        precision: args.precision.runtime(),
+        precision: args.precision.value(),
         ptx_dir: args.ptx,
-        mma: args.mma.model(),
+        mma: args.mma.value(),
     };
     let (source, plan, base) = compiled(file, set)?;
     // Several devices: the plan `train --gpus N` runs (the same choice of split).

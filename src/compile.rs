@@ -4,15 +4,14 @@
 use crate::{base_dir, fail, load, run_pipeline, Exit, Format, PrecisionArg};
 use clap::ValueEnum;
 use parallax_compiler::ir::print::{to_dot, to_text};
-use parallax_compiler::partition::summary::{self, Partitioned};
+use parallax_compiler::partition::summary;
 use parallax_compiler::passes::pass_names;
-use parallax_compiler::target::{self, simulated_device_bytes};
-use parallax_compiler::verdict::verdict;
+use parallax_compiler::target;
+use parallax_compiler::verdict;
 use parallax_compiler::{codegen, Options, Plan};
 use parallax_runtime::cuda::Precision;
 use parallax_runtime::train::prepare;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 /// `parallax compile`'s arguments.
 #[derive(clap::Args)]
@@ -105,77 +104,49 @@ fn parse_dump(s: &str) -> Result<String, String> {
 }
 
 pub(crate) fn run(args: Args) -> Result<(), Exit> {
-    let Args {
-        file,
-        set,
-        gpus,
-        nodes,
-        strategy,
-        explain,
-        device,
-        gpu_memory,
-        emit,
-        precision,
-        out,
-        format,
-        timings,
-        dump_ir,
-    } = args;
-    let (file, out, emit) = (file.as_path(), out.as_deref(), emit.as_slice());
-    let precision = precision.runtime();
+    let (file, out, emit, format) = (args.file.as_path(), args.out.as_deref(), &args.emit[..], args.format);
     if out.is_none() && (emit.len() > 1 || emit.contains(&Emit::Ptx)) {
         errln!("error: emitting several files needs `--out DIR`");
         return Err(Exit(2));
     }
-    let (source, parse_time) = load(file, &set, format)?;
+    let (source, parse_time) = load(file, &args.set, format)?;
     let options = Options {
-        gpus,
+        gpus: args.gpus,
         ..Options::default()
     };
-    let kind = device.unwrap_or_else(|| source.experiment.devices.kind.clone());
+    let kind = args.device.clone().unwrap_or_else(|| source.experiment.devices.kind.clone());
     let profile = parallax_compiler::devices::find(&kind).map_err(|e| {
         errln!("error: {e}");
         Exit(2)
     })?;
     let title = source.experiment.name.clone();
     let mut dump = |pass: &str, g: &parallax_compiler::ir::Graph| {
-        if dump_ir.iter().any(|d| d == pass || d == "all") {
+        if args.dump_ir.iter().any(|d| d == pass || d == "all") {
             errln!("// IR after pass `{pass}`");
             err!("{}", to_text(g, &title));
         }
     };
     let compiled = run_pipeline(file, &source, &options, format, &mut dump)?;
-    let t = Instant::now();
-    let mut plan = compiled.plan(&source, &options);
-    let mut pass_times = compiled.timings.clone();
-    pass_times.push(("plan", t.elapsed()));
-    let capacity = gpu_memory.unwrap_or(profile.memory);
-    let t = Instant::now();
-    // The split `train --gpus N` runs, chosen by the one function both call.
+    let capacity = args.gpu_memory.unwrap_or(profile.memory);
     let request = target::Request {
-        gpus: plan.gpus_requested,
-        strategy: strategy.as_deref(),
-        memory: gpu_memory,
+        strategy: args.strategy.as_deref(),
+        memory: args.gpu_memory,
         kind: Some(profile.kind),
-        nodes,
+        nodes: args.nodes,
         ..target::Request::default()
     };
-    let partitioned = target::partition_for(&source, &compiled, &request)
-        .map_err(refused)?
-        .expect("a device kind that `find` knows has a profile");
-    pass_times.push(("partition", t.elapsed()));
-    let split = target::split_from(&source, &request, Some(&partitioned));
-    let chosen = split.as_ref().ok().copied();
+    let planned = verdict::plan(&source, &compiled, &options, request).map_err(refused)?;
+    let (plan, partitioned) = (&planned.plan, &planned.partitioned);
+    let mut pass_times = compiled.timings.clone();
+    pass_times.extend(planned.times);
     let emitted = match emit.contains(&Emit::Plan) {
-        true => {
-            Some(prepare::plan_to_emit(&source, &plan, split, &base_dir(file)).map_err(refused)?)
-        }
+        true => Some(
+            prepare::plan_to_emit(&source, plan, planned.split, &base_dir(file))
+                .map_err(refused)?,
+        ),
         false => None,
     };
-    if let Some(split) = chosen {
-        plan.strategy = split.strategy;
-    }
-    if timings {
+    if args.timings {
         pass_times.insert(0, ("parse", parse_time));
         err!("{}", summary::timings(&pass_times));
     }
@@ -183,7 +154,7 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
         match e {
             Emit::Ir => to_text(&compiled.graph, &title),
             Emit::Dot => to_dot(&compiled.graph, &title),
-            Emit::Plan => emitted.as_ref().unwrap_or(&plan).to_json(),
+            Emit::Plan => emitted.as_ref().unwrap_or(plan).to_json(),
             Emit::Ptx => String::new(),
         }
     };
@@ -199,7 +170,7 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
             }
             for &e in emit {
                 if e == Emit::Ptx {
-                    emit_ptx(&plan, dir, file, precision)?;
+                    emit_ptx(plan, dir, file, args.precision.value())?;
                     continue;
                 }
                 let path = dir.join(e.file_name());
@@ -213,26 +184,26 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
         _ => {}
     }
     let fits = plan.memory.peak_bytes <= capacity;
-    let device = serde_json::json!({
+    let args.device = serde_json::json!({
         "kind": profile.kind,
         "name": profile.name,
         "memory_bytes": capacity,
         "fits_one_device": fits,
     });
-    let simulated = match (&partitioned.partition, chosen) {
-        (Ok(p), Some(s)) if p.gpus > 1 => simulated_device_bytes(&source, s.strategy, s.zero),
-        _ => None,
-    };
-    print_plan(
-        &plan,
-        &pass_times,
-        format,
-        device,
-        &partitioned.partition,
-        simulated,
-    )?;
+    let simulated = planned.simulated.as_deref();
+    match format {
+        Format::Json => {
+            let ms: Vec<(&str, f64)> = pass_times
+                .iter()
+                .map(|(n, d)| (*n, d.as_secs_f64() * 1e3))
+                .collect();
+            let v = summary::json(plan, &partitioned.partition, simulated, args.device, &ms);
+            outln!("{v}")?;
+        }
+        Format::Text => out!("{}", summary::text(plan, &partitioned.partition, simulated))?,
+    }
     let text = format == Format::Text;
-    let v = verdict(&plan, &partitioned, profile.name, capacity, text, explain);
+    let v = verdict::verdict(plan, partitioned, profile.name, capacity, text, args.explain);
     out!("{}", v.out)?;
     err!("{}", v.err);
     match v.refused {
@@ -264,26 +235,4 @@ fn refused(e: target::TargetError) -> Exit {
         errln!("  = hint: {hint}");
     }
     Exit(1)
-}
-
-fn print_plan(
-    p: &Plan,
-    timings: &[(&str, Duration)],
-    format: Format,
-    device: serde_json::Value,
-    partitioned: &Partitioned,
-    simulated: Option<Vec<u64>>,
-) -> Result<(), Exit> {
-    match format {
-        Format::Json => {
-            let ms: Vec<(&str, f64)> = timings
-                .iter()
-                .map(|(n, d)| (*n, d.as_secs_f64() * 1e3))
-                .collect();
-            let v = summary::json(p, partitioned, simulated.as_deref(), device, &ms);
-            outln!("{v}")?;
-        }
-        Format::Text => out!("{}", summary::text(p, partitioned, simulated.as_deref()))?,
-    }
-    Ok(())
 }

@@ -65,10 +65,10 @@ pub(crate) fn gpu_check(args: Args) -> Result<(), Exit> {
     let a = CheckArgs {
         profile: args.profile,
         steps: args.steps,
-        precision: args.precision.runtime(),
+        precision: args.precision.value(),
         time_steps: args.time_steps,
         lockstep: args.lockstep || args.interpreter,
-        interpreter: args.interpreter.then(|| args.mma.model()),
+        interpreter: args.interpreter.then(|| args.mma.value()),
     };
     let (source, plan, base) = compiled(file, set)?;
     let name = &source.experiment.name;

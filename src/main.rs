@@ -5,6 +5,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 use parallax_compiler::diag::Diagnostic;
 use parallax_compiler::dsl::overrides::{self, Override};
 use parallax_compiler::{compile, parse_bytes, Compiled, Options, Source};
+use parallax_emulator::MmaModel;
+use parallax_runtime::cuda::Precision;
+use parallax_runtime::train::prepare::BackendChoice;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -27,44 +30,21 @@ pub(crate) enum Format {
     Json,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum Backend {
-    Auto,
-    Cpu,
-    Cuda,
-}
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum PrecisionArg {
-    Fp32,
-    Tf32,
-    Bf16,
-}
-
-impl PrecisionArg {
-    pub(crate) fn runtime(self) -> parallax_runtime::cuda::Precision {
-        match self {
-            PrecisionArg::Fp32 => parallax_runtime::cuda::Precision::Fp32,
-            PrecisionArg::Tf32 => parallax_runtime::cuda::Precision::Tf32,
-            PrecisionArg::Bf16 => parallax_runtime::cuda::Precision::Bf16,
+/// A command-line enum naming a library's values one for one, and its mapping.
+macro_rules! arg_enum {
+    ($arg:ident => $lib:ident { $($v:ident),+ }) => {
+        #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+        pub(crate) enum $arg { $($v),+ }
+        impl $arg {
+            pub(crate) fn value(self) -> $lib {
+                match self { $($arg::$v => $lib::$v),+ }
+            }
         }
-    }
+    };
 }
-
-#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum MmaArg {
-    OracleOrder,
-    Hopper,
-}
-
-impl MmaArg {
-    pub(crate) fn model(self) -> parallax_emulator::MmaModel {
-        match self {
-            MmaArg::OracleOrder => parallax_emulator::MmaModel::OracleOrder,
-            MmaArg::Hopper => parallax_emulator::MmaModel::Hopper,
-        }
-    }
-}
+arg_enum!(Backend => BackendChoice { Auto, Cpu, Cuda });
+arg_enum!(PrecisionArg => Precision { Fp32, Tf32, Bf16 });
+arg_enum!(MmaArg => MmaModel { OracleOrder, Hopper });
 
 #[derive(Subcommand)]
 enum Command {

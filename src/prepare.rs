@@ -4,7 +4,7 @@
 //! runs it.
 
 use crate::train::Args;
-use crate::{load, Backend, Exit, Format};
+use crate::{load, Exit, Format};
 use parallax_compiler::target::TargetError;
 use parallax_compiler::{Plan, Source};
 use parallax_runtime::train::prepare::{self, Decided, PrepareError, Want};
@@ -18,24 +18,14 @@ pub(crate) struct Prepared {
     pub decided: Decided,
 }
 
-impl Backend {
-    pub(crate) fn choice(self) -> prepare::BackendChoice {
-        match self {
-            Backend::Auto => prepare::BackendChoice::Auto,
-            Backend::Cpu => prepare::BackendChoice::Cpu,
-            Backend::Cuda => prepare::BackendChoice::Cuda,
-        }
-    }
-}
-
 impl Args {
     fn want(&self) -> Want<'_> {
         Want {
             gpus: self.gpus,
             strategy: self.strategy.as_deref(),
             zero: self.zero,
-            backend: self.backend.choice(),
-            precision: self.precision.runtime(),
+            backend: self.backend.value(),
+            precision: self.precision.value(),
             gpu_memory: self.gpu_memory,
             collective_timeout: std::time::Duration::from_secs(self.collective_timeout),
             resume: self.resume.as_deref(),

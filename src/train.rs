@@ -1,14 +1,13 @@
 //! `parallax train`: compile, train on the CPU, show progress, report where the run went.
 
 use crate::prepare::Prepared;
-use crate::{Backend, Exit, PrecisionArg};
+use crate::{fail, Backend, Exit, PrecisionArg};
 use indicatif::{ProgressBar, ProgressStyle};
-use parallax_runtime::comm::job::Job;
-use parallax_runtime::train::{say, train, train_rank, Device, Event, TrainConfig, TrainError};
+use parallax_runtime::train::{
+    say, signals, train_placed, Event, PlacedError, TrainConfig, TrainError,
+};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::Arc;
 
 /// `parallax train`'s arguments.
 #[derive(clap::Args)]
@@ -118,11 +117,10 @@ pub fn run(args: Args) -> Result<(), Exit> {
     let Prepared {
         file,
         source,
-        decided: d,
+        decided,
     } = prepared;
-    let (plan, device, world, in_job) = (d.plan, d.device, d.world, d.in_job);
     let file = file.as_path();
-    let lead = world.rank == 0;
+    let lead = decided.world.rank == 0;
     let run_dir = args
         .resume
         .clone()
@@ -135,65 +133,49 @@ pub fn run(args: Args) -> Result<(), Exit> {
         run_dir: run_dir.clone(),
         init: args.init.clone(),
         base_dir: crate::base_dir(file),
-        device,
+        device: decided.device,
         checkpoint_every: args.checkpoint_every,
         keep: args.keep,
         resume: args.resume.is_some(),
         accept_changes: args.accept_changes,
         overrides: args.set.clone(),
-        stop: Some(stop_on_signals()?),
+        stop: Some(signals::stop_on_signals().map_err(|e| {
+            errln!("error: {e}");
+            Exit(1)
+        })?),
     };
+    let d = &decided;
     let mut progress = Progress {
         name: source.experiment.name.clone(),
-        backend: say::devices(&device, &plan, in_job, &world),
+        backend: say::devices(&d.device, &d.plan, d.in_job, &d.world),
         lead,
-        rank: world.rank,
+        rank: d.world.rank,
         crash_after: args.crash_after,
         stall_after: args.stall_after,
         terminal: std::io::stderr().is_terminal(),
         bar: None,
         every: 1,
     };
-    let job = match (in_job, device) {
-        (true, Device::Simulated(_) | Device::CudaRanks(_)) => {
-            let timeout = std::time::Duration::from_secs(args.collective_timeout);
-            let stop = cfg.stop.clone().unwrap_or_default();
-            let var = |k: &str| std::env::var(k).ok();
-            Some(Job::start(&world, timeout, &stop, &var).map_err(|e| {
-                errln!("{}: error: {e}", file.display());
-                if let Some(hint) = e.hint() {
-                    errln!("  = hint: {hint}");
-                }
-                Exit(1)
-            })?)
-        }
-        _ => None,
-    };
-    let result = match &job {
-        Some(job) => train_rank(&source, plan, &cfg, job.peers.clone(), &mut |e| {
-            progress.on_event(e)
-        }),
-        None => train(&source, plan, &cfg, &mut |e| progress.on_event(e)),
-    };
+    let timeout = std::time::Duration::from_secs(args.collective_timeout);
+    let result = train_placed(&source, decided, &cfg, timeout, &mut |e| {
+        progress.on_event(e)
+    });
     if let Some(b) = progress.bar.take() {
         b.finish_and_clear();
     }
-    if let (Err(e), Some(job)) = (&result, &job) {
-        if !matches!(
-            e,
-            TrainError::Interrupted { .. } | TrainError::Finished { .. }
-        ) {
-            // One write, so that the ranks' lines do not interleave; naming the rank once.
-            let e = e.to_string();
-            let rank = format!("rank {}: ", job.rank);
-            let rank = if e.contains(&rank) { "" } else { rank.as_str() };
-            let line = format!("{}: error: {rank}{e}\n", file.display());
-            err!("{line}");
-            // Not through `MPI_Finalize`, which waits for every rank (one that stopped
-            // answering would hold this one); the launcher ends the job's other processes.
+    let result = match result {
+        Ok(s) => Ok(s),
+        Err(PlacedError::Train(e)) => Err(e),
+        Err(PlacedError::Job(e)) => {
+            let hint = e.hint().map(|h| format!("\n  = hint: {h}"));
+            return Err(fail(file, format!("{e}{}", hint.unwrap_or_default())));
+        }
+        Err(PlacedError::Rank(e)) => {
+            // One write, so that the ranks' lines do not interleave; then out at once.
+            err!("{}: error: {e}\n", file.display());
             std::process::exit(1);
         }
-    }
+    };
     if !lead {
         return match result {
             Err(TrainError::Interrupted { signal, .. }) => {
@@ -297,25 +279,4 @@ impl Progress {
             None => errln!("{line}"),
         }
     }
-}
-
-/// SIGINT and SIGTERM ask the run to stop after its current step, with a checkpoint; a
-/// second one ends the process at once (exit 130 or 143).
-fn stop_on_signals() -> Result<Arc<AtomicUsize>, Exit> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let which = Arc::new(AtomicUsize::new(0));
-    let asked = Arc::new(AtomicBool::new(false));
-    for signal in [SIGINT, SIGTERM] {
-        // Registered first, so it sees the flag as it was before this signal set it.
-        signal_hook::flag::register_conditional_shutdown(signal, 128 + signal, Arc::clone(&asked))
-            .and_then(|_| signal_hook::flag::register(signal, Arc::clone(&asked)))
-            .and_then(|_| {
-                signal_hook::flag::register_usize(signal, Arc::clone(&which), signal as usize)
-            })
-            .map_err(|e| {
-                errln!("error: cannot handle signal {signal}: {e}");
-                Exit(1)
-            })?;
-    }
-    Ok(which)
 }

@@ -5,8 +5,57 @@
 use crate::partition::explain::{candidate_table, explain};
 use crate::partition::{self, summary};
 use crate::plan::Plan;
-use crate::target::Partitioned;
+use crate::target::{self, Partitioned, Request, Split, TargetError};
+use crate::{Compiled, Options, Source};
 use std::fmt::Write;
+use std::time::{Duration, Instant};
+
+/// What `compile` decides for the plan's GPU count: the plan (its strategy the split's), the
+/// partition, the split `train` runs (or why none), what each simulated device allocates,
+/// and how long planning and partitioning took.
+pub struct Planned {
+    pub plan: Plan,
+    pub partitioned: Partitioned,
+    pub split: Result<Split, TargetError>,
+    pub simulated: Option<Vec<u64>>,
+    pub times: [(&'static str, Duration); 2],
+}
+
+/// Plans `compiled` for `request` (its GPU count is the plan's) by the function `train
+/// --gpus N` calls too, so both choose the same split.
+pub fn plan(
+    source: &Source,
+    compiled: &Compiled,
+    options: &Options,
+    request: Request,
+) -> Result<Planned, TargetError> {
+    let t = Instant::now();
+    let mut plan = compiled.plan(source, options);
+    let plan_time = t.elapsed();
+    let t = Instant::now();
+    let request = Request {
+        gpus: plan.gpus_requested,
+        ..request
+    };
+    let partitioned = target::partition_for(source, compiled, &request)?
+        .expect("a device kind that `devices::find` knows has a profile");
+    let partition_time = t.elapsed();
+    let split = target::split_from(source, &request, Some(&partitioned));
+    let simulated = match (&partitioned.partition, &split) {
+        (Ok(p), Ok(s)) if p.gpus > 1 => target::simulated_device_bytes(source, s.strategy, s.zero),
+        _ => None,
+    };
+    if let Ok(s) = &split {
+        plan.strategy = s.strategy;
+    }
+    Ok(Planned {
+        plan,
+        partitioned,
+        split,
+        simulated,
+        times: [("plan", plan_time), ("partition", partition_time)],
+    })
+}
 
 /// The verdict's text for the standard output and the error stream, and whether it is a
 /// refusal.

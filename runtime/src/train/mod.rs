@@ -8,15 +8,18 @@ mod config;
 mod error;
 mod job;
 mod open;
+mod placed;
 pub mod prepare;
 mod records;
 pub mod say;
 mod session;
+pub mod signals;
 mod steps;
 mod validate;
 
 pub use config::{parallel_devices, resolved, CudaRanks, Device, Simulated, TrainConfig};
 pub use error::{signal_name, TrainError};
+pub use placed::{train_placed, PlacedError};
 pub use session::{feed, model_io, run_id, set_scalars, BatchInfo, Session, SessionData};
 pub use validate::{Tally, Validator};
 
