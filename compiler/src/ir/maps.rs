@@ -295,6 +295,24 @@ pub static SILU: Map = unary! {
     },
     epilogue: true,
 };
+pub static RELU6: Map = unary! {
+    // NaN becomes 0, as `Relu` and the PTX `max` (where `clamp` would keep it).
+    cpu: |x, _| {
+        let r = x.max(0.0);
+        r.min(6.0)
+    },
+    f64: |x, _| {
+        let r = x.max(0.0);
+        r.min(6.0)
+    },
+    ptx: |k, a, _| {
+        let z = k.constant(0.0);
+        let r = k.max(a, z);
+        let six = k.constant(6.0);
+        k.min(r, six)
+    },
+    epilogue: true,
+};
 /// `(x, dy)`: `dy` where `x > 0`.
 pub static RELU_GRAD: Map = binary! {
     cpu: |x, dy| if x > 0.0 { dy } else { 0.0 },
@@ -302,6 +320,20 @@ pub static RELU_GRAD: Map = binary! {
     ptx: |k, a, dy| {
         let z = k.constant(0.0);
         k.select_gt(a, z, dy, z)
+    },
+};
+/// `(x, dy)`: `dy` where `0 < x < 6` (PyTorch's `hardtanh_backward`: 0 at both ends).
+pub static RELU6_GRAD: Map = binary! {
+    cpu: |x, dy| {
+        let below = if 6.0 > x { dy } else { 0.0 };
+        if x > 0.0 { below } else { 0.0 }
+    },
+    f64: |x, dy| if x > 0.0 && x < 6.0 { dy } else { 0.0 },
+    ptx: |k, a, dy| {
+        let z = k.constant(0.0);
+        let six = k.constant(6.0);
+        let below = k.select_gt(six, a, dy, z);
+        k.select_gt(a, z, below, z)
     },
 };
 /// `(x, dy)`: `dy * gelu'(x)`.

@@ -213,6 +213,9 @@ macro_rules! __parallax_ops {
         /// `x * sigmoid(x)` (SiLU, or swish), as PyTorch's `F.silu`.
         Silu = "silu", 1, Elementwise, float_same, per_out::<5>, vjp::silu,
             map maps::SILU, example Op::Silu;
+        /// `min(max(x, 0), 6)`, as PyTorch's `F.relu6` (MobileNet's activation).
+        Relu6 = "relu6", 1, Elementwise, float_same, per_out::<2>, vjp::relu6,
+            map maps::RELU6, example Op::Relu6;
         /// `(x, dy)`: `dy * (x > 0)`.
         ReluGrad = "relu_grad", 2, Elementwise, same_pair, per_out::<1>, vjp::none,
             map maps::RELU_GRAD, example Op::ReluGrad;
@@ -228,6 +231,9 @@ macro_rules! __parallax_ops {
         /// `(x, dy)`: `dy * s * (1 + x * (1 - s))` with `s = sigmoid(x)`.
         SiluGrad = "silu_grad", 2, Elementwise, same_pair, per_out::<8>, vjp::none,
             map maps::SILU_GRAD, example Op::SiluGrad;
+        /// `(x, dy)`: `dy * (0 < x < 6)`.
+        Relu6Grad = "relu6_grad", 2, Elementwise, same_pair, per_out::<2>, vjp::none,
+            map maps::RELU6_GRAD, example Op::Relu6Grad;
         /// Each element to the nearest bf16 (ties to even), kept in f32: the copy of a weight
         /// that a matmul multiplies when activations are stored in bf16 (as a bf16 GEMM does);
         /// its gradient passes through unchanged.

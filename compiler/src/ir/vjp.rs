@@ -300,6 +300,10 @@ pub fn relu(v: &mut dyn Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> 
     Ok(vec![Some(v.add(Op::ReluGrad, &[ins[0], dy])?)])
 }
 
+pub fn relu6(v: &mut dyn Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    Ok(vec![Some(v.add(Op::Relu6Grad, &[ins[0], dy])?)])
+}
+
 pub fn gelu(v: &mut dyn Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     Ok(vec![Some(v.add(Op::GeluGrad, &[ins[0], dy])?)])
 }
