@@ -298,6 +298,45 @@ pub enum Optimizer {
     },
 }
 
+impl Optimizer {
+    /// The settings every optimizer has: `(lr, clip_norm, schedule)`.
+    fn common(&self) -> (f64, Option<f64>, &Schedule) {
+        match self {
+            Optimizer::Sgd {
+                lr,
+                clip_norm,
+                schedule,
+                ..
+            }
+            | Optimizer::Adam {
+                lr,
+                clip_norm,
+                schedule,
+                ..
+            }
+            | Optimizer::AdamW {
+                lr,
+                clip_norm,
+                schedule,
+                ..
+            } => (*lr, *clip_norm, schedule),
+        }
+    }
+
+    pub fn lr(&self) -> f64 {
+        self.common().0
+    }
+
+    /// The bound on the global gradient norm, if it clips.
+    pub fn clip_norm(&self) -> Option<f64> {
+        self.common().1
+    }
+
+    pub fn schedule(&self) -> &Schedule {
+        self.common().2
+    }
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Train {
