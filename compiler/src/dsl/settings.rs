@@ -282,27 +282,30 @@ pub enum Optimizer {
 }
 
 impl Optimizer {
-    /// The settings every optimizer has: `(lr, clip_norm, schedule)`.
-    fn common(&self) -> (f64, Option<f64>, &Schedule) {
+    /// The settings every optimizer has: `(lr, weight_decay, clip_norm, schedule)`.
+    fn common(&self) -> (f64, f64, Option<f64>, &Schedule) {
         match self {
             Optimizer::Sgd {
                 lr,
+                weight_decay,
                 clip_norm,
                 schedule,
                 ..
             }
             | Optimizer::Adam {
                 lr,
+                weight_decay,
                 clip_norm,
                 schedule,
                 ..
             }
             | Optimizer::AdamW {
                 lr,
+                weight_decay,
                 clip_norm,
                 schedule,
                 ..
-            } => (*lr, *clip_norm, schedule),
+            } => (*lr, *weight_decay, *clip_norm, schedule),
         }
     }
 
@@ -310,13 +313,17 @@ impl Optimizer {
         self.common().0
     }
 
-    /// The bound on the global gradient norm, if it clips.
-    pub fn clip_norm(&self) -> Option<f64> {
+    pub fn weight_decay(&self) -> f64 {
         self.common().1
     }
 
-    pub fn schedule(&self) -> &Schedule {
+    /// The bound on the global gradient norm, if it clips.
+    pub fn clip_norm(&self) -> Option<f64> {
         self.common().2
+    }
+
+    pub fn schedule(&self) -> &Schedule {
+        self.common().3
     }
 }
 

@@ -269,12 +269,9 @@ fn image_folder(
 
 fn optimizer(c: &mut Checker, o: &Optimizer) {
     let p = |f: &str| path!["optimizer", f];
-    let wd = match o {
+    match o {
         Optimizer::Sgd {
-            momentum,
-            nesterov,
-            weight_decay,
-            ..
+            momentum, nesterov, ..
         } => {
             c.unit_interval(p("momentum"), "`momentum`", *momentum);
             if *nesterov && *momentum == 0.0 {
@@ -284,29 +281,16 @@ fn optimizer(c: &mut Checker, o: &Optimizer) {
                     Some("set e.g. `momentum: 0.9`".into()),
                 );
             }
-            weight_decay
         }
-        Optimizer::Adam {
-            betas,
-            eps,
-            weight_decay,
-            ..
-        }
-        | Optimizer::AdamW {
-            betas,
-            eps,
-            weight_decay,
-            ..
-        } => {
+        Optimizer::Adam { betas, eps, .. } | Optimizer::AdamW { betas, eps, .. } => {
             c.unit_interval(p("betas"), "beta1", betas.0);
             c.unit_interval(p("betas"), "beta2", betas.1);
             c.positive(p("eps"), "`eps`", *eps);
-            weight_decay
         }
-    };
+    }
     let lr = &o.lr();
     c.positive(p("lr"), "the learning rate `lr`", *lr);
-    c.non_negative(p("weight_decay"), "`weight_decay`", *wd);
+    c.non_negative(p("weight_decay"), "`weight_decay`", o.weight_decay());
     if let Some(clip) = o.clip_norm() {
         c.positive(p("clip_norm"), "`clip_norm`", clip);
     }

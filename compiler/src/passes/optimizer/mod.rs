@@ -42,34 +42,23 @@ trait Method {
 
 /// The optimizer's file, with its settings.
 fn method(opt: &Optimizer) -> Box<dyn Method> {
+    let weight_decay = opt.weight_decay();
     match *opt {
         Optimizer::Sgd {
-            momentum,
-            nesterov,
-            weight_decay,
-            ..
+            momentum, nesterov, ..
         } => Box::new(sgd::Sgd {
             momentum,
             nesterov,
             weight_decay,
         }),
-        Optimizer::Adam {
-            betas,
-            eps,
-            weight_decay,
-            ..
+        Optimizer::Adam { betas, eps, .. } | Optimizer::AdamW { betas, eps, .. } => {
+            Box::new(adam::Adam {
+                betas,
+                eps,
+                weight_decay,
+                decoupled: matches!(opt, Optimizer::AdamW { .. }),
+            })
         }
-        | Optimizer::AdamW {
-            betas,
-            eps,
-            weight_decay,
-            ..
-        } => Box::new(adam::Adam {
-            betas,
-            eps,
-            weight_decay,
-            decoupled: matches!(opt, Optimizer::AdamW { .. }),
-        }),
     }
 }
 
