@@ -1,26 +1,10 @@
-//! Learning-rate schedules and Adam's bias corrections: the per-step scalars the runtime
-//! feeds the compiled graph (so a schedule never recompiles).
+//! Learning-rate schedules: the learning rate of each step, which the runtime feeds the
+//! compiled graph with the optimizer's own scalars (`Optimizer::step_scalars`, in
+//! `passes::optimizer`), so a schedule never recompiles.
 
 use crate::dsl::ast::{Optimizer, Schedule};
-use crate::passes::optimizer::{ADAM_BC2_SQRT, ADAM_STEP_SIZE, LR};
 
 impl Optimizer {
-    pub fn lr(&self) -> f64 {
-        match self {
-            Optimizer::Sgd { lr, .. }
-            | Optimizer::Adam { lr, .. }
-            | Optimizer::AdamW { lr, .. } => *lr,
-        }
-    }
-
-    pub fn schedule(&self) -> &Schedule {
-        match self {
-            Optimizer::Sgd { schedule, .. }
-            | Optimizer::Adam { schedule, .. }
-            | Optimizer::AdamW { schedule, .. } => schedule,
-        }
-    }
-
     /// The learning rate of step `step` (from 0) of `total`.
     pub fn learning_rate(&self, step: u64, total: u64) -> f64 {
         let lr = self.lr();
@@ -41,20 +25,6 @@ impl Optimizer {
             }
             Schedule::Warmup { steps } => warm(steps).unwrap_or(lr),
         }
-    }
-
-    /// Every scalar input of step `step`: the learning rate and, for Adam, its bias
-    /// corrections (as `torch.optim.Adam`: step size `lr / (1 - beta1^t)` and
-    /// `sqrt(1 - beta2^t)` with `t = step + 1`).
-    pub fn step_scalars(&self, step: u64, total: u64) -> Vec<(&'static str, f32)> {
-        let lr = self.learning_rate(step, total);
-        let mut v = vec![(LR, lr as f32)];
-        if let Optimizer::Adam { betas, .. } | Optimizer::AdamW { betas, .. } = self {
-            let t = (step + 1) as i32;
-            v.push((ADAM_STEP_SIZE, (lr / (1.0 - betas.0.powi(t))) as f32));
-            v.push((ADAM_BC2_SQRT, (1.0 - betas.1.powi(t)).sqrt() as f32));
-        }
-        v
     }
 }
 
@@ -100,21 +70,5 @@ mod tests {
         let w = sgd(Schedule::Warmup { steps: 4 });
         assert!(close(w.learning_rate(1, 100), 0.05));
         assert!(close(w.learning_rate(40, 100), 0.1));
-    }
-
-    #[test]
-    fn adam_bias_corrections() {
-        let a = Optimizer::Adam {
-            lr: 0.001,
-            betas: (0.9, 0.999),
-            eps: 1e-8,
-            weight_decay: 0.0,
-            clip_norm: None,
-            schedule: Schedule::Constant,
-        };
-        let s = a.step_scalars(0, 10);
-        assert_eq!(s[0].0, "lr");
-        assert!((s[1].1 - 0.01).abs() < 1e-7); // 0.001 / (1 - 0.9)
-        assert!((s[2].1 - 0.001f32.sqrt()).abs() < 1e-7); // sqrt(1 - 0.999)
     }
 }

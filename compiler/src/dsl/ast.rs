@@ -217,6 +217,7 @@ pub enum Activation {
     Tanh,
     Sigmoid,
     Silu,
+    Relu6,
 }
 
 fn is_false(b: &bool) -> bool {
@@ -278,6 +279,8 @@ pub enum Layer {
     Tanh,
     Sigmoid,
     Silu,
+    /// `min(max(x, 0), 6)`, as PyTorch's `nn.ReLU6`.
+    Relu6,
     Softmax {
         #[serde(default = "minus_one")]
         axis: i64,
@@ -361,6 +364,7 @@ impl Layer {
             Layer::Tanh => "Tanh",
             Layer::Sigmoid => "Sigmoid",
             Layer::Silu => "Silu",
+            Layer::Relu6 => "Relu6",
             Layer::Softmax { .. } => "Softmax",
             Layer::LayerNorm { .. } => "LayerNorm",
             Layer::RmsNorm { .. } => "RmsNorm",

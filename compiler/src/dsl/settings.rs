@@ -145,11 +145,11 @@ pub struct Normalize {
     pub std: Vec<f64>,
 }
 
-impl Data {
-    /// The fields that are file paths, by name (relative to the experiment file until the
-    /// run records them absolute): the one list that checks, messages and runs use.
-    pub fn files(&self) -> Vec<(&'static str, &String)> {
-        match self {
+/// The fields of a data source that are file paths, by name: the one list, expanded over
+/// `&Data` (`Data::files`) and `&mut Data` (`Data::files_mut`), the bindings following.
+macro_rules! path_fields {
+    ($data:expr) => {
+        match $data {
             Data::Idx { images, labels, .. } => vec![("images", images), ("labels", labels)],
             Data::Csv { path, .. } => vec![("path", path)],
             Data::Npy { inputs, labels, .. } => vec![("inputs", inputs), ("labels", labels)],
@@ -160,15 +160,15 @@ impl Data {
                 ..
             } => {
                 let mut v = vec![("train", train)];
-                v.extend(validation.iter().map(|p| ("validation", p)));
-                v.extend(tokenizer.iter().map(|p| ("tokenizer", p)));
+                v.extend(validation.into_iter().map(|p| ("validation", p)));
+                v.extend(tokenizer.into_iter().map(|p| ("tokenizer", p)));
                 v
             }
             Data::ImageFolder {
                 train, validation, ..
             } => {
                 let mut v = vec![("train", train)];
-                v.extend(validation.iter().map(|p| ("validation", p)));
+                v.extend(validation.into_iter().map(|p| ("validation", p)));
                 v
             }
             Data::Digits { .. }
@@ -176,37 +176,20 @@ impl Data {
             | Data::Sequence { .. }
             | Data::Synthetic { .. } => Vec::new(),
         }
+    };
+}
+
+impl Data {
+    /// The fields that are file paths, by name (relative to the experiment file until the
+    /// run records them absolute): the one list that checks, messages and runs use.
+    pub fn files(&self) -> Vec<(&'static str, &String)> {
+        path_fields!(self)
     }
 
     /// [`Data::files`], to change (make absolute).
     pub fn files_mut(&mut self) -> Vec<&mut String> {
-        match self {
-            Data::Idx { images, labels, .. } => vec![images, labels],
-            Data::Csv { path, .. } => vec![path],
-            Data::Npy { inputs, labels, .. } => vec![inputs, labels],
-            Data::Tokens {
-                train,
-                validation,
-                tokenizer,
-                ..
-            } => {
-                let mut v = vec![train];
-                v.extend(validation.as_mut());
-                v.extend(tokenizer.as_mut());
-                v
-            }
-            Data::ImageFolder {
-                train, validation, ..
-            } => {
-                let mut v = vec![train];
-                v.extend(validation.as_mut());
-                v
-            }
-            Data::Digits { .. }
-            | Data::Blobs { .. }
-            | Data::Sequence { .. }
-            | Data::Synthetic { .. } => Vec::new(),
-        }
+        let named: Vec<(&'static str, &mut String)> = path_fields!(self);
+        named.into_iter().map(|(_, p)| p).collect()
     }
 }
 
@@ -296,6 +279,52 @@ pub enum Optimizer {
         #[serde(default = "constant")]
         schedule: Schedule,
     },
+}
+
+impl Optimizer {
+    /// The settings every optimizer has: `(lr, weight_decay, clip_norm, schedule)`.
+    fn common(&self) -> (f64, f64, Option<f64>, &Schedule) {
+        match self {
+            Optimizer::Sgd {
+                lr,
+                weight_decay,
+                clip_norm,
+                schedule,
+                ..
+            }
+            | Optimizer::Adam {
+                lr,
+                weight_decay,
+                clip_norm,
+                schedule,
+                ..
+            }
+            | Optimizer::AdamW {
+                lr,
+                weight_decay,
+                clip_norm,
+                schedule,
+                ..
+            } => (*lr, *weight_decay, *clip_norm, schedule),
+        }
+    }
+
+    pub fn lr(&self) -> f64 {
+        self.common().0
+    }
+
+    pub fn weight_decay(&self) -> f64 {
+        self.common().1
+    }
+
+    /// The bound on the global gradient norm, if it clips.
+    pub fn clip_norm(&self) -> Option<f64> {
+        self.common().2
+    }
+
+    pub fn schedule(&self) -> &Schedule {
+        self.common().3
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

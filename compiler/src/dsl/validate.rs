@@ -269,14 +269,9 @@ fn image_folder(
 
 fn optimizer(c: &mut Checker, o: &Optimizer) {
     let p = |f: &str| path!["optimizer", f];
-    let (lr, wd, clip, schedule) = match o {
+    match o {
         Optimizer::Sgd {
-            lr,
-            momentum,
-            nesterov,
-            weight_decay,
-            clip_norm,
-            schedule,
+            momentum, nesterov, ..
         } => {
             c.unit_interval(p("momentum"), "`momentum`", *momentum);
             if *nesterov && *momentum == 0.0 {
@@ -286,37 +281,21 @@ fn optimizer(c: &mut Checker, o: &Optimizer) {
                     Some("set e.g. `momentum: 0.9`".into()),
                 );
             }
-            (lr, weight_decay, clip_norm, schedule)
         }
-        Optimizer::Adam {
-            lr,
-            betas,
-            eps,
-            weight_decay,
-            clip_norm,
-            schedule,
-        }
-        | Optimizer::AdamW {
-            lr,
-            betas,
-            eps,
-            weight_decay,
-            clip_norm,
-            schedule,
-        } => {
+        Optimizer::Adam { betas, eps, .. } | Optimizer::AdamW { betas, eps, .. } => {
             c.unit_interval(p("betas"), "beta1", betas.0);
             c.unit_interval(p("betas"), "beta2", betas.1);
             c.positive(p("eps"), "`eps`", *eps);
-            (lr, weight_decay, clip_norm, schedule)
         }
-    };
+    }
+    let lr = &o.lr();
     c.positive(p("lr"), "the learning rate `lr`", *lr);
-    c.non_negative(p("weight_decay"), "`weight_decay`", *wd);
-    if let Some(clip) = clip {
-        c.positive(p("clip_norm"), "`clip_norm`", *clip);
+    c.non_negative(p("weight_decay"), "`weight_decay`", o.weight_decay());
+    if let Some(clip) = o.clip_norm() {
+        c.positive(p("clip_norm"), "`clip_norm`", clip);
     }
     let s = |f: &str| path!["optimizer", "schedule", f];
-    match schedule {
+    match o.schedule() {
         Schedule::Constant | Schedule::Warmup { .. } => {}
         Schedule::Step { every, gamma } => {
             c.count(s("every"), "`every`", *every);

@@ -8,7 +8,7 @@
 //! no permute runs before or after the op. One head per row, `[.., T, 1, D]`, is the plain
 //! `[.., T, D]` attention.
 
-use super::ops::{AttentionInput, Op};
+use super::op::{AttentionInput, Op};
 use super::types::TensorType;
 
 type Rule = Result<TensorType, String>;

@@ -1,6 +1,6 @@
 //! The cost rules of the op table: FLOPs of one execution from concrete sizes.
 
-use super::ops::Op;
+use super::op::Op;
 
 fn numel(s: &[u64]) -> u64 {
     s.iter().fold(1u64, |a, &d| a.saturating_mul(d))

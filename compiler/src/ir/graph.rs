@@ -2,7 +2,8 @@
 //! and carry the operand's position.
 
 use super::dim::{Sym, BATCH};
-use super::ops::{Op, OpKind};
+use super::op::{Op, OpKind};
+use super::ops::OpClass;
 use super::types::{DType, TensorType};
 use crate::diag::Span;
 use petgraph::stable_graph::{NodeIndex, StableGraph};
@@ -207,7 +208,7 @@ impl Graph {
     /// while the rest of the backward pass still runs.
     pub fn topo_order(&self) -> Option<Vec<NodeIndex>> {
         let key = |n: NodeIndex| {
-            let late = self.g[n].op.def().class != crate::ir::ops::OpClass::Collective;
+            let late = self.g[n].op.def().class != OpClass::Collective;
             Reverse((late, n))
         };
         let mut indeg: Vec<usize> = vec![0; self.g.node_bound()];

@@ -1,10 +1,10 @@
 //! The elementwise family of the op table: for each plain elementwise map (every elementwise
 //! row but dropout, whose mask makes it a kernel of its own), its CPU function and the vector
 //! loop built from it, its f64 reference, its PTX body, and whether it may end a matmul as
-//! its epilogue. The backends look these up (`Op::map`) instead of matching on ops, so an
-//! elementwise op is its `ops` row, its row here and its VJP rule.
+//! its epilogue. The backends look these up (`Op::map`, from the table's `map` column) instead of
+//! matching on ops, so an elementwise op is its entry in `op.rs`, its row here and its VJP rule.
 
-use super::ops::Op;
+use super::op::Op;
 use crate::scalar::math;
 use crate::scalar::simd::{binary_loop, unary_loop, Operand};
 
@@ -74,13 +74,6 @@ pub struct Unary {
 }
 
 impl Unary {
-    /// `op`'s map, if it is a unary one.
-    pub fn of(op: &Op) -> Option<Unary> {
-        match op.map()? {
-            Elementwise::Unary(u) => Some(u),
-            Elementwise::Binary(_) => None,
-        }
-    }
     #[inline(always)]
     pub fn apply(self, x: f32) -> f32 {
         (self.map.f)(x, self.p)
@@ -95,13 +88,6 @@ impl Unary {
 pub struct Binary(pub &'static BinaryMap);
 
 impl Binary {
-    /// `op`'s map, if it is a binary one.
-    pub fn of(op: &Op) -> Option<Binary> {
-        match op.map()? {
-            Elementwise::Binary(b) => Some(b),
-            Elementwise::Unary(_) => None,
-        }
-    }
     #[inline(always)]
     pub fn apply(self, x: f32, y: f32) -> f32 {
         (self.0.f)(x, y)
@@ -125,19 +111,6 @@ impl std::fmt::Debug for Elementwise {
             Elementwise::Unary(u) => write!(f, "Unary(p={})", u.p),
             Elementwise::Binary(_) => write!(f, "Binary"),
         }
-    }
-}
-
-impl Op {
-    /// The op's map, if it is a plain elementwise map (dropout is not).
-    pub fn map(&self) -> Option<Elementwise> {
-        Some(match self.def().map? {
-            Map::Unary(m) => Elementwise::Unary(Unary {
-                map: m,
-                p: (m.param)(self) as f32,
-            }),
-            Map::Binary(m) => Elementwise::Binary(Binary(m)),
-        })
     }
 }
 
@@ -322,6 +295,24 @@ pub static SILU: Map = unary! {
     },
     epilogue: true,
 };
+pub static RELU6: Map = unary! {
+    // NaN becomes 0, as `Relu` and the PTX `max` (where `clamp` would keep it).
+    cpu: |x, _| {
+        let r = x.max(0.0);
+        r.min(6.0)
+    },
+    f64: |x, _| {
+        let r = x.max(0.0);
+        r.min(6.0)
+    },
+    ptx: |k, a, _| {
+        let z = k.constant(0.0);
+        let r = k.max(a, z);
+        let six = k.constant(6.0);
+        k.min(r, six)
+    },
+    epilogue: true,
+};
 /// `(x, dy)`: `dy` where `x > 0`.
 pub static RELU_GRAD: Map = binary! {
     cpu: |x, dy| if x > 0.0 { dy } else { 0.0 },
@@ -329,6 +320,20 @@ pub static RELU_GRAD: Map = binary! {
     ptx: |k, a, dy| {
         let z = k.constant(0.0);
         k.select_gt(a, z, dy, z)
+    },
+};
+/// `(x, dy)`: `dy` where `0 < x < 6` (PyTorch's `hardtanh_backward`: 0 at both ends).
+pub static RELU6_GRAD: Map = binary! {
+    cpu: |x, dy| {
+        let below = if 6.0 > x { dy } else { 0.0 };
+        if x > 0.0 { below } else { 0.0 }
+    },
+    f64: |x, dy| if x > 0.0 && x < 6.0 { dy } else { 0.0 },
+    ptx: |k, a, dy| {
+        let z = k.constant(0.0);
+        let six = k.constant(6.0);
+        let below = k.select_gt(six, a, dy, z);
+        k.select_gt(a, z, below, z)
     },
 };
 /// `(x, dy)`: `dy * gelu'(x)`.
@@ -393,7 +398,7 @@ pub static SILU_GRAD: Map = binary! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::ops::{elementwise_examples, OpClass, OPS};
+    use crate::ir::op::elementwise_examples;
 
     /// Operands where every map is defined: `x` across [-6, 6] (its absolute value for a
     /// square root), `y` away from zero (a divisor).
@@ -410,17 +415,6 @@ mod tests {
             .collect();
         let ys = (0..n).map(|i| 0.5 + (i % 17) as f32 * 0.125).collect();
         (xs, ys)
-    }
-
-    /// Every elementwise row of the table has a map, but dropout.
-    #[test]
-    fn every_elementwise_row_but_dropout_has_a_map() {
-        for d in OPS.iter().filter(|d| d.class == OpClass::Elementwise) {
-            assert_eq!(d.map.is_some(), d.name != "dropout", "{}", d.name);
-        }
-        for d in OPS.iter().filter(|d| d.class != OpClass::Elementwise) {
-            assert!(d.map.is_none(), "{} is not elementwise", d.name);
-        }
     }
 
     /// Each map's CPU function against its f64 reference, and its vector loop against the

@@ -2,6 +2,7 @@
 //! rules and costs.
 
 use super::*;
+use crate::ir::dim::Dim;
 
 const B: [String; 0] = [];
 
@@ -24,6 +25,17 @@ fn the_map_pattern_is_the_ops_with_a_map() {
             op.map().is_some(),
             "{op:?}: `map_ops!` and the table disagree"
         );
+    }
+}
+
+/// Every elementwise row of the table has a map, but dropout.
+#[test]
+fn every_elementwise_row_but_dropout_has_a_map() {
+    for d in OPS.iter().filter(|d| d.class == OpClass::Elementwise) {
+        assert_eq!(d.map.is_some(), d.name != "dropout", "{}", d.name);
+    }
+    for d in OPS.iter().filter(|d| d.class != OpClass::Elementwise) {
+        assert!(d.map.is_none(), "{} is not elementwise", d.name);
     }
 }
 

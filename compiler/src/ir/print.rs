@@ -133,8 +133,8 @@ pub fn to_dot(g: &Graph, title: &str) -> String {
     for &n in &order {
         let node = &g.g[n];
         let style = match node.op.kind() {
-            super::ops::OpKind::Param => ", style=filled, fillcolor=\"#e8f0ff\"",
-            super::ops::OpKind::Input => ", style=filled, fillcolor=\"#e8ffe8\"",
+            super::op::OpKind::Param => ", style=filled, fillcolor=\"#e8f0ff\"",
+            super::op::OpKind::Input => ", style=filled, fillcolor=\"#e8ffe8\"",
             _ => "",
         };
         let label = format!(

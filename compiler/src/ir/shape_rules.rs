@@ -2,7 +2,7 @@
 //! explains a mismatch with both shapes.
 
 use super::dim::Dim;
-use super::ops::Op;
+use super::op::Op;
 use super::types::{DType, TensorType};
 
 type Rule = Result<TensorType, String>;

@@ -3,7 +3,8 @@
 //! weights (`RoundBf16`).
 
 use super::dim::BATCH;
-use super::ops::{OpClass, OpKind};
+use super::op::OpKind;
+use super::ops::OpClass;
 use super::{DType, Graph, NodeIndex, Phase};
 
 /// Whether value `n` is kept in bf16 when stored: an activation, or a weight's bf16 copy.

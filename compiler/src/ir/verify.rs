@@ -1,7 +1,8 @@
 //! The IR's invariants, checked after every pass in tests and debug builds.
 
 use super::graph::Graph;
-use super::ops::{Arity, Op, OpClass, OpKind};
+use super::op::{Op, OpKind};
+use super::ops::{Arity, OpClass};
 use super::{BufferSchedule, KernelKind, NodeIndex};
 use petgraph::Direction;
 use std::collections::{HashMap, HashSet};
@@ -43,7 +44,7 @@ pub fn verify(g: &Graph) -> Result<(), String> {
             ));
         }
         match &node.op {
-            super::ops::Op::Param { name, .. } => {
+            Op::Param { name, .. } => {
                 if !node.ty.shape.iter().all(|d| d.is_known()) {
                     return Err(format!("parameter `{name}` has a symbolic size"));
                 }
@@ -51,7 +52,7 @@ pub fn verify(g: &Graph) -> Result<(), String> {
                     return Err(format!("two parameters are named `{name}`"));
                 }
             }
-            super::ops::Op::Input { name, .. } => {
+            Op::Input { name, .. } => {
                 if !inputs.insert(name.clone()) {
                     return Err(format!("two inputs are named `{name}`"));
                 }

@@ -2,37 +2,19 @@
 //! from its output's gradient `dy`. `passes::autodiff` walks the graph backwards and calls
 //! them; no layer has a hand-written backward.
 
-use super::graph::{Graph, Phase};
-use super::ops::{AttentionInput, Group, Op};
+use super::op::{AttentionInput, Group, Op};
 use super::types::TensorType;
-use crate::diag::Span;
 use petgraph::stable_graph::NodeIndex;
 
-/// Where a rule adds its ops: the graph, and the layer the forward op came from.
-pub struct Vjp<'a> {
-    pub g: &'a mut Graph,
-    pub layer: String,
-    pub span: Option<Span>,
-}
-
-/// `(context, the forward node, its operands, the gradient of its output)` to one gradient
-/// per operand (`None` where an operand has none, as integer labels).
-pub type VjpRule =
-    fn(&mut Vjp, NodeIndex, &[NodeIndex], NodeIndex) -> Result<Vec<Option<NodeIndex>>, String>;
-
-type Grads = Result<Vec<Option<NodeIndex>>, String>;
-
-impl Vjp<'_> {
-    pub fn add(&mut self, op: Op, ins: &[NodeIndex]) -> Result<NodeIndex, String> {
-        let layer = self.layer.clone();
-        self.g.add(op, ins, &layer, self.span)
-    }
-    fn ty(&self, n: NodeIndex) -> TensorType {
-        self.g.g[n].ty.clone()
-    }
-    fn op(&self, n: NodeIndex) -> Op {
-        self.g.g[n].op.clone()
-    }
+/// The graph a rule reads and adds its ops to (`passes::autodiff` implements it over the
+/// `Graph`, in the layer the forward op came from).
+pub trait Vjp {
+    /// Adds `op` of `ins` in the backward phase.
+    fn add(&mut self, op: Op, ins: &[NodeIndex]) -> Result<NodeIndex, String>;
+    /// Adds `op` of `ins` in the forward phase: a statistic the forward kernel computes.
+    fn add_forward(&mut self, op: Op, ins: &[NodeIndex]) -> Result<NodeIndex, String>;
+    fn ty(&self, n: NodeIndex) -> TensorType;
+    fn op(&self, n: NodeIndex) -> Op;
     /// `d` summed down to the shape of `like` where the forward op broadcast it.
     fn unbroadcast(&mut self, d: NodeIndex, like: NodeIndex) -> Result<NodeIndex, String> {
         let shape = self.ty(like).shape;
@@ -44,23 +26,30 @@ impl Vjp<'_> {
     }
 }
 
-pub fn source(_: &mut Vjp, _: NodeIndex, _: &[NodeIndex], _: NodeIndex) -> Grads {
+/// `(context, the forward node, its operands, the gradient of its output)` to one gradient
+/// per operand (`None` where an operand has none, as integer labels).
+pub type VjpRule =
+    fn(&mut dyn Vjp, NodeIndex, &[NodeIndex], NodeIndex) -> Result<Vec<Option<NodeIndex>>, String>;
+
+type Grads = Result<Vec<Option<NodeIndex>>, String>;
+
+pub fn source(_: &mut dyn Vjp, _: NodeIndex, _: &[NodeIndex], _: NodeIndex) -> Grads {
     Ok(Vec::new())
 }
 
 /// Ops that appear only in backward or update graphs; differentiating them is a bug.
-pub fn none(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], _: NodeIndex) -> Grads {
+pub fn none(v: &mut dyn Vjp, n: NodeIndex, _: &[NodeIndex], _: NodeIndex) -> Grads {
     Err(format!("`{}` has no gradient rule", v.op(n).name()))
 }
 
-pub fn identity(_: &mut Vjp, _: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn identity(_: &mut dyn Vjp, _: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
     Ok(vec![Some(dy)])
 }
 
 /// Over shards, the objective is the sum of every shard's loss and each shard reads the
 /// reduced value: a shard's operand gets the sum of every shard's cotangent. Over tensor
 /// ranks, every rank computes the same loss once: the cotangent passes through.
-pub fn all_reduce(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn all_reduce(v: &mut dyn Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
     match v.op(n) {
         Op::AllReduce {
             group: Group::Shards,
@@ -75,7 +64,12 @@ pub fn all_reduce(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> 
 }
 
 /// Every tensor rank's branch reads the copy: the gradient sums their cotangents.
-pub fn tensor_parallel_copy(v: &mut Vjp, _: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn tensor_parallel_copy(
+    v: &mut dyn Vjp,
+    _: NodeIndex,
+    _: &[NodeIndex],
+    dy: NodeIndex,
+) -> Grads {
     Ok(vec![Some(v.add(
         Op::AllReduce {
             group: Group::Tensor,
@@ -84,7 +78,7 @@ pub fn tensor_parallel_copy(v: &mut Vjp, _: NodeIndex, _: &[NodeIndex], dy: Node
     )?)])
 }
 
-pub fn matmul(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn matmul(v: &mut dyn Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let Op::MatMul { trans_a, trans_b } = v.op(n) else {
         unreachable!()
     };
@@ -134,7 +128,7 @@ pub fn matmul(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Gr
     Ok(vec![Some(da), Some(db)])
 }
 
-pub fn conv2d(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn conv2d(v: &mut dyn Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let Op::Conv2d {
         stride,
         padding,
@@ -168,7 +162,7 @@ pub fn conv2d(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Gr
     Ok(vec![Some(dx), Some(dw)])
 }
 
-pub fn pool2d(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn pool2d(v: &mut dyn Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let Op::Pool2d {
         max,
         kernel,
@@ -190,12 +184,12 @@ pub fn pool2d(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Gr
     Ok(vec![Some(d)])
 }
 
-pub fn reshape(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn reshape(v: &mut dyn Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let shape = v.ty(ins[0]).shape;
     Ok(vec![Some(v.add(Op::Reshape { shape }, &[dy])?)])
 }
 
-pub fn permute(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn permute(v: &mut dyn Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
     let Op::Permute { perm } = v.op(n) else {
         unreachable!()
     };
@@ -206,7 +200,7 @@ pub fn permute(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Gra
     Ok(vec![Some(v.add(Op::Permute { perm: inverse }, &[dy])?)])
 }
 
-pub fn concat(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn concat(v: &mut dyn Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let Op::Concat { axis } = v.op(n) else {
         unreachable!()
     };
@@ -234,7 +228,7 @@ pub fn concat(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Gr
     Ok(vec![Some(da), Some(db)])
 }
 
-pub fn slice(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn slice(v: &mut dyn Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let Op::Slice { axis, start, .. } = v.op(n) else {
         unreachable!()
     };
@@ -242,7 +236,7 @@ pub fn slice(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Gra
     Ok(vec![Some(v.add(Op::Pad { axis, start, size }, &[dy])?)])
 }
 
-pub fn pad(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn pad(v: &mut dyn Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let Op::Pad { axis, start, .. } = v.op(n) else {
         unreachable!()
     };
@@ -250,26 +244,26 @@ pub fn pad(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads
     Ok(vec![Some(v.add(Op::Slice { axis, start, len }, &[dy])?)])
 }
 
-pub fn gather(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn gather(v: &mut dyn Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let rows = v.ty(ins[0]).shape[0].as_known().ok_or("a symbolic table")?;
     let d = v.add(Op::ScatterAdd { rows }, &[ins[1], dy])?;
     Ok(vec![Some(d), None])
 }
 
-pub fn add(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn add(v: &mut dyn Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let da = v.unbroadcast(dy, ins[0])?;
     let db = v.unbroadcast(dy, ins[1])?;
     Ok(vec![Some(da), Some(db)])
 }
 
-pub fn sub(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn sub(v: &mut dyn Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let da = v.unbroadcast(dy, ins[0])?;
     let neg = v.add(Op::Scale { by: -1.0 }, &[dy])?;
     let db = v.unbroadcast(neg, ins[1])?;
     Ok(vec![Some(da), Some(db)])
 }
 
-pub fn mul(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn mul(v: &mut dyn Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let (a, b) = (ins[0], ins[1]);
     let da = v.add(Op::Mul, &[dy, b])?;
     let da = v.unbroadcast(da, a)?;
@@ -279,7 +273,7 @@ pub fn mul(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads
 }
 
 /// `y = a / b`: `da = dy / b`, `db = -(dy / b) * y`.
-pub fn div(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn div(v: &mut dyn Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let (a, b) = (ins[0], ins[1]);
     let q = v.add(Op::Div, &[dy, b])?;
     let da = v.unbroadcast(q, a)?;
@@ -290,60 +284,61 @@ pub fn div(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads
 }
 
 /// `y = sqrt(x)`: `dx = 0.5 * dy / y`.
-pub fn sqrt(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn sqrt(v: &mut dyn Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
     let half = v.add(Op::Scale { by: 0.5 }, &[dy])?;
     Ok(vec![Some(v.add(Op::Div, &[half, n])?)])
 }
 
-pub fn scale(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn scale(v: &mut dyn Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
     let Op::Scale { by } = v.op(n) else {
         unreachable!()
     };
     Ok(vec![Some(v.add(Op::Scale { by }, &[dy])?)])
 }
 
-pub fn relu(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn relu(v: &mut dyn Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     Ok(vec![Some(v.add(Op::ReluGrad, &[ins[0], dy])?)])
 }
 
-pub fn gelu(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn relu6(v: &mut dyn Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+    Ok(vec![Some(v.add(Op::Relu6Grad, &[ins[0], dy])?)])
+}
+
+pub fn gelu(v: &mut dyn Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     Ok(vec![Some(v.add(Op::GeluGrad, &[ins[0], dy])?)])
 }
 
 /// From the output `y`, which the forward pass keeps anyway.
-pub fn tanh(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn tanh(v: &mut dyn Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
     Ok(vec![Some(v.add(Op::TanhGrad, &[n, dy])?)])
 }
 
-pub fn sigmoid(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn sigmoid(v: &mut dyn Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
     Ok(vec![Some(v.add(Op::SigmoidGrad, &[n, dy])?)])
 }
 
-pub fn silu(v: &mut Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn silu(v: &mut dyn Vjp, _: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     Ok(vec![Some(v.add(Op::SiluGrad, &[ins[0], dy])?)])
 }
 
 /// The same keyed mask applied to the gradient.
-pub fn dropout(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn dropout(v: &mut dyn Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
     let op = v.op(n);
     Ok(vec![Some(v.add(op, &[dy])?)])
 }
 
-pub fn softmax(v: &mut Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn softmax(v: &mut dyn Vjp, n: NodeIndex, _: &[NodeIndex], dy: NodeIndex) -> Grads {
     Ok(vec![Some(v.add(Op::SoftmaxGrad, &[n, dy])?)])
 }
 
 /// Attention's gradients from its saved statistics: the row log-sum-exp (computed by the
 /// forward kernel, so added in the forward phase) and `delta = rowsum(dy * y)`; each operand's
 /// gradient recomputes the probabilities tile by tile instead of reading stored scores.
-pub fn attention(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn attention(v: &mut dyn Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let Op::Attention { causal, scale } = v.op(n) else {
         unreachable!()
     };
-    let phase = std::mem::replace(&mut v.g.phase, Phase::Forward);
-    let lse = v.add(Op::AttentionLse { causal, scale }, &[ins[0], ins[1]]);
-    v.g.phase = phase;
-    let lse = lse?;
+    let lse = v.add_forward(Op::AttentionLse { causal, scale }, &[ins[0], ins[1]])?;
     let dy_y = v.add(Op::Mul, &[dy, n])?;
     let last = v.ty(n).rank() - 1;
     let delta = v.add(Op::ReduceSum { axes: vec![last] }, &[dy_y])?;
@@ -361,21 +356,21 @@ pub fn attention(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) ->
     .collect()
 }
 
-pub fn layer_norm(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn layer_norm(v: &mut dyn Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let Op::LayerNorm { eps } = v.op(n) else {
         unreachable!()
     };
     Ok(vec![Some(v.add(Op::LayerNormGrad { eps }, &[ins[0], dy])?)])
 }
 
-pub fn rms_norm(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn rms_norm(v: &mut dyn Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let Op::RmsNorm { eps } = v.op(n) else {
         unreachable!()
     };
     Ok(vec![Some(v.add(Op::RmsNormGrad { eps }, &[ins[0], dy])?)])
 }
 
-pub fn reduce(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn reduce(v: &mut dyn Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let (axes, mean) = match v.op(n) {
         Op::ReduceSum { axes } => (axes, false),
         Op::ReduceMean { axes } => (axes, true),
@@ -385,7 +380,7 @@ pub fn reduce(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Gr
     Ok(vec![Some(v.add(Op::Expand { axes, shape, mean }, &[dy])?)])
 }
 
-pub fn cross_entropy(v: &mut Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+pub fn cross_entropy(v: &mut dyn Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
     let Op::CrossEntropy { smoothing } = v.op(n) else {
         unreachable!()
     };

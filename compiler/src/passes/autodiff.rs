@@ -4,7 +4,7 @@
 //! result is each parameter's gradient in `Graph::grads`. No tape, no per-layer backward.
 
 use super::Ctx;
-use crate::diag::Diagnostic;
+use crate::diag::{Diagnostic, Span};
 use crate::ir::vjp::Vjp;
 use crate::ir::{DType, Graph, NodeIndex, Op, OpKind, Phase, TensorType};
 use crate::Error;
@@ -78,7 +78,7 @@ pub fn run(g: &mut Graph, _: &Ctx) -> Result<(), Error> {
         let operands = g.operands(n);
         let rule = g.g[n].op.def().vjp;
         let op_name = g.g[n].op.name();
-        let mut v = Vjp {
+        let mut v = Tape {
             g,
             layer: layer.clone(),
             span,
@@ -101,4 +101,29 @@ pub fn run(g: &mut Graph, _: &Ctx) -> Result<(), Error> {
         .filter_map(|p| param_grads.get(&p).map(|&d| (p, d)))
         .collect();
     Ok(())
+}
+
+/// Where a VJP rule adds its ops: the graph, and the layer the forward op came from.
+struct Tape<'a> {
+    g: &'a mut Graph,
+    layer: String,
+    span: Option<Span>,
+}
+
+impl Vjp for Tape<'_> {
+    fn add(&mut self, op: Op, ins: &[NodeIndex]) -> Result<NodeIndex, String> {
+        self.g.add(op, ins, &self.layer, self.span)
+    }
+    fn add_forward(&mut self, op: Op, ins: &[NodeIndex]) -> Result<NodeIndex, String> {
+        let phase = std::mem::replace(&mut self.g.phase, Phase::Forward);
+        let n = self.add(op, ins);
+        self.g.phase = phase;
+        n
+    }
+    fn ty(&self, n: NodeIndex) -> TensorType {
+        self.g.g[n].ty.clone()
+    }
+    fn op(&self, n: NodeIndex) -> Op {
+        self.g.g[n].op.clone()
+    }
 }

@@ -118,6 +118,7 @@ impl Lowerer<'_> {
             Layer::Tanh => self.activation(x, Activation::Tanh, name, span),
             Layer::Sigmoid => self.activation(x, Activation::Sigmoid, name, span),
             Layer::Silu => self.activation(x, Activation::Silu, name, span),
+            Layer::Relu6 => self.activation(x, Activation::Relu6, name, span),
             Layer::Softmax { axis } => {
                 let a = self.axis(x, *axis, p)?;
                 let last = self.ty(x).rank() - 1;

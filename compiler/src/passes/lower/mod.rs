@@ -399,6 +399,7 @@ impl Lowerer<'_> {
             Activation::Tanh => Op::Tanh,
             Activation::Sigmoid => Op::Sigmoid,
             Activation::Silu => Op::Silu,
+            Activation::Relu6 => Op::Relu6,
         };
         self.add(op, &[x], layer, span)
     }
