@@ -104,7 +104,12 @@ fn parse_dump(s: &str) -> Result<String, String> {
 }
 
 pub(crate) fn run(args: Args) -> Result<(), Exit> {
-    let (file, out, emit, format) = (args.file.as_path(), args.out.as_deref(), &args.emit[..], args.format);
+    let (file, out, emit, format) = (
+        args.file.as_path(),
+        args.out.as_deref(),
+        &args.emit[..],
+        args.format,
+    );
     if out.is_none() && (emit.len() > 1 || emit.contains(&Emit::Ptx)) {
         errln!("error: emitting several files needs `--out DIR`");
         return Err(Exit(2));
@@ -114,7 +119,10 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
         gpus: args.gpus,
         ..Options::default()
     };
-    let kind = args.device.clone().unwrap_or_else(|| source.experiment.devices.kind.clone());
+    let kind = args
+        .device
+        .clone()
+        .unwrap_or_else(|| source.experiment.devices.kind.clone());
     let profile = parallax_compiler::devices::find(&kind).map_err(|e| {
         errln!("error: {e}");
         Exit(2)
@@ -184,7 +192,7 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
         _ => {}
     }
     let fits = plan.memory.peak_bytes <= capacity;
-    let args.device = serde_json::json!({
+    let device = serde_json::json!({
         "kind": profile.kind,
         "name": profile.name,
         "memory_bytes": capacity,
@@ -197,13 +205,20 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
                 .iter()
                 .map(|(n, d)| (*n, d.as_secs_f64() * 1e3))
                 .collect();
-            let v = summary::json(plan, &partitioned.partition, simulated, args.device, &ms);
+            let v = summary::json(plan, &partitioned.partition, simulated, device, &ms);
             outln!("{v}")?;
         }
         Format::Text => out!("{}", summary::text(plan, &partitioned.partition, simulated))?,
     }
     let text = format == Format::Text;
-    let v = verdict::verdict(plan, partitioned, profile.name, capacity, text, args.explain);
+    let v = verdict::verdict(
+        plan,
+        partitioned,
+        profile.name,
+        capacity,
+        text,
+        args.explain,
+    );
     out!("{}", v.out)?;
     err!("{}", v.err);
     match v.refused {
