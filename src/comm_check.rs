@@ -140,10 +140,10 @@ fn cuda_ranks(
     timeout: u64,
     fail_rank: Option<usize>,
 ) -> Result<(), Exit> {
+    use parallax_runtime::checks::nccl_tree::{self, Event, TreeCheckError};
     use parallax_runtime::comm::mpi::Mpi;
+    use parallax_runtime::comm::world::World;
     use parallax_runtime::comm::Communicator;
-    use parallax_runtime::cuda::tree_check::{self, Event, TreeCheckError};
-    use parallax_runtime::launch::World;
 
     let wait = std::time::Duration::from_secs(timeout);
     let world = World::from_env(&|v| std::env::var(v).ok()).map_err(|e| {
@@ -174,7 +174,7 @@ fn cuda_ranks(
             if c.same_everywhere { "yes" } else { "no" }
         ),
     };
-    let all_same = match tree_check::run(
+    let all_same = match nccl_tree::run(
         &mut comm,
         &devices,
         world.local_rank,

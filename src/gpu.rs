@@ -4,8 +4,9 @@
 
 use crate::{load, run_pipeline, Exit, Format};
 use parallax_compiler::{Options, Plan, Source};
+use parallax_runtime::checks;
+use parallax_runtime::checks::gpu::{CheckArgs, CheckError, Gpu, Progress};
 use parallax_runtime::cuda;
-use parallax_runtime::gpu_check::{self, CheckArgs, CheckError, Gpu, Progress};
 use std::path::{Path, PathBuf};
 
 pub fn devices(format: Format) -> Result<(), Exit> {
@@ -129,7 +130,7 @@ pub fn gpu_check(file: &Path, set: &[String], a: &CheckArgs) -> Result<(), Exit>
             );
         }
     };
-    let c = match gpu_check::check(&source, plan, &base, a, &mut progress) {
+    let c = match checks::gpu::check(&source, plan, &base, a, &mut progress) {
         Ok(c) => c,
         Err(e @ CheckError::InitialParameter(_)) => {
             errln!("{name}: {e}");

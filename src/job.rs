@@ -3,7 +3,7 @@
 //! trains over (MPI's, or TCP through rank 0 under torchrun-style variables).
 
 use crate::Exit;
-use parallax_runtime::launch::{Launcher, World};
+use parallax_runtime::comm::world::{Launcher, World};
 use parallax_runtime::ranks::Peers;
 use std::path::Path;
 use std::sync::atomic::AtomicUsize;

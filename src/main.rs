@@ -361,7 +361,7 @@ fn main() -> ExitCode {
             zero,
             format,
         } => precision.runtime().and_then(|precision| {
-            let args = parallax_runtime::kernel_check::KernelCheckArgs {
+            let args = parallax_runtime::checks::kernels::KernelCheckArgs {
                 precision,
                 ptx_dir: ptx,
                 mma: mma.model(),
@@ -383,7 +383,7 @@ fn main() -> ExitCode {
             gpu::gpu_check(
                 &file,
                 &set,
-                &parallax_runtime::gpu_check::CheckArgs {
+                &parallax_runtime::checks::gpu::CheckArgs {
                     profile,
                     steps,
                     precision,

@@ -7,7 +7,7 @@ use crate::train::Args;
 use crate::{apply_set, load, Backend, Exit, Format};
 use parallax_compiler::target::TargetError;
 use parallax_compiler::{partition, Plan, Source};
-use parallax_runtime::launch::World;
+use parallax_runtime::comm::world::World;
 use parallax_runtime::train::prepare::{self, PrepareError, Want};
 use parallax_runtime::train::Device;
 use std::path::{Path, PathBuf};

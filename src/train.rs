@@ -4,7 +4,7 @@ use crate::prepare::Prepared;
 use crate::{Backend, Exit, PrecisionArg};
 use indicatif::{ProgressBar, ProgressStyle};
 use parallax_compiler::Plan;
-use parallax_runtime::launch::World;
+use parallax_runtime::comm::world::World;
 use parallax_runtime::train::{train, train_rank, Device, Event, TrainConfig, TrainError};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -127,7 +127,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         .resume
         .clone()
         .or(args.run_dir.clone())
-        .unwrap_or_else(|| parallax_runtime::run_dir::default_path(&source.experiment.name));
+        .unwrap_or_else(|| parallax_runtime::run::dir::default_path(&source.experiment.name));
     let cfg = TrainConfig {
         steps: args.steps,
         epochs: args.epochs,

@@ -5,11 +5,11 @@
 //! typed; the command line prints them.
 
 use crate::backend::Backend;
+use crate::checks::kernels::{KernelCheckArgs, KernelRow, Mirror};
 use crate::cpu::Executor;
 use crate::cuda::{self, CudaError, CudaExecutor, Precision};
 use crate::data::{Batch, Values};
 use crate::exec::{ExecError, Mode};
-use crate::kernel_check::{KernelCheckArgs, KernelRow, Mirror};
 use crate::train::{feed, set_scalars, SessionData, TrainError};
 use parallax_compiler::dsl::ast::Optimizer;
 use parallax_compiler::ir::KernelKind;
@@ -68,7 +68,7 @@ pub enum Progress<'a> {
 /// How one kernel's stored values on the GPU differ in bits from the interpreter's.
 pub struct InterpreterRow {
     pub kernel: usize,
-    /// Its family (`kernel_check::Family::name`).
+    /// Its family (`kernels::Family::name`).
     pub family: &'static str,
     pub ops: Vec<&'static str>,
     pub elements: usize,
@@ -173,7 +173,7 @@ fn tolerance(p: Precision) -> f64 {
     }
 }
 
-pub use crate::kernel_check::rel_diff;
+pub use crate::checks::kernels::rel_diff;
 
 /// Peak dense FLOP/s of a known GPU at a precision (its device profile).
 fn peak_flops(name: &str, precision: Precision) -> Option<f64> {
@@ -423,7 +423,7 @@ fn lockstep(
         &cuda::codegen_options(ls.precision),
     )?;
     let family_tolerance: Vec<f64> = (0..plan.kernels.len())
-        .map(|k| crate::kernel_check::tolerance(&plan, &code, k, ls.precision).1)
+        .map(|k| crate::checks::kernels::tolerance(&plan, &code, k, ls.precision).1)
         .collect();
     let mut after = |k: usize, cpu: &mut Executor| {
         if error.is_some() {
