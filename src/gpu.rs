@@ -5,7 +5,8 @@
 use crate::{load, run_pipeline, Exit, Format};
 use parallax_compiler::{Options, Plan, Source};
 use parallax_runtime::checks;
-use parallax_runtime::checks::gpu::{CheckArgs, CheckError, Gpu, Progress};
+use parallax_runtime::checks::collectives::Gpu;
+use parallax_runtime::checks::gpu::{CheckArgs, CheckError, Progress};
 use parallax_runtime::cuda;
 use std::path::{Path, PathBuf};
 
