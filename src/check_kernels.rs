@@ -1,12 +1,12 @@
 //! `parallax check-kernels`: prints the interpreter's kernel-by-kernel comparison with the
-//! oracle (`parallax_runtime::kernel_check`) as a table, then every sanitizer finding; exit 1
+//! oracle (`parallax_runtime::checks::kernels`) as a table, then every sanitizer finding; exit 1
 //! on any difference beyond tolerance or any finding.
 
 use crate::fail;
 use crate::gpu::compiled;
 use crate::{Exit, Format, MmaArg, PrecisionArg};
 use parallax_compiler::target;
-use parallax_runtime::kernel_check::{self, report, KernelCheckArgs};
+use parallax_runtime::checks::kernels::{self, report, KernelCheckArgs};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -71,7 +71,7 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
         plan
     };
     let t = Instant::now();
-    let r = kernel_check::check(&source, &plan, &base, &a).map_err(|e| fail(file, e))?;
+    let r = kernels::check(&source, &plan, &base, &a).map_err(|e| fail(file, e))?;
     let seconds = t.elapsed().as_secs_f64();
     match format {
         Format::Json => outln!("{}", report::json(&r, seconds))?,

@@ -55,15 +55,15 @@ fn ranks(_: Args, _: Option<parallax_runtime::cuda::Devices>) -> Result<(), Exit
 /// fails exits at once, not through `MPI_Finalize`, which would wait for every rank.
 #[cfg(feature = "mpi")]
 fn ranks(args: Args, devices: Option<parallax_runtime::cuda::Devices>) -> Result<(), Exit> {
+    use parallax_runtime::checks::nccl_tree::{self, TreeCheckError};
     use parallax_runtime::comm::check::{self, Fault};
     use parallax_runtime::comm::mpi::Mpi;
     use parallax_runtime::comm::Communicator;
-    use parallax_runtime::cuda::tree_check::{self, TreeCheckError};
     let wait = std::time::Duration::from_secs(args.timeout);
     // The GPU each rank binds: its local rank's.
     let local_rank = match devices {
         Some(_) => {
-            parallax_runtime::launch::World::from_env(&|v| std::env::var(v).ok())
+            parallax_runtime::comm::world::World::from_env(&|v| std::env::var(v).ok())
                 .map_err(|e| {
                     errln!("error: comm-check --backend cuda: {e}");
                     Exit(1)
@@ -88,9 +88,9 @@ fn ranks(args: Args, devices: Option<parallax_runtime::cuda::Devices>) -> Result
     };
     let same = match (devices, args.bench) {
         (Some(devices), _) => {
-            let mut report = |e: tree_check::Event| say(e.lines());
+            let mut report = |e: nccl_tree::Event| say(e.lines());
             let at = local_rank;
-            match tree_check::run(&mut comm, &devices, at, wait, args.fail_rank, &mut report) {
+            match nccl_tree::run(&mut comm, &devices, at, wait, args.fail_rank, &mut report) {
                 Ok(same) => same,
                 Err(TreeCheckError::Leave) => {
                     exit(3, format!("rank {rank}: {}", TreeCheckError::Leave))

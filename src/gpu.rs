@@ -4,9 +4,10 @@
 
 use crate::{fail, load, run_pipeline, Exit, Format, MmaArg, PrecisionArg};
 use parallax_compiler::{Options, Plan, Source};
+use parallax_runtime::checks::collectives;
+use parallax_runtime::checks::gpu::report::{Line, Report};
+use parallax_runtime::checks::gpu::{self, CheckArgs, CheckError};
 use parallax_runtime::cuda;
-use parallax_runtime::gpu_check::report::{Line, Report};
-use parallax_runtime::gpu_check::{self, CheckArgs, CheckError};
 use std::path::{Path, PathBuf};
 
 pub fn devices(format: Format) -> Result<(), Exit> {
@@ -73,7 +74,7 @@ pub(crate) fn gpu_check(args: Args) -> Result<(), Exit> {
     let (source, plan, base) = compiled(file, set)?;
     let name = &source.experiment.name;
     let mut report = Report::new(name, a.precision.name());
-    let c = gpu_check::check(&source, plan, &base, &a, &mut |p| {
+    let c = gpu::check(&source, plan, &base, &a, &mut |p| {
         // A write error is reported by `say` and fails the command's next line.
         let _ = report.progress(p).map(say);
     });
@@ -106,7 +107,7 @@ fn say(line: Line) -> Result<(), Exit> {
 /// GPU) against the 1-rank step.
 pub fn collectives_check(file: &Path) -> Result<(), Exit> {
     let (source, plan, base) = compiled(file, &[])?;
-    let (rows, ok) = gpu_check::collectives(&source, plan, &base).map_err(|e| fail(file, e))?;
+    let (rows, ok) = collectives::collectives(&source, plan, &base).map_err(|e| fail(file, e))?;
     for row in rows {
         outln!("{row}")?;
     }

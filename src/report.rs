@@ -1,9 +1,9 @@
-//! `parallax report` and `parallax diff` (the library part is `parallax_runtime::report`): a
+//! `parallax report` and `parallax diff` (the library part is `parallax_runtime::run::report`): a
 //! bad input is reported as `error: <path>: <what>` with exit code 1.
 
 use crate::out::emit;
 use crate::Exit;
-use parallax_runtime::report;
+use parallax_runtime::run::report;
 use std::path::{Path, PathBuf};
 
 fn fail(e: report::ReportError) -> Exit {

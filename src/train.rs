@@ -125,7 +125,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         .resume
         .clone()
         .or(args.run_dir.clone())
-        .unwrap_or_else(|| parallax_runtime::run_dir::default_path(&source.experiment.name));
+        .unwrap_or_else(|| parallax_runtime::run::dir::default_path(&source.experiment.name));
     let cfg = TrainConfig {
         steps: args.steps,
         epochs: args.epochs,

@@ -145,13 +145,13 @@ fn running_statistics_are_saved_and_loaded_with_the_weights() {
     let mut e = executor();
     step(&mut e, &sample(1, 2.0), Mode::Train);
     let trained = (state(&e, "0.running_mean"), state(&e, "0.running_var"));
-    let shapes = parallax_runtime::weights::FileShapes::of(e.plan());
-    let bytes = parallax_runtime::weights::to_bytes(&e, &shapes).unwrap();
+    let shapes = parallax_runtime::run::weights::FileShapes::of(e.plan());
+    let bytes = parallax_runtime::run::weights::to_bytes(&e, &shapes).unwrap();
     let file = std::env::temp_dir().join(format!("bn-weights-{}.safetensors", std::process::id()));
     std::fs::write(&file, &bytes).unwrap();
 
     let mut fresh = executor();
-    parallax_runtime::weights::load(&mut fresh as &mut dyn Backend, &shapes, &file).unwrap();
+    parallax_runtime::run::weights::load(&mut fresh as &mut dyn Backend, &shapes, &file).unwrap();
     assert_eq!(state(&fresh, "0.running_mean"), trained.0);
     assert_eq!(state(&fresh, "0.running_var"), trained.1);
 
@@ -167,13 +167,13 @@ fn running_statistics_are_saved_and_loaded_with_the_weights() {
         safetensors::serialize(tensors.clone(), None).unwrap(),
     )
     .unwrap();
-    parallax_runtime::weights::load(&mut fresh as &mut dyn Backend, &shapes, &file).unwrap();
+    parallax_runtime::run::weights::load(&mut fresh as &mut dyn Backend, &shapes, &file).unwrap();
     tensors.push((
         "1.num_batches_tracked".into(),
         tensors.last().unwrap().1.clone(),
     ));
     std::fs::write(&file, safetensors::serialize(tensors, None).unwrap()).unwrap();
-    let err = parallax_runtime::weights::load(&mut fresh as &mut dyn Backend, &shapes, &file)
+    let err = parallax_runtime::run::weights::load(&mut fresh as &mut dyn Backend, &shapes, &file)
         .unwrap_err();
     assert!(err.to_string().contains("1.num_batches_tracked"), "{err}");
     std::fs::remove_file(&file).ok();

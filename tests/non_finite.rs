@@ -13,9 +13,9 @@ use parallax_compiler::{compile, parse_bytes, Options, Plan};
 use parallax_runtime::backend::Backend;
 use parallax_runtime::cpu::{Executor, Mode};
 use parallax_runtime::data::Values;
-use parallax_runtime::finite::{Count, Kind, NonFinite};
+use parallax_runtime::exec::finite::{Count, Kind, NonFinite};
 use parallax_runtime::ranks::{Grid, Ranks};
-use parallax_runtime::weights::FileShapes;
+use parallax_runtime::run::weights::FileShapes;
 use std::path::Path;
 
 /// Runs `parallax train` and expects it refused: exit 1, no panic; returns stderr.
@@ -411,7 +411,7 @@ fn weights_and_checkpoints_are_never_written_non_finite() {
     std::fs::create_dir_all(&dir).unwrap();
     let files = FileShapes::of(cpu.plan());
     let path = dir.join("final.safetensors");
-    let err = parallax_runtime::weights::save(&cpu, &files, &path).unwrap_err();
+    let err = parallax_runtime::run::weights::save(&cpu, &files, &path).unwrap_err();
     assert_eq!(
         err.to_string(),
         format!(
@@ -420,13 +420,13 @@ fn weights_and_checkpoints_are_never_written_non_finite() {
         )
     );
     assert!(!path.exists());
-    let meta = parallax_runtime::checkpoint::Meta {
+    let meta = parallax_runtime::run::checkpoint::Meta {
         step: 4,
         run_id: "r".into(),
         model: "m".into(),
         plan: "p".into(),
     };
-    let err = parallax_runtime::checkpoint::save(&dir, &cpu, &files, &meta, 0).unwrap_err();
+    let err = parallax_runtime::run::checkpoint::save(&dir, &cpu, &files, &meta, 0).unwrap_err();
     assert!(
         err.to_string()
             .contains("step-00000004.safetensors: tensor `0.bias`: value 3 is inf"),

@@ -6,14 +6,14 @@
 
 use parallax_compiler::{compile, parse_bytes, Options, Plan};
 use parallax_runtime::backend::{Backend, ParamValues};
-use parallax_runtime::collective::{total, Partial};
+use parallax_runtime::comm::collective::{total, Partial};
 use parallax_runtime::cpu::kernels::Ctx;
 use parallax_runtime::cpu::{Executor, Mode};
 use parallax_runtime::data::Values;
+use parallax_runtime::exec::finite::{Kind, NonFinite};
 use parallax_runtime::exec::tensor::Tensor;
-use parallax_runtime::exec::{ExecError, RankExecutor};
-use parallax_runtime::finite::{Kind, NonFinite};
-use parallax_runtime::ranks::{DeviceSum, Grid, Ranks, ShardExecutor, SumCall};
+use parallax_runtime::exec::{DeviceSum, ExecError, RankExecutor, SumCall};
+use parallax_runtime::ranks::{Grid, Ranks, ShardExecutor};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Condvar, Mutex};

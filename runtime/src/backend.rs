@@ -4,9 +4,9 @@
 
 use crate::cpu::Executor;
 use crate::data::Values;
+use crate::exec::finite::{Count, Kind, NonFinite};
 use crate::exec::tensor::Tensor;
 use crate::exec::{ExecError, Mode};
-use crate::finite::{Count, Kind, NonFinite};
 
 /// Each parameter's name, shape and values.
 pub type ParamValues = Vec<(String, Vec<usize>, Vec<f32>)>;

@@ -3,7 +3,7 @@
 //! TensorBoard rather than against our reading of it. `scripts/test.sh` installs TensorBoard
 //! into `.tools/tb`.
 
-use parallax_runtime::tensorboard::EventWriter;
+use parallax_runtime::run::tensorboard::EventWriter;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

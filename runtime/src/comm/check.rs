@@ -5,7 +5,7 @@
 //! others report.
 
 use super::{CommError, Communicator};
-use crate::collective::{partials, tree_sum};
+use crate::comm::collective::{partials, tree_sum};
 use parallax_compiler::shards::assign;
 
 /// A fault injected on one rank, at the all-reduce over 5 shards.

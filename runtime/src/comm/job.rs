@@ -2,7 +2,7 @@
 //! variables): the communicator its device trains over, chosen by the launcher (MPI's, or
 //! TCP through rank 0 under torchrun-style variables).
 
-use crate::launch::{Launcher, World};
+use crate::comm::world::{Launcher, World};
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

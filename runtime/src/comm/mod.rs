@@ -9,14 +9,17 @@
 //! communicator's timeout with an error naming the peer and the collective, never a hang.
 
 pub mod check;
+pub mod collective;
 pub mod job;
 #[cfg(feature = "mpi")]
 pub mod mpi;
 mod protocol;
+pub mod rendezvous;
 pub mod tcp;
 pub mod threads;
+pub mod world;
 
-use crate::collective::{CollectiveError, Partial};
+use crate::comm::collective::{CollectiveError, Partial};
 use std::time::Duration;
 
 /// What a communicator call can fail with.

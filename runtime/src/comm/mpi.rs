@@ -10,7 +10,7 @@
 
 use super::protocol::{Message, Transport};
 use super::{CommError, Traffic};
-use crate::collective::Partial;
+use crate::comm::collective::Partial;
 use mpi::point_to_point::{Destination, MatchedReceiveVec, Source};
 use mpi::request::{Request, StaticScope};
 use mpi::topology::{Communicator as _, SimpleCommunicator};

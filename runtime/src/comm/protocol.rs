@@ -6,7 +6,7 @@
 //! transports.
 
 use super::{CommError, Communicator, Traffic};
-use crate::collective::{total, Partial};
+use crate::comm::collective::{total, Partial};
 
 /// What ranks exchange.
 pub(super) enum Message {

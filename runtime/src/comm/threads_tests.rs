@@ -1,5 +1,5 @@
 use super::*;
-use crate::collective::{partials, tree_sum, CollectiveError, Partial};
+use crate::comm::collective::{partials, tree_sum, CollectiveError, Partial};
 use crate::comm::Communicator;
 use parallax_compiler::shards::assign;
 

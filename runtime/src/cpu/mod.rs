@@ -11,8 +11,8 @@ mod stepwise;
 mod storage;
 mod views;
 
+use crate::exec::finite::{Count, Kind, NonFinite};
 pub use crate::exec::{tensor, ExecError, Mode};
-use crate::finite::{Count, Kind, NonFinite};
 use crate::rng;
 use parallax_compiler::ir::Op;
 use parallax_compiler::Plan;

@@ -3,9 +3,9 @@
 use super::{CudaError, CudaExecutor};
 use crate::backend::{Backend, ParamValues};
 use crate::data::Values;
+use crate::exec::finite::NonFinite;
 use crate::exec::tensor::Tensor;
 use crate::exec::{ExecError, Mode};
-use crate::finite::NonFinite;
 
 fn device(e: CudaError) -> ExecError {
     ExecError::Device(e.to_string())

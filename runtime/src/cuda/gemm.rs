@@ -1,8 +1,29 @@
 //! GEMMs through cuBLAS: the plan's row-major matmuls as column-major calls with the operands
 //! swapped (`C^T = op(B)^T op(A)^T`), strided-batched, at the executor's precision.
 
-use super::{CudaError, Precision};
+use super::CudaError;
 use cudarc::cublas::{result as blas_result, sys as blas_sys};
+
+/// How GEMMs compute: exact fp32, TF32 tensor cores, or bf16 tensor-core products with fp32
+/// accumulation and output. Storage, master weights, the optimizer and every other kernel stay fp32
+/// (bf16 keeps fp32's exponent range, so no loss scaling is needed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    Fp32,
+    Tf32,
+    Bf16,
+}
+
+impl Precision {
+    /// As `--precision` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Tf32 => "tf32",
+            Precision::Bf16 => "bf16",
+        }
+    }
+}
 
 /// One matmul's device addresses and sizes (see `codegen::Launch::Gemm`).
 pub(super) struct Gemm {

@@ -16,10 +16,10 @@
 //! it meanwhile) and launched there between two event waits, after what the default stream
 //! has queued (the inputs) and before what it queues next (the loss read back).
 
-use super::exec::CudaExecutor;
+use super::launch::Launcher;
+use super::memory::Memory;
 use super::CudaError;
 use crate::exec::Mode;
-use cudarc::cublas::result as blas;
 use cudarc::driver::{sys, CudaGraph, CudaStream};
 use parallax_compiler::codegen::{Arg, Launch, Module};
 use std::collections::{HashMap, HashSet};
@@ -71,18 +71,17 @@ impl Graphs {
     }
 }
 
-impl CudaExecutor {
+impl Graphs {
     /// What graphs did, for reports: `None` when they are off.
-    pub fn cuda_graphs(&self) -> Option<String> {
-        let g = &self.graphs;
-        if let Some(why) = &g.given_up {
+    pub(super) fn report(&self) -> Option<String> {
+        if let Some(why) = &self.given_up {
             return Some(format!("off: {why}"));
         }
-        g.enabled.then(|| {
+        self.enabled.then(|| {
             format!(
                 "{} step(s) captured, {} replayed",
-                g.captured.len(),
-                g.replayed
+                self.captured.len(),
+                self.replayed
             )
         })
     }
@@ -91,39 +90,36 @@ impl CudaExecutor {
     /// addresses, capturing it on the second such step; `false`: run it directly.
     pub(super) fn run_graph(
         &mut self,
+        launcher: &mut Launcher,
+        mem: &Memory,
         batch: usize,
         mode: Mode,
-        step: u64,
-        first_sample: u64,
+        (step, first_sample): (u64, u64),
     ) -> Result<bool, CudaError> {
-        if !self.graphs.enabled || batch > self.max_batch {
+        if !self.enabled || batch > mem.max_batch {
             return Ok(false);
         }
         let key = (batch, mode);
-        if let Some((graph, addresses)) = self.graphs.captured.get(&key) {
-            if *addresses == self.buffers {
-                self.launch_graph(graph)?;
-                self.graphs.replayed += 1;
-                self.batch = batch;
-                self.last_mode = Some(mode);
+        if let Some((graph, addresses)) = self.captured.get(&key) {
+            if *addresses == mem.buffers {
+                self.launch_graph(launcher, graph)?;
+                self.replayed += 1;
+                launcher.batch = batch;
+                launcher.last_mode = Some(mode);
                 return Ok(true);
             }
-            self.graphs.captured.remove(&key);
+            self.captured.remove(&key);
         }
         // The first step of each kind runs directly (module, GEMM plans).
-        if self.graphs.seen.insert(key) {
+        if self.seen.insert(key) {
             return Ok(false);
         }
         // Per-step arguments are the plan's (dropout), whatever the batch: asked once.
-        if !self
-            .modules
-            .get(&(batch as u64))
-            .is_some_and(|m| replayable(&m.code))
-        {
+        if !launcher.module(batch).is_some_and(replayable) {
             self.give_up("the plan's launches take per-step arguments (dropout)".into());
             return Ok(false);
         }
-        let graph = match self.capture(batch, mode, step, first_sample) {
+        let graph = match self.capture(launcher, mem, batch, mode, (step, first_sample)) {
             Ok(graph) => graph,
             Err(why) => {
                 // Nothing ran: the step runs launch by launch.
@@ -131,85 +127,80 @@ impl CudaExecutor {
                 return Ok(false);
             }
         };
-        self.launch_graph(&graph)?;
-        let addresses = self.buffers.clone();
-        self.graphs.captured.insert(key, (graph, addresses));
+        self.launch_graph(launcher, &graph)?;
+        let addresses = mem.buffers.clone();
+        self.captured.insert(key, (graph, addresses));
         Ok(true)
     }
 
     /// Graphs off for this executor, for `why`.
     fn give_up(&mut self, why: String) {
-        self.graphs.enabled = false;
-        self.graphs.captured.clear();
-        self.graphs.given_up = Some(why);
+        self.enabled = false;
+        self.captured.clear();
+        self.given_up = Some(why);
     }
 
     /// The step run launch by launch into a graph on the graphs' stream; `Err`: why not.
     fn capture(
         &mut self,
+        launcher: &mut Launcher,
+        mem: &Memory,
         batch: usize,
         mode: Mode,
-        step: u64,
-        first_sample: u64,
+        at: (u64, u64),
     ) -> Result<CudaGraph, String> {
-        let stream = match &self.graphs.stream {
+        let stream = match &self.stream {
             Some(s) => s.clone(),
             None => {
-                let s = self.ctx.new_stream().map_err(|e| format!("{e:?}"))?;
-                self.graphs.stream = Some(s.clone());
+                let s = mem.ctx.new_stream().map_err(|e| format!("{e:?}"))?;
+                self.stream = Some(s.clone());
                 s
             }
         };
-        let home = std::mem::replace(&mut self.stream, stream.clone());
-        let captured = self.capture_on(&stream, batch, mode, step, first_sample);
-        self.stream = home;
-        let restored = self.point_blas_at(&self.stream);
+        let home = std::mem::replace(&mut launcher.stream, stream.clone());
+        let captured = capture_on(launcher, mem, &stream, batch, mode, at);
+        launcher.stream = home;
+        let restored = launcher.point_blas_at(&launcher.stream);
         let graph = captured?;
         restored.map_err(|e| e.to_string())?;
         Ok(graph)
     }
 
-    fn capture_on(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        batch: usize,
-        mode: Mode,
-        step: u64,
-        first_sample: u64,
-    ) -> Result<CudaGraph, String> {
-        self.point_blas_at(stream).map_err(|e| e.to_string())?;
-        stream
-            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(|e| format!("{e:?}"))?;
-        let ran = self.run_direct(batch, mode, step, first_sample);
-        // Always ended, so that the stream leaves capture whatever happened.
-        let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-        ran.map_err(|e| e.to_string())?;
-        ended
-            .map_err(|e| format!("{e:?}"))?
-            .ok_or_else(|| "the capture was empty".to_string())
-    }
-
-    /// cuBLAS's launches go to `stream` (cuBLASLt is given its stream at each call).
-    fn point_blas_at(&self, stream: &CudaStream) -> Result<(), CudaError> {
-        // SAFETY: the executor's handle, and a stream of its context.
-        unsafe { blas::set_stream(self.blas, stream.cu_stream() as _) }
-            .map_err(|e| CudaError::Blas(format!("{e:?}")))
-    }
-
     /// Launches `graph` on the graphs' stream, ordered after the work queued on the
     /// executor's stream and before what it queues next.
-    fn launch_graph(&self, graph: &CudaGraph) -> Result<(), CudaError> {
-        let Some(own) = &self.graphs.stream else {
+    fn launch_graph(&self, launcher: &Launcher, graph: &CudaGraph) -> Result<(), CudaError> {
+        let Some(own) = &self.stream else {
             return Err(CudaError::Exec("a graph without its stream".into()));
         };
-        own.join(&self.stream)?;
+        own.join(&launcher.stream)?;
         graph.launch()?;
         if !super::plant::planted(super::plant::Bug::NoSyncBeforeRead) {
-            self.stream.join(own)?;
+            launcher.stream.join(own)?;
         }
         Ok(())
     }
+}
+
+/// The step run launch by launch on `stream`, captured into a graph.
+fn capture_on(
+    launcher: &mut Launcher,
+    mem: &Memory,
+    stream: &Arc<CudaStream>,
+    batch: usize,
+    mode: Mode,
+    (step, first_sample): (u64, u64),
+) -> Result<CudaGraph, String> {
+    launcher.point_blas_at(stream).map_err(|e| e.to_string())?;
+    stream
+        .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(|e| format!("{e:?}"))?;
+    let ran = launcher.run_direct(mem, batch, mode, step, first_sample);
+    // Always ended, so that the stream leaves capture whatever happened.
+    let ended = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    ran.map_err(|e| e.to_string())?;
+    ended
+        .map_err(|e| format!("{e:?}"))?
+        .ok_or_else(|| "the capture was empty".to_string())
 }
 
 #[cfg(test)]

@@ -1,16 +1,67 @@
-//! A step on the GPU: each kernel's launches (generated PTX entries, device copies, GEMMs)
-//! with their arguments resolved to buffer addresses and step constants, queued on the
-//! executor's stream; the step's constants before them (`begin`) and its parameter copies
-//! after (`finish`). Split from `exec` (which allocates, loads and moves values to and
-//! from the host) along that seam.
+//! A step on the GPU: the plan's modules (`module`, one per batch size), and each kernel's
+//! launches (generated PTX entries, device copies, GEMMs through cuBLAS or cuBLASLt) with
+//! their arguments resolved to the addresses of the executor's memory (`memory`) and step
+//! constants, queued on its stream; the step's constants before them (`begin`) and its
+//! parameter copies after (`finish`).
 
-use super::exec::{numel, ArgValue, CudaExecutor};
+use super::gemm::{self, Precision};
+use super::memory::{numel, Memory};
+use super::module::{self, codegen_options, Loaded};
 use super::CudaError;
-use crate::exec::launch_args::{self, LaunchCtx};
+use crate::exec::launch_args::{self, ArgValue, LaunchCtx};
 use crate::exec::Mode;
-use cudarc::driver::{result, sys, CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::cublas::{result as blas, sys as blas_sys};
+use cudarc::driver::{result, sys, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use parallax_compiler::codegen::{self, Arg, Launch, Module};
+use parallax_compiler::Plan;
 use std::collections::HashMap;
+use std::sync::Arc;
+
+/// What launches the plan's kernels: the loaded modules, the GEMM libraries' handles, and
+/// the step under way (its batch and mode).
+pub(super) struct Launcher {
+    /// Where launches go: the executor's stream, or a graph's while it is captured.
+    pub(super) stream: Arc<CudaStream>,
+    pub(super) blas: blas_sys::cublasHandle_t,
+    /// bf16 and tf32 GEMMs with plans cached per shape; `None`: everything on `blas`.
+    pub(super) lt: Option<super::lt::Lt>,
+    pub(super) precision: Precision,
+    pub(super) seed: u64,
+    pub(super) target: &'static str,
+    modules: HashMap<u64, Loaded>,
+    /// Steps that hold one constant, `(step, value)`, filled at the start of every step.
+    fills: Vec<(usize, f32)>,
+    /// Steps holding the `training` flag, filled by `begin` for its mode.
+    training_flags: Vec<usize>,
+    /// The batch of the inputs set last (the batch `run` must be called with).
+    pub(super) batch: usize,
+    /// The mode of the last step begun (`None` before the first): an output a training
+    /// step writes over is read after an eval step only (`Plan::kept_after_training`).
+    pub(super) last_mode: Option<Mode>,
+}
+
+/// A cuBLAS handle on `stream` computing at `precision`.
+pub(super) fn blas_handle(
+    stream: &CudaStream,
+    precision: Precision,
+) -> Result<blas_sys::cublasHandle_t, CudaError> {
+    let handle = blas::create_handle().map_err(|e| CudaError::Blas(format!("{e:?}")))?;
+    // SAFETY: a fresh handle and the context's stream.
+    unsafe {
+        blas::set_stream(handle, stream.cu_stream() as _)
+            .map_err(|e| CudaError::Blas(format!("{e:?}")))?;
+        let mode = match precision {
+            Precision::Fp32 => blas_sys::cublasMath_t::CUBLAS_PEDANTIC_MATH,
+            // Tensor cores for the bf16 operands (accumulation stays fp32).
+            Precision::Bf16 => blas_sys::cublasMath_t::CUBLAS_DEFAULT_MATH,
+            Precision::Tf32 => blas_sys::cublasMath_t::CUBLAS_TF32_TENSOR_OP_MATH,
+        };
+        blas_sys::cublasSetMathMode(handle, mode)
+            .result()
+            .map_err(|e| CudaError::Blas(format!("{e:?}")))?;
+    }
+    Ok(handle)
+}
 
 /// What a launch did: a GEMM that added its bias (`Launch::Gemm::bias`) makes the launch
 /// after it, which would add it again, unneeded.
@@ -20,70 +71,60 @@ enum Ran {
     BiasAdded,
 }
 
-/// What a block gets without opting in (and the ceiling of static shared memory).
-const SHARED_DEFAULT: u32 = 48 * 1024;
-
-/// Whether a kernel `bytes` of dynamic shared memory per block needs the opt-in attribute;
-/// an error naming it when the device's opt-in limit `optin` is below that.
-pub(super) fn dynamic_shared_opt_in(
-    kernel: &str,
-    bytes: u32,
-    optin: u32,
-) -> Result<bool, CudaError> {
-    if bytes > optin {
-        return Err(CudaError::PtxLoad {
-            kernel: kernel.to_string(),
-            message: format!(
-                "it needs {bytes} bytes of shared memory per block, this GPU allows {optin}"
-            ),
-        });
-    }
-    Ok(bytes > SHARED_DEFAULT)
-}
-
-/// Lets each function of a loaded module that launches with more than 48 KB of dynamic shared
-/// memory have it (`CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES`), before its first launch;
-/// refuses sizes past the device's opt-in limit (read once, if any launch needs dynamic memory).
-pub(super) fn prepare_dynamic_shared(
-    ctx: &CudaContext,
-    code: &Module,
-    functions: &HashMap<String, CudaFunction>,
-) -> Result<(), CudaError> {
-    let mut optin = None;
-    for l in code.kernels.iter().flat_map(|k| &k.launches) {
-        let Launch::Kernel { entry, shared, .. } = l else {
-            continue;
-        };
-        if *shared == 0 {
-            continue;
-        }
-        let limit = match optin {
-            Some(n) => n,
-            None => {
-                let a =
-                    sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
-                let n = ctx.attribute(a)?.max(0) as u32;
-                *optin.insert(n)
-            }
-        };
-        if dynamic_shared_opt_in(entry, *shared, limit)? {
-            let f = functions
-                .get(entry)
-                .ok_or_else(|| CudaError::Exec(format!("no kernel `{entry}` in the module")))?;
-            let a = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-            f.set_attribute(a, *shared as i32)?;
+impl Launcher {
+    /// A launcher for `plan` on `stream`, with its cuBLAS handle (cuBLASLt's is set after),
+    /// before any module is loaded.
+    pub(super) fn new(
+        plan: &Plan,
+        stream: Arc<CudaStream>,
+        blas: blas_sys::cublasHandle_t,
+        precision: Precision,
+        seed: u64,
+        target: &'static str,
+        batch: usize,
+    ) -> Launcher {
+        Launcher {
+            stream,
+            blas,
+            lt: None,
+            precision,
+            seed,
+            target,
+            modules: HashMap::new(),
+            fills: plan.fills(),
+            training_flags: plan.training_flags(),
+            batch,
+            last_mode: None,
         }
     }
-    Ok(())
-}
 
-impl CudaExecutor {
+    /// Loads the module of `code`'s batch size.
+    pub(super) fn load(&mut self, ctx: &Arc<CudaContext>, code: Module) -> Result<(), CudaError> {
+        let loaded = module::load(ctx, code)?;
+        self.modules.insert(loaded.code.batch, loaded);
+        Ok(())
+    }
+
+    fn ensure_module(&mut self, mem: &Memory, batch: usize) -> Result<(), CudaError> {
+        if !self.modules.contains_key(&(batch as u64)) {
+            let options = codegen_options(self.precision);
+            let code = codegen::generate_with(&mem.plan, batch as u64, self.target, &options)?;
+            self.load(&mem.ctx, code)?;
+        }
+        Ok(())
+    }
+
+    /// The module of batch `batch`, if loaded.
+    pub(super) fn module(&self, batch: usize) -> Option<&Module> {
+        self.modules.get(&(batch as u64)).map(|m| &m.code)
+    }
+
     /// The device address of a buffer argument (`launch_args::resolve`'s `address`).
-    fn address(&self, a: &Arg) -> Result<u64, String> {
+    fn address(mem: &Memory, a: &Arg) -> Result<u64, String> {
         match *a {
-            Arg::Value(s) => self.ptr(s).map_err(|e| e.to_string()),
-            Arg::Scratch => Ok(self.scratch.ptr),
-            Arg::Staging { at } => Ok(self.staging.ptr + 2 * at),
+            Arg::Value(s) => mem.ptr(s).map_err(|e| e.to_string()),
+            Arg::Scratch => Ok(mem.scratch.ptr),
+            Arg::Staging { at } => Ok(mem.staging.ptr + 2 * at),
             _ => Err("not a buffer argument".into()),
         }
     }
@@ -99,25 +140,27 @@ impl CudaExecutor {
 
     fn resolve(
         &self,
+        mem: &Memory,
         a: &Arg,
         mode: Mode,
         step: u64,
         first_sample: u64,
     ) -> Result<ArgValue, CudaError> {
         let ctx = self.launch_ctx(mode, step, first_sample);
-        launch_args::resolve(a, &ctx, &|x| self.address(x)).map_err(CudaError::Exec)
+        launch_args::resolve(a, &ctx, &|x| Self::address(mem, x)).map_err(CudaError::Exec)
     }
 
     /// A kernel's arguments resolved, each table's words gathered into one value.
     fn resolve_all(
         &self,
+        mem: &Memory,
         args: &[Arg],
         mode: Mode,
         step: u64,
         first_sample: u64,
     ) -> Result<Vec<ArgValue>, CudaError> {
         let ctx = self.launch_ctx(mode, step, first_sample);
-        launch_args::resolve_all(args, &ctx, &|x| self.address(x)).map_err(CudaError::Exec)
+        launch_args::resolve_all(args, &ctx, &|x| Self::address(mem, x)).map_err(CudaError::Exec)
     }
 
     fn launch_entry(
@@ -164,6 +207,7 @@ impl CudaExecutor {
 
     fn run_launch(
         &self,
+        mem: &Memory,
         batch: usize,
         l: &Launch,
         mode: Mode,
@@ -178,7 +222,7 @@ impl CudaExecutor {
                 args,
                 shared,
             } => {
-                let values = self.resolve_all(args, mode, step, first_sample)?;
+                let values = self.resolve_all(mem, args, mode, step, first_sample)?;
                 self.launch_entry(batch, entry, *grid, *block, *shared, &values)?;
                 Ok(Ran::Done)
             }
@@ -188,7 +232,7 @@ impl CudaExecutor {
                 elements,
                 bf16,
             } => {
-                let ptr = |x: &Arg| match self.resolve(x, mode, step, first_sample)? {
+                let ptr = |x: &Arg| match self.resolve(mem, x, mode, step, first_sample)? {
                     ArgValue::U64(p) => Ok(p),
                     _ => Err(CudaError::Exec("a copy operand is not a buffer".into())),
                 };
@@ -223,12 +267,12 @@ impl CudaExecutor {
                 bf16,
                 bias,
             } => {
-                let ptr = |x: &Arg| match self.resolve(x, mode, step, first_sample)? {
+                let ptr = |x: &Arg| match self.resolve(mem, x, mode, step, first_sample)? {
                     ArgValue::U64(p) => Ok(p),
                     _ => Err(CudaError::Exec("a GEMM operand is not a buffer".into())),
                 };
                 let (pa, pb, pc) = (ptr(a)?, ptr(b)?, ptr(c)?);
-                let g = super::gemm::Gemm {
+                let g = gemm::Gemm {
                     pa,
                     pb,
                     pc,
@@ -246,7 +290,7 @@ impl CudaExecutor {
                 if let Some(lt) = &self.lt {
                     if let Some(b) = bias {
                         let [a16, b16, _] = g.bf16;
-                        let with_bias = super::gemm::Gemm {
+                        let with_bias = gemm::Gemm {
                             pc: ptr(&b.out)?,
                             bf16: [a16, b16, b.out_bf16],
                             ..g
@@ -259,7 +303,7 @@ impl CudaExecutor {
                         return Ok(Ran::Done);
                     }
                 }
-                super::gemm::gemm(self.blas, self.precision, &g)?;
+                gemm::gemm(self.blas, self.precision, &g)?;
                 Ok(Ran::Done)
             }
         }
@@ -267,28 +311,33 @@ impl CudaExecutor {
 
     /// Fills the constants of the plan for `batch`, and its `training` flag for `mode`
     /// (before the kernels).
-    pub fn begin(&mut self, batch: usize, mode: Mode) -> Result<(), CudaError> {
-        if batch > self.max_batch {
+    pub(super) fn begin(
+        &mut self,
+        mem: &Memory,
+        batch: usize,
+        mode: Mode,
+    ) -> Result<(), CudaError> {
+        if batch > mem.max_batch {
             return Err(CudaError::Exec(format!(
                 "the batch of {batch} is larger than the {} the executor was sized for",
-                self.max_batch
+                mem.max_batch
             )));
         }
-        self.ensure_module(batch)?;
+        self.ensure_module(mem, batch)?;
         self.batch = batch;
         self.last_mode = Some(mode);
         let training = f32::from(u8::from(mode != Mode::Eval));
         let flags = self.training_flags.iter().map(|&s| (s, training));
         for (step, value) in self.fills.iter().copied().chain(flags) {
-            let n = numel(&self.shape(step, batch));
+            let n = numel(&mem.shape(step, batch));
             if super::plant::planted(super::plant::Bug::SyncCopyInCapture) {
                 let v = vec![value; n as usize];
                 // SAFETY: the step's buffer holds `n` f32 values.
-                unsafe { result::memcpy_htod_sync(self.ptr(step)?, &v)? };
+                unsafe { result::memcpy_htod_sync(mem.ptr(step)?, &v)? };
                 continue;
             }
             let values = [
-                ArgValue::U64(self.ptr(step)?),
+                ArgValue::U64(mem.ptr(step)?),
                 ArgValue::U64(n),
                 ArgValue::F32(value),
             ];
@@ -305,8 +354,9 @@ impl CudaExecutor {
     }
 
     /// Runs kernel `k` of the plan (after `begin`).
-    pub fn run_kernel(
+    pub(super) fn run_kernel(
         &self,
+        mem: &Memory,
         k: usize,
         mode: Mode,
         step: u64,
@@ -314,15 +364,21 @@ impl CudaExecutor {
     ) -> Result<(), CudaError> {
         let batch = self.batch;
         let code = &self.modules[&(batch as u64)].code.kernels[k];
-        self.run_launches(batch, &code.launches, mode, (step, first_sample), |_, _| {
-            Ok(())
-        })
+        self.run_launches(
+            mem,
+            batch,
+            &code.launches,
+            mode,
+            (step, first_sample),
+            |_, _| Ok(()),
+        )
     }
 
     /// Runs `launches` in order, calling `after` with each launch run and what it did; the
     /// launch after a GEMM that added its bias (that bias's own launch) is skipped.
     fn run_launches(
         &self,
+        mem: &Memory,
         batch: usize,
         launches: &[Launch],
         mode: Mode,
@@ -331,7 +387,7 @@ impl CudaExecutor {
     ) -> Result<(), CudaError> {
         let mut launches = launches.iter();
         while let Some(l) = launches.next() {
-            let ran = self.run_launch(batch, l, mode, step, first_sample)?;
+            let ran = self.run_launch(mem, batch, l, mode, step, first_sample)?;
             if ran == Ran::BiasAdded {
                 launches.next();
             }
@@ -342,35 +398,43 @@ impl CudaExecutor {
 
     /// Runs one training step with a CUDA event around every launch and returns the time of
     /// each launch, labelled by what it computes (for `gpu-check --profile`).
-    pub fn profile_step(
+    pub(super) fn profile_step(
         &mut self,
+        mem: &Memory,
         batch: usize,
         step: u64,
     ) -> Result<Vec<(String, f64)>, CudaError> {
-        self.begin(batch, Mode::Train)?;
+        self.begin(mem, batch, Mode::Train)?;
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let mut labels = Vec::new();
-        let first = self.ctx.new_event(flags)?;
+        let first = mem.ctx.new_event(flags)?;
         first.record(&self.stream)?;
         let mut events = vec![first];
-        for k in 0..self.plan.kernels.len() {
+        for k in 0..mem.plan.kernels.len() {
             let code = &self.modules[&(batch as u64)].code.kernels[k];
-            self.run_launches(batch, &code.launches, Mode::Train, (step, 0), |l, ran| {
-                let e = self.ctx.new_event(flags)?;
-                e.record(&self.stream)?;
-                let label = match (l, ran) {
-                    (Launch::Gemm { .. }, Ran::BiasAdded) => {
-                        format!("gemm+bias ({:?})", self.precision)
-                    }
-                    (Launch::Gemm { .. }, _) => format!("gemm ({:?})", self.precision),
-                    (Launch::Kernel { .. } | Launch::Copy { .. }, _) => code.ops.join("+"),
-                };
-                labels.push(label);
-                events.push(e);
-                Ok(())
-            })?;
+            self.run_launches(
+                mem,
+                batch,
+                &code.launches,
+                Mode::Train,
+                (step, 0),
+                |l, ran| {
+                    let e = mem.ctx.new_event(flags)?;
+                    e.record(&self.stream)?;
+                    let label = match (l, ran) {
+                        (Launch::Gemm { .. }, Ran::BiasAdded) => {
+                            format!("gemm+bias ({:?})", self.precision)
+                        }
+                        (Launch::Gemm { .. }, _) => format!("gemm ({:?})", self.precision),
+                        (Launch::Kernel { .. } | Launch::Copy { .. }, _) => code.ops.join("+"),
+                    };
+                    labels.push(label);
+                    events.push(e);
+                    Ok(())
+                },
+            )?;
         }
-        self.finish(Mode::Train)?;
+        self.finish(mem, Mode::Train)?;
         self.stream.synchronize()?;
         labels
             .into_iter()
@@ -380,17 +444,17 @@ impl CudaExecutor {
     }
 
     /// Copies the updated parameters and state over the old (the end of a training step).
-    pub fn finish(&mut self, mode: Mode) -> Result<(), CudaError> {
+    pub(super) fn finish(&mut self, mem: &Memory, mode: Mode) -> Result<(), CudaError> {
         if mode == Mode::Train {
-            for &(p, u) in self.plan.updates.iter() {
+            for &(p, u) in mem.plan.updates.iter() {
                 // Written in place (see the schedule pass).
-                if self.plan.steps[p].buffer == self.plan.steps[u].buffer {
+                if mem.plan.steps[p].buffer == mem.plan.steps[u].buffer {
                     continue;
                 }
-                let n = numel(&self.shape(p, self.batch));
+                let n = numel(&mem.shape(p, self.batch));
                 let values = [
-                    ArgValue::U64(self.ptr(p)?),
-                    ArgValue::U64(self.ptr(u)?),
+                    ArgValue::U64(mem.ptr(p)?),
+                    ArgValue::U64(mem.ptr(u)?),
                     ArgValue::U64(n),
                 ];
                 self.launch_entry(
@@ -406,56 +470,28 @@ impl CudaExecutor {
         Ok(())
     }
 
-    /// Runs one step on a batch of `batch` samples (inputs set before), as the CPU executor:
-    /// replayed from its CUDA graph where it has one (`graph`).
-    pub fn run(
-        &mut self,
-        batch: usize,
-        mode: Mode,
-        step: u64,
-        first_sample: u64,
-    ) -> Result<(), CudaError> {
-        if self.run_graph(batch, mode, step, first_sample)? {
-            return Ok(());
-        }
-        self.run_direct(batch, mode, step, first_sample)
-    }
-
     /// `run` launch by launch.
     pub(super) fn run_direct(
         &mut self,
+        mem: &Memory,
         batch: usize,
         mode: Mode,
         step: u64,
         first_sample: u64,
     ) -> Result<(), CudaError> {
-        self.begin(batch, mode)?;
-        for k in 0..self.plan.kernels.len() {
-            if mode.runs(&self.plan, k) {
-                self.run_kernel(k, mode, step, first_sample)?;
+        self.begin(mem, batch, mode)?;
+        for k in 0..mem.plan.kernels.len() {
+            if mode.runs(&mem.plan, k) {
+                self.run_kernel(mem, k, mode, step, first_sample)?;
             }
         }
-        self.finish(mode)
+        self.finish(mem, mode)
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn dynamic_shared_sizes() {
-        let h100 = 227 * 1024;
-        // Up to 48 KB needs nothing; above, the attribute; past the opt-in, an error.
-        assert!(!dynamic_shared_opt_in("k", 0, h100).unwrap());
-        assert!(!dynamic_shared_opt_in("k", 48 * 1024, h100).unwrap());
-        assert!(dynamic_shared_opt_in("k", 69_632, h100).unwrap());
-        assert!(dynamic_shared_opt_in("k", h100, h100).unwrap());
-        let e = dynamic_shared_opt_in("attn_fwd", 200 * 1024, 163 * 1024).unwrap_err();
-        let text = e.to_string();
-        assert!(
-            text.contains("`attn_fwd`") && text.contains("204800"),
-            "{text}"
-        );
+    /// cuBLAS's launches go to `stream` (cuBLASLt is given its stream at each call).
+    pub(super) fn point_blas_at(&self, stream: &CudaStream) -> Result<(), CudaError> {
+        // SAFETY: the executor's handle, and a stream of its context.
+        unsafe { blas::set_stream(self.blas, stream.cu_stream() as _) }
+            .map_err(|e| CudaError::Blas(format!("{e:?}")))
     }
 }

@@ -4,8 +4,8 @@
 //! TF32), so this uses its `result`/`sys` layer. Exact fp32 stays on cuBLAS sgemm (cuBLASLt's
 //! f32 is not exact), and whatever cuBLASLt cannot run goes back to `gemm::gemm`.
 
-use super::gemm::Gemm;
-use super::{CudaError, Precision};
+use super::gemm::{Gemm, Precision};
+use super::CudaError;
 use cudarc::cublaslt::{result, sys};
 use cudarc::driver::result as driver;
 use std::cell::RefCell;

@@ -12,12 +12,11 @@
 //! What this does not save: a borrower's arena still has room for its own copy (the CPU
 //! executors of a rank drop theirs); separating the persistent buffers from the arena would.
 
-use super::exec::{describe, CudaExecutor, DeviceBuffer, LENT};
+use super::exec::CudaExecutor;
+use super::memory::{describe, Loan, LENT};
 use super::CudaError;
 use crate::exec::{ExecError, Mode, RankExecutor};
-use cudarc::driver::CudaStream;
 use parallax_compiler::ir::DType;
-use std::sync::Arc;
 
 /// A tensor's shape and values, copied to the host.
 pub type Shaped = (Vec<usize>, Vec<f32>);
@@ -28,18 +27,6 @@ pub struct StepCtx {
     pub mode: Mode,
     pub step: u64,
     pub first_sample: u64,
-}
-
-/// The parameters and optimizer state one executor lends another of the same rank, on the
-/// same GPU (see the module's comment).
-pub struct Loan {
-    /// `(plan buffer, device address, elements)`, parameters then state.
-    buffers: Vec<(usize, u64, u64)>,
-    /// The arena the addresses point into.
-    home: Arc<DeviceBuffer>,
-    ordinal: usize,
-    /// The lender's stream: its queued updates must land before another stream reads them.
-    stream: Arc<CudaStream>,
 }
 
 impl RankExecutor for CudaExecutor {
@@ -53,10 +40,10 @@ impl RankExecutor for CudaExecutor {
         step: u64,
         first_sample: u64,
     ) -> Result<StepCtx, ExecError> {
-        if batch > self.max_batch {
+        if batch > self.mem.max_batch {
             return Err(ExecError::BatchTooLarge {
                 batch,
-                max: self.max_batch,
+                max: self.mem.max_batch,
             });
         }
         // A rank's thread may not be the one that built the executor: raw driver calls
@@ -66,7 +53,7 @@ impl RankExecutor for CudaExecutor {
             what: "the step's constants".into(),
             source: Box::new(e),
         };
-        self.ctx.bind_to_thread().map_err(|e| fail(e.into()))?;
+        self.mem.ctx.bind_to_thread().map_err(|e| fail(e.into()))?;
         self.begin(batch, mode).map_err(fail)?;
         Ok(StepCtx {
             mode,
@@ -76,11 +63,12 @@ impl RankExecutor for CudaExecutor {
     }
 
     fn run_kernel(&mut self, k: usize, ctx: &StepCtx) -> Result<(), ExecError> {
-        let step = self.plan.kernels[k].steps.last().copied().unwrap_or(0);
+        let step = self.mem.plan.kernels[k].steps.last().copied().unwrap_or(0);
         // `begin_step` ran on the caller's thread; a rank's kernels run on its own, and the
         // raw cuBLASLt and driver calls act on the thread's current context (without it,
         // device 0's, or none). Cheap when already current.
-        self.ctx
+        self.mem
+            .ctx
             .bind_to_thread()
             .map_err(|e| self.failed(step, format!("kernel {k}: binding its GPU"), e.into()))?;
         CudaExecutor::run_kernel(self, k, ctx.mode, ctx.step, ctx.first_sample)
@@ -93,10 +81,12 @@ impl RankExecutor for CudaExecutor {
         }
         let n = self.elements(step);
         // Any thread may read (see `run_kernel`).
-        self.ctx
+        self.mem
+            .ctx
             .bind_to_thread()
             .map_err(|e| self.failed(step, "binding its GPU".into(), e.into()))?;
-        self.download_f32(step, n)
+        self.mem
+            .download_f32(step, n)
             .map(Some)
             .map_err(|e| self.failed(step, "copying to the host".into(), e))
     }
@@ -111,16 +101,18 @@ impl RankExecutor for CudaExecutor {
                 "step {step} received values, but this executor holds no f32 value of it (another stage's, or not f32)"
             )));
         }
-        check_len(step, &self.shape(step, self.batch), values.len())?;
-        self.ctx
+        check_len(step, &self.mem.shape(step, self.launch.batch), values.len())?;
+        self.mem
+            .ctx
             .bind_to_thread()
             .map_err(|e| self.failed(step, "binding its GPU".into(), e.into()))?;
-        self.upload_f32(step, values)
+        self.mem
+            .upload_f32(step, values)
             .map_err(|e| self.failed(step, "copying from the host".into(), e))
     }
 
     fn finish_step(&mut self, mode: Mode) -> Result<(), ExecError> {
-        let bound = self.ctx.bind_to_thread().map_err(CudaError::from);
+        let bound = self.mem.ctx.bind_to_thread().map_err(CudaError::from);
         bound
             .and_then(|()| self.finish(mode))
             .map_err(|e| ExecError::Cuda {
@@ -131,23 +123,23 @@ impl RankExecutor for CudaExecutor {
     }
 
     fn take_persistent(&mut self) -> Loan {
-        if let Some(refused) = self.refused.take() {
+        if let Some(refused) = self.mem.refused.take() {
             return refused;
         }
         let buffers = self
             .persistent_buffers()
             .into_iter()
             .map(|b| {
-                let lent = (b, self.buffers[b], self.capacity[b]);
-                self.buffers[b] = LENT;
+                let lent = (b, self.mem.buffers[b], self.mem.capacity[b]);
+                self.mem.buffers[b] = LENT;
                 lent
             })
             .collect();
         Loan {
             buffers,
-            home: self.persistent_home.clone(),
-            ordinal: self.ctx.ordinal(),
-            stream: self.stream.clone(),
+            home: self.mem.persistent_home.clone(),
+            ordinal: self.mem.ctx.ordinal(),
+            stream: self.mem.stream.clone(),
         }
     }
 
@@ -155,20 +147,20 @@ impl RankExecutor for CudaExecutor {
         let mine: Vec<(usize, u64)> = self
             .persistent_buffers()
             .into_iter()
-            .map(|b| (b, self.capacity[b]))
+            .map(|b| (b, self.mem.capacity[b]))
             .collect();
         let theirs: Vec<(usize, u64)> = loan.buffers.iter().map(|l| (l.0, l.2)).collect();
-        if let Some(why) = loan_refusal(self.ctx.ordinal(), &mine, loan.ordinal, &theirs) {
-            self.refused = Some(loan);
+        if let Some(why) = loan_refusal(self.mem.ctx.ordinal(), &mine, loan.ordinal, &theirs) {
+            self.mem.refused = Some(loan);
             return Err(ExecError::Device(format!(
                 "parameters and optimizer state lent between executors: {why}"
             )));
         }
         // Executors of one GPU share its default stream (in order); any other stream must
         // finish the lender's updates first.
-        if loan.stream.cu_stream() != self.stream.cu_stream() {
+        if loan.stream.cu_stream() != self.mem.stream.cu_stream() {
             if let Err(e) = loan.stream.synchronize() {
-                self.refused = Some(loan);
+                self.mem.refused = Some(loan);
                 return Err(ExecError::Cuda {
                     step: 0,
                     what: "waiting for the lender's stream".into(),
@@ -177,9 +169,9 @@ impl RankExecutor for CudaExecutor {
             }
         }
         for &(b, address, _) in &loan.buffers {
-            self.buffers[b] = address;
+            self.mem.buffers[b] = address;
         }
-        self.persistent_home = loan.home;
+        self.mem.persistent_home = loan.home;
         Ok(())
     }
 }
@@ -189,12 +181,12 @@ impl CudaExecutor {
     /// marks (a pipeline stage's, as `plan.kernel_mask` gives them); `None`: every value.
     /// Every buffer stays allocated: this changes what `read` offers, not memory.
     pub fn hold_only(&mut self, owned: Option<&[bool]>) {
-        self.held = self.plan.steps_touched(owned);
+        self.mem.held = self.mem.plan.steps_touched(owned);
     }
 
     /// Bytes its allocations hold: the arena of the plan's buffers and the scratch.
     pub fn allocated_bytes(&self) -> u64 {
-        (self._arena.bytes + self.scratch.bytes) as u64
+        (self.mem.arena.bytes + self.mem.scratch.bytes) as u64
     }
 
     /// Parameter (or, with `state`, optimizer state) `name` and its values, copied to the
@@ -204,14 +196,14 @@ impl CudaExecutor {
             return Ok(None);
         };
         let id = self.persistent_step(name, state).unwrap_or(0);
-        let v = self.download_f32(id, shape.iter().product())?;
+        let v = self.mem.download_f32(id, shape.iter().product())?;
         Ok(Some((shape, v)))
     }
 
     /// The shape of parameter (or state) `name`.
     pub fn persistent_shape(&self, name: &str, state: bool) -> Option<Vec<usize>> {
         let id = self.persistent_step(name, state)?;
-        Some(self.shape(id, 1).iter().map(|&d| d as usize).collect())
+        Some(self.mem.shape(id, 1).iter().map(|&d| d as usize).collect())
     }
 
     fn persistent_step(&self, name: &str, state: bool) -> Option<usize> {
@@ -221,7 +213,8 @@ impl CudaExecutor {
 
     /// Step `step`'s shape at the current batch.
     pub fn value_shape(&self, step: usize) -> Vec<usize> {
-        self.shape(step, self.batch)
+        self.mem
+            .shape(step, self.launch.batch)
             .iter()
             .map(|&d| d as usize)
             .collect()
@@ -229,15 +222,18 @@ impl CudaExecutor {
 
     fn readable(&self, step: usize) -> bool {
         readable(
-            self.slot.get(step).copied().flatten(),
-            self.held.get(step).copied().unwrap_or(false),
-            self.plan.steps.get(step).map(|s| s.ty.dtype),
+            self.mem.slot.get(step).copied().flatten(),
+            self.mem.held.get(step).copied().unwrap_or(false),
+            self.mem.plan.steps.get(step).map(|s| s.ty.dtype),
         )
     }
 
     /// Elements of `step`'s value at the current batch.
     fn elements(&self, step: usize) -> usize {
-        self.shape(step, self.batch).iter().product::<u64>() as usize
+        self.mem
+            .shape(step, self.launch.batch)
+            .iter()
+            .product::<u64>() as usize
     }
 
     /// The plan buffers of the parameters, then the optimizer state.
@@ -245,12 +241,12 @@ impl CudaExecutor {
         self.params
             .iter()
             .chain(&self.states)
-            .filter_map(|p| self.slot[p.1])
+            .filter_map(|p| self.mem.slot[p.1])
             .collect()
     }
 
     fn failed(&self, step: usize, doing: String, source: CudaError) -> ExecError {
-        let what = self.plan.steps.get(step).map_or(doing.clone(), |s| {
+        let what = self.mem.plan.steps.get(step).map_or(doing.clone(), |s| {
             format!("{doing}: {}", describe(&s.op, &s.layer))
         });
         ExecError::Cuda {

@@ -7,7 +7,7 @@ use std::path::Path;
 
 /// Reads a whole file; a gzip'd file (starting with `1f 8b`) is decompressed.
 pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
-    let bytes = crate::host_memory::read_whole(path).map_err(|source| DataError::Io {
+    let bytes = crate::exec::host_memory::read_whole(path).map_err(|source| DataError::Io {
         path: path.to_path_buf(),
         source,
     })?;

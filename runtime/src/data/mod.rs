@@ -360,13 +360,13 @@ fn files(data: &Data, base_dir: &Path) -> Option<(String, String)> {
 /// split): one would reach the weights through the model, hidden from the loss by a ReLU
 /// or a max-pooling, or make every validation loss NaN.
 fn check_finite(v: &[f32], n: usize, file: &str, part: &'static str) -> Result<(), DataError> {
-    let Some(c) = crate::finite::Count::of(v) else {
+    let Some(c) = crate::exec::finite::Count::of(v) else {
         return Ok(());
     };
     let per = (v.len() / n.max(1)).max(1);
     let samples = v
         .chunks(per)
-        .filter(|s| !crate::finite::all_finite(s))
+        .filter(|s| !crate::exec::finite::all_finite(s))
         .count();
     Err(DataError::NonFinite {
         file: file.to_string(),

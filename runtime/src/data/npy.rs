@@ -9,7 +9,7 @@
 
 use super::array::{Elem, RawArray, Stream};
 use super::{DataError, Labels, ModelIo, Raw, Values};
-use crate::host_memory::available_bytes;
+use crate::exec::host_memory::available_bytes;
 use parallax_compiler::plan::bytes;
 use std::path::Path;
 

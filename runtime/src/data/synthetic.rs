@@ -43,7 +43,7 @@ fn elements(data: &str, a: usize, b: usize) -> Result<usize, DataError> {
     // Checked before generating: the values are 4 bytes each, held twice for a moment (as
     // generated, then split into the training and validation sets).
     let needed = 8 * n as u64;
-    if let Some(available) = crate::host_memory::available_bytes().filter(|&m| needed > m) {
+    if let Some(available) = crate::exec::host_memory::available_bytes().filter(|&m| needed > m) {
         return Err(DataError::Config(format!(
             "{data}: {a} samples of {b} values need {} of memory, but this machine has {} available; lower `samples`",
             parallax_compiler::plan::bytes(needed),

@@ -2,11 +2,14 @@
 //! the errors of running one (the CPU executor's, a rank's exchanges, another backend's). The
 //! CPU executor, the CUDA executor, the ranks and training all speak these types.
 
+pub mod finite;
+pub mod grid;
+pub mod host_memory;
 pub mod launch_args;
 mod rank;
 pub mod tensor;
 
-pub use rank::RankExecutor;
+pub use rank::{DeviceSum, RankExecutor, SumCall};
 
 use parallax_compiler::ir::Phase;
 use parallax_compiler::Plan;

@@ -36,3 +36,30 @@ pub trait RankExecutor {
     /// is kept as it came: the next `take_persistent` returns it, for the lender to take back.
     fn put_persistent(&mut self, persistent: Self::Persistent) -> Result<(), ExecError>;
 }
+
+/// A device's sums over micro-shards done where its values live (GPU ranks over NCCL), in
+/// place of the host path (each shard's values read, summed along the fixed tree through
+/// the communicator). It must give the same bits: the fixed tree over the step's shards.
+pub trait DeviceSum<E>: Send {
+    /// Sums step `call.operand` over the step's shards into step `call.out` of each of this
+    /// device's `shards` that ran this step (of `shards[0]` when none did); with
+    /// `call.root`, only that member needs the total.
+    fn sum(&mut self, shards: &mut [E], call: &SumCall) -> Result<(), ExecError>;
+}
+
+/// One sum over shards, as every member of its group sees it.
+#[derive(Debug)]
+pub struct SumCall<'a> {
+    /// The devices (world ranks) taking part, in data-rank order.
+    pub group: &'a [usize],
+    /// The shards of the step each member holds (member `q`: `held[q]`).
+    pub held: &'a [std::ops::Range<usize>],
+    /// This device's place in `group`.
+    pub member: usize,
+    /// Shards in the step.
+    pub leaves: usize,
+    pub operand: usize,
+    pub out: usize,
+    /// The member that needs the total (`None`: every member).
+    pub root: Option<usize>,
+}

@@ -18,24 +18,27 @@ use crate::comm::threads::{ThreadComm, Threads};
 use crate::comm::Communicator;
 
 mod backend;
-pub mod nccl_sum;
+pub mod loss_share;
+mod nccl;
+pub mod placement;
 mod rank;
 pub mod shard;
 use crate::cpu::Executor;
 use crate::data::Values;
 use crate::exec::tensor as slice;
-use crate::exec::ExecError;
+use crate::exec::{DeviceSum, ExecError};
 use parallax_compiler::plan::bytes;
 use parallax_compiler::shards::{assign, Sharding};
 use parallax_compiler::Plan;
 use rank::Device;
-pub use shard::{DeviceSum, ShardExecutor, SumCall};
+use shard::Held;
+pub use shard::ShardExecutor;
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-pub use crate::grid::Grid;
+pub use crate::exec::grid::Grid;
 
 /// How long a device waits for another by default.
 const TIMEOUT: Duration = Duration::from_secs(600);
@@ -61,9 +64,6 @@ enum Links {
     /// One device of a job of processes, over the job's communicator.
     Process(Peers),
 }
-
-/// A tensor's shape and values, as one rank passes it to the others.
-type Held = (Vec<usize>, Vec<f32>);
 
 /// What `Ranks::fetch` reads on the device that holds a value.
 type Read<'a, E> = dyn Fn(&Device<E>) -> Result<Option<Held>, ExecError> + 'a;
@@ -241,7 +241,7 @@ impl<E: ShardExecutor> Ranks<E> {
             })
             .collect::<Result<_, ExecError>>()?;
         let ranks = Ranks {
-            counts_labels: crate::loss_share::counts_labels(&plan),
+            counts_labels: crate::ranks::loss_share::counts_labels(&plan),
             plan,
             sharding,
             grid,

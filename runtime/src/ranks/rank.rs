@@ -9,10 +9,10 @@
 //! buffered, so a peer never waits on a send; the earliest blocked call therefore always has
 //! its messages on the way.
 
-use super::shard::{DeviceSum, SumCall};
 use super::Grid;
-use crate::collective::{partials, Partial};
+use crate::comm::collective::{partials, Partial};
 use crate::comm::{CommError, Communicator};
+use crate::exec::{DeviceSum, SumCall};
 use crate::exec::{ExecError, Mode, RankExecutor};
 use parallax_compiler::ir::{Group, Op, Phase};
 use parallax_compiler::Plan;

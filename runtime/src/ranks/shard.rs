@@ -3,14 +3,16 @@
 //! state by name, and a step's value with its shape. The CPU executor and the CUDA executor
 //! both provide it, so simulated devices and GPU ranks run the same device code.
 
-use super::Held;
 use crate::backend::Backend;
 use crate::cpu::Executor;
 use crate::cuda::{CudaExecutor, Precision};
+use crate::exec::finite::Kind;
 use crate::exec::{ExecError, RankExecutor};
-use crate::finite::Kind;
 use parallax_compiler::Plan;
 use std::borrow::Cow;
+
+/// A tensor's shape and values, as one rank passes it to the others.
+pub(super) type Held = (Vec<usize>, Vec<f32>);
 
 pub trait ShardExecutor: RankExecutor<Ctx: Sync> + Backend + Send + Sized {
     /// Bytes its buffers hold.
@@ -27,33 +29,6 @@ pub trait ShardExecutor: RankExecutor<Ctx: Sync> + Backend + Send + Sized {
     fn checked(&self) -> Vec<(Kind, String, usize)>;
     /// Step `step`'s f32 value, where held.
     fn held_f32(&self, step: usize) -> Result<Option<Cow<'_, [f32]>>, ExecError>;
-}
-
-/// A device's sums over micro-shards done where its values live (GPU ranks over NCCL), in
-/// place of the host path (each shard's values read, summed along the fixed tree through
-/// the communicator). It must give the same bits: the fixed tree over the step's shards.
-pub trait DeviceSum<E>: Send {
-    /// Sums step `call.operand` over the step's shards into step `call.out` of each of this
-    /// device's `shards` that ran this step (of `shards[0]` when none did); with
-    /// `call.root`, only that member needs the total.
-    fn sum(&mut self, shards: &mut [E], call: &SumCall) -> Result<(), ExecError>;
-}
-
-/// One sum over shards, as every member of its group sees it.
-#[derive(Debug)]
-pub struct SumCall<'a> {
-    /// The devices (world ranks) taking part, in data-rank order.
-    pub group: &'a [usize],
-    /// The shards of the step each member holds (member `q`: `held[q]`).
-    pub held: &'a [std::ops::Range<usize>],
-    /// This device's place in `group`.
-    pub member: usize,
-    /// Shards in the step.
-    pub leaves: usize,
-    pub operand: usize,
-    pub out: usize,
-    /// The member that needs the total (`None`: every member).
-    pub root: Option<usize>,
 }
 
 /// Builds the executor of one micro-shard of a device: `(plan, device, the kernels of its

@@ -176,7 +176,7 @@ pub fn parallel_devices(
     let Some(dir) = resumed else {
         return (gpus.or((file_gpus > 1).then_some(file_gpus)), None, false);
     };
-    match (crate::run_record::RunRecord::split_of(dir), gpus) {
+    match (crate::run::record::RunRecord::split_of(dir), gpus) {
         (Some(r), None) => {
             let s = r.strategy;
             (Some(s.dp * s.tp * s.pp), Some(r), false)

@@ -2,7 +2,7 @@
 
 use crate::data::DataError;
 use crate::exec::ExecError;
-use crate::weights::WeightsError;
+use crate::run::weights::WeightsError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -38,14 +38,14 @@ pub enum TrainError {
     #[error(transparent)]
     Cuda(#[from] crate::cuda::CudaError),
     #[error(transparent)]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    Checkpoint(#[from] crate::run::checkpoint::CheckpointError),
     /// The plan's buffers would not fit in the machine's memory (checked before allocating).
     #[error(transparent)]
-    Memory(#[from] crate::host_memory::TooLarge),
+    Memory(#[from] crate::exec::host_memory::TooLarge),
     #[error(transparent)]
-    RunDir(#[from] crate::run_dir::RunDirError),
+    RunDir(#[from] crate::run::dir::RunDirError),
     #[error(transparent)]
-    Resume(#[from] crate::resume::ResumeError),
+    Resume(#[from] crate::run::resume::ResumeError),
     /// A resumed run that had already finished: its final weights and summary are written.
     #[error("{dir}: the run finished: its {steps} steps are all done (final.safetensors and summary.json are written); ask for more with --steps N, N > {steps}")]
     Finished { dir: String, steps: u64 },
@@ -88,7 +88,7 @@ fn at(step: u64, epoch: Option<u64>) -> String {
 
 /// What a [`TrainError::NonFinite`] of a training step names: the loss, and the first tensor
 /// holding a non-finite value.
-pub(super) fn non_finite(loss: f32, tensor: Option<crate::finite::NonFinite>) -> String {
+pub(super) fn non_finite(loss: f32, tensor: Option<crate::exec::finite::NonFinite>) -> String {
     match (loss.is_finite(), tensor) {
         (true, Some(t)) => format!(
             "{t} went non-finite, which the loss ({}) does not show",

@@ -2,7 +2,7 @@
 //! on what they run before anything is written.
 
 use super::TrainError;
-use crate::launch::Fingerprint;
+use crate::comm::world::Fingerprint;
 use crate::ranks::{lock, Peers};
 use parallax_compiler::Plan;
 

@@ -27,7 +27,7 @@ use crate::backend::Backend;
 use crate::cpu::Executor;
 use crate::data::Values;
 use crate::ranks::{lock, Peers};
-use crate::weights;
+use crate::run::weights;
 use parallax_compiler::dsl::ast::Loss;
 use parallax_compiler::{Plan, Source};
 use serde::Serialize;
@@ -143,7 +143,7 @@ fn train_with(
     // The folder is checked and held before anything is loaded; a run that fails to start
     // leaves behind no folder it made.
     let held = match writes {
-        true => Some(crate::run_dir::RunDir::open(&cfg.run_dir, cfg.resume)?),
+        true => Some(crate::run::dir::RunDir::open(&cfg.run_dir, cfg.resume)?),
         false => None,
     };
     let result = train_in(source, plan, cfg, peers, writes, on_event);
@@ -195,16 +195,16 @@ fn train_in(
     let dir = &cfg.run_dir;
     // Every rank gathers the tensors (the same reads in the same order); one writes them.
     let save_checkpoint = |exec: &dyn Backend, step: u64| {
-        let meta = crate::checkpoint::Meta {
+        let meta = crate::run::checkpoint::Meta {
             step,
             run_id: o.id.clone(),
             model: o.model.clone(),
             plan: o.plan_label.clone(),
         };
-        let values = crate::checkpoint::values(exec)?;
-        let path = crate::checkpoint::path_for(dir, step);
+        let values = crate::run::checkpoint::values(exec)?;
+        let path = crate::run::checkpoint::path_for(dir, step);
         if writes {
-            crate::checkpoint::write(dir, values, &o.file_shapes, &meta, o.keep)?;
+            crate::run::checkpoint::write(dir, values, &o.file_shapes, &meta, o.keep)?;
         }
         Ok::<_, TrainError>(path)
     };
@@ -269,7 +269,7 @@ fn train_in(
         batches_without_labels: t.without_labels,
         skipped_files: (skipped_files > 0).then_some(skipped_files as u64),
     };
-    let summary_path = dir.join(crate::resume::SUMMARY);
+    let summary_path = dir.join(crate::run::resume::SUMMARY);
     let text = serde_json::to_string_pretty(&summary).expect("a summary serialises") + "\n";
     if writes {
         write_atomic(&summary_path, text.as_bytes())?;
@@ -294,11 +294,11 @@ fn continued(
     continues: bool,
     at: u64,
     total: u64,
-) -> Result<crate::resume::Logged, TrainError> {
+) -> Result<crate::run::resume::Logged, TrainError> {
     if !continues {
         return Ok((None, None));
     }
-    let path = dir.join(crate::resume::SUMMARY);
+    let path = dir.join(crate::run::resume::SUMMARY);
     match std::fs::remove_file(&path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(&path)(e)),
         _ => {}
@@ -307,7 +307,7 @@ fn continued(
         return Ok((None, None));
     }
     let text = std::fs::read_to_string(dir.join("metrics.jsonl")).unwrap_or_default();
-    Ok(crate::resume::logged_at(&text, total))
+    Ok(crate::run::resume::logged_at(&text, total))
 }
 
 /// A backend, and what each device of a partitioned plan allocated.
@@ -386,5 +386,5 @@ fn labelled_but_all_ignored(loss: &Loss, targets: &Values) -> bool {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), TrainError> {
-    crate::files::write_atomic(path, bytes).map_err(io_err(path))
+    crate::run::atomic::write_atomic(path, bytes).map_err(io_err(path))
 }

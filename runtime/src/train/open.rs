@@ -8,8 +8,8 @@ use super::session::{run_id, SessionData};
 use super::{backend, continued, job, resolved, write_atomic, Device, TrainConfig, TrainError};
 use crate::backend::Backend;
 use crate::ranks::{lock, Peers};
-use crate::resume::Logged;
-use crate::weights::{self, FileShapes};
+use crate::run::resume::Logged;
+use crate::run::weights::{self, FileShapes};
 use parallax_compiler::dsl::ast::Experiment;
 use parallax_compiler::{Plan, Source};
 
@@ -68,10 +68,10 @@ pub(super) fn open(
         "dp{}.tp{}.pp{} {}",
         plan.strategy.dp, plan.strategy.tp, plan.strategy.pp, plan.device_kind
     );
-    let plan_record = crate::run_record::PlanRecord::of(&plan);
+    let plan_record = crate::run::record::PlanRecord::of(&plan);
     // Checked before the data is loaded or anything allocated (a GPU's is `compile`'s).
     if !matches!(cfg.device, Device::Cuda(_) | Device::CudaRanks(_)) {
-        crate::host_memory::check(&plan, cfg.device.simulated().map(|s| s.grid))?;
+        crate::exec::host_memory::check(&plan, cfg.device.simulated().map(|s| s.grid))?;
     }
     let mut session =
         SessionData::load(source, &plan, batch_size, seed, &cfg.base_dir, start_step)?;
@@ -89,10 +89,10 @@ pub(super) fn open(
     if let Some(init) = &cfg.init {
         weights::load(exec.as_mut(), &file_shapes, init)?;
     }
-    let model = crate::checkpoint::fingerprint(&exec.param_values()?, &exec.state_values()?);
+    let model = crate::run::checkpoint::fingerprint(&exec.param_values()?, &exec.state_values()?);
     let mut changes = Vec::new();
     if let Some(r) = &resume {
-        crate::checkpoint::load(&r.checkpoint, exec.as_mut(), &file_shapes)?;
+        crate::run::checkpoint::load(&r.checkpoint, exec.as_mut(), &file_shapes)?;
         // The run's identity as its experiment reads now, without this command's budget.
         let unextended = TrainConfig {
             steps: None,
@@ -124,11 +124,11 @@ pub(super) fn open(
             write_atomic(&dir.join(super::CLASSES), text.as_bytes())?;
         }
     }
-    let record_path = dir.join(crate::run_record::FILE);
+    let record_path = dir.join(crate::run::record::FILE);
     let devices = cfg.device.describe(peers.is_some());
     let record = match &resume {
         // The record of the run being continued, with this continuation noted.
-        Some(r) => r.record_with(crate::run_record::Continuation {
+        Some(r) => r.record_with(crate::run::record::Continuation {
             from_step: start_step,
             run_id: id.clone(),
             data_sha256: Some(session.data_hash.clone()),
@@ -138,7 +138,7 @@ pub(super) fn open(
             accepted_changes: changes.iter().map(|c| c.to_string()).collect(),
             plan: Some(plan_record),
         }),
-        None => crate::run_record::RunRecord {
+        None => crate::run::record::RunRecord {
             run_id: id.clone(),
             data_sha256: session.data_hash.clone(),
             parallax_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -199,11 +199,11 @@ fn budget(exp: &Experiment, per_epoch: u64) -> Result<u64, TrainError> {
 /// a second crash loses no more. A run that is done is refused as such.
 fn resumption(
     cfg: &TrainConfig,
-) -> Result<(Option<crate::resume::Resume>, u64, u64, usize), TrainError> {
+) -> Result<(Option<crate::run::resume::Resume>, u64, u64, usize), TrainError> {
     let dir = &cfg.run_dir;
     if let Some(steps) = cfg
         .resume
-        .then(|| crate::resume::finished(dir, cfg.steps))
+        .then(|| crate::run::resume::finished(dir, cfg.steps))
         .flatten()
     {
         return Err(TrainError::Finished {
@@ -212,7 +212,7 @@ fn resumption(
         });
     }
     let resume = if cfg.resume {
-        Some(crate::resume::Resume::newest(dir)?)
+        Some(crate::run::resume::Resume::newest(dir)?)
     } else {
         None
     };

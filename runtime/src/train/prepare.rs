@@ -5,10 +5,10 @@
 //! back as notes, what stops the run as a [`PrepareError`].
 
 use super::config::{parallel_devices, CudaRanks, Device, Simulated};
+use crate::comm::world::{LaunchError, Launcher, World};
 use crate::cuda::{CudaError, Devices, Precision};
-use crate::gpu_placement::{self, PlacementError};
-use crate::launch::{LaunchError, Launcher, World};
-use crate::run_record::RunRecord;
+use crate::ranks::placement::{self, PlacementError};
+use crate::run::record::RunRecord;
 use parallax_compiler::target::{self, Split, TargetError};
 use parallax_compiler::{partition, Options, Plan, Source};
 use std::path::Path;
@@ -160,7 +160,7 @@ pub fn decide(
             precision,
             first_gpu: p.first_gpu,
             gpus: p.gpus,
-            nccl: (env(crate::ranks::nccl_sum::ENV).as_deref() == Some("1"))
+            nccl: (env(crate::cuda::nccl::sum::ENV).as_deref() == Some("1"))
                 .then_some(want.collective_timeout),
         }),
         (Some(s), _, _) => Device::Simulated(s),
@@ -186,12 +186,12 @@ fn placement(
     world: &World,
     found: &Devices,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<gpu_placement::Placement, PlacementError> {
+) -> Result<placement::Placement, PlacementError> {
     let memory: Vec<u64> = found.gpus.iter().map(|g| g.memory_bytes).collect();
-    let share = gpu_placement::share_asked(env);
+    let share = placement::share_asked(env);
     match in_job {
-        true => gpu_placement::in_job(world.rank, world.local_rank, &memory, share),
-        false => gpu_placement::in_process(n as usize, &memory, share),
+        true => placement::in_job(world.rank, world.local_rank, &memory, share),
+        false => placement::in_process(n as usize, &memory, share),
     }
 }
 

@@ -3,7 +3,7 @@
 //! other ranks of a job log nothing, through the same calls.
 
 use super::TrainError;
-use crate::tensorboard::EventWriter;
+use crate::run::tensorboard::EventWriter;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
@@ -39,8 +39,8 @@ impl Records {
         let metrics_path = dir.join("metrics.jsonl");
         if resume {
             let old = std::fs::read_to_string(&metrics_path).unwrap_or_default();
-            let kept = crate::resume::metrics_through(&old, start_step);
-            crate::files::write_atomic(&metrics_path, kept.as_bytes())
+            let kept = crate::run::resume::metrics_through(&old, start_step);
+            crate::run::atomic::write_atomic(&metrics_path, kept.as_bytes())
                 .map_err(io_err(&metrics_path))?;
         }
         let metrics = BufWriter::new(

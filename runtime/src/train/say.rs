@@ -3,7 +3,7 @@
 
 use super::config::Device;
 use super::{Event, Summary};
-use crate::launch::World;
+use crate::comm::world::World;
 use parallax_compiler::Plan;
 
 /// The devices `plan` runs on, as the start line names them (`in_job`: this process is one

@@ -13,8 +13,8 @@ use super::{model_output, UseError, Weights};
 use crate::backend::Backend;
 use crate::data::Values;
 use crate::exec::Mode;
+use crate::run::weights::FileShapes;
 use crate::train::{backend, Device};
-use crate::weights::FileShapes;
 use parallax_compiler::plan::POSITION;
 use parallax_compiler::{Plan, Source};
 

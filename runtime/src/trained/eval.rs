@@ -4,8 +4,8 @@
 
 use super::{model_output, UseError, Weights};
 use crate::data::{self, Dataset, EvalSet, ModelIo};
+use crate::run::weights::FileShapes;
 use crate::train::{backend, model_io, Device, SessionData, Validator};
-use crate::weights::FileShapes;
 use parallax_compiler::dsl::ast::Data;
 use parallax_compiler::{Plan, Source};
 use serde::Serialize;
@@ -61,7 +61,7 @@ pub fn evaluate(r: Request) -> Result<Evaluation, UseError> {
         ));
     }
     if !matches!(r.device, Device::Cuda(_) | Device::CudaRanks(_)) {
-        crate::host_memory::check(&r.plan, r.device.simulated().map(|s| s.grid))
+        crate::exec::host_memory::check(&r.plan, r.device.simulated().map(|s| s.grid))
             .map_err(crate::train::TrainError::from)?;
     }
     let files = FileShapes::of(&r.plan);

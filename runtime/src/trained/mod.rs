@@ -10,11 +10,11 @@ mod report;
 pub mod sample;
 
 use crate::backend::Backend;
-use crate::checkpoint::CheckpointError;
 use crate::data::DataError;
 use crate::exec::ExecError;
+use crate::run::checkpoint::CheckpointError;
+use crate::run::weights::{FileShapes, WeightsError};
 use crate::train::TrainError;
-use crate::weights::{FileShapes, WeightsError};
 use parallax_compiler::plan::LOSS;
 use parallax_compiler::Plan;
 use std::path::{Path, PathBuf};
@@ -72,14 +72,14 @@ impl Weights {
         if !dir.join("experiment.ron").is_file() {
             return Err(UseError::NotARun { dir: d });
         }
-        let checkpoints = crate::checkpoint::list(dir);
+        let checkpoints = crate::run::checkpoint::list(dir);
         if let Some(step) = step {
             return match checkpoints.into_iter().find(|(s, _)| *s == step) {
                 Some((s, p)) => Ok(Weights::Checkpoint(p, s)),
                 None => Err(UseError::NoCheckpoint {
                     dir: d,
                     step,
-                    have: steps_list(&crate::checkpoint::list(dir)),
+                    have: steps_list(&crate::run::checkpoint::list(dir)),
                 }),
             };
         }
@@ -104,9 +104,9 @@ impl Weights {
     /// Loads them into `exec` (whose plan's file shapes are `files`).
     pub fn load(&self, exec: &mut dyn Backend, files: &FileShapes) -> Result<(), UseError> {
         match self {
-            Weights::Final(p) => crate::weights::load(exec, files, p)?,
+            Weights::Final(p) => crate::run::weights::load(exec, files, p)?,
             Weights::Checkpoint(p, _) => {
-                crate::checkpoint::load(p, exec, files)?;
+                crate::run::checkpoint::load(p, exec, files)?;
             }
         }
         Ok(())

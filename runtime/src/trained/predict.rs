@@ -6,8 +6,8 @@ use super::{model_output, softmax_rows, UseError, Weights};
 use crate::data::ImageSpec;
 use crate::data::Values;
 use crate::exec::Mode;
+use crate::run::weights::FileShapes;
 use crate::train::{backend, feed, model_io, Device};
-use crate::weights::FileShapes;
 use parallax_compiler::dsl::ast::{Data, Loss};
 use parallax_compiler::{Plan, Source};
 

@@ -19,8 +19,8 @@ use crate::backend::Backend;
 use crate::data::Values;
 use crate::exec::Mode;
 use crate::rng::{bits, stream, Purpose};
+use crate::run::weights::FileShapes;
 use crate::train::{backend, model_io, Device};
-use crate::weights::FileShapes;
 use parallax_compiler::ir::ops::Op;
 use parallax_compiler::{Plan, Source};
 

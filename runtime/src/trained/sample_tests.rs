@@ -47,7 +47,7 @@ fn weights(source: &Source, seed: u64, steps: u64, tag: &str) -> Weights {
         "px-kv-{tag}-{seed}-{}.safetensors",
         std::process::id()
     ));
-    crate::weights::save(exec.as_ref(), &files, &path).unwrap();
+    crate::run::weights::save(exec.as_ref(), &files, &path).unwrap();
     Weights::Final(path)
 }
 

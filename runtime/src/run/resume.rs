@@ -2,8 +2,8 @@
 //! the data are those of the run (its `run.json` lists every identity the run has had), and
 //! the run's own checkpoint cadence carried on.
 
-use crate::checkpoint::{self, CheckpointError, Meta};
-use crate::run_record::{Continuation, RunRecord, FILE};
+use crate::run::checkpoint::{self, CheckpointError, Meta};
+use crate::run::record::{Continuation, RunRecord, FILE};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]

@@ -3,12 +3,12 @@
 //! SHA-256 of every tensor's bytes. Written to a temporary file, synced, then renamed, so a
 //! crash at any instant leaves the previous checkpoint whole; read back only when everything
 //! checks out, so nothing half-loaded is ever trained on. Tensors hold PyTorch's shapes (see
-//! `crate::weights`): a Conv2d bias and its optimizer state are `[C]`; checkpoints written
+//! `crate::run::weights`): a Conv2d bias and its optimizer state are `[C]`; checkpoints written
 //! with the plan's `[C, 1, 1]` are read as well (the same elements, the same checksum).
 
 use crate::backend::{Backend, ParamValues};
-use crate::finite;
-use crate::weights::FileShapes;
+use crate::exec::finite;
+use crate::run::weights::FileShapes;
 use safetensors::tensor::{Dtype, TensorView};
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
@@ -197,7 +197,7 @@ pub fn write(
     let path = path_for(run_dir, meta.step);
     let dir = path.parent().expect("a checkpoints folder");
     std::fs::create_dir_all(dir).map_err(io(dir))?;
-    crate::files::write_atomic(&path, &bytes).map_err(io(&path))?;
+    crate::run::atomic::write_atomic(&path, &bytes).map_err(io(&path))?;
     let all = list(run_dir);
     if keep > 0 && all.len() > keep {
         for (_, old) in &all[..all.len() - keep] {
@@ -216,7 +216,7 @@ pub fn load(
     files: &FileShapes,
 ) -> Result<Meta, CheckpointError> {
     let p = path.display().to_string();
-    let bytes = crate::host_memory::read_whole(path).map_err(io(path))?;
+    let bytes = crate::exec::host_memory::read_whole(path).map_err(io(path))?;
     let format_err = |message: String| CheckpointError::Format {
         path: p.clone(),
         message,

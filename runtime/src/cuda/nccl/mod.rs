@@ -1,22 +1,20 @@
-//! Collectives on GPUs: NCCL where it can run, and a simulated-ranks all-reduce that runs a
-//! multi-rank collective on one GPU (NCCL refuses two ranks on one device). Both sum in rank
-//! order, so results do not depend on timing.
+//! NCCL, all of it: `comm` a communicator over NCCL's raw layer that never hangs or panics,
+//! `tree` the fixed-tree all-reduce on GPUs over it, `sum` GPU ranks' sums over shards with
+//! it (`PARALLAX_NCCL=1`). Here: a world-size-1 NCCL all-reduce where NCCL can run, and a
+//! simulated-ranks all-reduce that runs a multi-rank collective on one GPU (NCCL refuses two
+//! ranks on one device). Both sum in rank order, so results do not depend on timing.
 
-use super::CudaError;
+pub mod comm;
+pub mod sum;
+pub mod tree;
+
+use crate::cuda::probe::nccl_version;
+use crate::cuda::CudaError;
 use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nccl::{Comm, ReduceOp};
 use parallax_compiler::codegen::builder::Kernel;
 use parallax_compiler::codegen::{grid_for, Arg, Gen, BLOCK};
 use std::sync::Arc;
-
-/// NCCL's version (`22703` for 2.27.3), when libnccl can be opened.
-pub fn version() -> Option<i32> {
-    // SAFETY: only tries to open the library.
-    if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-        return None;
-    }
-    cudarc::nccl::result::get_nccl_version().ok()
-}
 
 fn nccl_err(e: cudarc::nccl::result::NcclError) -> CudaError {
     CudaError::Nccl(format!("{e:?}"))
@@ -25,7 +23,7 @@ fn nccl_err(e: cudarc::nccl::result::NcclError) -> CudaError {
 /// A world-size-1 NCCL all-reduce (sum) of `n` values on GPU 0: the real library calls.
 /// Returns the largest difference from the input (a one-rank sum is the identity).
 pub fn world_one_all_reduce(ctx: &Arc<CudaContext>, n: usize) -> Result<f32, CudaError> {
-    if version().is_none() {
+    if nccl_version().is_none() {
         return Err(CudaError::MissingLibrary {
             library: "libnccl.so",
             hint: "install NCCL (the nvidia-nccl wheel ships libnccl.so.2: link it as libnccl.so in a folder on LD_LIBRARY_PATH)",

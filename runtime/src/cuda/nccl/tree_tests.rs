@@ -8,8 +8,8 @@
 
 use super::device::GATHER;
 use super::*;
-use crate::collective::{partials, total, tree_sum, Partial};
-use crate::cuda::nccl_comm::NcclCommError;
+use crate::comm::collective::{partials, total, tree_sum, Partial};
+use crate::cuda::nccl::comm::NcclCommError;
 use parallax_compiler::shards::assign;
 use std::time::Duration;
 

@@ -18,7 +18,7 @@
 use parallax_compiler::shards::{owned_subtrees, tree_split};
 use std::ops::Range;
 
-#[path = "nccl_tree_device.rs"]
+#[path = "tree_device.rs"]
 mod device;
 pub use device::{add_kernel_ptx, DeviceTree, DeviceTreeError, ADD_KERNEL};
 
@@ -376,5 +376,5 @@ fn emit(owner: usize, e: &Expr, top: bool, plan: &mut ChunkPlan) -> Slot {
 }
 
 #[cfg(test)]
-#[path = "nccl_tree_tests.rs"]
+#[path = "tree_tests.rs"]
 mod tests;

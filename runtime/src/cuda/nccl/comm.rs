@@ -6,7 +6,7 @@
 //! communicator on any error or timeout. Floats are never reduced by NCCL here: the project
 //! sums partials in a fixed order itself, so only point-to-point and all-gather exist.
 
-use super::CudaError;
+use crate::cuda::CudaError;
 use cudarc::driver::sys as cu;
 use cudarc::nccl::sys;
 use std::ffi::{c_int, c_uint, c_void, CStr};
@@ -543,5 +543,5 @@ impl Drop for NcclComm {
 }
 
 #[cfg(test)]
-#[path = "nccl_comm_tests.rs"]
+#[path = "comm_tests.rs"]
 mod tests;

@@ -1,8 +1,8 @@
 //! `parallax report` and `parallax diff`: the plots, page and tables of the run directories
-//! `parallax train` writes (read by `crate::run_files`, compared by
+//! `parallax train` writes (read by `crate::run::read`, compared by
 //! `parallax_compiler::dsl::compare`).
 
-use crate::run_files::{self, Points, ReadError};
+use crate::run::read::{self, Points, ReadError};
 use parallax_compiler::dsl::compare::{self, Written};
 use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
 use plotters::prelude::*;
@@ -293,12 +293,12 @@ pub fn report(runs: &[PathBuf], out: Option<&Path>) -> Result<Vec<PathBuf>, Repo
     let Some(first) = runs.first() else {
         return Err(ReportError::NoRuns);
     };
-    let summaries = (runs.iter().map(|d| run_files::summary(d))).collect::<Result<Vec<_>, _>>()?;
+    let summaries = (runs.iter().map(|d| read::summary(d))).collect::<Result<Vec<_>, _>>()?;
     let dirs: Vec<&Path> = runs.iter().map(PathBuf::as_path).collect();
     let labels = labels(&dirs, &summaries);
     let mut loaded = Vec::new();
     for ((dir, summary), label) in runs.iter().zip(summaries).zip(labels) {
-        let (dir, curves) = (dir.clone(), run_files::curves(dir)?);
+        let (dir, curves) = (dir.clone(), read::curves(dir)?);
         loaded.push(Run {
             dir,
             label,
@@ -352,9 +352,9 @@ pub fn report(runs: &[PathBuf], out: Option<&Path>) -> Result<Vec<PathBuf>, Repo
 pub fn diff(a: &Path, b: &Path) -> Result<String, ReportError> {
     // Summaries first: they also check that each folder exists, which names the folder
     // rather than a file in it when a path is wrong.
-    let summaries = [run_files::summary(a)?, run_files::summary(b)?];
+    let summaries = [read::summary(a)?, read::summary(b)?];
     let (path_a, path_b) = (a.join("experiment.ron"), b.join("experiment.ron"));
-    let (text_a, text_b) = (run_files::read(&path_a)?, run_files::read(&path_b)?);
+    let (text_a, text_b) = (read::read(&path_a)?, read::read(&path_b)?);
     let exp_a = Written::scan(&text_a).map_err(|e| fail(&path_a, e))?;
     let exp_b = Written::scan(&text_b).map_err(|e| fail(&path_b, e))?;
     let changes = compare::changes(&exp_a, &exp_b);

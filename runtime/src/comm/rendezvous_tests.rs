@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::comm::threads::Threads;
-use crate::launch::Launcher;
+use crate::comm::world::Launcher;
 
 fn id(seed: u8) -> [u8; ID_BYTES] {
     std::array::from_fn(|i| (i as u8).wrapping_mul(37).wrapping_add(seed))

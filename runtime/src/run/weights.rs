@@ -8,8 +8,8 @@
 //! boundary). Files written before that, with `[C, 1, 1]`, are read as well.
 
 use crate::backend::{Backend, ParamValues};
+use crate::exec::finite;
 use crate::exec::ExecError;
-use crate::finite;
 use parallax_compiler::passes::lower::is_running_statistic;
 use parallax_compiler::Plan;
 use safetensors::tensor::{Dtype, TensorView};
@@ -139,7 +139,7 @@ pub fn write(
         path: p.clone(),
         message,
     })?;
-    crate::files::write_atomic(path, &bytes)
+    crate::run::atomic::write_atomic(path, &bytes)
         .map_err(|source| WeightsError::Write { path: p, source })
 }
 
@@ -149,10 +149,11 @@ pub fn write(
 /// not use). Nothing is changed unless everything fits.
 pub fn load(e: &mut dyn Backend, files: &FileShapes, path: &Path) -> Result<(), WeightsError> {
     let p = path.display().to_string();
-    let bytes = crate::host_memory::read_whole(path).map_err(|source| WeightsError::Read {
-        path: p.clone(),
-        source,
-    })?;
+    let bytes =
+        crate::exec::host_memory::read_whole(path).map_err(|source| WeightsError::Read {
+            path: p.clone(),
+            source,
+        })?;
     let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|err| WeightsError::Format {
         path: p.clone(),
         message: err.to_string(),

@@ -8,8 +8,8 @@
 //! the world size and a job token (the caller's, e.g. the experiment's fingerprint line), so
 //! that two jobs started on one port fail, both sides saying why, instead of merging.
 
+use crate::comm::world::World;
 use crate::comm::{CommError, Communicator};
-use crate::launch::World;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};

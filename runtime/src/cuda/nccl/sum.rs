@@ -1,18 +1,16 @@
 //! GPU ranks' sums over micro-shards on the GPUs, over NCCL (`PARALLAX_NCCL=1`): each shard's
 //! gradient goes, chunk by chunk, from its GPU to the chunk's owner with grouped
 //! `ncclSend`/`ncclRecv`, the owner adds them along the fixed tree with our own kernel
-//! (`cuda::nccl_tree`), and the summed chunks are gathered back: the bits of the host path
-//! (every shard a single-leaf partial, combined as `collective::total` combines them), without
+//! (`tree`), and the summed chunks are gathered back: the bits of the host path
+//! (every shard a single-leaf partial, combined as `comm::collective::total` combines them), without
 //! a copy to the host. Not yet run on a GPU: the host path stays the default until
 //! `scripts/gpu-check.sh` has compared the two.
 
-use super::shard::{DeviceSum, SumCall};
-use super::{lock, Links, Ranks};
+use super::comm::{NcclComm, NcclId};
+use super::tree::{DeviceTree, Schedule};
 use crate::cuda::cudarc::driver::{result, CudaContext, CudaSlice, CudaStream, DevicePtr};
-use crate::cuda::nccl_comm::{NcclComm, NcclId};
-use crate::cuda::nccl_tree::{DeviceTree, Schedule};
 use crate::cuda::CudaExecutor;
-use crate::exec::ExecError;
+use crate::exec::{DeviceSum, ExecError, SumCall};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
@@ -145,80 +143,62 @@ fn single_leaves(held: &[Range<usize>]) -> Vec<Vec<Range<usize>>> {
         .collect()
 }
 
-impl Ranks<CudaExecutor> {
-    /// Sums over shards on the GPUs over NCCL instead of on the host (see the module). Every
-    /// device of the job joins one NCCL communicator, whose ranks are the devices: in one
-    /// process each device's thread joins with an id made here; in a job of processes rank
-    /// 0's id is broadcast over the job's communicator. Joining waits at most `timeout`.
-    pub fn use_nccl(&mut self, timeout: Duration) -> Result<(), ExecError> {
-        let world = self.grid.devices();
-        let first = self.first;
-        // What each device's thread needs (an executor stays on its own thread).
-        let places: Vec<(Arc<CudaContext>, Arc<CudaStream>, &'static str)> = self
-            .devices
-            .iter()
-            .map(|d| {
-                let e = &d.shards[0];
-                (e.context().clone(), e.stream().clone(), e.target())
-            })
+/// Joins every device of this process to one NCCL communicator over `id`, whose ranks are
+/// the devices (`places[i]` is world rank `first + i` of `world`: its context, stream and
+/// target), each from its own thread (NCCL's init waits for all of them, at most `timeout`).
+pub fn join_all(
+    places: &[(Arc<CudaContext>, Arc<CudaStream>, &'static str)],
+    id: &NcclId,
+    first: usize,
+    world: usize,
+    timeout: Duration,
+) -> Result<Vec<Box<dyn DeviceSum<CudaExecutor>>>, ExecError> {
+    let join = |i: usize| -> Result<Box<dyn DeviceSum<CudaExecutor>>, ExecError> {
+        let (ctx, stream, target) = &places[i];
+        let rank = first + i;
+        ctx.bind_to_thread()
+            .map_err(|e| fail(format!("rank {rank}: binding its GPU: {e:?}")))?;
+        // SAFETY: the executors' stream, of this context, lives as long as the
+        // executors, which the sum (and so the communicator) does not outlive.
+        let comm = unsafe { NcclComm::init(id, rank, world, stream.cu_stream(), timeout) }
+            .map_err(|e| fail(format!("rank {rank}: {e}")))?;
+        let tree = DeviceTree::new(ctx, target)
+            .map_err(|e| fail(format!("rank {rank}: the add kernel: {e}")))?;
+        Ok(Box::new(NcclSum {
+            comm,
+            tree,
+            stream: stream.clone(),
+            timeout,
+            schedules: HashMap::new(),
+            total: None,
+        }))
+    };
+    // Every rank must join at once: NCCL's init waits for all of them.
+    let sums: Vec<Result<_, ExecError>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..places.len())
+            .map(|i| s.spawn(move || join(i)))
             .collect();
-        let fail = |e: String| ExecError::Device(format!("NCCL: {e}"));
-        let id = match &self.links {
-            Links::Threads { .. } => NcclId::new().map_err(|e| fail(e.to_string()))?,
-            Links::Process(peers) => {
-                let made = match first {
-                    0 => Some(NcclId::new().map_err(|e| fail(e.to_string()))?),
-                    _ => None,
-                };
-                let mut comm = lock(peers);
-                let bytes = crate::rendezvous::share_id(&mut **comm, 0, made.map(|i| i.to_bytes()))
-                    .map_err(|e| fail(e.to_string()))?;
-                NcclId::from_bytes(bytes)
-            }
-        };
-        let join = |i: usize| -> Result<Box<dyn DeviceSum<CudaExecutor>>, ExecError> {
-            let (ctx, stream, target) = &places[i];
-            let rank = first + i;
-            ctx.bind_to_thread()
-                .map_err(|e| fail(format!("rank {rank}: binding its GPU: {e:?}")))?;
-            // SAFETY: the executors' stream, of this context, lives as long as the
-            // executors, which the sum (and so the communicator) does not outlive.
-            let comm = unsafe { NcclComm::init(&id, rank, world, stream.cu_stream(), timeout) }
-                .map_err(|e| fail(format!("rank {rank}: {e}")))?;
-            let tree = DeviceTree::new(ctx, target)
-                .map_err(|e| fail(format!("rank {rank}: the add kernel: {e}")))?;
-            Ok(Box::new(NcclSum {
-                comm,
-                tree,
-                stream: stream.clone(),
-                timeout,
-                schedules: HashMap::new(),
-                total: None,
-            }))
-        };
-        // Every rank must join at once: NCCL's init waits for all of them.
-        let sums: Vec<Result<_, ExecError>> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..places.len())
-                .map(|i| s.spawn(move || join(i)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(fail("a rank's thread panicked".into())))
-                })
-                .collect()
-        });
-        let sums = sums.into_iter().collect::<Result<Vec<_>, _>>()?;
-        self.set_device_sums(sums)
-    }
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(fail("a rank's thread panicked".into())))
+            })
+            .collect()
+    });
+    sums.into_iter().collect()
+}
+
+/// An error of the NCCL path.
+pub fn fail(e: String) -> ExecError {
+    ExecError::Device(format!("NCCL: {e}"))
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::tree::check_value;
     use super::*;
-    use crate::collective::{partials, total};
-    use crate::cuda::nccl_tree::check_value;
+    use crate::comm::collective::{partials, total};
     use parallax_compiler::shards::assign;
 
     /// The NCCL path sends every shard as its own partial; the host path sums each rank's

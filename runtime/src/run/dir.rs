@@ -4,7 +4,7 @@
 //! temporary files a crashed or full-disk write left behind.
 
 // The record every run writes first (`run.json`) is what makes a folder a Parallax run.
-use crate::run_record::FILE as RECORD;
+use crate::run::record::FILE as RECORD;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, Write};
 use std::path::{Path, PathBuf};
@@ -153,7 +153,7 @@ fn foreign_entry(dir: &Path) -> std::io::Result<Option<String>> {
     Ok(names.into_iter().find(|n| n != LOCK && !is_temporary(n)))
 }
 
-/// `crate::files::write_atomic`'s temporaries: `.{name}.tmp`.
+/// `crate::run::atomic::write_atomic`'s temporaries: `.{name}.tmp`.
 fn is_temporary(name: &str) -> bool {
     name.starts_with('.') && name.ends_with(".tmp")
 }

@@ -4,13 +4,13 @@
 //! data is sent but the all-reduce's own. The command line starts the ranks' communicator
 //! and prints; this runs the check.
 
-use super::cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, DriverError};
-use super::nccl_comm::{NcclComm, NcclId};
-use super::nccl_tree::{check_value, DeviceTree, Schedule};
-use super::{target_for, Devices};
-use crate::collective::{partials, total};
+use crate::comm::collective::{partials, total};
+use crate::comm::rendezvous::share_id;
 use crate::comm::Communicator;
-use crate::rendezvous::share_id;
+use crate::cuda::cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, DriverError};
+use crate::cuda::nccl::comm::{NcclComm, NcclId};
+use crate::cuda::nccl::tree::{check_value, DeviceTree, Schedule};
+use crate::cuda::{target_for, Devices};
 use parallax_compiler::shards::assign;
 use std::sync::Arc;
 use std::time::{Duration, Instant};

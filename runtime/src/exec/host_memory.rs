@@ -3,7 +3,7 @@
 //! what the machine has available. Refusing with the plan's table beats an allocator abort
 //! halfway through, or the kernel killing the process.
 
-use crate::grid::Grid;
+use crate::exec::grid::Grid;
 use parallax_compiler::plan::bytes;
 use parallax_compiler::shards::{device_bytes, grid_bytes};
 use parallax_compiler::Plan;

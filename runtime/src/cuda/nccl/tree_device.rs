@@ -1,10 +1,10 @@
-//! The device side of the tree all-reduce (`nccl_tree`): the add kernel, and `DeviceTree`,
+//! The device side of the tree all-reduce (`tree`): the add kernel, and `DeviceTree`,
 //! which runs a `Schedule` over an `NcclComm`. Nothing here runs without a GPU and libnccl:
 //! the test suite assembles the kernel's PTX with ptxas, and `parallax comm-check --backend
 //! cuda` (scripts/gpu-check.sh) runs the exchange on a GPU machine.
 
 use super::{Schedule, Slot, TreeError};
-use crate::cuda::nccl_comm::{NcclComm, NcclCommError};
+use crate::cuda::nccl::comm::{NcclComm, NcclCommError};
 use crate::cuda::CudaError;
 use cudarc::driver::{result, CudaContext, CudaStream, LaunchConfig, PushKernelArg};
 use parallax_compiler::codegen::builder::Kernel;
