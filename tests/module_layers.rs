@@ -595,3 +595,10 @@ fn no_file_cycle_in_the_runtimes_folders() {
         assert_files_acyclic("runtime/src", folder);
     }
 }
+
+/// The IR is acyclic file by file: the op type (`ir/op.rs`) is a leaf the rules name, and the
+/// table (`ir/ops.rs`) names the rules.
+#[test]
+fn no_file_cycle_in_the_ir() {
+    assert_files_acyclic("compiler/src", "ir");
+}
