@@ -43,6 +43,21 @@ pub fn run_ok(args: &[&str], limit: Duration) -> String {
     out
 }
 
+/// `train MODEL --steps STEPS --gpus 1 --run-dir DIR`: the one-device run that runs over
+/// several processes are checked against.
+pub fn one_device<'a>(model: &'a str, steps: &'a str, dir: &'a str) -> [&'a str; 8] {
+    [
+        "train",
+        model,
+        "--steps",
+        steps,
+        "--gpus",
+        "1",
+        "--run-dir",
+        dir,
+    ]
+}
+
 /// What a time-limited run gave.
 pub struct Limited {
     /// `None`: still running at the limit, then killed.
