@@ -6,7 +6,7 @@
 #![cfg(feature = "mpi")]
 
 mod common;
-use common::{metric, mpirun, run_args, temp};
+use common::{metric, mpirun, run_args, run_ok, temp, write_experiment, TINY_CAUSAL};
 
 use parallax_runtime::data::tokenize::llmc_bytes;
 use std::path::Path;
@@ -15,8 +15,7 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(180);
 
 fn ok(args: &[&str]) {
-    let (code, _, err) = run_args(args, LIMIT);
-    assert_eq!(code, Some(0), "{args:?}\n{err}");
+    run_ok(args, LIMIT);
 }
 
 /// A tiny causal model on the token files `train.bin` and `val.bin` in `dir`, batches of 6
@@ -25,17 +24,7 @@ fn experiment(dir: &Path) -> String {
     let text = format!(
         r#"Experiment(
     name: "tokens-ranks",
-    params: {{ "d": 16, "vocab": 32, "seq": 8 }},
-    model: Graph(
-        inputs: {{ "tokens": (shape: ["seq"], dtype: I32) }},
-        nodes: [
-            ("emb", Embedding(vocab: "vocab", dim: "d"), ["tokens"]),
-            ("pos", PositionalEmbedding(max_len: "seq"), ["emb"]),
-            ("att", Attention(heads: 2, causal: true), ["pos"]),
-            ("logits", Linear(out: "vocab"), ["att"]),
-        ],
-    ),
-    loss: CrossEntropy,
+{TINY_CAUSAL}
     data: Tokens(train: "{d}/train.bin", validation: "{d}/val.bin", validation_windows: 9),
     optimizer: Adam(lr: 1e-2),
     train: (batch_size: 6, steps: 10, seed: 11),
@@ -43,9 +32,7 @@ fn experiment(dir: &Path) -> String {
 )"#,
         d = dir.display()
     );
-    let path = dir.join("tokens.ron");
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
+    write_experiment(&dir.join("tokens.ron"), &text)
 }
 
 fn bytes(run: &Path) -> Vec<u8> {

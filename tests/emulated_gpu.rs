@@ -589,14 +589,7 @@ fn sample_draws_through_the_key_value_cache_on_cuda() {
     let r = run.to_str().unwrap();
     cpu(&["train", &exp, "--run-dir", r, "--backend", "cpu"]);
     for draw in [
-        &[
-            "--prompt",
-            "abc",
-            "--max-new-tokens",
-            "30",
-            "--temperature",
-            "0",
-        ][..],
+        common::GREEDY_ABC,
         &[
             "--prompt",
             "k",

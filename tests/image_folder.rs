@@ -4,7 +4,7 @@
 //! a file that is not an image stops `train` with its name.
 
 mod common;
-use common::{binary, metric, run_limited, temp};
+use common::{metric, run_args, temp, write_experiment};
 
 use parallax_runtime::data::digits;
 use std::path::Path;
@@ -13,10 +13,7 @@ use std::time::Duration;
 const LIMIT: Duration = Duration::from_secs(300);
 
 fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let mut c = binary();
-    c.args(args);
-    let r = run_limited(c, LIMIT);
-    (r.code, r.stdout, r.stderr)
+    run_args(args, LIMIT)
 }
 
 /// Writes the first `per_class` digits of each class as 8x8 grey PNGs in `root/<class>/`.
@@ -66,9 +63,7 @@ fn experiment(dir: &Path, folder: &str, augment: bool, steps: u64) -> String {
     train: (batch_size: 24, steps: {steps}, seed: 5),
 )"#
     );
-    let path = dir.join(format!("{folder}-{augment}.ron"));
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
+    write_experiment(&dir.join(format!("{folder}-{augment}.ron")), &text)
 }
 
 fn train(exp: &str, run_dir: &Path, gpus: &str) -> Vec<u8> {

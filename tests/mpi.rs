@@ -146,19 +146,7 @@ fn train_one(model: &str, steps: &str, tag: &str) -> std::path::PathBuf {
     let dir = common::temp(&format!("mpi-{tag}-one"));
     let _ = std::fs::remove_dir_all(&dir);
     let d = dir.to_str().unwrap();
-    let r = alone(
-        &[
-            "train",
-            model,
-            "--steps",
-            steps,
-            "--gpus",
-            "1",
-            "--run-dir",
-            d,
-        ],
-        LIMIT,
-    );
+    let r = alone(&common::one_device(model, steps, d), LIMIT);
     assert_eq!(r.code, Some(0), "{tag}: {}", r.stderr);
     dir
 }

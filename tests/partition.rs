@@ -5,6 +5,11 @@ use common::{parallax, stderr, stdout};
 
 use std::process::Output;
 
+/// `compile models/gpt-large.ron` with `args`.
+fn gpt_large(args: &[&str]) -> Output {
+    parallax(&[&["compile", "models/gpt-large.ron"][..], args].concat())
+}
+
 fn json(args: &[&str]) -> (Output, serde_json::Value) {
     let o = parallax(args);
     let v = serde_json::from_str(&stdout(&o)).unwrap_or_else(|e| panic!("{e}: {}", stdout(&o)));
@@ -36,15 +41,7 @@ fn mlp_on_four_gpus_is_data_parallel_with_integer_degrees() {
 
 #[test]
 fn gpt_large_on_eight_h100_explains_a_model_parallel_choice() {
-    let o = parallax(&[
-        "compile",
-        "models/gpt-large.ron",
-        "--gpus",
-        "8",
-        "--device",
-        "h100",
-        "--explain",
-    ]);
+    let o = gpt_large(&["--gpus", "8", "--device", "h100", "--explain"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     for needle in [
@@ -82,14 +79,7 @@ fn gpt_large_on_eight_h100_explains_a_model_parallel_choice() {
 
 #[test]
 fn gpt_large_on_one_h100_exits_1_with_the_table_and_the_smallest_count() {
-    let o = parallax(&[
-        "compile",
-        "models/gpt-large.ron",
-        "--gpus",
-        "1",
-        "--device",
-        "h100",
-    ]);
+    let o = gpt_large(&["--gpus", "1", "--device", "h100"]);
     assert_eq!(o.status.code(), Some(1));
     let err = stderr(&o);
     for needle in [
@@ -105,26 +95,16 @@ fn gpt_large_on_one_h100_exits_1_with_the_table_and_the_smallest_count() {
 
 #[test]
 fn forced_strategies() {
-    let o = parallax(&[
-        "compile",
-        "models/gpt-large.ron",
-        "--gpus",
-        "8",
-        "--strategy",
-        "tp4.pp2",
-    ]);
+    // `compile MODEL --gpus GPUS --strategy STRATEGY`.
+    let compile = |model: &str, gpus: &str, strategy: &str| {
+        parallax(&["compile", model, "--gpus", gpus, "--strategy", strategy])
+    };
+    let o = compile("models/gpt-large.ron", "8", "tp4.pp2");
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("tp4.pp2"), "{}", stdout(&o));
     // Does not fit (even with ZeRO-3, half the state and a sample's activations are too
     // much): its numbers, exit 1.
-    let o = parallax(&[
-        "compile",
-        "models/gpt-large.ron",
-        "--gpus",
-        "2",
-        "--strategy",
-        "dp2",
-    ]);
+    let o = compile("models/gpt-large.ron", "2", "dp2");
     assert_eq!(o.status.code(), Some(1));
     assert!(
         stderr(&o).contains("strategy dp2 does not fit")
@@ -133,28 +113,14 @@ fn forced_strategies() {
         stderr(&o)
     );
     // Wrong product, bad text: a clear error, exit 1.
-    let o = parallax(&[
-        "compile",
-        "models/mlp.ron",
-        "--gpus",
-        "8",
-        "--strategy",
-        "dp4",
-    ]);
+    let o = compile("models/mlp.ron", "8", "dp4");
     assert_eq!(o.status.code(), Some(1));
     assert!(
         stderr(&o).contains("uses 4 GPUs, not the 8"),
         "{}",
         stderr(&o)
     );
-    let o = parallax(&[
-        "compile",
-        "models/mlp.ron",
-        "--gpus",
-        "4",
-        "--strategy",
-        "dq4",
-    ]);
+    let o = compile("models/mlp.ron", "4", "dq4");
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("not a strategy"), "{}", stderr(&o));
 }
@@ -202,14 +168,7 @@ fn nodes_bound_tensor_parallelism_to_a_node() {
 
 #[test]
 fn nothing_fits_anywhere_is_said_plainly() {
-    let o = parallax(&[
-        "compile",
-        "models/gpt-large.ron",
-        "--gpus",
-        "8",
-        "--gpu-memory",
-        "256MiB",
-    ]);
+    let o = gpt_large(&["--gpus", "8", "--gpu-memory", "256MiB"]);
     assert_eq!(o.status.code(), Some(1));
     let err = stderr(&o);
     assert!(err.contains("fits on no strategy for 8 x h100"), "{err}");

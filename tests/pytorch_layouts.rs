@@ -61,6 +61,22 @@ fn train(args: &[&str]) -> std::process::Output {
     o
 }
 
+/// Trains `EXP` from PyTorch's `INIT` for 2 steps into `dir`, checkpointing every `every`.
+fn two_steps_from_init(every: &str, dir: &str) {
+    train(&[
+        "train",
+        EXP,
+        "--init",
+        INIT,
+        "--steps",
+        "2",
+        "--checkpoint-every",
+        every,
+        "--run-dir",
+        dir,
+    ]);
+}
+
 #[test]
 fn a_pytorch_state_dict_goes_in_and_comes_out_with_its_names_and_shapes() {
     // PyTorch's own file: `[C]` biases and BatchNorm weights, `num_batches_tracked` (int64).
@@ -71,18 +87,7 @@ fn a_pytorch_state_dict_goes_in_and_comes_out_with_its_names_and_shapes() {
     assert!(init.contains_key("1.num_batches_tracked"));
     let dir = temp("layouts-roundtrip");
     let d = dir.to_str().unwrap();
-    train(&[
-        "train",
-        EXP,
-        "--init",
-        INIT,
-        "--steps",
-        "2",
-        "--checkpoint-every",
-        "1",
-        "--run-dir",
-        d,
-    ]);
+    two_steps_from_init("1", d);
     // final.safetensors: PyTorch's state_dict, but for the counter Parallax does not keep.
     let mut want = init.clone();
     want.retain(|n, _| !n.ends_with(".num_batches_tracked"));
@@ -158,18 +163,7 @@ fn files_with_the_plans_shapes_are_still_read() {
     for (i, old) in [false, true].into_iter().enumerate() {
         let dir = base.join(format!("resumed{i}"));
         let d = dir.to_str().unwrap();
-        train(&[
-            "train",
-            EXP,
-            "--init",
-            INIT,
-            "--steps",
-            "2",
-            "--checkpoint-every",
-            "2",
-            "--run-dir",
-            d,
-        ]);
+        two_steps_from_init("2", d);
         let ck = dir.join("checkpoints/step-00000002.safetensors");
         if old {
             rewrite(&ck.clone(), &ck, plan_shape, |_| false);
@@ -192,6 +186,20 @@ fn files_with_the_plans_shapes_are_still_read() {
 fn a_tensor_of_another_shape_is_refused_with_pytorchs_shape() {
     let base = temp("layouts-bad");
     std::fs::create_dir_all(&base).unwrap();
+    // Training from `init` fails with exit code 1; its stderr.
+    let refused = |init: &Path, run: &str| {
+        let o = parallax(&[
+            "train",
+            EXP,
+            "--init",
+            init.to_str().unwrap(),
+            "--run-dir",
+            base.join(run).to_str().unwrap(),
+        ]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        err
+    };
     let bad = base.join("bad.safetensors");
     rewrite(
         Path::new(INIT),
@@ -205,16 +213,7 @@ fn a_tensor_of_another_shape_is_refused_with_pytorchs_shape() {
         },
         |_| false,
     );
-    let o = parallax(&[
-        "train",
-        EXP,
-        "--init",
-        bad.to_str().unwrap(),
-        "--run-dir",
-        base.join("run").to_str().unwrap(),
-    ]);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let err = refused(&bad, "run");
     assert!(
         err.contains("`1.bias`") && err.contains("has shape [2, 4], the model expects [8]"),
         "{err}"
@@ -227,16 +226,7 @@ fn a_tensor_of_another_shape_is_refused_with_pytorchs_shape() {
         |_, s| s.to_vec(),
         |n| n == "4.running_var",
     );
-    let o = parallax(&[
-        "train",
-        EXP,
-        "--init",
-        missing.to_str().unwrap(),
-        "--run-dir",
-        base.join("run2").to_str().unwrap(),
-    ]);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let err = refused(&missing, "run2");
     assert!(
         err.contains("`4.running_var`: missing from the file"),
         "{err}"

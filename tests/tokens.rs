@@ -4,7 +4,7 @@
 //! Tiny Shakespeare files; `models/shakespeare.ron` trains.
 
 mod common;
-use common::{binary, metric, run_limited, temp};
+use common::{metric, run_args, run_ok, temp, write_experiment, TINY_CAUSAL};
 
 use parallax_compiler::dsl::ast::TokenDtype;
 use parallax_runtime::data::codec::Codec;
@@ -17,16 +17,11 @@ const LIMIT: Duration = Duration::from_secs(300);
 
 /// Runs the binary with `args`; returns (exit code, stdout, stderr).
 fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let mut c = binary();
-    c.args(args);
-    let r = run_limited(c, LIMIT);
-    (r.code, r.stdout, r.stderr)
+    run_args(args, LIMIT)
 }
 
 fn ok(args: &[&str]) -> String {
-    let (code, out, err) = run(args);
-    assert_eq!(code, Some(0), "{args:?}\n{err}");
-    out
+    run_ok(args, LIMIT)
 }
 
 /// A tiny causal model on token files of vocabulary 32, sequence 8, batch 4.
@@ -34,25 +29,13 @@ fn experiment(dir: &Path, train: &str, validation: &str) -> String {
     let text = format!(
         r#"Experiment(
     name: "tokens",
-    params: {{ "d": 16, "vocab": 32, "seq": 8 }},
-    model: Graph(
-        inputs: {{ "tokens": (shape: ["seq"], dtype: I32) }},
-        nodes: [
-            ("emb", Embedding(vocab: "vocab", dim: "d"), ["tokens"]),
-            ("pos", PositionalEmbedding(max_len: "seq"), ["emb"]),
-            ("att", Attention(heads: 2, causal: true), ["pos"]),
-            ("logits", Linear(out: "vocab"), ["att"]),
-        ],
-    ),
-    loss: CrossEntropy,
+{TINY_CAUSAL}
     data: Tokens(train: "{train}", validation: "{validation}", validation_windows: 5),
     optimizer: Adam(lr: 1e-2),
     train: (batch_size: 4, steps: 8, seed: 3),
 )"#
     );
-    let path = dir.join(format!("{train}.ron"));
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
+    write_experiment(&dir.join(format!("{train}.ron")), &text)
 }
 
 fn tokens(n: usize) -> Vec<u32> {

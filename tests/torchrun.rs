@@ -100,19 +100,7 @@ fn fresh(tag: &str) -> std::path::PathBuf {
 fn one(model: &str, steps: &str, tag: &str) -> Vec<u8> {
     let dir = fresh(&format!("{tag}-one"));
     let d = dir.to_str().unwrap();
-    let (code, err) = common::run_for(
-        &[
-            "train",
-            model,
-            "--steps",
-            steps,
-            "--gpus",
-            "1",
-            "--run-dir",
-            d,
-        ],
-        LIMIT,
-    );
+    let (code, err) = common::run_for(&common::one_device(model, steps, d), LIMIT);
     assert_eq!(code, Some(0), "{err}");
     final_bytes(&dir)
 }

@@ -3,7 +3,7 @@
 //! `eval`'s accuracy on the same samples; bad requests are refused with exit 1.
 
 mod common;
-use common::{char_model, f32_bytes, i32_bytes, run_args, temp, write_npy};
+use common::{char_model, f32_bytes, i32_bytes, run_args, run_ok, temp, write_npy};
 
 use parallax_runtime::data::digits;
 use std::path::Path;
@@ -16,9 +16,7 @@ fn run(args: &[&str]) -> (Option<i32>, String, String) {
 }
 
 fn ok(args: &[&str]) -> String {
-    let (code, out, err) = run(args);
-    assert_eq!(code, Some(0), "{args:?}\n{err}");
-    out
+    run_ok(args, LIMIT)
 }
 
 fn json(args: &[&str]) -> serde_json::Value {
@@ -192,16 +190,7 @@ fn tokenize_train_eval_and_sample_a_language_model() {
     assert_eq!(d["samples"], 50, "{d}");
 
     // Greedy sampling continues the alphabet; a seed gives the same text twice.
-    let greedy = ok(&[
-        "sample",
-        r,
-        "--prompt",
-        "abc",
-        "--max-new-tokens",
-        "30",
-        "--temperature",
-        "0",
-    ]);
+    let greedy = ok(&[&["sample", r][..], common::GREEDY_ABC].concat());
     assert!(
         greedy.starts_with("abcdefghijklmnopqrstuvwxyz\nabcdef"),
         "{greedy:?}"

@@ -297,24 +297,18 @@ fn main() {
                 );
             }
         } else {
+            // Product `i` of the batch into `o`.
+            let product = |i: usize, o: &mut [f32], par: Parallelism| {
+                raw(m, n, k, o, &av[i * sa..], a_st, &bv[i * sb..], b_st, par)
+            };
             // Batched products: parallel over the batch, each single-threaded.
             put(
                 "parN",
                 1,
                 time(reps, || {
-                    dst.par_chunks_mut(so).enumerate().for_each(|(i, o)| {
-                        raw(
-                            m,
-                            n,
-                            k,
-                            o,
-                            &av[i * sa..],
-                            a_st,
-                            &bv[i * sb..],
-                            b_st,
-                            Parallelism::None,
-                        )
-                    })
+                    dst.par_chunks_mut(so)
+                        .enumerate()
+                        .for_each(|(i, o)| product(i, o, Parallelism::None))
                 }),
             );
             // Sequential over the batch, each on rayon.
@@ -322,19 +316,9 @@ fn main() {
                 "seqR",
                 2,
                 time(reps, || {
-                    dst.chunks_mut(so).enumerate().for_each(|(i, o)| {
-                        raw(
-                            m,
-                            n,
-                            k,
-                            o,
-                            &av[i * sa..],
-                            a_st,
-                            &bv[i * sb..],
-                            b_st,
-                            Parallelism::Rayon(0),
-                        )
-                    })
+                    dst.chunks_mut(so)
+                        .enumerate()
+                        .for_each(|(i, o)| product(i, o, Parallelism::Rayon(0)))
                 }),
             );
             // Two halves of the batch, one per thread.
@@ -346,17 +330,7 @@ fn main() {
                     dst.par_chunks_mut(h * so).enumerate().for_each(|(c, d)| {
                         for (j, o) in d.chunks_mut(so).enumerate() {
                             let i = c * h + j;
-                            raw(
-                                m,
-                                n,
-                                k,
-                                o,
-                                &av[i * sa..],
-                                a_st,
-                                &bv[i * sb..],
-                                b_st,
-                                Parallelism::None,
-                            )
+                            product(i, o, Parallelism::None)
                         }
                     })
                 }),

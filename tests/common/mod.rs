@@ -36,6 +36,28 @@ pub fn run_args(args: &[&str], limit: Duration) -> (Option<i32>, String, String)
     (r.code, r.stdout, r.stderr)
 }
 
+/// Runs the binary with `args` for at most `limit`, which must exit 0; returns stdout.
+pub fn run_ok(args: &[&str], limit: Duration) -> String {
+    let (code, out, err) = run_args(args, limit);
+    assert_eq!(code, Some(0), "{args:?}\n{err}");
+    out
+}
+
+/// `train MODEL --steps STEPS --gpus 1 --run-dir DIR`: the one-device run that runs over
+/// several processes are checked against.
+pub fn one_device<'a>(model: &'a str, steps: &'a str, dir: &'a str) -> [&'a str; 8] {
+    [
+        "train",
+        model,
+        "--steps",
+        steps,
+        "--gpus",
+        "1",
+        "--run-dir",
+        dir,
+    ]
+}
+
 /// What a time-limited run gave.
 pub struct Limited {
     /// `None`: still running at the limit, then killed.
@@ -332,7 +354,36 @@ pub fn char_model(dir: &std::path::Path, prefix: &str, vocab: usize) -> String {
     train: (batch_size: 8, steps: 150, seed: 5),
 )"#
     );
-    let path = dir.join("letters.ron");
-    std::fs::write(&path, text).unwrap();
+    write_experiment(&dir.join("letters.ron"), &text)
+}
+
+/// `sample`'s arguments for a greedy continuation of "abc" (30 new tokens, temperature 0), the
+/// alphabet once `char_model` has learnt it.
+pub const GREEDY_ABC: &[&str] = &[
+    "--prompt",
+    "abc",
+    "--max-new-tokens",
+    "30",
+    "--temperature",
+    "0",
+];
+
+/// Writes the experiment `text` to `path`; returns the path, for the command line.
+pub fn write_experiment(path: &std::path::Path, text: &str) -> String {
+    std::fs::write(path, text).unwrap();
     path.display().to_string()
 }
+
+/// The params, model and loss of a tiny causal model on tokens of vocabulary 32, sequence 8:
+/// an embedding, a positional embedding, one attention and the logits.
+pub const TINY_CAUSAL: &str = r#"    params: { "d": 16, "vocab": 32, "seq": 8 },
+    model: Graph(
+        inputs: { "tokens": (shape: ["seq"], dtype: I32) },
+        nodes: [
+            ("emb", Embedding(vocab: "vocab", dim: "d"), ["tokens"]),
+            ("pos", PositionalEmbedding(max_len: "seq"), ["emb"]),
+            ("att", Attention(heads: 2, causal: true), ["pos"]),
+            ("logits", Linear(out: "vocab"), ["att"]),
+        ],
+    ),
+    loss: CrossEntropy,"#;

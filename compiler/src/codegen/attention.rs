@@ -125,7 +125,29 @@ impl Dims {
             heads: self.heads,
         }
     }
+
+    /// The forward's views of `q`, `key`, `(v, o)` and `lse`, their parameters declared in
+    /// that order.
+    fn forward_views(
+        &self,
+        k: &mut Kernel,
+        (q, key): (&Operand, &Operand),
+        vo: Option<(&Operand, &Operand)>,
+        lse: Option<&Operand>,
+    ) -> ForwardViews {
+        let tq = self.tensor(k.param_ptr(q.arg), self.t, self.d);
+        let tk = self.tensor(k.param_ptr(key.arg), self.s, self.d);
+        let vo = vo.map(|(v, o)| {
+            let v = self.tensor(k.param_ptr(v.arg), self.s, self.e);
+            (v, self.tensor(k.param_ptr(o.arg), self.t, self.e))
+        });
+        let tl = lse.map(|l| self.tensor(k.param_ptr(l.arg), self.t, 1));
+        (tq, tk, vo, tl)
+    }
 }
+
+/// The forward's q, k, optional (v, o) and optional lse.
+type ForwardViews = (Tensor, Tensor, Option<(Tensor, Tensor)>, Option<Tensor>);
 
 /// A token-major operand `[.., len, heads, width]` at `ptr` (lse and delta: width 1).
 #[derive(Clone, Copy)]
@@ -449,13 +471,7 @@ fn forward(
 ) -> Launch {
     let mut k = g.kernel(name);
     let pos = pos.map(|p| k.param_ptr(p.arg));
-    let tq = dm.tensor(k.param_ptr(q.arg), dm.t, dm.d);
-    let tk = dm.tensor(k.param_ptr(key.arg), dm.s, dm.d);
-    let vo = vo.map(|(v, o)| {
-        let v = dm.tensor(k.param_ptr(v.arg), dm.s, dm.e);
-        (v, dm.tensor(k.param_ptr(o.arg), dm.t, dm.e))
-    });
-    let tl = lse.map(|l| dm.tensor(k.param_ptr(l.arg), dm.t, 1));
+    let (tq, tk, vo, tl) = dm.forward_views(&mut k, (q, key), vo, lse);
     let ctx = setup(&mut k);
     let tiles = dm.t.div_ceil(WARPS);
     let tasks = dm.problems * tiles;

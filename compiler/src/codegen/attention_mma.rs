@@ -186,13 +186,7 @@ pub(super) fn forward(
     lse: Option<&Operand>,
 ) -> Launch {
     let mut k = g.kernel(name);
-    let tq = dm.tensor(k.param_ptr(q.arg), dm.t, dm.d);
-    let tk = dm.tensor(k.param_ptr(key.arg), dm.s, dm.d);
-    let vo = vo.map(|(v, o)| {
-        let v = dm.tensor(k.param_ptr(v.arg), dm.s, dm.e);
-        (v, dm.tensor(k.param_ptr(o.arg), dm.t, dm.e))
-    });
-    let tl = lse.map(|l| dm.tensor(k.param_ptr(l.arg), dm.t, 1));
+    let (tq, tk, vo, tl) = dm.forward_views(&mut k, (q, key), vo, lse);
     let (d, e) = (dm.d, if vo.is_some() { dm.e } else { 0 });
     // Two stages of the K and V tiles in dynamic shared memory (past the 48 KB of static
     // shared memory at width 128): tile j + 1 lands as f32 (`cp.async`) while the warps
@@ -231,16 +225,8 @@ pub(super) fn forward(
             rows: BC,
             len: dm.s,
         };
-        let zero = k.u64c(0);
         // Causal: the block's last query sees keys below `i0 + BR`.
-        let end = if dm.causal {
-            let x = k.op64("add", i0, BR);
-            k.op64("min", x, dm.s)
-        } else {
-            k.u64c(dm.s)
-        };
-        k.ins("bar.sync 0");
-        keys.copy(k, &ctx, &pb, (zero, end));
+        let (zero, end) = keys.copy_first(k, &ctx, &pb, i0, dm.causal);
         stage(k, &ctx, (kbuf, BR), &tq, &pb, i0, rows);
         k.ins("bar.sync 0");
         let qf = fragments(k, &ctx, kbuf, d);

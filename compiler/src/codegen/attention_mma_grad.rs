@@ -310,16 +310,8 @@ pub(super) fn query(g: &mut Gen, name: &str, dm: Dims, ins: &[Operand], dq: &Ope
         };
         // The first key tile's copy goes out first. The previous task's warps may still read
         // the tiles.
-        let zero = k.u64c(0);
         // Causal: the block's last query sees keys below `i0 + BR`.
-        let end = if dm.causal {
-            let x = k.op64("add", i0, BR);
-            k.op64("min", x, dm.s)
-        } else {
-            k.u64c(dm.s)
-        };
-        k.ins("bar.sync 0");
-        keys.copy(k, &ctx, &pb, (zero, end));
+        let (zero, end) = keys.copy_first(k, &ctx, &pb, i0, dm.causal);
         stage(k, &ctx, (qbuf, BR), &tq, &pb, i0, rows);
         stage(k, &ctx, (dybuf, BR), &tdy, &pb, i0, rows);
         k.ins("bar.sync 0");

@@ -4,7 +4,7 @@
 
 use super::super::super::builder::{Kernel, Rd, F, R};
 use super::super::{Problem, Tensor};
-use super::{lane_bits, pitch, Ctx, THREADS};
+use super::{lane_bits, pitch, Ctx, BR, THREADS};
 
 /// Where this thread moves a tile's rows: columns `4 (t % q)..+4` of rows `t / q + u step`
 /// (`q = width / 4`), one 16-byte load each, from problem `pb`'s row `first` on.
@@ -239,6 +239,29 @@ impl Stream<'_> {
             Rows::new(k, ctx, t, pb, first).copy(k, self.rows, n, f);
         }
         k.place(&skip);
+    }
+
+    /// Starts copying the first tiles for the block of queries from `i0` (the barrier before:
+    /// the previous task's warps may still read the tiles); returns the rows `(0, end)` the
+    /// block sees: all, or with `causal` those below `i0 + BR`.
+    pub(crate) fn copy_first(
+        &self,
+        k: &mut Kernel,
+        ctx: &Ctx,
+        pb: &Problem,
+        i0: Rd,
+        causal: bool,
+    ) -> (Rd, Rd) {
+        let zero = k.u64c(0);
+        let end = if causal {
+            let x = k.op64("add", i0, BR);
+            k.op64("min", x, self.len)
+        } else {
+            k.u64c(self.len)
+        };
+        k.ins("bar.sync 0");
+        self.copy(k, ctx, pb, (zero, end));
+        (zero, end)
     }
 
     /// The step of the tiles from `j0`: waits for their copies, converts them (the barrier

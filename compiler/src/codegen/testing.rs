@@ -129,3 +129,53 @@ pub fn model_plan_stored(file: &str, activations: crate::dsl::ast::Storage) -> c
     let compiled = crate::compile(&source, &options, &mut |_, _| {}).expect("compiles");
     compiled.plan(&source, &options)
 }
+
+use super::{Arg, Gen, Launch, Operand};
+use crate::ir::DType;
+
+/// Value `i` of `shape`, stored as `dtype`.
+pub fn value(i: usize, shape: &[u64], dtype: DType) -> Operand {
+    Operand {
+        arg: Arg::Value(i),
+        shape: shape.to_vec(),
+        dtype,
+    }
+}
+
+/// Value `i` of `shape`, stored as f32.
+pub fn value_f32(i: usize, shape: &[u64]) -> Operand {
+    value(i, shape, DType::F32)
+}
+
+/// A generator that takes the tensor-core (bf16) attention kernels.
+pub fn bf16_attention() -> Gen {
+    Gen {
+        options: CodegenOptions {
+            bf16_attention: true,
+        },
+        ..Gen::default()
+    }
+}
+
+/// A kernel launch's entry, grid, block and arguments; panics on any other launch.
+pub fn kernel(l: &Launch) -> (String, u32, u32, Vec<Arg>) {
+    let Launch::Kernel {
+        entry,
+        grid,
+        block,
+        args,
+        ..
+    } = l
+    else {
+        panic!("{l:?}")
+    };
+    (entry.clone(), *grid, *block, args.clone())
+}
+
+/// The dynamic shared memory a kernel launch passes; panics on any other launch.
+pub fn shared(l: &Launch) -> u32 {
+    match l {
+        Launch::Kernel { shared, .. } => *shared,
+        other => panic!("{other:?}"),
+    }
+}

@@ -4,23 +4,17 @@
 //! product `C^T = op(B)^T op(A)^T`. Scalars are host pointers (the default pointer mode).
 
 use crate::ops::Op;
-use crate::state::{state, BlasHandle};
+use crate::state::{guarded, state, BlasHandle};
 use cudarc::cublas::sys::{
     cublasComputeType_t as Ct, cublasMath_t, cublasStatus_t as St, cudaDataType as Dt,
 };
 use parallax_emulator::blas::{Compute, Gemm, Scaled};
 use std::ffi::{c_int, c_longlong, c_void};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub fn guard(name: &str, f: impl FnOnce() -> Result<(), St>) -> St {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => St::CUBLAS_STATUS_SUCCESS,
-        Ok(Err(e)) => e,
-        Err(_) => {
-            eprintln!("emulated GPU: {name} panicked (a bug in the emulated GPU)");
-            St::CUBLAS_STATUS_INTERNAL_ERROR
-        }
-    }
+    guarded(name, St::CUBLAS_STATUS_INTERNAL_ERROR, || {
+        f().map(|()| St::CUBLAS_STATUS_SUCCESS)
+    })
 }
 
 type Handle = *mut c_void;

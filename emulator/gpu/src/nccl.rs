@@ -7,25 +7,17 @@
 use crate::nccl_reduce as reduce;
 use crate::nccl_state::{self as st, failure, Coll, Issued, Item, NResult};
 use crate::nccl_wire as wire;
-use crate::state::state;
+use crate::state::{guarded, state};
 use cudarc::nccl::sys::{ncclComm_t, ncclConfig_t, ncclResult_t as R, ncclUniqueId};
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void};
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 /// The NCCL release emulated: 2.30.0 (`NCCL_VERSION(2,30,0)`), the headers cudarc binds.
 pub const VERSION: c_int = 23000;
 
 /// Runs an entry point's body: its result, or `ncclInternalError` if it panicked.
 fn nguard(name: &str, f: impl FnOnce() -> NResult<R>) -> R {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => e.code,
-        Err(_) => {
-            eprintln!("emulated GPU: {name} panicked (a bug in the emulated GPU)");
-            R::ncclInternalError
-        }
-    }
+    guarded(name, R::ncclInternalError, || f().map_err(|e| e.code))
 }
 
 fn arg(text: impl Into<String>) -> st::Failure {

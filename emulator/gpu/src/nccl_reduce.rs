@@ -54,8 +54,10 @@ pub fn check(dtype: i32, op: i32) -> Result<(), String> {
     }
 }
 
-macro_rules! fold {
-    ($t:ty, $parts:expr, $op:expr) => {{
+/// Element by element over the ranks' parts of `$t`: `acc = $combine(acc, v)` from the
+/// first rank's value, in rank order.
+macro_rules! fold_with {
+    ($t:ty, $parts:expr, $combine:expr) => {{
         let w = std::mem::size_of::<$t>();
         let get =
             |p: &[u8], i: usize| <$t>::from_le_bytes(p[i * w..(i + 1) * w].try_into().unwrap());
@@ -64,25 +66,7 @@ macro_rules! fold {
         for i in 0..len {
             let mut acc = get(&$parts[0], i);
             for p in &$parts[1..] {
-                let v = get(p, i);
-                acc = match $op {
-                    1 => acc * v,
-                    2 => {
-                        if v > acc {
-                            v
-                        } else {
-                            acc
-                        }
-                    }
-                    3 => {
-                        if v < acc {
-                            v
-                        } else {
-                            acc
-                        }
-                    }
-                    _ => acc + v,
-                };
+                acc = $combine(acc, get(p, i));
             }
             out.extend_from_slice(&acc.to_le_bytes());
         }
@@ -90,29 +74,39 @@ macro_rules! fold {
     }};
 }
 
-macro_rules! fold_int {
-    ($t:ty, $parts:expr, $op:expr) => {{
-        let w = std::mem::size_of::<$t>();
-        let get =
-            |p: &[u8], i: usize| <$t>::from_le_bytes(p[i * w..(i + 1) * w].try_into().unwrap());
-        let len = $parts[0].len() / w;
-        let mut out = Vec::with_capacity(len * w);
-        for i in 0..len {
-            let mut acc = get(&$parts[0], i);
-            for p in &$parts[1..] {
-                let v = get(p, i);
-                // Integers wrap, as on the GPU.
-                acc = match $op {
-                    1 => acc.wrapping_mul(v),
-                    2 => acc.max(v),
-                    3 => acc.min(v),
-                    _ => acc.wrapping_add(v),
-                };
+macro_rules! fold {
+    ($t:ty, $parts:expr, $op:expr) => {
+        fold_with!($t, $parts, |acc: $t, v: $t| match $op {
+            1 => acc * v,
+            2 => {
+                if v > acc {
+                    v
+                } else {
+                    acc
+                }
             }
-            out.extend_from_slice(&acc.to_le_bytes());
-        }
-        out
-    }};
+            3 => {
+                if v < acc {
+                    v
+                } else {
+                    acc
+                }
+            }
+            _ => acc + v,
+        })
+    };
+}
+
+macro_rules! fold_int {
+    ($t:ty, $parts:expr, $op:expr) => {
+        // Integers wrap, as on the GPU.
+        fold_with!($t, $parts, |acc: $t, v: $t| match $op {
+            1 => acc.wrapping_mul(v),
+            2 => acc.max(v),
+            3 => acc.min(v),
+            _ => acc.wrapping_add(v),
+        })
+    };
 }
 
 /// Reduces the ranks' parts (in rank order, each the same length), after `check` passed.

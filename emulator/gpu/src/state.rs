@@ -179,12 +179,19 @@ pub fn state() -> MutexGuard<'static, State> {
 /// Runs an entry point's body: its error, or `CUDA_ERROR_UNKNOWN` (with a line on stderr)
 /// if it panicked.
 pub fn guard(name: &str, f: impl FnOnce() -> Result<(), CUresult>) -> CUresult {
+    guarded(name, CUresult::CUDA_ERROR_UNKNOWN, || {
+        f().map(|()| CUresult::CUDA_SUCCESS)
+    })
+}
+
+/// Runs the body of entry point `name` of any library: the status it returns or fails with,
+/// or `panicked` (with a line on stderr) if it panicked.
+pub fn guarded<S>(name: &str, panicked: S, f: impl FnOnce() -> Result<S, S>) -> S {
     match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => CUresult::CUDA_SUCCESS,
-        Ok(Err(e)) => e,
+        Ok(Ok(status) | Err(status)) => status,
         Err(_) => {
             eprintln!("emulated GPU: {name} panicked (a bug in the emulated GPU)");
-            CUresult::CUDA_ERROR_UNKNOWN
+            panicked
         }
     }
 }

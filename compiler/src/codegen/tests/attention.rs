@@ -1,17 +1,9 @@
 //! Tests of `codegen/attention.rs` and `attention_grad.rs`: every kernel variant generated and
 //! assembled by ptxas, the launches' arguments and shapes, and refused operands.
-use super::super::testing::{assemble, assert_no_spills};
+use super::super::testing::{assemble, assert_no_spills, kernel, value_f32 as f};
 use super::super::{Arg, CodegenError, Gen, Launch, Operand};
 use super::{forward_checked, grad, single};
 use crate::ir::{AttentionInput, DType, Op};
-
-fn f(i: usize, shape: &[u64]) -> Operand {
-    Operand {
-        arg: Arg::Value(i),
-        shape: shape.to_vec(),
-        dtype: DType::F32,
-    }
-}
 
 /// Token-major `[B, T, H, D]` operands of one attention, B = 2: q, k, v, dy, lse, delta as
 /// values 0..6.
@@ -98,19 +90,6 @@ fn every_variant_assembles_on_every_shape() {
         variants(&mut g, "e24", 3, 33, 64, 24, causal);
         variants(&mut g, "wide", 3, 40, 200, 300, causal);
         assemble(&g.text("sm_80")).unwrap_or_else(|e| panic!("{e}"));
-    }
-}
-
-fn kernel(l: &Launch) -> (String, u32, u32, Vec<Arg>) {
-    match l {
-        Launch::Kernel {
-            entry,
-            grid,
-            block,
-            args,
-            ..
-        } => (entry.clone(), *grid, *block, args.clone()),
-        other => panic!("{other:?}"),
     }
 }
 

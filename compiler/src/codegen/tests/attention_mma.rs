@@ -1,27 +1,12 @@
 //! Tests of `codegen/attention_mma.rs`: the tensor-core forward generated for every width,
 //! length and mask and assembled by ptxas, its launches, the fallback to the f32 kernels for
 //! other widths, and ptxas's register and spill counts.
-use super::super::super::testing::{assemble, assert_no_spills};
-use super::super::super::{Arg, CodegenOptions, Gen, Launch, Operand};
+use super::super::super::testing::{
+    assemble, assert_no_spills, bf16_attention as bf16, kernel, shared, value_f32 as f,
+};
+use super::super::super::{Arg, Gen, Launch};
 use super::super::{forward_checked, single};
-use crate::ir::{DType, Op};
-
-fn f(i: usize, shape: &[u64]) -> Operand {
-    Operand {
-        arg: Arg::Value(i),
-        shape: shape.to_vec(),
-        dtype: DType::F32,
-    }
-}
-
-fn bf16() -> Gen {
-    Gen {
-        options: CodegenOptions {
-            bf16_attention: true,
-        },
-        ..Gen::default()
-    }
-}
+use crate::ir::Op;
 
 /// The forward with its log-sum-exp, the output alone and the log-sum-exp alone, of 2 batch
 /// positions and `h` heads, token-major: q, k, v as values 0..3, o 3, lse 4.
@@ -40,27 +25,6 @@ fn forwards(g: &mut Gen, tag: &str, h: u64, t: u64, d: u64, causal: bool) -> Vec
     l.extend(single(g, &format!("{tag}_o"), &att, &x, &o).unwrap());
     l.extend(single(g, &format!("{tag}_lse"), &lse_op, &x[..2], &lse).unwrap());
     l
-}
-
-fn kernel(l: &Launch) -> (String, u32, u32, Vec<Arg>) {
-    match l {
-        Launch::Kernel {
-            entry,
-            grid,
-            block,
-            args,
-            ..
-        } => (entry.clone(), *grid, *block, args.clone()),
-        other => panic!("{other:?}"),
-    }
-}
-
-/// The dynamic shared memory a launch passes.
-fn shared(l: &Launch) -> u32 {
-    match l {
-        Launch::Kernel { shared, .. } => *shared,
-        other => panic!("{other:?}"),
-    }
 }
 
 #[test]

@@ -4,28 +4,13 @@
 //! and spill counts. Numerics are checked outside the tests, by a PTX interpreter against an
 //! f64 reference (the commit message has the figures); `PARALLAX_MMA_GRAD_DUMP=file` writes
 //! the kernels it ran.
-use super::super::super::testing::{assemble, assert_no_spills};
-use super::super::super::{Arg, CodegenOptions, Gen, Launch, Operand};
+use super::super::super::testing::{
+    assemble, assert_no_spills, bf16_attention as bf16, kernel, shared, value_f32 as f,
+};
+use super::super::super::{Arg, Gen, Launch};
 use super::super::single;
 use super::key_value_grad;
-use crate::ir::{AttentionInput, DType, Op};
-
-fn f(i: usize, shape: &[u64]) -> Operand {
-    Operand {
-        arg: Arg::Value(i),
-        shape: shape.to_vec(),
-        dtype: DType::F32,
-    }
-}
-
-fn bf16() -> Gen {
-    Gen {
-        options: CodegenOptions {
-            bf16_attention: true,
-        },
-        ..Gen::default()
-    }
-}
+use crate::ir::{AttentionInput, Op};
 
 /// The sizes of one backward: heads, queries, keys, widths `d` and `e`, causal.
 #[derive(Clone, Copy)]
@@ -79,27 +64,6 @@ fn case(h: u64, t: u64, s: u64, w: u64, causal: bool) -> Case {
         d: w,
         e: w,
         causal,
-    }
-}
-
-fn kernel(l: &Launch) -> (String, u32, u32, Vec<Arg>) {
-    match l {
-        Launch::Kernel {
-            entry,
-            grid,
-            block,
-            args,
-            ..
-        } => (entry.clone(), *grid, *block, args.clone()),
-        other => panic!("{other:?}"),
-    }
-}
-
-/// The dynamic shared memory a launch passes.
-fn shared(l: &Launch) -> u32 {
-    match l {
-        Launch::Kernel { shared, .. } => *shared,
-        other => panic!("{other:?}"),
     }
 }
 

@@ -1,16 +1,8 @@
 //! Tests of `codegen/conv.rs`: every op generated and assembled by ptxas.
-use super::super::testing::assemble;
+use super::super::testing::{assemble, value_f32 as operand};
 use super::super::{Arg, CodegenError, Gen, Launch, Operand};
 use super::generate;
 use crate::ir::{DType, Op};
-
-fn operand(i: usize, shape: &[u64]) -> Operand {
-    Operand {
-        arg: Arg::Value(i),
-        shape: shape.to_vec(),
-        dtype: DType::F32,
-    }
-}
 
 fn entry(l: &Launch) -> &str {
     match l {

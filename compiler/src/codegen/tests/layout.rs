@@ -1,19 +1,10 @@
 //! Tests of `codegen/layout.rs`: every op generated and assembled by ptxas.
 use super::*;
-use crate::codegen::testing::assemble;
-use crate::codegen::Arg;
+use crate::codegen::testing::{assemble, value as v};
 use crate::ir::Dim;
 
 const F: DType = DType::F32;
 const I: DType = DType::I32;
-
-fn v(i: usize, shape: &[u64], dtype: DType) -> Operand {
-    Operand {
-        arg: Arg::Value(i),
-        shape: shape.to_vec(),
-        dtype,
-    }
-}
 
 fn dims(s: &[u64]) -> Vec<Dim> {
     s.iter().map(|&n| Dim::known(n)).collect()

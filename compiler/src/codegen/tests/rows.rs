@@ -1,19 +1,8 @@
 //! Tests of `codegen/rows.rs`: every op generated and assembled by ptxas.
-use super::super::testing::{assemble, ptxas_log};
+use super::super::testing::{assemble, kernel, ptxas_log, value as val, value_f32 as f};
 use super::super::{Arg, CodegenError, Gen, Launch, Operand};
 use super::generate;
 use crate::ir::{DType, Op};
-
-fn val(i: usize, shape: &[u64], dtype: DType) -> Operand {
-    Operand {
-        arg: Arg::Value(i),
-        shape: shape.to_vec(),
-        dtype,
-    }
-}
-fn f(i: usize, shape: &[u64]) -> Operand {
-    val(i, shape, DType::F32)
-}
 
 /// Every op of the file on `shape` (cross-entropy with `shape` as logits), as
 /// `(op, operands, output)`.
@@ -76,16 +65,6 @@ fn every_op_assembles_on_short_long_and_edge_shapes() {
 fn launch_shapes_and_arguments() {
     let shape = [2, 3, 8, 8];
     let (l, _) = module(&cases(&shape));
-    let kernel = |l: &Launch| match l {
-        Launch::Kernel {
-            entry,
-            grid,
-            block,
-            args,
-            ..
-        } => (entry.clone(), *grid, *block, args.clone()),
-        other => panic!("{other:?}"),
-    };
     let v = |ids: &[usize]| ids.iter().map(|&i| Arg::Value(i)).collect::<Vec<_>>();
     // Softmax: a warp per row of 8, 48 rows.
     assert_eq!(kernel(&l[0]), ("k0".into(), 6, 256, v(&[0, 1])));
