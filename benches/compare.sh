@@ -34,6 +34,10 @@ BIN=target/release/examples/step_time
 MEDIANS=$(mktemp)
 trap 'rm -f "$MEDIANS"' EXIT
 
+# The peak first, on an idle machine: measured after the paired runs it came out at half
+# (PyTorch's worker threads still spinning), and shares of the peak above 100%.
+peak_line=$(target/release/examples/fma_peak "$THREADS")
+
 PYTHON=${PYTHON:-python3}
 echo
 echo "training step in ms: $ROUNDS rounds of $CHUNK steps after $WARMUP warm-up; $THREADS threads, fp32"
@@ -59,7 +63,6 @@ else
     done
 fi
 
-peak_line=$(target/release/examples/fma_peak "$THREADS")
 peak=$(awk '{ print $3 }' <<<"$peak_line")
 echo
 echo "$peak_line"
