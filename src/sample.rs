@@ -79,10 +79,11 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
     let mut text = TextStream::default();
     let mut broken = false;
     let mut on_token = |t: u32| {
-        broken = match (args.ids, text.push(&codec, t)) {
-            (true, _) => writeln!(stdout, "{t}").is_err(),
-            (false, Some(s)) => write!(stdout, "{s}").and_then(|_| stdout.flush()).is_err(),
-            (false, None) => false,
+        broken = match args.ids {
+            true => writeln!(stdout, "{t}").is_err(),
+            false => text
+                .push(&codec, t)
+                .is_some_and(|s| write!(stdout, "{s}").and_then(|_| stdout.flush()).is_err()),
         };
         !broken
     };

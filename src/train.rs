@@ -157,7 +157,8 @@ pub fn run(args: Args) -> Result<(), Exit> {
         every: 1,
     };
     let timeout = std::time::Duration::from_secs(args.collective_timeout);
-    let result = train_placed(&source, decided, &cfg, timeout, &mut |e| {
+    let env = |k: &str| std::env::var(k).ok();
+    let result = train_placed(&source, decided, &cfg, timeout, &env, &mut |e| {
         progress.on_event(e)
     });
     if let Some(b) = progress.bar.take() {

@@ -85,7 +85,7 @@ pub fn verdict(
             v.refused = true;
             return v;
         }
-        (Ok(p), true) if text && explain_it => v.out += &explain(p),
+        (Ok(p), _) if text && explain_it => v.out += &explain(p),
         (Ok(p), true) if text => {
             let n = p.candidates.len();
             let _ = writeln!(
@@ -93,12 +93,10 @@ pub fn verdict(
                 "  (--explain lists the {n} candidates and each pipeline stage)"
             );
         }
-        (_, true) => {}
-        (Ok(p), false) if text && explain_it => v.out += &explain(p),
         (Err(partition::Error::NoFit { candidates, .. }), false) if text && explain_it => {
             v.err += &candidate_table(candidates, capacity)
         }
-        (_, false) => {}
+        _ => {}
     }
     if plan.gpus_requested > 1 {
         return v;

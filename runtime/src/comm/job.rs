@@ -32,14 +32,19 @@ impl JobError {
     }
 }
 
+/// What keeps MPI up while a job of MPI ranks runs (nothing can be one without `mpi`).
+#[cfg(feature = "mpi")]
+type MpiUp = super::mpi::Mpi;
+#[cfg(not(feature = "mpi"))]
+type MpiUp = std::convert::Infallible;
+
 /// A running job: MPI started (or the TCP links made), and this rank's communicator.
 pub struct Job {
     /// `ranks::Peers`: what a rank's device trains over.
     pub peers: Arc<Mutex<Box<dyn super::Communicator>>>,
     pub rank: usize,
     // Dropped after `peers` (fields drop in order): MPI ends with the last communicator.
-    #[cfg(feature = "mpi")]
-    _mpi: Option<super::mpi::Mpi>,
+    _mpi: Option<MpiUp>,
 }
 
 impl Job {
@@ -79,20 +84,11 @@ impl Job {
         Err(JobError::NoMpi)
     }
 
-    #[cfg(feature = "mpi")]
-    fn of(comm: Box<dyn super::Communicator>, rank: usize, mpi: Option<super::mpi::Mpi>) -> Job {
+    fn of(comm: Box<dyn super::Communicator>, rank: usize, mpi: Option<MpiUp>) -> Job {
         Job {
             peers: Arc::new(Mutex::new(comm)),
             rank,
             _mpi: mpi,
-        }
-    }
-
-    #[cfg(not(feature = "mpi"))]
-    fn of(comm: Box<dyn super::Communicator>, rank: usize, _: Option<()>) -> Job {
-        Job {
-            peers: Arc::new(Mutex::new(comm)),
-            rank,
         }
     }
 }

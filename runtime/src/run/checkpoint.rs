@@ -260,40 +260,12 @@ pub fn load(
     for (is_param, prefix, list) in [(true, PARAM, &params), (false, STATE, &states)] {
         for (name, shape, _) in list {
             let key = format!("{prefix}{name}");
-            let view = st
-                .tensor(&key)
-                .map_err(|_| tensor_err(name, "missing from the checkpoint".into()))?;
-            if view.dtype() != Dtype::F32 {
-                return Err(tensor_err(
-                    name,
-                    format!("is {:?}, expected F32", view.dtype()),
-                ));
-            }
-            if !files.accepts(name, shape, view.shape()) {
-                return Err(tensor_err(
-                    name,
-                    format!(
-                        "has shape {:?}, the model expects {:?}",
-                        view.shape(),
-                        files.file_shape(name, shape)
-                    ),
-                ));
-            }
-            let v: Vec<f32> = view
-                .data()
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            // Written before checkpoints refused non-finite values.
-            if let Some(c) = finite::Count::of(&v) {
-                return Err(tensor_err(
-                    name,
-                    format!(
-                        "{}: delete this checkpoint to resume from an earlier one, before the run diverged",
-                        finite::refusal(&c)
-                    ),
-                ));
-            }
+            // Checkpoints written before non-finite values were refused may hold them.
+            let diverged =
+                "delete this checkpoint to resume from an earlier one, before the run diverged";
+            let v = files
+                .read(&st, &key, (name, shape), "the checkpoint", diverged)
+                .map_err(|m| tensor_err(name, m))?;
             loaded.push((is_param, name.clone(), v));
         }
     }

@@ -43,6 +43,41 @@ impl FileShapes {
     pub fn accepts(&self, name: &str, shape: &[usize], found: &[usize]) -> bool {
         found == shape || found == self.file_shape(name, shape).as_slice()
     }
+
+    /// The values of model tensor `name` (of `shape`) stored as `key` in `st` (a weights file
+    /// or a checkpoint, `within` in messages): present, f32, of a shape this model accepts and
+    /// finite (`diverged` says what to do when not). `Err` is the message about the tensor.
+    pub(crate) fn read(
+        &self,
+        st: &safetensors::SafeTensors,
+        key: &str,
+        (name, shape): (&str, &[usize]),
+        within: &str,
+        diverged: &str,
+    ) -> Result<Vec<f32>, String> {
+        let view = st
+            .tensor(key)
+            .map_err(|_| format!("missing from {within}"))?;
+        if view.dtype() != Dtype::F32 {
+            return Err(format!("is {:?}, expected F32", view.dtype()));
+        }
+        if !self.accepts(name, shape, view.shape()) {
+            return Err(format!(
+                "has shape {:?}, the model expects {:?}",
+                view.shape(),
+                self.file_shape(name, shape)
+            ));
+        }
+        let v: Vec<f32> = view
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        match finite::Count::of(&v) {
+            Some(c) => Err(format!("{}: {diverged}", finite::refusal(&c))),
+            None => Ok(v),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -171,36 +206,15 @@ pub fn load(e: &mut dyn Backend, files: &FileShapes, path: &Path) -> Result<(), 
     let tagged = params.iter().map(|v| (v, true));
     for ((name, shape, _), trained) in tagged.chain(stats.iter().map(|v| (v, false))) {
         let name = name.as_str();
-        let view = st
-            .tensor(name)
-            .map_err(|_| bad(name, "missing from the file".into()))?;
-        if view.dtype() != Dtype::F32 {
-            return Err(bad(name, format!("is {:?}, expected F32", view.dtype())));
-        }
-        if !files.accepts(name, shape, view.shape()) {
-            return Err(bad(
+        let v = files
+            .read(
+                &st,
                 name,
-                format!(
-                    "has shape {:?}, the model expects {:?}",
-                    view.shape(),
-                    files.file_shape(name, shape)
-                ),
-            ));
-        }
-        let v: Vec<f32> = view
-            .data()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-        if let Some(c) = finite::Count::of(&v) {
-            return Err(bad(
-                name,
-                format!(
-                    "{}: the weights must be finite (were they saved from a run that diverged?)",
-                    finite::refusal(&c)
-                ),
-            ));
-        }
+                (name, shape),
+                "the file",
+                "the weights must be finite (were they saved from a run that diverged?)",
+            )
+            .map_err(|m| bad(name, m))?;
         loaded.push((name.to_string(), shape.clone(), v, trained));
     }
     let known = |n: &str| loaded.iter().any(|(k, ..)| k == n);

@@ -22,12 +22,14 @@ pub enum PlacedError {
     Train(#[from] TrainError),
 }
 
-/// Trains `source` as `decided` placed it; a rank of a job waits `timeout` for a silent peer.
+/// Trains `source` as `decided` placed it; a rank of a job waits `timeout` for a silent peer;
+/// `env` reads the environment (the launcher's variables).
 pub fn train_placed(
     source: &Source,
     decided: Decided,
     cfg: &TrainConfig,
     timeout: Duration,
+    env: &dyn Fn(&str) -> Option<String>,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<Summary, PlacedError> {
     let joins = matches!(cfg.device, Device::Simulated(_) | Device::CudaRanks(_));
@@ -35,8 +37,7 @@ pub fn train_placed(
         return Ok(train(source, decided.plan, cfg, on_event)?);
     }
     let stop = cfg.stop.clone().unwrap_or_default();
-    let var = |k: &str| std::env::var(k).ok();
-    let job = Job::start(&decided.world, timeout, &stop, &var)?;
+    let job = Job::start(&decided.world, timeout, &stop, env)?;
     match train_rank(source, decided.plan, cfg, job.peers.clone(), on_event) {
         Err(e @ (TrainError::Interrupted { .. } | TrainError::Finished { .. })) => Err(e.into()),
         Err(e) => {
