@@ -27,48 +27,41 @@ pub(crate) struct Args {
     /// arithmetic (aligned to the largest exponent, truncated).
     #[arg(long, value_enum, default_value = "oracle-order")]
     pub mma: MmaArg,
-    /// Check the kernels of the plan `train --gpus N` runs: every device's (each
-    /// pipeline stage's, each tensor rank's), each against its own oracle.
-    #[arg(long, default_value_t = 1)]
-    pub gpus: u32,
-    /// The split for `--gpus`, as `train --strategy` takes it (`dp2`, `pp2`, `tp2`, ...).
-    #[arg(long)]
-    pub strategy: Option<String>,
-    /// ZeRO stage over the data-parallel ranks, as `train --zero` takes it.
-    #[arg(long)]
-    pub zero: Option<u8>,
+    /// The plan `train --gpus N` runs: every device's kernels (each pipeline stage's, each
+    /// tensor rank's), each against its own oracle.
+    #[command(flatten)]
+    pub split: crate::SplitArgs,
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
 }
 
 pub(crate) fn run(args: Args) -> Result<(), Exit> {
     let (file, set, format) = (args.file.as_path(), args.set.as_slice(), args.format);
-    let (gpus, strategy, zero) = (args.gpus, args.strategy.as_deref(), args.zero);
+    let split = &args.split;
     let a = KernelCheckArgs {
         precision: args.precision.value(),
         ptx_dir: args.ptx,
         mma: args.mma.value(),
     };
     let (source, plan, base) = compiled(file, set)?;
-    // Several devices: the plan `train --gpus N` runs (the same choice of split).
-    let plan = if gpus > 1 {
-        let request = target::Request {
-            gpus,
-            strategy,
-            zero,
-            ..target::Request::default()
-        };
-        let split = target::split(&source, &request).map_err(|e| fail(file, e))?;
-        let (_, plan) =
-            target::compile_split(&source, &split, &mut |_, _| {}).map_err(|e| fail(file, e))?;
-        errln!(
-            "{}: --gpus {gpus}: {}",
-            source.experiment.name,
-            parallax_compiler::partition::strategy_name(&split.strategy)
-        );
-        plan
-    } else {
-        plan
+    // Several devices: the plan `train` runs on them (the same choice of split).
+    let plan = match split.gpus.unwrap_or(source.experiment.devices.gpus) {
+        1 => plan,
+        gpus => {
+            let request = target::Request {
+                gpus,
+                strategy: split.strategy.as_deref(),
+                zero: split.zero,
+                memory: split.gpu_memory,
+                ..target::Request::default()
+            };
+            let split = target::split(&source, &request).map_err(|e| fail(file, e))?;
+            let (_, plan) = target::compile_split(&source, &split, &mut |_, _| {})
+                .map_err(|e| fail(file, e))?;
+            let name = parallax_compiler::partition::strategy_name(&split.strategy);
+            errln!("{}: --gpus {gpus}: {name}", source.experiment.name);
+            plan
+        }
     };
     let t = Instant::now();
     let r = kernels::check(&source, &plan, &base, &a).map_err(|e| fail(file, e))?;
@@ -77,9 +70,5 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
         Format::Json => outln!("{}", report::json(&r, seconds))?,
         Format::Text => out!("{}", report::text(&source.experiment.name, &r, seconds))?,
     }
-    if r.ok() {
-        Ok(())
-    } else {
-        Err(Exit(1))
-    }
+    crate::ok_if(r.ok())
 }

@@ -36,10 +36,10 @@ pub enum CommBackend {
 pub(crate) fn run(args: Args) -> Result<(), Exit> {
     // NCCL needs a GPU: said before any rank waits for another.
     let devices = match args.backend {
-        CommBackend::Cuda => Some(parallax_runtime::cuda::probe().map_err(|e| {
-            errln!("error: comm-check --backend cuda: {e}");
-            Exit(1)
-        })?),
+        CommBackend::Cuda => Some(
+            parallax_runtime::cuda::probe()
+                .map_err(|e| crate::error(format!("comm-check --backend cuda: {e}")))?,
+        ),
         CommBackend::Cpu => None,
     };
     ranks(args, devices)
@@ -64,18 +64,12 @@ fn ranks(args: Args, devices: Option<parallax_runtime::cuda::Devices>) -> Result
     let local_rank = match devices {
         Some(_) => {
             parallax_runtime::comm::world::World::from_env(&|v| std::env::var(v).ok())
-                .map_err(|e| {
-                    errln!("error: comm-check --backend cuda: {e}");
-                    Exit(1)
-                })?
+                .map_err(|e| crate::error(format!("comm-check --backend cuda: {e}")))?
                 .local_rank
         }
         None => 0,
     };
-    let (mpi, mut comm) = Mpi::start(wait).map_err(|e| {
-        errln!("error: {e}");
-        Exit(1)
-    })?;
+    let (mpi, mut comm) = Mpi::start(wait).map_err(crate::error)?;
     let rank = comm.rank();
     let say = |lines: Vec<String>| {
         for l in lines.iter().filter(|_| rank == 0) {
@@ -104,14 +98,7 @@ fn ranks(args: Args, devices: Option<parallax_runtime::cuda::Devices>) -> Result
             true
         }
         (None, false) => {
-            let fault = match (args.fail_rank, args.hang_rank) {
-                (Some(r), _) => Some(Fault::Fail(r)),
-                (None, Some(rank)) => Some(Fault::Hang {
-                    rank,
-                    secs: args.timeout.saturating_mul(3).max(1),
-                }),
-                (None, None) => None,
-            };
+            let fault = Fault::planted(args.fail_rank, args.hang_rank, args.timeout);
             let lines = check::run(&mut comm, fault);
             say(lines.unwrap_or_else(|e| exit(1, format!("error: {e}"))));
             true

@@ -5,7 +5,7 @@ use crate::{base_dir, fail, load, run_pipeline, Exit, Format, PrecisionArg};
 use clap::ValueEnum;
 use parallax_compiler::ir::print::{to_dot, to_text};
 use parallax_compiler::partition::summary;
-use parallax_compiler::passes::pass_names;
+use parallax_compiler::passes::dump_after;
 use parallax_compiler::target;
 use parallax_compiler::verdict;
 use parallax_compiler::{codegen, Options, Plan};
@@ -20,17 +20,11 @@ pub(crate) struct Args {
     /// Override a field of the file, as `train --set` does: `--set devices.gpus=4`.
     #[arg(long = "set", value_name = "PATH=VALUE")]
     pub set: Vec<String>,
-    /// GPUs to plan for: the partition planner picks data, tensor and pipeline
-    /// parallelism for them (the file's `devices.gpus` when absent).
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
-    pub gpus: Option<u32>,
+    #[command(flatten)]
+    pub split: crate::SplitArgs,
     /// Nodes the GPUs are spread over (default: 8 GPUs per node).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub nodes: Option<u32>,
-    /// Force a strategy: `dp4`, `tp8`, `dp2.tp2.pp2` (degrees not named are 1; their
-    /// product must be the GPU count).
-    #[arg(long, value_name = "S")]
-    pub strategy: Option<String>,
     /// Print the partition candidates, the choice and each pipeline stage.
     #[arg(long)]
     pub explain: bool,
@@ -38,9 +32,6 @@ pub(crate) struct Args {
     /// a100-80gb, a100-40gb, l4, cpu.
     #[arg(long, value_name = "KIND")]
     pub device: Option<String>,
-    /// Each GPU's memory (overrides the profile's), e.g. `24GiB`.
-    #[arg(long, value_name = "SIZE", value_parser = parallax_compiler::devices::parse_bytes)]
-    pub gpu_memory: Option<u64>,
     /// What to write: the IR text, its DOT graph, or the plan (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',')]
     pub emit: Vec<Emit>,
@@ -57,7 +48,7 @@ pub(crate) struct Args {
     #[arg(long)]
     pub timings: bool,
     /// Print the IR after a pass (to stderr), e.g. `after:lower`.
-    #[arg(long, value_name = "after:PASS", value_parser = parse_dump)]
+    #[arg(long, value_name = "after:PASS", value_parser = dump_after)]
     pub dump_ir: Vec<String>,
 }
 
@@ -85,24 +76,6 @@ impl Emit {
     }
 }
 
-fn parse_dump(s: &str) -> Result<String, String> {
-    let names = pass_names();
-    let Some(pass) = s.strip_prefix("after:") else {
-        return Err(format!(
-            "expected `after:PASS`, where PASS is one of: {}",
-            names.join(", ")
-        ));
-    };
-    if names.contains(&pass) || pass == "all" {
-        Ok(pass.to_string())
-    } else {
-        Err(format!(
-            "unknown pass `{pass}`; the passes are: {}, or `all`",
-            names.join(", ")
-        ))
-    }
-}
-
 pub(crate) fn run(args: Args) -> Result<(), Exit> {
     let (file, out, emit, format) = (
         args.file.as_path(),
@@ -111,22 +84,18 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
         args.format,
     );
     if out.is_none() && (emit.len() > 1 || emit.contains(&Emit::Ptx)) {
-        errln!("error: emitting several files needs `--out DIR`");
-        return Err(Exit(2));
+        return Err(crate::usage("emitting several files needs `--out DIR`"));
     }
     let (source, parse_time) = load(file, &args.set, format)?;
     let options = Options {
-        gpus: args.gpus,
+        gpus: args.split.gpus,
         ..Options::default()
     };
     let kind = args
         .device
-        .clone()
-        .unwrap_or_else(|| source.experiment.devices.kind.clone());
-    let profile = parallax_compiler::devices::find(&kind).map_err(|e| {
-        errln!("error: {e}");
-        Exit(2)
-    })?;
+        .as_deref()
+        .unwrap_or(&source.experiment.devices.kind);
+    let profile = parallax_compiler::devices::find(kind).map_err(crate::usage)?;
     let title = source.experiment.name.clone();
     let mut dump = |pass: &str, g: &parallax_compiler::ir::Graph| {
         if args.dump_ir.iter().any(|d| d == pass || d == "all") {
@@ -135,10 +104,11 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
         }
     };
     let compiled = run_pipeline(file, &source, &options, format, &mut dump)?;
-    let capacity = args.gpu_memory.unwrap_or(profile.memory);
+    let capacity = args.split.gpu_memory.unwrap_or(profile.memory);
     let request = target::Request {
-        strategy: args.strategy.as_deref(),
-        memory: args.gpu_memory,
+        strategy: args.split.strategy.as_deref(),
+        zero: args.split.zero,
+        memory: args.split.gpu_memory,
         kind: Some(profile.kind),
         nodes: args.nodes,
         ..target::Request::default()
@@ -172,40 +142,26 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
             return Ok(());
         }
         (Some(dir), _) if !emit.is_empty() => {
-            if let Err(e) = std::fs::create_dir_all(dir) {
-                errln!("error: cannot create `{}`: {e}", dir.display());
-                return Err(Exit(1));
-            }
+            std::fs::create_dir_all(dir)
+                .map_err(|e| crate::error(format!("cannot create `{}`: {e}", dir.display())))?;
             for &e in emit {
                 if e == Emit::Ptx {
                     emit_ptx(plan, dir, file, args.precision.value())?;
                     continue;
                 }
                 let path = dir.join(e.file_name());
-                if let Err(err) = std::fs::write(&path, render(e)) {
-                    errln!("error: cannot write `{}`: {err}", path.display());
-                    return Err(Exit(1));
-                }
+                std::fs::write(&path, render(e))
+                    .map_err(|e| crate::error(format!("cannot write `{}`: {e}", path.display())))?;
                 errln!("wrote {}", path.display());
             }
         }
         _ => {}
     }
-    let fits = plan.memory.peak_bytes <= capacity;
-    let device = serde_json::json!({
-        "kind": profile.kind,
-        "name": profile.name,
-        "memory_bytes": capacity,
-        "fits_one_device": fits,
-    });
     let simulated = planned.simulated.as_deref();
     match format {
         Format::Json => {
-            let ms: Vec<(&str, f64)> = pass_times
-                .iter()
-                .map(|(n, d)| (*n, d.as_secs_f64() * 1e3))
-                .collect();
-            let v = summary::json(plan, &partitioned.partition, simulated, device, &ms);
+            let part = &partitioned.partition;
+            let v = summary::json(plan, part, simulated, profile, capacity, &pass_times);
             outln!("{v}")?;
         }
         Format::Text => out!("{}", summary::text(plan, &partitioned.partition, simulated))?,
@@ -221,10 +177,7 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
     );
     out!("{}", v.out)?;
     err!("{}", v.err);
-    match v.refused {
-        true => Err(Exit(1)),
-        false => Ok(()),
-    }
+    crate::ok_if(!v.refused)
 }
 
 /// Writes `DIR/<kernel>.ptx` for each generated entry and `DIR/manifest.json`.
@@ -245,9 +198,5 @@ fn emit_ptx(plan: &Plan, dir: &Path, file: &Path, precision: Precision) -> Resul
 
 /// A refusal of the split or its plan, printed.
 fn refused(e: target::TargetError) -> Exit {
-    errln!("error: {e}");
-    if let Some(hint) = e.hint() {
-        errln!("  = hint: {hint}");
-    }
-    Exit(1)
+    crate::hinted(None, &e, e.hint())
 }

@@ -78,21 +78,15 @@ pub(crate) fn gpu_check(args: Args) -> Result<(), Exit> {
         // A write error is reported by `say` and fails the command's next line.
         let _ = report.progress(p).map(say);
     });
-    let c = match c {
-        Ok(c) => c,
-        Err(e @ CheckError::InitialParameter(_)) => {
-            errln!("{name}: {e}");
-            return Err(Exit(1));
-        }
-        Err(e) => return Err(fail(file, e)),
-    };
+    // A parameter the oracle refused names the experiment, not a line of its file.
+    let c = c.map_err(|e| match e {
+        CheckError::InitialParameter(_) => crate::error(format!("{name}: {e}")),
+        e => fail(file, e),
+    })?;
     for line in report.finish(&c) {
         say(line)?;
     }
-    match c.ok() {
-        true => Ok(()),
-        false => Err(Exit(1)),
-    }
+    crate::ok_if(c.ok())
 }
 
 fn say(line: Line) -> Result<(), Exit> {
@@ -111,5 +105,5 @@ pub fn collectives_check(file: &Path) -> Result<(), Exit> {
     for row in rows {
         outln!("{row}")?;
     }
-    ok.then_some(()).ok_or(Exit(1))
+    crate::ok_if(ok)
 }

@@ -32,9 +32,9 @@ pub(crate) enum Format {
 
 /// A command-line enum naming a library's values one for one, and its mapping.
 macro_rules! arg_enum {
-    ($arg:ident => $lib:ident { $($v:ident),+ }) => {
-        #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-        pub(crate) enum $arg { $($v),+ }
+    ($arg:ident => $lib:ident { $($(#[$doc:meta])* $v:ident),+ }) => {
+        #[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+        pub(crate) enum $arg { $($(#[$doc])* $v),+ }
         impl $arg {
             pub(crate) fn value(self) -> $lib {
                 match self { $($arg::$v => $lib::$v),+ }
@@ -45,6 +45,28 @@ macro_rules! arg_enum {
 arg_enum!(Backend => BackendChoice { Auto, Cpu, Cuda });
 arg_enum!(PrecisionArg => Precision { Fp32, Tf32, Bf16 });
 arg_enum!(MmaArg => MmaModel { OracleOrder, Hopper });
+
+/// The devices a plan runs on and how they split it: `train`, `compile` and `check-kernels`
+/// take them alike, and choose the same split from them (`target::split`).
+#[derive(clap::Args)]
+pub(crate) struct SplitArgs {
+    /// Devices (simulated ones on the CPU backend): each batch is cut into the file's
+    /// `devices.micro_shards` pieces, so any count up to that gives the same bits (the file's
+    /// `devices.gpus` when absent).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub gpus: Option<u32>,
+    /// How the devices split the work: `dp4`, `tp8`, `dp2.tp2.pp2` (degrees not named are 1;
+    /// their product is `--gpus`). Default: the cost model's choice.
+    #[arg(long, value_name = "STRATEGY")]
+    pub strategy: Option<String>,
+    /// ZeRO stage over the data-parallel ranks: 1 shards the optimizer state, 2 the reduced
+    /// gradients too, 3 the parameters too. Default: the cost model's, or 0 with --strategy.
+    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub zero: Option<u8>,
+    /// Each device's memory (default: the device kind's), e.g. `24GiB`.
+    #[arg(long, value_name = "SIZE", value_parser = parallax_compiler::devices::parse_bytes)]
+    pub gpu_memory: Option<u64>,
+}
 
 #[derive(Subcommand)]
 enum Command {
@@ -66,14 +88,11 @@ enum Command {
         #[arg(long, value_enum, default_value = "text")]
         format: Format,
     },
-    /// Check the CUDA backend against the CPU oracle: a few training steps from identical
-    /// weights on both (largest relative difference of losses and parameters), then the GPU
-    /// step time. Prints a `ROW|...` line for `scripts/gpu-check.sh`.
+    /// Check the CUDA backend against the CPU oracle from identical weights (losses and
+    /// parameters after a few steps), then time its step; `ROW|...` for scripts/gpu-check.sh.
     GpuCheck(gpu::Args),
-    /// Run one training step of the plan's generated GPU kernels on the PTX interpreter,
-    /// kernel by kernel against the CPU oracle, with sanitizer checks (out-of-bounds,
-    /// uninitialised reads, shared-memory races, misalignment, divergent barriers, pending
-    /// cp.async reads). No GPU needed. Exit 1 on any difference beyond tolerance or finding.
+    /// Run a training step's GPU kernels on the PTX interpreter against the CPU oracle, with
+    /// sanitizer checks (bounds, uninitialised reads, races, alignment, barriers); no GPU needed.
     CheckKernels(check_kernels::Args),
     /// Draw the training and validation curves of one or more runs (SVG, shared axes) and
     /// write an HTML page with their summaries side by side.
@@ -86,27 +105,22 @@ enum Command {
     },
     /// List the experiment fields that differ between two runs, and each run's final metrics.
     Diff { a: PathBuf, b: PathBuf },
-    /// Turn text files (concatenated in order) into llm.c token files for `Tokens`:
-    /// `PREFIX_train.bin` and `PREFIX_val.bin` (or `PREFIX.bin` without a validation part), and
-    /// for characters the vocabulary `PREFIX_vocab.json`.
+    /// Turn text files (concatenated in order) into llm.c token files for `Tokens`, with the
+    /// tokenizer beside them.
     Tokenize(tokenize::Args),
-    /// Evaluate a trained run's weights on its validation data (or `--data`): mean loss,
-    /// accuracy and top-5 for classifiers, perplexity for language models; every sample once
-    /// on any device count.
+    /// Evaluate a trained run on its validation data (or `--data`): loss, accuracy and top-5,
+    /// or perplexity; every sample once on any device count.
     Eval(trained::EvalArgs),
     /// A trained classifier's class probabilities and top-k labels for inputs (`.npy`, `.csv`).
     Predict(trained::PredictArgs),
-    /// Text from a trained language model: `--prompt`, `--max-new-tokens`, `--temperature`,
-    /// `--top-k`, `--top-p`, `--seed` (the same seed, the same text); decoded with the
+    /// Text from a trained language model (the same seed, the same text), decoded with the
     /// tokenizer its token files were written with.
     Sample(sample::Args),
     /// Check collectives on the GPU: NCCL all-reduce at world size 1, and a 4-rank
     /// data-parallel gradient step on simulated ranks against the 1-rank step of FILE.
     CollectivesCheck { file: PathBuf },
-    /// Check the communicator between ranks started by `mpirun` or `srun` (a build with
-    /// `--features mpi`): the tree all-reduce over 1 to 9 shards with the bits of one device,
-    /// reduce, broadcast, sends, barrier and the failure flag. Exits non-zero, naming the
-    /// rank and the collective, when a rank fails or stops answering.
+    /// Check the communicator between ranks `mpirun` or `srun` started (`--features mpi`):
+    /// each collective's bits against one device's, and a failing or silent rank named.
     CommCheck(comm_check::Args),
     /// Compile an experiment into a plan.
     Compile(compile::Args),
@@ -162,38 +176,27 @@ pub(crate) fn load(
     format: Format,
 ) -> Result<(Source, Duration), Exit> {
     let name = file.display().to_string();
-    let bytes = std::fs::read(file).map_err(|e| {
-        let read = Diagnostic::new(format!("cannot read the file: {e}"), None);
-        report(&name, "", &[read], format);
+    let refuse = |text: &str, diagnostics: &[Diagnostic]| {
+        report(&name, text, diagnostics, format);
         Exit(1)
+    };
+    let bytes = std::fs::read(file).map_err(|e| {
+        refuse(
+            "",
+            &[Diagnostic::new(format!("cannot read the file: {e}"), None)],
+        )
     })?;
     let t = Instant::now();
     let parsed = parse_bytes(&bytes);
     let elapsed = t.elapsed();
-    let source = parsed.map_err(|e| {
-        report(
-            &name,
-            &String::from_utf8_lossy(&bytes),
-            &e.diagnostics(),
-            format,
-        );
-        Exit(1)
-    })?;
+    let source = parsed.map_err(|e| refuse(&String::from_utf8_lossy(&bytes), &e.diagnostics()))?;
     if set.is_empty() {
         return Ok((source, elapsed));
     }
-    let overrides = set.iter().map(|s| Override::parse(s));
-    let overrides = overrides.collect::<Result<Vec<_>, _>>().map_err(|e| {
-        errln!("error: --set {e}");
-        Exit(2)
-    })?;
-    match overrides::apply(&source, &overrides) {
-        Ok(source) => Ok((source, elapsed)),
-        Err(e) => {
-            report(&name, "", &e.diagnostics(), format);
-            Err(Exit(1))
-        }
-    }
+    let overrides: Result<Vec<_>, _> = set.iter().map(|s| Override::parse(s)).collect();
+    let overrides = overrides.map_err(|e| usage(format!("--set {e}")))?;
+    let source = overrides::apply(&source, &overrides).map_err(|e| refuse("", &e.diagnostics()))?;
+    Ok((source, elapsed))
 }
 
 /// Errors go to stderr with the source line and a caret; with `--format json` also as one
@@ -229,7 +232,34 @@ pub(crate) fn run_pipeline(
 
 /// A failure at `at` (a file or folder), reported.
 pub(crate) fn fail(at: &Path, e: impl std::fmt::Display) -> Exit {
-    errln!("{}: error: {e}", at.display());
+    hinted(Some(at), e, None)
+}
+
+/// Exit 1 unless `ok` (a check that found a difference, a plan refused).
+pub(crate) fn ok_if(ok: bool) -> Result<(), Exit> {
+    ok.then_some(()).ok_or(Exit(1))
+}
+
+/// A command line that cannot be run, reported (exit 2).
+pub(crate) fn usage(e: impl std::fmt::Display) -> Exit {
+    errln!("error: {e}");
+    Exit(2)
+}
+
+/// A failure that names its file itself (or none), reported.
+pub(crate) fn error(e: impl std::fmt::Display) -> Exit {
+    hinted(None, e, None)
+}
+
+/// A failure (at a file or folder, when it has one) and what to do about it, reported.
+pub(crate) fn hinted(at: Option<&Path>, e: impl std::fmt::Display, hint: Option<String>) -> Exit {
+    match at {
+        Some(at) => errln!("{}: error: {e}", at.display()),
+        None => errln!("error: {e}"),
+    }
+    if let Some(hint) = hint {
+        errln!("  = hint: {hint}");
+    }
     Exit(1)
 }
 
@@ -248,12 +278,7 @@ fn check(file: &Path, set: &[String], format: Format) -> Result<(), Exit> {
     let compiled = run_pipeline(file, &source, &options, format, &mut |_, _| {})?;
     let summary = compiled.summary(&source);
     match format {
-        Format::Text => outln!("{}", summary.line())?,
-        Format::Json => {
-            let mut v = serde_json::to_value(&summary).expect("a summary serialises");
-            v["ok"] = serde_json::Value::Bool(true);
-            outln!("{v}")?;
-        }
+        Format::Text => outln!("{}", summary.line()),
+        Format::Json => outln!("{}", summary.json()),
     }
-    Ok(())
 }

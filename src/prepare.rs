@@ -7,7 +7,7 @@ use crate::train::Args;
 use crate::{load, Exit, Format};
 use parallax_compiler::target::TargetError;
 use parallax_compiler::{Plan, Source};
-use parallax_runtime::train::prepare::{self, Decided, PrepareError, Want};
+use parallax_runtime::train::prepare::{self, Decided, PlanFileError, PrepareError, Want};
 use std::path::{Path, PathBuf};
 
 /// What `train` runs, decided.
@@ -21,14 +21,13 @@ pub(crate) struct Prepared {
 impl Args {
     fn want(&self) -> Want<'_> {
         Want {
-            gpus: self.gpus,
-            strategy: self.strategy.as_deref(),
-            zero: self.zero,
-            backend: self.backend.value(),
-            precision: self.precision.value(),
-            gpu_memory: self.gpu_memory,
+            gpus: self.split.gpus,
+            strategy: self.split.strategy.as_deref(),
+            zero: self.split.zero,
+            gpu_memory: self.split.gpu_memory,
             collective_timeout: std::time::Duration::from_secs(self.collective_timeout),
             resume: self.resume.as_deref(),
+            ..Want::on(self.backend.value(), self.precision.value())
         }
     }
 }
@@ -47,11 +46,10 @@ pub(crate) fn decide(
     given: Option<Plan>,
     want: &Want,
 ) -> Result<Prepared, Exit> {
-    let at = file.display().to_string();
     let decided = prepare::decide(&source, given, want, &|k| std::env::var(k).ok())
-        .map_err(|e| refuse(&at, &source, e))?;
+        .map_err(|e| refuse(&file, &source, e))?;
     for note in &decided.notes {
-        errln!("{at}: note: {note}");
+        errln!("{}: note: {note}", file.display());
     }
     Ok(Prepared {
         file,
@@ -61,7 +59,7 @@ pub(crate) fn decide(
 }
 
 /// A refusal, printed: a compile error with its line of the file, else the error and its hint.
-fn refuse(at: &str, source: &Source, e: PrepareError) -> Exit {
+fn refuse(at: &Path, source: &Source, e: PrepareError) -> Exit {
     let diagnostics = match &e {
         PrepareError::Compile(e) => Some(e.diagnostics()),
         PrepareError::Split(TargetError::Compile(e)) => Some(e.diagnostics()),
@@ -69,13 +67,10 @@ fn refuse(at: &str, source: &Source, e: PrepareError) -> Exit {
     };
     if let Some(d) = diagnostics {
         let (text, diags) = source.for_user(d);
-        crate::report(at, text, &diags, Format::Text);
+        crate::report(&at.display().to_string(), text, &diags, Format::Text);
         return Exit(1);
     }
-    errln!("{at}: error: {e}");
-    if let Some(hint) = e.hint() {
-        errln!("  = hint: {hint}");
-    }
+    crate::hinted(Some(at), &e, e.hint());
     Exit(match e {
         PrepareError::Usage(_) => 2,
         _ => 1,
@@ -100,26 +95,12 @@ fn experiment(args: &Args) -> Result<(PathBuf, Source, Option<Plan>), Exit> {
 
 /// A plan written by `compile --emit plan`, and the experiment it carries.
 fn load_plan(path: &Path) -> Result<(Source, Plan), Exit> {
-    let fail = |what: String| {
-        errln!("{}: error: {what}", path.display());
-        Exit(1)
-    };
-    let text =
-        std::fs::read_to_string(path).map_err(|e| fail(format!("cannot read the plan: {e}")))?;
-    let mut plan = Plan::from_json(&text).map_err(|e| fail(e.to_string()))?;
-    let Some(experiment) = plan.experiment.take() else {
-        return Err(fail(
-            "the plan carries no experiment to train; write it with `parallax compile FILE --emit plan` (this version)".into(),
-        ));
-    };
-    let source = parallax_compiler::parse_bytes(experiment.as_bytes()).map_err(|e| {
-        crate::report(
-            &format!("{} (its experiment)", path.display()),
-            &experiment,
-            &e.diagnostics(),
-            Format::Text,
-        );
-        Exit(1)
-    })?;
-    Ok((source, plan))
+    prepare::read_plan(path).map_err(|e| match e {
+        PlanFileError::Experiment { text, error } => {
+            let at = format!("{} (its experiment)", path.display());
+            crate::report(&at, &text, &error.diagnostics(), Format::Text);
+            Exit(1)
+        }
+        e => crate::fail(path, e),
+    })
 }

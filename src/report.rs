@@ -6,13 +6,8 @@ use crate::Exit;
 use parallax_runtime::run::report;
 use std::path::{Path, PathBuf};
 
-fn fail(e: report::ReportError) -> Exit {
-    errln!("error: {e}");
-    Exit(1)
-}
-
 pub fn report(runs: &[PathBuf], out: Option<&Path>) -> Result<(), Exit> {
-    let written = report::report(runs, out).map_err(fail)?;
+    let written = report::report(runs, out).map_err(crate::error)?;
     let lines: Vec<String> = written
         .iter()
         .map(|p| format!("{}\n", p.display()))
@@ -21,5 +16,5 @@ pub fn report(runs: &[PathBuf], out: Option<&Path>) -> Result<(), Exit> {
 }
 
 pub fn diff(a: &Path, b: &Path) -> Result<(), Exit> {
-    emit(&report::diff(a, b).map_err(fail)?)
+    emit(&report::diff(a, b).map_err(crate::error)?)
 }

@@ -93,17 +93,7 @@ pub(crate) fn run(args: Args) -> Result<(), Exit> {
     if !args.ids && !broken {
         let _ = writeln!(std::io::stdout(), "{}", text.rest(&codec));
     }
-    let path = match &g.uncached {
-        None => format!("a key/value cache of {} bytes", g.cache_bytes()),
-        Some(why) => format!("the full window for every token: {why}"),
-    };
-    errln!(
-        "{}: {} tokens drawn ({}, seed {}, temperature {}; {path})",
-        weights.describe(),
-        drawn.len(),
-        codec.describe(),
-        args.seed,
-        args.temperature
-    );
+    let how = g.describe(drawn.len(), &codec.describe(), &options);
+    errln!("{}: {how}", weights.describe());
     Ok(())
 }

@@ -2,12 +2,11 @@
 //! `parallax_runtime::data::tokenize`).
 
 use crate::Exit;
-use parallax_runtime::data::tokenize::{self as tk, Tokenizer};
+use parallax_runtime::data::tokenize::{self as tk, Tokenizer, TokenizerKind};
 use std::path::PathBuf;
 use std::time::Instant;
 
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub(crate) enum Kind {
+arg_enum!(Kind => TokenizerKind {
     /// Each byte is a token (vocabulary 256).
     Bytes,
     /// Each distinct character is a token (nanoGPT's character-level vocabulary).
@@ -15,8 +14,8 @@ pub(crate) enum Kind {
     /// GPT-2's BPE (vocabulary 50,257; built in, works offline).
     Gpt2,
     /// A Hugging Face tokenizer.json, given with --tokenizer-file.
-    Hf,
-}
+    Hf
+});
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
@@ -37,35 +36,12 @@ pub(crate) struct Args {
     validation: f64,
 }
 
-fn fail(e: impl std::fmt::Display) -> Exit {
-    errln!("error: {e}");
-    Exit(1)
-}
-
 pub(crate) fn run(args: Args) -> Result<(), Exit> {
     let started = Instant::now();
-    let tokenizer = match (args.tokenizer, &args.tokenizer_file) {
-        (Kind::Hf, Some(f)) => Tokenizer::HuggingFace {
-            json: std::fs::read_to_string(f)
-                .map_err(|e| fail(format!("cannot read {}: {e}", f.display())))?,
-            file: f.display().to_string(),
-        },
-        (Kind::Hf, None) => {
-            return Err(fail(
-                "`--tokenizer hf` needs `--tokenizer-file tokenizer.json`",
-            ))
-        }
-        (_, Some(_)) => {
-            return Err(fail(
-                "`--tokenizer-file` is for `--tokenizer hf` (the others are built in)",
-            ))
-        }
-        (Kind::Bytes, None) => Tokenizer::Bytes,
-        (Kind::Chars, None) => Tokenizer::Chars,
-        (Kind::Gpt2, None) => Tokenizer::Gpt2,
-    };
-    let w =
-        tk::tokenize_files(&args.inputs, &tokenizer, args.validation, &args.out).map_err(fail)?;
+    let tokenizer = Tokenizer::named(args.tokenizer.value(), args.tokenizer_file.as_deref())
+        .map_err(crate::error)?;
+    let w = tk::tokenize_files(&args.inputs, &tokenizer, args.validation, &args.out)
+        .map_err(crate::error)?;
     let secs = started.elapsed().as_secs_f64().max(1e-9);
     let mb = w.text_bytes as f64 / 1e6;
     outln!(

@@ -1,10 +1,10 @@
 //! `parallax train`: compile, train on the CPU, show progress, report where the run went.
 
 use crate::prepare::Prepared;
-use crate::{fail, Backend, Exit, PrecisionArg};
+use crate::{Backend, Exit, PrecisionArg};
 use indicatif::{ProgressBar, ProgressStyle};
 use parallax_runtime::train::{
-    say, signals, train_placed, Event, PlacedError, TrainConfig, TrainError,
+    say, signals, train_placed, Event, Fault, PlacedError, TrainConfig, TrainError,
 };
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -55,24 +55,8 @@ pub struct Args {
     /// was written (recorded in its run.json); refused otherwise.
     #[arg(long, requires = "resume")]
     pub accept_changes: bool,
-    /// Devices to train on, data parallel: each batch is cut into the file's
-    /// `devices.micro_shards` pieces, so any count up to that gives the same bits. On the CPU
-    /// backend they are simulated devices. Without it (and with `devices.gpus: 1` in the file)
-    /// one device runs the whole batch unsplit.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=65536))]
-    pub gpus: Option<u32>,
-    /// Each simulated device's memory (default: the file's device kind's), e.g. `24GiB`.
-    #[arg(long, value_name = "SIZE", value_parser = parallax_compiler::devices::parse_bytes)]
-    pub gpu_memory: Option<u64>,
-    /// How the devices split the work, e.g. `dp2.pp2` (data-parallel ranks times pipeline
-    /// stages; degrees left out are 1; the product is `--gpus`). Default: all data parallel.
-    #[arg(long, value_name = "STRATEGY")]
-    pub strategy: Option<String>,
-    /// ZeRO stage with --gpus: 1 shards the optimizer state over the data-parallel ranks, 2
-    /// the reduced gradients too, 3 the parameters too. Default: the cost model's choice, or 0
-    /// with --strategy.
-    #[arg(long, value_parser = clap::value_parser!(u8).range(0..=3))]
-    pub zero: Option<u8>,
+    #[command(flatten)]
+    pub split: crate::SplitArgs,
     /// Where to run: `cuda` needs an NVIDIA GPU; `auto` uses one when present.
     #[arg(long, value_enum, default_value = "auto")]
     pub backend: Backend,
@@ -85,26 +69,17 @@ pub struct Args {
     #[arg(long, value_name = "SECS", default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     pub collective_timeout: u64,
     /// For tests of failure: rank RANK kills itself (SIGKILL) after step STEP.
-    #[arg(long, hide = true, value_name = "RANK:STEP", value_parser = rank_step)]
+    #[arg(long, hide = true, value_name = "RANK:STEP", value_parser = Fault::rank_step)]
     pub crash_after: Option<(usize, u64)>,
     /// For tests of failure: rank RANK stops answering (sleeps an hour) after step STEP.
-    #[arg(long, hide = true, value_name = "RANK:STEP", value_parser = rank_step)]
+    #[arg(long, hide = true, value_name = "RANK:STEP", value_parser = Fault::rank_step)]
     pub stall_after: Option<(usize, u64)>,
-}
-
-fn rank_step(s: &str) -> Result<(usize, u64), String> {
-    let (r, t) = s.split_once(':').ok_or("expected RANK:STEP")?;
-    Ok((
-        r.parse().map_err(|e| format!("rank: {e}"))?,
-        t.parse().map_err(|e| format!("step: {e}"))?,
-    ))
 }
 
 pub fn run(args: Args) -> Result<(), Exit> {
     // clap's `requires` does not hold a bool flag to it.
     if args.accept_changes && args.resume.is_none() {
-        errln!("error: --accept-changes continues a run with --resume RUN_DIR; a new run has nothing to accept");
-        return Err(Exit(2));
+        return Err(crate::usage("--accept-changes continues a run with --resume RUN_DIR; a new run has nothing to accept"));
     }
     let prepared = crate::prepare::prepare(&args)?;
     if args.dry_run {
@@ -139,22 +114,20 @@ pub fn run(args: Args) -> Result<(), Exit> {
         resume: args.resume.is_some(),
         accept_changes: args.accept_changes,
         overrides: args.set.clone(),
-        stop: Some(signals::stop_on_signals().map_err(|e| {
-            errln!("error: {e}");
-            Exit(1)
-        })?),
+        fault: match (args.crash_after, args.stall_after) {
+            (Some((rank, step)), _) => Some(Fault::Crash { rank, step }),
+            (None, Some((rank, step))) => Some(Fault::Stall { rank, step }),
+            (None, None) => None,
+        },
+        stop: Some(signals::stop_on_signals().map_err(crate::error)?),
     };
     let d = &decided;
+    let devices = say::devices(&d.device, &d.plan, d.in_job, &d.world);
     let mut progress = Progress {
-        name: source.experiment.name.clone(),
-        backend: say::devices(&d.device, &d.plan, d.in_job, &d.world),
+        log: say::Log::new(&source.experiment.name, devices),
         lead,
-        rank: d.world.rank,
-        crash_after: args.crash_after,
-        stall_after: args.stall_after,
         terminal: std::io::stderr().is_terminal(),
         bar: None,
-        every: 1,
     };
     let timeout = std::time::Duration::from_secs(args.collective_timeout);
     let env = |k: &str| std::env::var(k).ok();
@@ -168,8 +141,7 @@ pub fn run(args: Args) -> Result<(), Exit> {
         Ok(s) => Ok(s),
         Err(PlacedError::Train(e)) => Err(e),
         Err(PlacedError::Job(e)) => {
-            let hint = e.hint().map(|h| format!("\n  = hint: {h}"));
-            return Err(fail(file, format!("{e}{}", hint.unwrap_or_default())));
+            return Err(crate::hinted(Some(file), &e, e.hint().map(String::from)))
         }
         Err(PlacedError::Rank(e)) => {
             // One write, so that the ranks' lines do not interleave; then out at once.
@@ -177,74 +149,57 @@ pub fn run(args: Args) -> Result<(), Exit> {
             std::process::exit(1);
         }
     };
-    if !lead {
-        return match result {
-            Err(TrainError::Interrupted { signal, .. }) => {
-                Err(Exit(128u8.saturating_add(signal as u8)))
-            }
-            _ => Ok(()),
-        };
-    }
-    report(file, &run_dir, result)
+    report(file, &run_dir, lead, result)
 }
 
-/// What the run ended with, said (exit 0, 1, or 128 + the signal).
+/// What the run ended with, said by the lead rank (exit 0, 1, or 128 + the signal).
 fn report(
     file: &Path,
     run_dir: &Path,
+    lead: bool,
     result: Result<parallax_runtime::train::Summary, TrainError>,
 ) -> Result<(), Exit> {
+    let at = file.display();
     match result {
-        Ok(s) => {
-            outln!("{}", s.line())?;
-            outln!("run: {}", run_dir.display())?;
-            Ok(())
-        }
+        Err(TrainError::Interrupted { signal, .. }) if !lead => Err(stopped(signal)),
+        _ if !lead => Ok(()),
+        Ok(s) => outln!("{}\nrun: {}", s.line(), run_dir.display()),
         Err(e @ TrainError::Finished { .. }) => {
-            errln!("{}: {e}", file.display());
-            outln!("run: {}", run_dir.display())?;
-            Ok(())
+            errln!("{at}: {e}");
+            outln!("run: {}", run_dir.display())
         }
         Err(e @ TrainError::Interrupted { signal, .. }) => {
-            errln!("{}: {e}", file.display());
-            Err(Exit(128u8.saturating_add(signal as u8)))
+            errln!("{at}: {e}");
+            Err(stopped(signal))
         }
-        Err(e) => {
-            errln!("{}: error: {e}", file.display());
-            Err(Exit(1))
-        }
+        Err(e) => Err(crate::fail(file, e)),
     }
 }
 
-/// The run's progress on stderr: a bar on a terminal, else a line every tenth of the run;
-/// rank 0 speaks for a job. Also the failure tests' hooks.
+/// The exit code of a run a signal stopped: 128 + the signal, as a shell reports it.
+fn stopped(signal: usize) -> Exit {
+    Exit(128u8.saturating_add(signal as u8))
+}
+
+/// The run's progress on stderr: a bar on a terminal, else the log's lines; rank 0 speaks
+/// for a job.
 struct Progress {
-    name: String,
-    backend: String,
+    log: say::Log,
     lead: bool,
-    rank: usize,
-    crash_after: Option<(usize, u64)>,
-    stall_after: Option<(usize, u64)>,
     terminal: bool,
     bar: Option<ProgressBar>,
-    every: u64,
 }
 
 impl Progress {
     fn on_event(&mut self, e: &Event) {
-        match e {
-            Event::Step { step, .. } if self.crash_after == Some((self.rank, *step)) => {
-                // As `kill -9` would: no checkpoint, no goodbye.
-                let _ = signal_hook::low_level::raise(signal_hook::consts::SIGKILL);
-            }
-            Event::Step { step, .. } if self.stall_after == Some((self.rank, *step)) => {
-                std::thread::sleep(std::time::Duration::from_secs(3600));
-            }
-            // The job's other ranks train silently; rank 0 speaks for it.
-            _ if !self.lead => {}
-            Event::Start { total_steps, .. } => {
-                errln!("{}", e.line(&self.name, &self.backend));
-                self.every = (total_steps / 10).max(1);
+        // The job's other ranks train silently.
+        if !self.lead {
+            return;
+        }
+        let line = self.log.line(e);
+        match (e, &self.bar) {
+            (Event::Start { total_steps, .. }, _) => {
+                errln!("{}", line.unwrap_or_default());
                 if self.terminal {
                     let b = ProgressBar::new(*total_steps);
                     let style = "{bar:30} {pos}/{len} steps  {msg}  eta {eta}";
@@ -252,32 +207,20 @@ impl Progress {
                     self.bar = Some(b);
                 }
             }
-            Event::Step {
-                step,
-                total,
-                loss,
-                samples_per_sec,
-                ..
-            } => match &self.bar {
-                Some(b) => {
-                    b.set_position(*step);
-                    b.set_message(format!("loss {loss:.4}  {samples_per_sec:.0} samples/s"));
-                }
-                None if step % self.every == 0 || step == total => {
-                    errln!("{}", e.line(&self.name, &self.backend))
-                }
-                None => {}
-            },
-            Event::Validation { .. } | Event::Warning(_) => {
-                self.say(e.line(&self.name, &self.backend))
+            (
+                Event::Step {
+                    step,
+                    loss,
+                    samples_per_sec,
+                    ..
+                },
+                Some(b),
+            ) => {
+                b.set_position(*step);
+                b.set_message(format!("loss {loss:.4}  {samples_per_sec:.0} samples/s"));
             }
-        }
-    }
-
-    fn say(&self, line: String) {
-        match &self.bar {
-            Some(b) => b.println(line),
-            None => errln!("{line}"),
+            (_, Some(b)) => line.into_iter().for_each(|l| b.println(l)),
+            (_, None) => line.into_iter().for_each(|l| errln!("{l}")),
         }
     }
 }

@@ -66,12 +66,6 @@ pub(crate) struct PredictArgs {
     format: Format,
 }
 
-/// A data error names its file itself.
-fn data_error(e: parallax_runtime::data::DataError) -> Exit {
-    errln!("error: {e}");
-    Exit(1)
-}
-
 /// The run's weights, and its experiment placed on the devices `want` asks for, with `sets`
 /// (`data=...`) applied.
 pub(crate) fn open(
@@ -86,12 +80,7 @@ pub(crate) fn open(
     let want = Want {
         gpus,
         strategy,
-        zero: None,
-        backend: args.backend.value(),
-        precision: args.precision.value(),
-        gpu_memory: None,
-        collective_timeout: std::time::Duration::from_secs(300),
-        resume: None,
+        ..Want::on(args.backend.value(), args.precision.value())
     };
     Ok((decide(file, source, None, &want)?, weights))
 }
@@ -117,35 +106,22 @@ pub(crate) fn eval(args: EvalArgs) -> Result<(), Exit> {
 
 pub(crate) fn predict(args: PredictArgs) -> Result<(), Exit> {
     let (p, weights) = open(&args.run, &[], None, None)?;
-    let (spec, images) =
-        predict::input_of(&p.source, &p.decided.plan).map_err(|e| fail(&args.run.run, e))?;
-    let read = inputs::read_all(&args.inputs, &spec, images.as_ref()).map_err(data_error)?;
+    let (run, source, d) = (args.run.run.as_path(), &p.source, p.decided);
+    let (spec, images) = predict::input_of(source, &d.plan).map_err(|e| fail(run, e))?;
+    let read = inputs::read_all(&args.inputs, &spec, images.as_ref()).map_err(crate::error)?;
     let (names, values) = (read.names, read.values);
-    let r = predict::predict(
-        &p.source,
-        p.decided.plan,
-        p.decided.device,
-        &weights,
-        &values,
-        names.len(),
-    )
-    .map_err(|e| fail(&args.run.run, e))?;
+    let r = predict::predict(source, d.plan, d.device, &weights, &values, names.len())
+        .map_err(|e| fail(run, e))?;
     if let Some(path) = &args.probabilities {
-        let mut shape = vec![r.n];
-        shape.extend(&r.shape);
-        std::fs::write(path, inputs::npy_f32(&r.values, &shape))
-            .map_err(|e| fail(path, format!("cannot write: {e}")))?;
+        std::fs::write(path, r.npy()).map_err(|e| fail(path, format!("cannot write: {e}")))?;
     }
-    let classes = trained::class_names(&args.run.run).map_err(|e| fail(&args.run.run, e))?;
-    let k = args.top_k as usize;
+    let classes = trained::class_names(run).map_err(|e| fail(run, e))?;
+    let (k, classes) = (args.top_k as usize, classes.as_deref());
     match args.format {
         Format::Json => {
-            let list = r.json(&names, k, classes.as_deref());
-            outln!(
-                "{}",
-                serde_json::to_string_pretty(&list).unwrap_or_default()
-            )
+            let list = serde_json::to_string_pretty(&r.json(&names, k, classes));
+            outln!("{}", list.unwrap_or_default())
         }
-        Format::Text => out!("{}", r.csv(&names, k, classes.as_deref())),
+        Format::Text => out!("{}", r.csv(&names, k, classes)),
     }
 }

@@ -250,3 +250,26 @@ fn a_split_with_more_ranks_than_micro_shards_is_not_reported() {
         "the cost model still lists its fastest: {fastest}"
     );
 }
+
+/// `compile` and `train` take the split's arguments alike (`SplitArgs`): a forced strategy,
+/// ZeRO stage and device memory give the same split in both.
+#[test]
+fn compile_and_train_take_strategy_zero_and_memory_alike() {
+    let split = |v: &serde_json::Value| (v["strategy"].clone(), v["zero"].clone());
+    for args in [
+        &["--gpus", "4", "--zero", "2"][..],
+        &["--gpus", "4", "--strategy", "dp2.pp2", "--zero", "1"],
+        &["--gpus", "2", "--strategy", "dp2", "--gpu-memory", "64GiB", "--zero", "3"],
+    ] {
+        let file = "models/mlp.ron";
+        let c = parallax(&[&["compile", file, "--format", "json"], args].concat());
+        let t = parallax(&[&["train", file, "--backend", "cpu", "--dry-run"], args].concat());
+        let what = format!("{args:?}: {}\n{}", stderr(&c), stderr(&t));
+        assert!(c.status.success() && t.status.success(), "{what}");
+        let compiled: serde_json::Value = serde_json::from_str(&stdout(&c)).unwrap();
+        let trained: serde_json::Value = serde_json::from_str(&stdout(&t)).unwrap();
+        assert_eq!(split(&compiled["partition"]), split(&trained), "{what}");
+        let zero = args[args.len() - 1].parse::<u64>().unwrap();
+        assert_eq!(trained["zero"], zero, "{what}");
+    }
+}

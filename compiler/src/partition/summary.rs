@@ -97,21 +97,28 @@ pub fn json(
     p: &Plan,
     partitioned: &Partitioned,
     simulated: Option<&[u64]>,
-    device: serde_json::Value,
-    timings_ms: &[(&str, f64)],
+    profile: &crate::devices::Profile,
+    capacity: u64,
+    timings: &[(&str, std::time::Duration)],
 ) -> serde_json::Value {
-    let ok = if p.gpus_requested > 1 {
-        partitioned.is_ok()
-    } else {
-        device["fits_one_device"].as_bool().unwrap_or(true)
+    let fits = p.memory.peak_bytes <= capacity;
+    let ok = match p.gpus_requested > 1 {
+        true => partitioned.is_ok(),
+        false => fits,
     };
+    let device = serde_json::json!({
+        "kind": profile.kind,
+        "name": profile.name,
+        "memory_bytes": capacity,
+        "fits_one_device": fits,
+    });
     let partition = match partitioned {
         Ok(part) => serde_json::to_value(part).expect("a partition serialises"),
         Err(e) => failure_json(e),
     };
-    let timings: std::collections::BTreeMap<String, f64> = timings_ms
+    let timings: std::collections::BTreeMap<String, f64> = timings
         .iter()
-        .map(|(n, ms)| (n.to_string(), *ms))
+        .map(|(n, d)| (n.to_string(), d.as_secs_f64() * 1e3))
         .collect();
     serde_json::json!({
         "ok": ok,

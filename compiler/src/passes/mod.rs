@@ -118,6 +118,20 @@ pub fn pass_names() -> Vec<&'static str> {
     PIPELINE.iter().map(|p| p.name).collect()
 }
 
+/// The pass `after:PASS` names (`all` for every pass), as `compile --dump-ir` takes it.
+pub fn dump_after(s: &str) -> Result<String, String> {
+    let names = pass_names().join(", ");
+    match s.strip_prefix("after:") {
+        None => Err(format!(
+            "expected `after:PASS`, where PASS is one of: {names}"
+        )),
+        Some(p) if p == "all" || PIPELINE.iter().any(|q| q.name == p) => Ok(p.to_string()),
+        Some(p) => Err(format!(
+            "unknown pass `{p}`; the passes are: {names}, or `all`"
+        )),
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Options {
     /// GPUs requested (`--gpus`); recorded in the plan.

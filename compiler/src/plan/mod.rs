@@ -505,6 +505,13 @@ impl Summary {
         }
     }
 
+    /// What `parallax check --format json` prints: the summary, with `"ok": true`.
+    pub fn json(&self) -> serde_json::Value {
+        let mut v = serde_json::to_value(self).expect("a summary serialises");
+        v["ok"] = serde_json::Value::Bool(true);
+        v
+    }
+
     pub fn line(&self) -> String {
         format!(
             "{}: ok: {} parameters, {} layers, {} per sample (forward), {} ops",

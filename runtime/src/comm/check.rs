@@ -17,6 +17,21 @@ pub enum Fault {
     Hang { rank: usize, secs: u64 },
 }
 
+impl Fault {
+    /// The fault `comm-check --fail-rank` (first) or `--hang-rank` plants: a hang lasts three
+    /// times the collectives' `timeout` (so the others give up first).
+    pub fn planted(fail: Option<usize>, hang: Option<usize>, timeout_secs: u64) -> Option<Fault> {
+        match (fail, hang) {
+            (Some(r), _) => Some(Fault::Fail(r)),
+            (None, Some(rank)) => Some(Fault::Hang {
+                rank,
+                secs: timeout_secs.saturating_mul(3).max(1),
+            }),
+            (None, None) => None,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
     #[error(transparent)]

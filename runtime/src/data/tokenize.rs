@@ -23,6 +23,43 @@ pub enum Tokenizer {
     HuggingFace { json: String, file: String },
 }
 
+/// A tokenizer's name, as `parallax tokenize --tokenizer` gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenizerKind {
+    Bytes,
+    Chars,
+    Gpt2,
+    Hf,
+}
+
+impl Tokenizer {
+    /// The tokenizer `kind` names; `hf` reads its `tokenizer.json` from `file`, which the
+    /// built-in ones refuse.
+    pub fn named(kind: TokenizerKind, file: Option<&Path>) -> Result<Tokenizer, DataError> {
+        let usage = |m: &str| Err(DataError::Config(m.into()));
+        Ok(match (kind, file) {
+            (TokenizerKind::Hf, Some(f)) => Tokenizer::HuggingFace {
+                json: std::fs::read_to_string(f).map_err(|source| DataError::Io {
+                    path: f.into(),
+                    source,
+                })?,
+                file: f.display().to_string(),
+            },
+            (TokenizerKind::Hf, None) => {
+                return usage("`--tokenizer hf` needs `--tokenizer-file tokenizer.json`")
+            }
+            (_, Some(_)) => {
+                return usage(
+                    "`--tokenizer-file` is for `--tokenizer hf` (the others are built in)",
+                )
+            }
+            (TokenizerKind::Bytes, None) => Tokenizer::Bytes,
+            (TokenizerKind::Chars, None) => Tokenizer::Chars,
+            (TokenizerKind::Gpt2, None) => Tokenizer::Gpt2,
+        })
+    }
+}
+
 /// A tokenized text: its ids, and the tokenizer that decodes them.
 #[derive(Debug)]
 pub struct Tokenized {

@@ -32,6 +32,41 @@ pub struct TrainConfig {
     pub stop: Option<Arc<AtomicUsize>>,
     /// The `--set` overrides applied to the file, recorded in `run.json`.
     pub overrides: Vec<String>,
+    /// A failure planted for the tests of failure.
+    pub fault: Option<Fault>,
+}
+
+/// A failure planted for the tests of failure: a rank dies or stops answering after a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// `SIGKILL`, as `kill -9` would: no checkpoint, no goodbye.
+    Crash { rank: usize, step: u64 },
+    /// Stops answering (sleeps an hour).
+    Stall { rank: usize, step: u64 },
+}
+
+impl Fault {
+    /// `RANK:STEP`, as the command line gives it.
+    pub fn rank_step(s: &str) -> Result<(usize, u64), String> {
+        let (r, t) = s.split_once(':').ok_or("expected RANK:STEP")?;
+        Ok((
+            r.parse().map_err(|e| format!("rank: {e}"))?,
+            t.parse().map_err(|e| format!("step: {e}"))?,
+        ))
+    }
+
+    /// Strikes when `rank` has finished `step` and the fault is planted there.
+    pub(super) fn strike(self, rank: usize, step: u64) {
+        match self {
+            Fault::Crash { rank: r, step: s } if (r, s) == (rank, step) => {
+                let _ = signal_hook::low_level::raise(signal_hook::consts::SIGKILL);
+            }
+            Fault::Stall { rank: r, step: s } if (r, s) == (rank, step) => {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            }
+            _ => {}
+        }
+    }
 }
 
 /// What runs a plan: one of them, never two.

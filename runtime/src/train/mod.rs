@@ -17,7 +17,7 @@ pub mod signals;
 mod steps;
 mod validate;
 
-pub use config::{parallel_devices, resolved, CudaRanks, Device, Simulated, TrainConfig};
+pub use config::{parallel_devices, resolved, CudaRanks, Device, Fault, Simulated, TrainConfig};
 pub use error::{signal_name, TrainError};
 pub use placed::{train_placed, PlacedError};
 pub use session::{feed, model_io, run_id, set_scalars, BatchInfo, Session, SessionData};

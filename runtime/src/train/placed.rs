@@ -23,7 +23,8 @@ pub enum PlacedError {
 }
 
 /// Trains `source` as `decided` placed it; a rank of a job waits `timeout` for a silent peer;
-/// `env` reads the environment (the launcher's variables).
+/// `env` reads the environment (the launcher's variables). A planted fault strikes before
+/// its step's event is told.
 pub fn train_placed(
     source: &Source,
     decided: Decided,
@@ -32,6 +33,13 @@ pub fn train_placed(
     env: &dyn Fn(&str) -> Option<String>,
     on_event: &mut dyn FnMut(&Event),
 ) -> Result<Summary, PlacedError> {
+    let rank = decided.world.rank;
+    let on_event = &mut |e: &Event| {
+        if let (Some(fault), Event::Step { step, .. }) = (cfg.fault, e) {
+            fault.strike(rank, *step);
+        }
+        on_event(e)
+    };
     let joins = matches!(cfg.device, Device::Simulated(_) | Device::CudaRanks(_));
     if !(decided.in_job && joins) {
         return Ok(train(source, decided.plan, cfg, on_event)?);

@@ -37,6 +37,23 @@ pub struct Want<'a> {
     pub resume: Option<&'a Path>,
 }
 
+impl Want<'_> {
+    /// Placed on `backend` at `precision`, the rest as the experiment says (a collective
+    /// waits 300 s for a silent peer).
+    pub fn on(backend: BackendChoice, precision: Precision) -> Self {
+        Want {
+            gpus: None,
+            strategy: None,
+            zero: None,
+            backend,
+            precision,
+            gpu_memory: None,
+            collective_timeout: Duration::from_secs(300),
+            resume: None,
+        }
+    }
+}
+
 /// What runs, decided.
 pub struct Decided {
     pub plan: Plan,
@@ -77,6 +94,34 @@ impl PrepareError {
             PrepareError::Split(e) => e.hint(),
             _ => None,
         }
+    }
+}
+
+/// Why a plan file (`compile --emit plan`) cannot be trained.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanFileError {
+    #[error("cannot read the plan: {0}")]
+    Read(std::io::Error),
+    #[error(transparent)]
+    Plan(#[from] parallax_compiler::plan::PlanError),
+    #[error("the plan carries no experiment to train; write it with `parallax compile FILE --emit plan` (this version)")]
+    NoExperiment,
+    /// The experiment it carries does not parse: the diagnostics point into `text`.
+    #[error("{error}")]
+    Experiment {
+        text: String,
+        error: parallax_compiler::Error,
+    },
+}
+
+/// A plan written by `compile --emit plan`, and the experiment it carries.
+pub fn read_plan(path: &Path) -> Result<(Source, Plan), PlanFileError> {
+    let text = std::fs::read_to_string(path).map_err(PlanFileError::Read)?;
+    let mut plan = Plan::from_json(&text)?;
+    let text = plan.experiment.take().ok_or(PlanFileError::NoExperiment)?;
+    match parallax_compiler::parse_bytes(text.as_bytes()) {
+        Ok(source) => Ok((source, plan)),
+        Err(error) => Err(PlanFileError::Experiment { text, error }),
     }
 }
 

@@ -70,6 +70,37 @@ impl Event {
     }
 }
 
+/// The lines of a run's log without a progress bar: the start, a step every tenth of the
+/// run and the last, each validation and warning.
+pub struct Log {
+    name: String,
+    devices: String,
+    every: u64,
+}
+
+impl Log {
+    /// The log of the run `name` on `devices`.
+    pub fn new(name: &str, devices: String) -> Log {
+        Log {
+            name: name.to_string(),
+            devices,
+            every: 1,
+        }
+    }
+
+    /// The line `e` adds to the log, if any.
+    pub fn line(&mut self, e: &Event) -> Option<String> {
+        match e {
+            Event::Start { total_steps, .. } => self.every = (total_steps / 10).max(1),
+            Event::Step { step, total, .. } if step % self.every != 0 && step != total => {
+                return None
+            }
+            _ => {}
+        }
+        Some(e.line(&self.name, &self.devices))
+    }
+}
+
 impl Summary {
     /// The run's last line: steps, losses, accuracy, speed and time.
     pub fn line(&self) -> String {
@@ -83,5 +114,42 @@ impl Summary {
             "{}: {} steps, train loss {:.4}{val}{acc}, {:.0} samples/s, {:.1} s",
             self.name, self.steps, self.final_train_loss, self.samples_per_sec, self.wall_seconds
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Event, Log};
+
+    fn step(step: u64, total: u64) -> Event {
+        Event::Step {
+            step,
+            total,
+            epoch: 1,
+            loss: 0.5,
+            samples_per_sec: 100.0,
+        }
+    }
+
+    #[test]
+    fn a_log_shows_the_start_every_tenth_step_the_last_and_each_warning() {
+        let mut log = Log::new("mlp", "CPU backend".into());
+        let start = Event::Start {
+            total_steps: 25,
+            batches_per_epoch: 5,
+            train_samples: 80,
+            validation_samples: 20,
+        };
+        assert_eq!(
+            log.line(&start).as_deref(),
+            Some("mlp: training 25 steps on 80 samples (20 for validation), CPU backend")
+        );
+        let shown: Vec<u64> = (1..=25).filter(|&s| log.line(&step(s, 25)).is_some()).collect();
+        assert_eq!(shown, [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 25]);
+        let warning = Event::Warning("the loss is NaN".into());
+        assert_eq!(
+            log.line(&warning).as_deref(),
+            Some("mlp: warning: the loss is NaN")
+        );
     }
 }

@@ -25,6 +25,14 @@ pub struct Predictions {
     pub classifier: bool,
 }
 
+impl Predictions {
+    /// The values as a `.npy` file: `[n, ..shape]` in f32.
+    pub fn npy(&self) -> Vec<u8> {
+        let shape: Vec<usize> = std::iter::once(self.n).chain(self.shape.clone()).collect();
+        crate::data::inputs::npy_f32(&self.values, &shape)
+    }
+}
+
 /// The shape one input must have, and for a model trained on an image folder the transform
 /// that turns an image file into it.
 pub fn input_of(

@@ -231,6 +231,17 @@ impl Generator {
         self.cache.as_ref().map_or(0, |c| c.cache_bytes)
     }
 
+    /// What a generation of `drawn` tokens was: how many, with what, how (`sample`'s last
+    /// line).
+    pub fn describe(&self, drawn: usize, codec: &str, options: &Options) -> String {
+        let path = match &self.uncached {
+            None => format!("a key/value cache of {} bytes", self.cache_bytes()),
+            Some(why) => format!("the full window for every token: {why}"),
+        };
+        let (seed, temperature) = (options.seed, options.temperature);
+        format!("{drawn} tokens drawn ({codec}, seed {seed}, temperature {temperature}; {path})")
+    }
+
     /// The logits that follow `context` (its last `seq` tokens).
     pub fn next_logits(&mut self, context: &[u32]) -> Result<Vec<f32>, UseError> {
         let from = context.len().saturating_sub(self.seq);
