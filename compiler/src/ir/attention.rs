@@ -8,20 +8,21 @@
 //! no permute runs before or after the op. One head per row, `[.., T, 1, D]`, is the plain
 //! `[.., T, D]` attention.
 
-use super::op::{AttentionInput, Op};
+use super::attrs::{self, Attrs};
+use super::op::AttentionInput;
 use super::types::TensorType;
 
 type Rule = Result<TensorType, String>;
 
 /// `(q [.., T, H, D], k [.., S, H, D], v [.., S, H, E])`: checked, to the output type
-/// `[.., T, H, E]`.
-fn output(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+/// `[.., T, H, E]`, for the op `name` (`causal` if it masks keys after the query).
+fn output(name: &str, causal: bool, x: &[&TensorType], names: &[String]) -> Rule {
     let (q, k, v) = (x[0], x[1], x[2]);
     let show = |t: &TensorType| t.show(names);
     if !q.dtype.is_float() || k.dtype != q.dtype || v.dtype != q.dtype {
         return Err(format!(
             "{} needs q, k and v of one floating-point type, got {}, {} and {}",
-            op.name(),
+            name,
             show(q),
             show(k),
             show(v)
@@ -31,7 +32,7 @@ fn output(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     if r < 3 || k.rank() != r || v.rank() != r {
         return Err(format!(
             "{} needs q [.., T, H, D], k [.., S, H, D] and v [.., S, H, E] of one rank (3 or more), got {}, {} and {}",
-            op.name(),
+            name,
             show(q),
             show(k),
             show(v)
@@ -44,7 +45,7 @@ fn output(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     if !same(q, k) || !same(q, v) {
         return Err(format!(
             "{}: the batch or head axes of q, k and v differ: {}, {} and {}",
-            op.name(),
+            name,
             show(q),
             show(k),
             show(v)
@@ -53,7 +54,7 @@ fn output(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     if q.shape[r - 1] != k.shape[r - 1] {
         return Err(format!(
             "{}: queries and keys differ in width: {} and {}",
-            op.name(),
+            name,
             show(q),
             show(k)
         ));
@@ -61,21 +62,15 @@ fn output(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     if k.shape[r - 3] != v.shape[r - 3] {
         return Err(format!(
             "{}: keys and values differ in count: {} and {}",
-            op.name(),
+            name,
             show(k),
             show(v)
         ));
     }
-    let causal = matches!(
-        op,
-        Op::Attention { causal: true, .. }
-            | Op::AttentionLse { causal: true, .. }
-            | Op::AttentionGrad { causal: true, .. }
-    );
     if causal && q.shape[r - 3] != k.shape[r - 3] {
         return Err(format!(
             "a causal {} needs as many queries as keys, got {} and {}",
-            op.name(),
+            name,
             show(q),
             show(k)
         ));
@@ -90,21 +85,35 @@ fn per_query(q: &TensorType) -> TensorType {
     TensorType::new(q.dtype, q.shape[..q.rank() - 1].to_vec())
 }
 
-pub fn attention_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    output(op, x, names)
+pub fn attention_shape(
+    attrs::Attention { causal, .. }: attrs::Attention,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
+    output(attrs::Attention::NAME, *causal, x, names)
 }
 
-pub fn attention_lse_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+pub fn attention_lse_shape(
+    attrs::AttentionLse { causal, .. }: attrs::AttentionLse,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
     // The values' shape does not matter to the statistics: check q and k as if v were k.
-    output(op, &[x[0], x[1], x[1]], names)?;
+    output(
+        attrs::AttentionLse::NAME,
+        *causal,
+        &[x[0], x[1], x[1]],
+        names,
+    )?;
     Ok(per_query(x[0]))
 }
 
-pub fn attention_grad_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let Op::AttentionGrad { wrt, .. } = op else {
-        unreachable!("attention_grad rule on {op:?}")
-    };
-    let y = output(op, &x[..3], names)?;
+pub fn attention_grad_shape(
+    attrs::AttentionGrad { causal, wrt, .. }: attrs::AttentionGrad,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
+    let y = output(attrs::AttentionGrad::NAME, *causal, &x[..3], names)?;
     if x[3] != &y {
         return Err(format!(
             "attention_grad: the output's gradient must be {}, got {}",
@@ -126,8 +135,8 @@ pub fn attention_grad_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rul
 }
 
 /// `(problems, T, S, D, E)` of operands `q, k, v` (or `q, k`: `E = D`), problems being
-/// batch times heads, and the share of the `T x S` scores a causal mask keeps (about half).
-fn sizes(op: &Op, ins: &[Vec<u64>]) -> (u64, u64, u64, u64, u64, f64) {
+/// batch times heads, and the share of the `T x S` scores a `causal` mask keeps (about half).
+fn sizes(causal: bool, ins: &[Vec<u64>]) -> (u64, u64, u64, u64, u64, f64) {
     let (q, k) = (&ins[0], &ins[1]);
     let r = q.len();
     let at = |s: &Vec<u64>, i: usize| s.get(i).copied().unwrap_or(1);
@@ -136,12 +145,6 @@ fn sizes(op: &Op, ins: &[Vec<u64>]) -> (u64, u64, u64, u64, u64, f64) {
     let (t, d) = (at(q, r.wrapping_sub(3)), at(q, r.wrapping_sub(1)));
     let s = at(k, r.wrapping_sub(3));
     let e = ins.get(2).map_or(d, |v| at(v, r.wrapping_sub(1)));
-    let causal = matches!(
-        op,
-        Op::Attention { causal: true, .. }
-            | Op::AttentionLse { causal: true, .. }
-            | Op::AttentionGrad { causal: true, .. }
-    );
     (batch, t, s, d, e, if causal { 0.5 } else { 1.0 })
 }
 
@@ -150,27 +153,35 @@ fn scaled(n: u64, share: f64) -> u64 {
 }
 
 /// The forward: `2 T S (D + E)` for the two products and about 5 per score for the online
-/// softmax. `AttentionLse` runs inside the same kernel: only its per-row log is its own.
-pub fn attention_flops(op: &Op, ins: &[Vec<u64>], _: &[u64]) -> u64 {
-    let (batch, t, s, d, e, share) = sizes(op, ins);
+/// softmax.
+pub fn attention_flops(
+    attrs::Attention { causal, .. }: attrs::Attention,
+    ins: &[Vec<u64>],
+    _: &[u64],
+) -> u64 {
+    let (batch, t, s, d, e, share) = sizes(*causal, ins);
     let scores = batch.saturating_mul(t).saturating_mul(s);
-    match op {
-        Op::AttentionLse { .. } => batch.saturating_mul(t),
-        _ => scaled(scores.saturating_mul(2 * (d + e) + 5), share),
-    }
+    scaled(scores.saturating_mul(2 * (d + e) + 5), share)
+}
+
+/// `AttentionLse` runs inside the same kernel as `Attention`: only its per-row log is its own.
+pub fn attention_lse_flops(_: attrs::AttentionLse, ins: &[Vec<u64>], _: &[u64]) -> u64 {
+    let (batch, t, ..) = sizes(false, ins);
+    batch.saturating_mul(t)
 }
 
 /// The backward, as it runs (the key and value gradients in one kernel): the query's pass
 /// recomputes the scores and `dP` (`2 T S (D + E)`) and multiplies `dS K`; the keys' pass
 /// recomputes both too and multiplies `dS^T Q`; the values' `P^T dy` shares that pass.
-pub fn attention_grad_flops(op: &Op, ins: &[Vec<u64>], _: &[u64]) -> u64 {
-    let (batch, t, s, d, e, share) = sizes(op, ins);
+pub fn attention_grad_flops(
+    attrs::AttentionGrad { causal, wrt, .. }: attrs::AttentionGrad,
+    ins: &[Vec<u64>],
+    _: &[u64],
+) -> u64 {
+    let (batch, t, s, d, e, share) = sizes(*causal, ins);
     let scores = batch.saturating_mul(t).saturating_mul(s);
-    let per_score = match op {
-        Op::AttentionGrad {
-            wrt: AttentionInput::Value,
-            ..
-        } => 2 * e + 1,
+    let per_score = match wrt {
+        AttentionInput::Value => 2 * e + 1,
         _ => 2 * (d + e) + 2 * d + 5,
     };
     scaled(scores.saturating_mul(per_score), share)
@@ -191,7 +202,7 @@ fn positions(what: &str, of: &TensorType, pos: &TensorType, names: &[String]) ->
 }
 
 /// `(cache [.., S, H, D], rows [.., T, H, D], pos [..])` to the cache's type; `T <= S`.
-pub fn cache_write_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+pub fn cache_write_shape(_: attrs::CacheWrite, x: &[&TensorType], names: &[String]) -> Rule {
     let (cache, rows) = (x[0], x[1]);
     let r = cache.rank();
     let fits = r >= 3
@@ -214,16 +225,20 @@ pub fn cache_write_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
 }
 
 /// `(q [.., T, H, D], k [.., S, H, D], v [.., S, H, E], pos [..])` to `[.., T, H, E]`.
-pub fn cached_attention_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let y = output(op, &x[..3], names)?;
+pub fn cached_attention_shape(
+    _: attrs::CachedAttention,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
+    let y = output(attrs::CachedAttention::NAME, false, &x[..3], names)?;
     positions("cached_attention", x[0], x[3], names)?;
     Ok(y)
 }
 
 /// The products over the whole cache (the kernel reads only rows up to the position, so
 /// this is the most one step costs) and about 5 per score for the softmax.
-pub fn cached_attention_flops(op: &Op, ins: &[Vec<u64>], _: &[u64]) -> u64 {
-    let (batch, t, s, d, e, _) = sizes(op, ins);
+pub fn cached_attention_flops(_: attrs::CachedAttention, ins: &[Vec<u64>], _: &[u64]) -> u64 {
+    let (batch, t, s, d, e, _) = sizes(false, ins);
     batch
         .saturating_mul(t)
         .saturating_mul(s)

@@ -2,6 +2,7 @@
 //! rules), tensor types, the graph, its kernels and buffers, its printers and its verifier.
 
 pub mod attention;
+pub mod attrs;
 pub mod buffers;
 pub mod cost;
 pub mod dim;

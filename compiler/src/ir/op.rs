@@ -6,8 +6,10 @@
 //! This file makes the `Op` type of it (`Op`, `OpKind`, `Op::kind`, `Op::name`, `Op::attrs`,
 //! `elementwise_examples`) and names no other file of the IR but `types` and `dim`: the rule
 //! columns are only tokens here, resolved where the table is made (`ops.rs`, `OPS`). The
-//! `map_ops!` pattern is made from the same entries. Adding an elementwise op is its entry
-//! here, its map in `maps.rs` and its VJP rule in `vjp.rs`.
+//! `map_ops!` pattern and each op's attribute struct (`attrs.rs`) are made from the same
+//! entries. A rule takes that struct, not the op: the table's row destructures the op once
+//! and calls its rules with its attributes, so no rule matches an op. Adding an elementwise
+//! op is its entry here, its map in `maps.rs` and its VJP rule in `vjp.rs`.
 
 use super::dim::Dim;
 use super::types::TensorType;
@@ -67,10 +69,16 @@ pub enum Group {
 /// [example] [names (attrs)];` (the bracketed columns may be empty).
 ///
 /// An entry is written `Variant { field: Type, .. } = "name", arity, Class, shape rule, cost
-/// rule, vjp::RULE` (`vjp::none` for an op never differentiated) and then, each optional, `, map maps::ROW` (a plain elementwise map),
-/// `, example Op::..` (every elementwise row has one: the backends' tests walk them) and `,
-/// attrs |names| text` (the attributes as the printer shows them, the fields bound by name).
-/// Entries are in `OpKind` order, which sorts and indexes the table.
+/// rule, vjp::RULE` (`vjp::none` for an op never differentiated) and then, each optional,
+/// `, map maps::ROW` (a plain elementwise map), `, example Op::..` (every elementwise row has
+/// one: the backends' tests walk them) and `, attrs |names| text` (the attributes as the
+/// printer shows them, the fields bound by name). Entries are in `OpKind` order, which sorts
+/// and indexes the table.
+///
+/// Each rule's first argument is the op's attributes, `attrs::Variant` (`attrs.rs`), and it
+/// binds the fields it reads by name (`attrs::MatMul { trans_a, .. }: attrs::MatMul`); a rule
+/// that several ops share and that reads none of their attributes takes `impl Attrs` (its
+/// `NAME` is the op's name), as `broadcast_shape`, `per_out::<K>` or `vjp::none`.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __parallax_ops {
@@ -92,16 +100,16 @@ macro_rules! __parallax_ops {
         // ---- sources ----
         /// A graph input (data, labels, the learning rate), fed per step.
         Input { name: String, ty: TensorType } =
-            "input", 0, Source, declared, free, vjp::source,
+            "input", 0, Source, input_shape, free, vjp::source,
             attrs |names| format!("\"{name}\"");
         /// A trainable parameter, persistent across steps.
         Param { name: String, ty: TensorType, init: Init } =
-            "param", 0, Source, declared, free, vjp::source,
+            "param", 0, Source, param_shape, free, vjp::source,
             attrs |names| format!("\"{name}\", init={}", init.show());
         /// State persistent across steps that no gradient updates: optimizer state (momentum,
         /// Adam moments) and BatchNorm's running statistics. Every element is `start` at first.
         State { name: String, ty: TensorType, start: f64 } =
-            "state", 0, Source, declared, free, vjp::source,
+            "state", 0, Source, state_shape, free, vjp::source,
             attrs |names| if *start != 0.0 {
                 format!("\"{name}\", start={start}")
             } else {
@@ -109,10 +117,10 @@ macro_rules! __parallax_ops {
             };
         /// The scalar 1 in a step that trains (or computes gradients), 0 in an evaluation: what
         /// BatchNorm blends its batch and running statistics by.
-        Training = "training", 0, Source, declared, free, vjp::source;
+        Training = "training", 0, Source, training_shape, free, vjp::source;
         /// A tensor filled with one value.
         Fill { value: f64, ty: TensorType } =
-            "fill", 0, Source, declared, free, vjp::source,
+            "fill", 0, Source, fill_shape, free, vjp::source,
             attrs |names| format!("value={value}");
 
         // ---- GEMM and convolution ----
@@ -269,10 +277,10 @@ macro_rules! __parallax_ops {
             "rms_norm_grad", 2, Reduction, same_pair, per_out::<8>, vjp::none,
             attrs |names| format!("eps={eps:e}");
         ReduceSum { axes: Vec<usize> } =
-            "reduce_sum", 1, Reduction, reduce_shape, per_in::<0, 1>, vjp::reduce,
+            "reduce_sum", 1, Reduction, reduce_sum_shape, per_in::<0, 1>, vjp::reduce_sum,
             attrs |names| format!("axes={axes:?}");
         ReduceMean { axes: Vec<usize> } =
-            "reduce_mean", 1, Reduction, reduce_shape, per_in::<0, 1>, vjp::reduce,
+            "reduce_mean", 1, Reduction, reduce_mean_shape, per_in::<0, 1>, vjp::reduce_mean,
             attrs |names| format!("axes={axes:?}");
         /// Sums a broadcast operand back down to `shape` (the gradient of broadcasting).
         SumTo { shape: Vec<Dim> } =
@@ -304,7 +312,7 @@ macro_rules! __parallax_ops {
         /// what the backward reads instead of the probabilities. The fuse pass runs it in the
         /// same kernel as the `Attention` of the same `q` and `k`.
         AttentionLse { causal: bool, scale: f64 } =
-            "attention_lse", 2, Attention, attention_lse_shape, attention_flops, vjp::none,
+            "attention_lse", 2, Attention, attention_lse_shape, attention_lse_flops, vjp::none,
             attrs |names| format!("scale={scale}{}", flag(*causal, ", causal"));
         /// `(q, k, v, dy, lse, delta)` to the gradient of `Attention` with respect to `wrt`,
         /// with `lse` from `AttentionLse` and `delta = rowsum(dy * y)`: the probabilities are

@@ -1,17 +1,20 @@
 //! The op table: a row per op of `op.rs`'s list, in `OpKind` order, with its rule columns
 //! resolved here: shape (`shape_rules.rs`, `attention.rs`), cost (`cost.rs`), VJP (`vjp.rs`)
 //! and, for a plain elementwise map, its backend columns (`maps.rs`: CPU function and vector
-//! loop, f64 reference, PTX body, epilogue flag). Layers (`dsl::ast::Layer`) lower into these
-//! ops in `passes::lower`; `passes::autodiff` builds the backward graph from the VJP column
-//! alone.
+//! loop, f64 reference, PTX body, epilogue flag). Each row's rule columns destructure the op
+//! once, into its attribute struct (`attrs.rs`), and call the rules with it. Layers
+//! (`dsl::ast::Layer`) lower into these ops in `passes::lower`; `passes::autodiff` builds the
+//! backward graph from the VJP column alone.
 
 use super::attention::*;
+use super::attrs;
 use super::cost::*;
 use super::maps::{self, Binary, Elementwise, Map, Unary};
 pub use super::op::{elementwise_examples, Op, OpKind, OP_COUNT};
 use super::shape_rules::*;
 use super::types::TensorType;
-use super::vjp::{self, VjpRule};
+use super::vjp::{self, Grads, Vjp, VjpRule};
+use petgraph::stable_graph::NodeIndex;
 use serde::Serialize;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -44,9 +47,10 @@ pub enum OpClass {
     Attention,
 }
 
-/// Infers the output type; `names` names the symbols for messages.
+/// Infers the output type; `names` names the symbols for messages. A row's is made from its
+/// entry: the op's attributes taken out of it, given to the entry's shape rule.
 pub type ShapeRule = fn(&Op, &[&TensorType], &[String]) -> Result<TensorType, String>;
-/// FLOPs of one execution, from concrete operand and output sizes.
+/// FLOPs of one execution, from concrete operand and output sizes (made as `ShapeRule`).
 pub type CostRule = fn(&Op, &[Vec<u64>], &[u64]) -> u64;
 
 pub struct OpDef {
@@ -64,7 +68,13 @@ pub struct OpDef {
     pub map: Option<&'static Map>,
 }
 
-/// The entries of `op.rs` made into the table's rows.
+/// The attributes of the op a row's rule is called on: always the row's own (`Op::def`).
+fn own<A>(attrs: Option<A>) -> A {
+    attrs.expect("a row's rules are called on its own op")
+}
+
+/// The entries of `op.rs` made into the table's rows: each rule column a function that takes
+/// the op's attributes out of it (`attrs::X::of`) and calls the entry's rule with them.
 macro_rules! table {
     ($($doc:tt $op:ident $fields:tt $name:literal $arity:literal $class:ident $shape:tt
         $flops:tt $vjp:tt [$($map:tt)?] $example:tt $attrs:tt;)*) => {
@@ -74,9 +84,29 @@ macro_rules! table {
             name: $name,
             arity: Arity::Exactly($arity),
             class: OpClass::$class,
-            shape: $shape,
-            flops: $flops,
-            vjp: vjp::$vjp,
+            shape: {
+                fn shape(
+                    op: &Op,
+                    x: &[&TensorType],
+                    names: &[String],
+                ) -> Result<TensorType, String> {
+                    $shape(own(attrs::$op::of(op)), x, names)
+                }
+                shape
+            },
+            flops: {
+                fn flops(op: &Op, ins: &[Vec<u64>], out: &[u64]) -> u64 {
+                    $flops(own(attrs::$op::of(op)), ins, out)
+                }
+                flops
+            },
+            vjp: {
+                fn vjp(v: &mut dyn Vjp, n: NodeIndex, ins: &[NodeIndex], dy: NodeIndex) -> Grads {
+                    let op = v.op(n);
+                    vjp::$vjp(own(attrs::$op::of(&op)), v, n, ins, dy)
+                }
+                vjp
+            },
             has_vjp: table!(@has_vjp $vjp),
             map: table!(@map $($map)?),
         },)*];

@@ -1,8 +1,9 @@
 //! The shape rules of the op table: each infers an op's output type from its operands and
-//! explains a mismatch with both shapes.
+//! explains a mismatch with both shapes. Each takes its op's attributes (`attrs`), binding
+//! the ones it reads.
 
+use super::attrs::{self, Attrs};
 use super::dim::Dim;
-use super::op::Op;
 use super::types::{DType, TensorType};
 
 type Rule = Result<TensorType, String>;
@@ -11,23 +12,34 @@ fn show(names: &[String], t: &TensorType) -> String {
     t.show(names)
 }
 
-pub fn declared(op: &Op, _: &[&TensorType], _: &[String]) -> Rule {
-    match op {
-        Op::Input { ty, .. }
-        | Op::Param { ty, .. }
-        | Op::State { ty, .. }
-        | Op::Fill { ty, .. } => Ok(ty.clone()),
-        Op::Training => Ok(TensorType::scalar(DType::F32)),
-        _ => Err("not a source op".into()),
-    }
+/// A source's declared type.
+pub fn input_shape(attrs::Input { ty, .. }: attrs::Input, _: &[&TensorType], _: &[String]) -> Rule {
+    Ok(ty.clone())
+}
+
+pub fn param_shape(attrs::Param { ty, .. }: attrs::Param, _: &[&TensorType], _: &[String]) -> Rule {
+    Ok(ty.clone())
+}
+
+pub fn state_shape(attrs::State { ty, .. }: attrs::State, _: &[&TensorType], _: &[String]) -> Rule {
+    Ok(ty.clone())
+}
+
+pub fn fill_shape(attrs::Fill { ty, .. }: attrs::Fill, _: &[&TensorType], _: &[String]) -> Rule {
+    Ok(ty.clone())
+}
+
+/// The training flag: an f32 scalar.
+pub fn training_shape(_: attrs::Training, _: &[&TensorType], _: &[String]) -> Rule {
+    Ok(TensorType::scalar(DType::F32))
 }
 
 /// The operand's type, whatever its dtype (data movement).
-pub fn any_same(_: &Op, x: &[&TensorType], _: &[String]) -> Rule {
+pub fn any_same(_: impl Attrs, x: &[&TensorType], _: &[String]) -> Rule {
     Ok(x[0].clone())
 }
 
-pub fn float_same(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+pub fn float_same(_: impl Attrs, x: &[&TensorType], names: &[String]) -> Rule {
     if !x[0].dtype.is_float() {
         return Err(format!(
             "expects a floating-point tensor, got {}",
@@ -38,11 +50,11 @@ pub fn float_same(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
 }
 
 /// Two operands of one float type (a forward value and its gradient): that type.
-pub fn same_pair(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+pub fn same_pair<A: Attrs>(op: A, x: &[&TensorType], names: &[String]) -> Rule {
     if x[0] != x[1] {
         return Err(format!(
             "{} needs two operands of one type, got {} and {}",
-            op.name(),
+            A::NAME,
             show(names, x[0]),
             show(names, x[1])
         ));
@@ -90,14 +102,15 @@ pub fn broadcast(a: &TensorType, b: &TensorType, names: &[String]) -> Rule {
     Ok(TensorType::new(a.dtype, shape))
 }
 
-pub fn broadcast_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+pub fn broadcast_shape(_: impl Attrs, x: &[&TensorType], names: &[String]) -> Rule {
     broadcast(x[0], x[1], names)
 }
 
-pub fn matmul_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let Op::MatMul { trans_a, trans_b } = op else {
-        unreachable!("matmul rule on {op:?}")
-    };
+pub fn matmul_shape(
+    attrs::MatMul { trans_a, trans_b }: attrs::MatMul,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
     let (a, b) = (x[0], x[1]);
     if a.rank() < 2 || b.rank() < 2 {
         return Err(format!(
@@ -211,29 +224,29 @@ fn conv_out(
     ))
 }
 
-pub fn conv_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let Op::Conv2d {
+pub fn conv_shape(
+    attrs::Conv2d {
         stride,
         padding,
         groups,
-    } = op
-    else {
-        unreachable!("conv rule on {op:?}")
-    };
+    }: attrs::Conv2d,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
     conv_out(x[0], x[1], *stride, *padding, *groups, names)
 }
 
-pub fn conv_grad_input_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let Op::Conv2dGradInput {
+pub fn conv_grad_input_shape(
+    attrs::Conv2dGradInput {
         stride,
         padding,
         groups,
         in_h,
         in_w,
-    } = op
-    else {
-        unreachable!("conv grad rule on {op:?}")
-    };
+    }: attrs::Conv2dGradInput,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
     let (dy, w) = (x[0], x[1]);
     rank4(dy, "the output gradient", names)?;
     rank4(w, "the weights", names)?;
@@ -258,16 +271,16 @@ pub fn conv_grad_input_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Ru
     Ok(input)
 }
 
-pub fn conv_grad_weight_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let Op::Conv2dGradWeight {
+pub fn conv_grad_weight_shape(
+    attrs::Conv2dGradWeight {
         stride,
         padding,
         groups,
         kernel,
-    } = op
-    else {
-        unreachable!("conv grad rule on {op:?}")
-    };
+    }: attrs::Conv2dGradWeight,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
     let (input, dy) = (x[0], x[1]);
     rank4(input, "the convolution's input", names)?;
     rank4(dy, "the output gradient", names)?;
@@ -296,24 +309,10 @@ pub fn conv_grad_weight_shape(op: &Op, x: &[&TensorType], names: &[String]) -> R
     Ok(w)
 }
 
-fn pool_out(op: &Op, inp: &TensorType, names: &[String]) -> Rule {
-    let (Op::Pool2d {
-        kernel,
-        stride,
-        padding,
-        ..
-    }
-    | Op::Pool2dGrad {
-        kernel,
-        stride,
-        padding,
-        ..
-    }) = op
-    else {
-        unreachable!("pool rule on {op:?}")
-    };
+/// The output of a pooling of `inp` by a `kernel` square window, checked.
+fn pool_out(kernel: u64, stride: u64, padding: u64, inp: &TensorType, names: &[String]) -> Rule {
     rank4(inp, "pooling's input", names)?;
-    if *padding * 2 > *kernel {
+    if padding * 2 > kernel {
         return Err(format!(
             "padding {padding} is more than half the kernel {kernel}"
         ));
@@ -323,8 +322,8 @@ fn pool_out(op: &Op, inp: &TensorType, names: &[String]) -> Rule {
         known(&inp.shape[3], "the width")?,
     );
     let (Some(ho), Some(wo)) = (
-        window_out(h, *kernel, *stride, *padding),
-        window_out(w, *kernel, *stride, *padding),
+        window_out(h, kernel, stride, padding),
+        window_out(w, kernel, stride, padding),
     ) else {
         return Err(format!(
             "a {kernel}x{kernel} window does not fit a {h}x{w} input"
@@ -336,12 +335,30 @@ fn pool_out(op: &Op, inp: &TensorType, names: &[String]) -> Rule {
     Ok(TensorType::new(inp.dtype, shape))
 }
 
-pub fn pool_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    pool_out(op, x[0], names)
+pub fn pool_shape(
+    attrs::Pool2d {
+        kernel,
+        stride,
+        padding,
+        ..
+    }: attrs::Pool2d,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
+    pool_out(*kernel, *stride, *padding, x[0], names)
 }
 
-pub fn pool_grad_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let out = pool_out(op, x[0], names)?;
+pub fn pool_grad_shape(
+    attrs::Pool2dGrad {
+        kernel,
+        stride,
+        padding,
+        ..
+    }: attrs::Pool2dGrad,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
+    let out = pool_out(*kernel, *stride, *padding, x[0], names)?;
     if out != *x[1] {
         return Err(format!(
             "the gradient {} does not match the pooling's output {}",
@@ -352,10 +369,11 @@ pub fn pool_grad_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     Ok(x[0].clone())
 }
 
-pub fn reshape_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let Op::Reshape { shape } = op else {
-        unreachable!("reshape rule on {op:?}")
-    };
+pub fn reshape_shape(
+    attrs::Reshape { shape }: attrs::Reshape,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
     let to = TensorType::new(x[0].dtype, shape.clone());
     if x[0].numel() != to.numel() {
         return Err(format!(
@@ -367,10 +385,11 @@ pub fn reshape_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     Ok(to)
 }
 
-pub fn permute_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let Op::Permute { perm } = op else {
-        unreachable!("permute rule on {op:?}")
-    };
+pub fn permute_shape(
+    attrs::Permute { perm }: attrs::Permute,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
     let mut seen = vec![false; x[0].rank()];
     if perm.len() != x[0].rank()
         || perm
@@ -387,10 +406,11 @@ pub fn permute_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     Ok(TensorType::new(x[0].dtype, shape))
 }
 
-pub fn concat_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let Op::Concat { axis } = op else {
-        unreachable!("concat rule on {op:?}")
-    };
+pub fn concat_shape(
+    attrs::Concat { axis }: attrs::Concat,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
     let (a, b) = (x[0], x[1]);
     if a.rank() != b.rank() || *axis >= a.rank() || a.dtype != b.dtype {
         return Err(format!(
@@ -418,10 +438,11 @@ pub fn concat_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     Ok(TensorType::new(a.dtype, shape))
 }
 
-pub fn slice_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let Op::Slice { axis, start, len } = op else {
-        unreachable!("slice rule on {op:?}")
-    };
+pub fn slice_shape(
+    attrs::Slice { axis, start, len }: attrs::Slice,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
     let t = x[0];
     if *axis >= t.rank() {
         return Err(format!(
@@ -442,10 +463,11 @@ pub fn slice_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     Ok(TensorType::new(t.dtype, shape))
 }
 
-pub fn pad_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let Op::Pad { axis, start, size } = op else {
-        unreachable!("pad rule on {op:?}")
-    };
+pub fn pad_shape(
+    attrs::Pad { axis, start, size }: attrs::Pad,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
     let t = x[0];
     if *axis >= t.rank() {
         return Err(format!(
@@ -466,32 +488,43 @@ pub fn pad_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     Ok(TensorType::new(t.dtype, shape))
 }
 
-pub fn softmax_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+pub fn softmax_shape(op: attrs::Softmax, x: &[&TensorType], names: &[String]) -> Rule {
     let t = last_axis_norm(op, x, names)?;
-    if let Op::Softmax { causal: true } = op {
-        if t.rank() < 2 || t.shape[t.rank() - 1] != t.shape[t.rank() - 2] {
-            return Err(format!(
-                "a causal softmax needs square [.., S, S] scores, got {}",
-                show(names, &t)
-            ));
-        }
+    if *op.causal && (t.rank() < 2 || t.shape[t.rank() - 1] != t.shape[t.rank() - 2]) {
+        return Err(format!(
+            "a causal softmax needs square [.., S, S] scores, got {}",
+            show(names, &t)
+        ));
     }
     Ok(t)
 }
 
-pub fn last_axis_norm(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+pub fn last_axis_norm<A: Attrs>(op: A, x: &[&TensorType], names: &[String]) -> Rule {
     let t = float_same(op, x, names)?;
     if t.rank() == 0 {
-        return Err(format!("{} needs at least one axis", op.name()));
+        return Err(format!("{} needs at least one axis", A::NAME));
     }
     Ok(t)
 }
 
-pub fn reduce_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let (Op::ReduceSum { axes } | Op::ReduceMean { axes }) = op else {
-        unreachable!("reduce rule on {op:?}")
-    };
-    let t = x[0];
+pub fn reduce_sum_shape(
+    attrs::ReduceSum { axes }: attrs::ReduceSum,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
+    reduced(axes, x[0], names)
+}
+
+pub fn reduce_mean_shape(
+    attrs::ReduceMean { axes }: attrs::ReduceMean,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
+    reduced(axes, x[0], names)
+}
+
+/// `t` without `axes`, checked.
+fn reduced(axes: &[usize], t: &TensorType, names: &[String]) -> Rule {
     if axes.iter().any(|&a| a >= t.rank()) || axes.windows(2).any(|w| w[0] >= w[1]) {
         return Err(format!(
             "axes {axes:?} must be ascending axes of {}",
@@ -505,10 +538,11 @@ pub fn reduce_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     Ok(TensorType::new(t.dtype, shape))
 }
 
-pub fn sum_to_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let Op::SumTo { shape } = op else {
-        unreachable!("sum_to rule on {op:?}")
-    };
+pub fn sum_to_shape(
+    attrs::SumTo { shape }: attrs::SumTo,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
     let to = TensorType::new(x[0].dtype, shape.clone());
     match broadcast(x[0], &to, names) {
         Ok(b) if b == *x[0] => Ok(to),
@@ -520,10 +554,11 @@ pub fn sum_to_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     }
 }
 
-pub fn expand_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let Op::Expand { axes, shape, .. } = op else {
-        unreachable!("expand rule on {op:?}")
-    };
+pub fn expand_shape(
+    attrs::Expand { axes, shape, .. }: attrs::Expand,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
     let kept: Vec<Dim> = (0..shape.len())
         .filter(|i| !axes.contains(i))
         .map(|i| shape[i].clone())
@@ -538,7 +573,7 @@ pub fn expand_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     Ok(TensorType::new(x[0].dtype, shape.clone()))
 }
 
-pub fn gather_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+pub fn gather_shape(_: attrs::Gather, x: &[&TensorType], names: &[String]) -> Rule {
     let (table, idx) = (x[0], x[1]);
     if table.rank() != 2 || !table.dtype.is_float() {
         return Err(format!(
@@ -557,10 +592,11 @@ pub fn gather_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
     Ok(TensorType::new(table.dtype, shape))
 }
 
-pub fn scatter_add_shape(op: &Op, x: &[&TensorType], names: &[String]) -> Rule {
-    let Op::ScatterAdd { rows } = op else {
-        unreachable!("scatter rule on {op:?}")
-    };
+pub fn scatter_add_shape(
+    attrs::ScatterAdd { rows }: attrs::ScatterAdd,
+    x: &[&TensorType],
+    names: &[String],
+) -> Rule {
     let (idx, dy) = (x[0], x[1]);
     if idx.dtype.is_float()
         || dy.rank() != idx.rank() + 1
@@ -597,12 +633,12 @@ fn labels_match(logits: &TensorType, labels: &TensorType, names: &[String]) -> R
     Ok(())
 }
 
-pub fn xent_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+pub fn xent_shape(_: attrs::CrossEntropy, x: &[&TensorType], names: &[String]) -> Rule {
     labels_match(x[0], x[1], names)?;
     Ok(TensorType::scalar(DType::F32))
 }
 
-pub fn xent_grad_shape(_: &Op, x: &[&TensorType], names: &[String]) -> Rule {
+pub fn xent_grad_shape(_: attrs::CrossEntropyGrad, x: &[&TensorType], names: &[String]) -> Rule {
     labels_match(x[0], x[1], names)?;
     if x[2].rank() != 0 {
         return Err(format!(
