@@ -3,12 +3,13 @@
 //! buffer.
 
 mod common;
+use common::{fused_and_plain, plan_of};
 
 use parallax_compiler::ir::ops::OpClass;
 use parallax_compiler::ir::KernelKind;
 use parallax_compiler::ir::{Op, Phase};
 use parallax_compiler::plan::Plan;
-use parallax_compiler::{compile, parse_bytes, Options, Source};
+use parallax_compiler::{parse_bytes, Options, Source};
 use parallax_runtime::cpu::Mode;
 use parallax_runtime::data::Values;
 use parallax_runtime::train::{feed, set_scalars, Session};
@@ -174,13 +175,7 @@ fn transformer_fuses_reductions_after_elementwise_chains() {
 
 /// The plan as compiled and one op per kernel (as `plans`), for a source's text.
 fn plans_of(s: Source) -> (Source, Plan, Plan) {
-    let options = Options::default();
-    let c = compile(&s, &options, &mut |_, _| {}).unwrap();
-    let fused = c.plan(&s, &options);
-    let mut g = c.graph.clone();
-    g.kernels.clear();
-    g.schedule = None;
-    let plain = Plan::single_device(&g, &s, &options);
+    let (fused, plain) = fused_and_plain(&s);
     (s, fused, plain)
 }
 
@@ -434,9 +429,7 @@ fn permutes_folded_into_their_operands_kernels_change_no_bits() {
     // the plan allows; `run_observed` runs every kernel as it is.
     let s = parse_bytes(HEADS_BY_HAND.as_bytes()).unwrap();
     let options = Options::default();
-    let plan = compile(&s, &options, &mut |_, _| {})
-        .unwrap()
-        .plan(&s, &options);
+    let plan = plan_of(&s, &options);
     let permutes = plan
         .steps
         .iter()
@@ -505,9 +498,7 @@ fn attention_reads_its_heads_in_place() {
         .unwrap(),
     ] {
         let options = Options::default();
-        let plan = compile(&s, &options, &mut |_, _| {})
-            .unwrap()
-            .plan(&s, &options);
+        let plan = plan_of(&s, &options);
         let name = &s.experiment.name;
         assert!(
             plan.steps

@@ -8,11 +8,14 @@
 //! Tolerance: 2% of the larger of the two, plus 3e-4 absolute (f32 rounding of the loss
 //! divided by `2h`).
 
+mod common;
+use common::plan_of;
+
 use parallax_compiler::ir::{DType, Dim, Graph, Init, NodeIndex, Op, TensorType};
 use parallax_compiler::passes::{autodiff, Ctx};
 use parallax_compiler::plan::Plan;
 use parallax_compiler::shards::{Sharding, INV_BATCH, SHARD_WEIGHT};
-use parallax_compiler::{compile, parse, parse_bytes, Options, Source};
+use parallax_compiler::{parse, parse_bytes, Options, Source};
 use parallax_runtime::cpu::{Executor, Mode};
 use parallax_runtime::rng;
 use parallax_runtime::train::Session;
@@ -66,9 +69,7 @@ fn model(name: &str) {
 fn model_with(name: &str, options: Options) {
     let path = format!("{}/models/{name}.ron", env!("CARGO_MANIFEST_DIR"));
     let source = parse_bytes(&std::fs::read(path).unwrap()).unwrap();
-    let plan = compile(&source, &options, &mut |_, _| {})
-        .unwrap()
-        .plan(&source, &options);
+    let plan = plan_of(&source, &options);
     let mut s = Session::new(&source, plan, 8, 1, std::path::Path::new(".")).unwrap();
     let batch = s.next_batch().unwrap().size;
     // A sharded plan alone is one shard holding the whole batch.

@@ -4,7 +4,10 @@
 //! GPU executor does: the same bits as the CPU devices on data and pipeline grids, and a
 //! read that fails on one device fails the step on every device, at once, naming it.
 
-use parallax_compiler::{compile, parse_bytes, Options, Plan};
+mod common;
+use common::plan_of;
+
+use parallax_compiler::{parse_bytes, Options, Plan};
 use parallax_runtime::backend::{Backend, ParamValues};
 use parallax_runtime::comm::collective::{total, Partial};
 use parallax_runtime::cpu::kernels::Ctx;
@@ -134,9 +137,7 @@ fn plan(dp: u32, pp: u32) -> Plan {
     let source = parse_bytes(TINY.as_bytes()).unwrap();
     let strategy = parallax_compiler::plan::Strategy { dp, tp: 1, pp };
     let options = Options::partitioned(&source, strategy, 0);
-    compile(&source, &options, &mut |_, _| {})
-        .unwrap()
-        .plan(&source, &options)
+    plan_of(&source, &options)
 }
 
 /// Training step `step` on a batch of 8 that depends on it.
@@ -323,9 +324,7 @@ fn device_sums_give_the_communicators_bits() {
         let source = parse_bytes(TINY.as_bytes()).unwrap();
         let strategy = parallax_compiler::plan::Strategy { dp, tp: 1, pp };
         let options = Options::partitioned(&source, strategy, zero);
-        let plan = compile(&source, &options, &mut |_, _| {})
-            .unwrap()
-            .plan(&source, &options);
+        let plan = plan_of(&source, &options);
         let mut host = copied(plan.clone(), grid, None);
         let mut device = copied(plan, grid, None);
         let table: Table = Arc::default();
