@@ -6,7 +6,7 @@
 #![cfg(feature = "mpi")]
 
 mod common;
-use common::{metric, mpirun, run_args, run_ok, temp, temp_dir, tiny_causal};
+use common::{metric, mpirun, run_args, run_ok, temp, write_experiment, TINY_CAUSAL};
 
 use parallax_runtime::data::tokenize::llmc_bytes;
 use std::path::Path;
@@ -21,15 +21,18 @@ fn ok(args: &[&str]) {
 /// A tiny causal model on the token files `train.bin` and `val.bin` in `dir`, batches of 6
 /// cut into 6 micro-shards (so 1, 2 and 3 devices all take whole shards).
 fn experiment(dir: &Path) -> String {
-    let d = dir.display();
-    tiny_causal(
-        &dir.join("tokens.ron"),
-        "tokens-ranks",
-        &format!(
-            r#"Tokens(train: "{d}/train.bin", validation: "{d}/val.bin", validation_windows: 9)"#
-        ),
-        "train: (batch_size: 6, steps: 10, seed: 11),\n    devices: (micro_shards: 6),",
-    )
+    let text = format!(
+        r#"Experiment(
+    name: "tokens-ranks",
+{TINY_CAUSAL}
+    data: Tokens(train: "{d}/train.bin", validation: "{d}/val.bin", validation_windows: 9),
+    optimizer: Adam(lr: 1e-2),
+    train: (batch_size: 6, steps: 10, seed: 11),
+    devices: (micro_shards: 6),
+)"#,
+        d = dir.display()
+    );
+    write_experiment(&dir.join("tokens.ron"), &text)
 }
 
 fn bytes(run: &Path) -> Vec<u8> {
@@ -45,7 +48,8 @@ fn samples_read(run: &Path) -> u64 {
 
 #[test]
 fn a_token_run_has_the_same_bytes_on_any_device_count_process_count_and_across_a_kill() {
-    let dir = temp_dir("data-ranks-tokens");
+    let dir = temp("data-ranks-tokens");
+    std::fs::create_dir_all(&dir).unwrap();
     let ids: Vec<u32> = (0..4000u32).map(|i| (i * 7 + i / 5) % 32).collect();
     std::fs::write(dir.join("train.bin"), llmc_bytes(&ids, "train").unwrap()).unwrap();
     std::fs::write(dir.join("val.bin"), llmc_bytes(&ids[..600], "val").unwrap()).unwrap();

@@ -140,6 +140,12 @@ impl OpGraph {
     fn op(&mut self, op: Op, ins: &[NodeIndex]) -> NodeIndex {
         self.g.add(op, ins, "op", None).unwrap()
     }
+    /// An input `name` of `n` integers (indices, labels).
+    fn i32_input(&mut self, name: &str, n: u64) -> NodeIndex {
+        let ty = TensorType::new(DType::I32, vec![Dim::known(n)]);
+        let name = name.into();
+        self.op(Op::Input { name, ty }, &[])
+    }
     /// `loss = sum(y * r)` for a random parameter `r`, differentiated, planned and checked.
     fn check_through(mut self, y: NodeIndex, what: &str, feed: &dyn Fn(&mut Executor)) {
         let shape: Vec<u64> = self.g.g[y].ty.shape.iter().map(|d| d.factor).collect();
@@ -325,14 +331,7 @@ fn embedding_and_cross_entropy() {
     // Gather rows of a table at integer indices.
     let mut g = OpGraph::new();
     let table = g.param(&[5, 3]);
-    let idx_ty = TensorType::new(DType::I32, vec![Dim::known(4)]);
-    let idx = g.op(
-        Op::Input {
-            name: "idx".into(),
-            ty: idx_ty,
-        },
-        &[],
-    );
+    let idx = g.i32_input("idx", 4);
     let y = g.op(Op::Gather, &[table, idx]);
     g.check_through(y, "gather", &|e| {
         e.set_i32("idx", 1, &[1, 4, 1, 0]).unwrap()
@@ -341,14 +340,7 @@ fn embedding_and_cross_entropy() {
     for smoothing in [0.0, 0.1] {
         let mut g = OpGraph::new();
         let logits = g.param(&[4, 6]);
-        let labels_ty = TensorType::new(DType::I32, vec![Dim::known(4)]);
-        let labels = g.op(
-            Op::Input {
-                name: "labels".into(),
-                ty: labels_ty,
-            },
-            &[],
-        );
+        let labels = g.i32_input("labels", 4);
         let l = g.op(Op::CrossEntropy { smoothing }, &[logits, labels]);
         g.check_through(l, "cross_entropy", &|e| {
             e.set_i32("labels", 1, &[2, 5, -100, 0]).unwrap()

@@ -4,7 +4,7 @@
 //! Tiny Shakespeare files; `models/shakespeare.ron` trains.
 
 mod common;
-use common::{argv, metric, run_args, run_ok, temp, temp_dir, tiny_causal};
+use common::{argv, metric, run_args, run_ok, temp, temp_dir, write_experiment, TINY_CAUSAL};
 
 use parallax_compiler::dsl::ast::TokenDtype;
 use parallax_runtime::data::codec::Codec;
@@ -26,12 +26,16 @@ fn ok(args: &[&str]) -> String {
 
 /// A tiny causal model on token files of vocabulary 32, sequence 8, batch 4.
 fn experiment(dir: &Path, train: &str, validation: &str) -> String {
-    tiny_causal(
-        &dir.join(format!("{train}.ron")),
-        "tokens",
-        &format!(r#"Tokens(train: "{train}", validation: "{validation}", validation_windows: 5)"#),
-        "train: (batch_size: 4, steps: 8, seed: 3),",
-    )
+    let text = format!(
+        r#"Experiment(
+    name: "tokens",
+{TINY_CAUSAL}
+    data: Tokens(train: "{train}", validation: "{validation}", validation_windows: 5),
+    optimizer: Adam(lr: 1e-2),
+    train: (batch_size: 4, steps: 8, seed: 3),
+)"#
+    );
+    write_experiment(&dir.join(format!("{train}.ron")), &text)
 }
 
 fn tokens(n: usize) -> Vec<u32> {

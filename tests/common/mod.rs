@@ -478,25 +478,9 @@ pub fn write_experiment(path: &std::path::Path, text: &str) -> String {
     path.display().to_string()
 }
 
-/// Writes at `path` the experiment `name`: a tiny causal model on tokens of vocabulary 32,
-/// sequence 8 (an embedding, a positional embedding, one attention and the logits), trained
-/// with Adam at 1e-2 on `data`, with the fields `rest` (`train: (...),` and any after it).
-/// Returns the path, for the command line.
-pub fn tiny_causal(path: &std::path::Path, name: &str, data: &str, rest: &str) -> String {
-    let text = format!(
-        r#"Experiment(
-    name: "{name}",
-{TINY_CAUSAL}
-    data: {data},
-    optimizer: Adam(lr: 1e-2),
-    {rest}
-)"#
-    );
-    write_experiment(path, &text)
-}
-
-/// The params, model and loss of [`tiny_causal`].
-const TINY_CAUSAL: &str = r#"    params: { "d": 16, "vocab": 32, "seq": 8 },
+/// The params, model and loss of a tiny causal model on tokens of vocabulary 32, sequence 8:
+/// an embedding, a positional embedding, one attention and the logits.
+pub const TINY_CAUSAL: &str = r#"    params: { "d": 16, "vocab": 32, "seq": 8 },
     model: Graph(
         inputs: { "tokens": (shape: ["seq"], dtype: I32) },
         nodes: [
