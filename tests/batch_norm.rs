@@ -4,7 +4,10 @@
 //! changes nothing; a gradient step changes nothing either. The statistics travel with the
 //! parameters in the weights file.
 
-use parallax_compiler::{compile, parse, Options};
+mod common;
+use common::plan_of;
+
+use parallax_compiler::{parse, Options};
 use parallax_runtime::backend::Backend;
 use parallax_runtime::cpu::{Executor, Mode};
 use parallax_runtime::rng;
@@ -23,10 +26,7 @@ fn executor() -> Executor {
     train: (batch_size: 4, steps: 1),
 )"#;
     let source = parse(text).unwrap();
-    let options = Options::default();
-    let plan = compile(&source, &options, &mut |_, _| {})
-        .unwrap()
-        .plan(&source, &options);
+    let plan = plan_of(&source, &Options::default());
     Executor::new(plan, SHAPE[0], 0)
 }
 

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{binary, run_limited, temp};
+use common::{binary, run_limited, temp_dir};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -220,8 +220,7 @@ fn every_emitted_instruction_form_is_modelled() {
     let mut files = 0;
     for (i, model) in models.iter().enumerate() {
         for (j, config) in PRECISIONS.iter().enumerate() {
-            let dir = temp(&format!("coverage-{i}-{j}"));
-            std::fs::create_dir_all(&dir).unwrap();
+            let dir = temp_dir(&format!("coverage-{i}-{j}"));
             emit(model.to_str().unwrap(), config, &dir);
             for f in ptx_files(&dir) {
                 let text = std::fs::read_to_string(&f).unwrap();
@@ -291,8 +290,7 @@ fn finding(r: &Value, kind: &str, entry: &str) -> bool {
 #[test]
 fn a_dropped_barrier_in_attention_is_a_race() {
     let args = ["--set", "train.batch_size=8"];
-    let dir = temp("plant-barrier");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("plant-barrier");
     emit("models/transformer.ron", &args, &dir);
     let entry = entry_with(&dir, "attention", "bar.sync");
     // The barrier after staging a tile: warps then read rows others have not written.
@@ -311,8 +309,7 @@ fn a_dropped_barrier_in_attention_is_a_race() {
 
 #[test]
 fn an_index_shifted_by_one_is_out_of_bounds() {
-    let dir = temp("plant-index");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("plant-index");
     emit("models/mlp.ron", &[], &dir);
     let entry = entry_with(&dir, "dropout", "ld.global");
     // Every load one element further: the last thread reads past its buffer.
@@ -338,8 +335,7 @@ fn a_read_before_the_async_copy_wait_is_pending() {
     let args = gpt(64);
     let mut args: Vec<&str> = args.iter().map(String::as_str).collect();
     args.extend(["--precision", "bf16"]);
-    let dir = temp("plant-cp-async");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("plant-cp-async");
     emit("benches/models/gpt-gpu.ron", &args, &dir);
     let entry = entry_with(&dir, "attention", "cp.async.wait_all");
     plant(&dir, &entry, |t| t.replacen("cp.async.wait_all;", "", 1));
@@ -350,8 +346,7 @@ fn a_read_before_the_async_copy_wait_is_pending() {
 
 #[test]
 fn a_constant_one_ulp_off_is_a_difference() {
-    let dir = temp("plant-constant");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("plant-constant");
     emit("models/mlp.ron", &[], &dir);
     // The optimizer's update: its `1 - beta1` (0.1) nudged by one ulp, which an exact
     // kernel's bit-for-bit comparison sees.

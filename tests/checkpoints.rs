@@ -2,21 +2,11 @@
 //! with the same bytes as a run never interrupted; damaged or foreign checkpoints are refused.
 
 mod common;
-use common::temp;
+use common::{binary, cli_exits, cli_ok, exits_1, stderr, temp, train_ok};
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_parallax"));
-    c.current_dir(env!("CARGO_MANIFEST_DIR"));
-    c
-}
-
-fn run(args: &[&str]) -> Output {
-    bin().args(args).output().expect("the binary runs")
-}
 
 const STEPS: &str = "1200";
 
@@ -58,7 +48,7 @@ fn checkpoint_steps(dir: &Path) -> Vec<u64> {
 #[test]
 fn a_run_killed_at_random_points_resumes_to_the_same_bytes() {
     let whole = temp("whole");
-    let o = bin().args(train_args(&whole)).output().unwrap();
+    let o = binary().args(train_args(&whole)).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let want = std::fs::read(whole.join("final.safetensors")).unwrap();
     let want_metrics = std::fs::read_to_string(whole.join("metrics.jsonl")).unwrap();
@@ -69,7 +59,7 @@ fn a_run_killed_at_random_points_resumes_to_the_same_bytes() {
     // (so the kill lands anywhere in a step, a validation or a checkpoint write).
     for (i, (after, extra_ms)) in [(100u64, 0u64), (450, 3), (800, 7)].into_iter().enumerate() {
         let dir = temp(&format!("killed{i}"));
-        let mut child = bin()
+        let mut child = binary()
             .args(train_args(&dir))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -90,12 +80,7 @@ fn a_run_killed_at_random_points_resumes_to_the_same_bytes() {
             !dir.join("final.safetensors").exists(),
             "case {i}: the run finished before it was killed"
         );
-        let o = run(&["train", "--resume", dir.to_str().unwrap()]);
-        assert!(
-            o.status.success(),
-            "case {i}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        cli_ok("train --resume", &[dir.to_str().unwrap()]);
         let got = std::fs::read(dir.join("final.safetensors")).unwrap();
         assert!(
             got == want,
@@ -113,24 +98,16 @@ fn a_run_killed_at_random_points_resumes_to_the_same_bytes() {
 /// A short run with checkpoints, for the refusal tests.
 fn short_run(name: &str, model: &str) -> PathBuf {
     let dir = temp(name);
-    let o = run(&[
-        "train",
-        model,
-        "--steps",
-        "20",
-        "--checkpoint-every",
-        "10",
-        "--run-dir",
-        dir.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    train_ok(model, &dir, &["--steps", "20", "--checkpoint-every", "10"]);
     dir
 }
 
 fn refused(dir: &Path, expect: &[&str]) {
-    let o = run(&["train", "--resume", dir.to_str().unwrap(), "--steps", "30"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let err = cli_exits(
+        1,
+        "train --resume",
+        &[dir.to_str().unwrap(), "--steps", "30"],
+    );
     for e in expect {
         assert!(err.contains(e), "expected `{e}` in: {err}");
     }
@@ -167,23 +144,14 @@ fn damaged_and_foreign_checkpoints_are_refused() {
 
     // The intact checkpoint resumes and extends the run.
     std::fs::write(&ckpt, &good).unwrap();
-    let o = run(&["train", "--resume", dir.to_str().unwrap(), "--steps", "30"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    cli_ok("train --resume", &[dir.to_str().unwrap(), "--steps", "30"]);
     let summary = std::fs::read_to_string(dir.join("summary.json")).unwrap();
     assert!(summary.contains("\"steps\": 30"), "{summary}");
     assert!(summary.contains("\"resumed_from\": 20"), "{summary}");
 
     // No checkpoint at all.
     let none = temp("none");
-    let o = run(&[
-        "train",
-        "models/mlp.ron",
-        "--steps",
-        "3",
-        "--run-dir",
-        none.to_str().unwrap(),
-    ]);
-    assert!(o.status.success());
+    train_ok("models/mlp.ron", &none, &["--steps", "3"]);
     refused(&none, &["no checkpoint to resume from"]);
     for d in [dir, cnn, none] {
         let _ = std::fs::remove_dir_all(d);
@@ -193,19 +161,10 @@ fn damaged_and_foreign_checkpoints_are_refused() {
 #[test]
 fn overrides_are_applied_type_checked_and_recorded() {
     let dir = temp("set");
-    let o = run(&[
-        "train",
-        "models/mlp.ron",
-        "--steps",
-        "3",
-        "--set",
-        "optimizer.lr=0.05",
-        "--set",
-        "train.batch_size=32",
-        "--run-dir",
-        dir.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    cli_ok(
+        "train models/mlp.ron --steps 3 --set optimizer.lr=0.05 --set train.batch_size=32 --run-dir",
+        &[dir.to_str().unwrap()],
+    );
     let exp = std::fs::read_to_string(dir.join("experiment.ron")).unwrap();
     assert!(
         exp.contains("lr: 0.05") && exp.contains("batch_size: 32"),
@@ -216,27 +175,9 @@ fn overrides_are_applied_type_checked_and_recorded() {
     assert!(record.contains("\"run_id\""), "{record}");
     let _ = std::fs::remove_dir_all(&dir);
 
-    let o = run(&[
-        "train",
-        "models/mlp.ron",
-        "--steps",
-        "3",
-        "--set",
-        "optimizer.lr=fast",
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let err = exits_1("train models/mlp.ron --steps 3 --set optimizer.lr=fast");
     assert!(err.contains("--set optimizer.lr=fast"), "{err}");
-    let o = run(&[
-        "train",
-        "models/mlp.ron",
-        "--steps",
-        "3",
-        "--set",
-        "optimiser.lr=1",
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let err = exits_1("train models/mlp.ron --steps 3 --set optimiser.lr=1");
     assert!(
         err.contains("no field `optimiser.lr`") && err.contains("optimizer"),
         "{err}"
@@ -248,34 +189,14 @@ fn overrides_are_applied_type_checked_and_recorded() {
 #[test]
 fn a_data_parallel_run_resumes_on_another_device_count() {
     let whole = temp("dp-whole");
-    let o = run(&[
-        "train",
-        "models/mlp.ron",
-        "--gpus",
-        "1",
-        "--steps",
-        "12",
-        "--run-dir",
-        whole.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    train_ok("models/mlp.ron", &whole, &["--gpus", "1", "--steps", "12"]);
     let split = temp("dp-split");
-    let o = run(&[
-        "train",
-        "models/mlp.ron",
-        "--gpus",
-        "2",
-        "--steps",
-        "6",
-        "--checkpoint-every",
-        "3",
-        "--run-dir",
-        split.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    cli_ok(
+        "train models/mlp.ron --gpus 2 --steps 6 --checkpoint-every 3 --run-dir",
+        &[split.to_str().unwrap()],
+    );
     let dir = split.to_str().unwrap();
-    let o = run(&["train", "--resume", dir, "--steps", "12", "--gpus", "3"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    cli_ok("train --resume", &[dir, "--steps", "12", "--gpus", "3"]);
     let bytes = |d: &Path| std::fs::read(d.join("final.safetensors")).unwrap();
     assert!(
         bytes(&whole) == bytes(&split),
@@ -297,9 +218,10 @@ fn a_data_parallel_run_resumes_on_another_device_count() {
     let mut finals = Vec::new();
     for (d, gpus) in [(&unsplit, "2"), (&again, "3")] {
         let dir = d.to_str().unwrap();
-        let o = run(&["train", "--resume", dir, "--steps", "30", "--gpus", gpus]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "{err}");
+        let err = stderr(&cli_ok(
+            "train --resume",
+            &[dir, "--steps", "30", "--gpus", gpus],
+        ));
         assert!(
             err.contains(
                 "note: this run trained on one device with its batches unsplit; continuing on"
@@ -323,23 +245,10 @@ fn a_data_parallel_run_resumes_on_another_device_count() {
 /// parameters re-sliced), close to the uninterrupted run.
 #[test]
 fn sharded_state_resumes_on_another_split() {
-    let train = |dir: &Path, args: &[&str]| {
-        let mut full = vec![
-            "train",
-            "models/transformer.ron",
-            "--run-dir",
-            dir.to_str().unwrap(),
-        ];
-        full.extend_from_slice(args);
-        let o = run(&full);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    };
+    let train = |dir: &Path, args: &[&str]| train_ok("models/transformer.ron", dir, args);
     let resume = |dir: &Path, args: &[&str]| {
-        let mut full = vec!["train", "--resume", dir.to_str().unwrap(), "--steps", "4"];
-        full.extend_from_slice(args);
-        let o = run(&full);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        String::from_utf8_lossy(&o.stderr).to_string()
+        let tail = [&[dir.to_str().unwrap(), "--steps", "4"][..], args].concat();
+        stderr(&cli_ok("train --resume", &tail))
     };
     let bytes = |d: &Path| std::fs::read(d.join("final.safetensors")).unwrap();
     let whole = temp("zero-whole");
@@ -421,9 +330,7 @@ fn a_run_stopped_after_its_last_checkpoint_is_finished_by_resume() {
                 .collect();
             std::fs::write(cut.join("metrics.jsonl"), kept).unwrap();
         }
-        let o = run(&["train", "--resume", cut.to_str().unwrap()]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "{err}");
+        cli_ok("train --resume", &[cut.to_str().unwrap()]);
         assert!(
             std::fs::read(cut.join("final.safetensors")).unwrap() == want,
             "the finished run's weights differ"
@@ -436,9 +343,7 @@ fn a_run_stopped_after_its_last_checkpoint_is_finished_by_resume() {
         let vals = std::fs::read_to_string(cut.join("metrics.jsonl")).unwrap();
         assert_eq!(vals.matches("val_loss").count(), 1, "{vals}");
         // Finished: said, exit 0, nothing rewritten.
-        let o = run(&["train", "--resume", cut.to_str().unwrap()]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(0), "{err}");
+        let err = cli_exits(0, "train --resume", &[cut.to_str().unwrap()]);
         assert!(err.contains("20 steps are all done"), "{err}");
         let _ = std::fs::remove_dir_all(&cut);
     }
@@ -452,23 +357,11 @@ fn a_resumed_run_keeps_its_zero_stage_and_schedule() {
     let dir = temp("keeps-zero");
     let _ = std::fs::remove_dir_all(&dir);
     let d = dir.to_str().unwrap();
-    let o = run(&[
-        "train",
-        "models/mlp.ron",
-        "--gpus",
-        "2",
-        "--zero",
-        "2",
-        "--steps",
-        "4",
-        "--checkpoint-every",
-        "2",
-        "--run-dir",
-        d,
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = run(&["train", "--resume", d, "--steps", "6"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    cli_ok(
+        "train models/mlp.ron --gpus 2 --zero 2 --steps 4 --checkpoint-every 2 --run-dir",
+        &[d],
+    );
+    cli_ok("train --resume", &[d, "--steps", "6"]);
     let record: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("run.json")).unwrap()).unwrap();
     for plan in [&record["plan"], &record["resumes"][0]["plan"]] {

@@ -1,7 +1,7 @@
 //! The command line as users (and the README) run it.
 
 mod common;
-use common::{parallax, stderr, stdout, temp};
+use common::{cli, cli_exits, cli_ok, parallax, stderr, stdout, temp, temp_dir};
 
 use std::path::Path;
 
@@ -36,8 +36,7 @@ fn check_json_has_the_contract_fields() {
 
 #[test]
 fn check_json_reports_errors_as_json_too() {
-    let dir = temp("json-err");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("json-err");
     let f = dir.join("bad.ron");
     let text = std::fs::read_to_string("models/mlp.ron")
         .unwrap()
@@ -55,17 +54,10 @@ fn check_json_reports_errors_as_json_too() {
 #[test]
 fn compile_emits_ir_dot_and_plan() {
     let dir = temp("emit");
-    let o = parallax(&[
-        "compile",
-        "models/cnn.ron",
-        "--gpus",
-        "4",
-        "--emit",
-        "ir,dot,plan",
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let o = cli_ok(
+        "compile models/cnn.ron --gpus 4 --emit ir,dot,plan --out",
+        &[dir.to_str().unwrap()],
+    );
     let ir = std::fs::read_to_string(dir.join("graph.ir")).unwrap();
     assert!(ir.starts_with("graph \"cnn-digits\" {"));
     assert!(ir.contains("conv2d("));
@@ -97,15 +89,7 @@ fn compile_emits_one_thing_to_stdout() {
 
 #[test]
 fn compile_json_records_gpus() {
-    let o = parallax(&[
-        "compile",
-        "models/gpt-large.ron",
-        "--gpus",
-        "8",
-        "--format",
-        "json",
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let o = cli_ok("compile models/gpt-large.ron --gpus 8 --format json", &[]);
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["gpus_requested"], 8);
     assert_eq!(v["parameters"].as_u64(), Some(13_110_702_080));
@@ -114,14 +98,10 @@ fn compile_json_records_gpus() {
 
 #[test]
 fn timings_and_ir_dumps() {
-    let o = parallax(&[
-        "compile",
-        "models/mlp.ron",
-        "--timings",
-        "--dump-ir",
-        "after:lower",
-    ]);
-    assert!(o.status.success());
+    let o = cli_ok(
+        "compile models/mlp.ron --timings --dump-ir after:lower",
+        &[],
+    );
     let err = stderr(&o);
     for pass in ["parse", "lower", "shapes", "simplify", "plan", "total"] {
         assert!(
@@ -183,14 +163,7 @@ fn compile_checks_the_plan_fits_the_device_before_anything_runs() {
         assert!(err.contains(row), "{row}: {err}");
     }
     assert!(err.contains("48.84 GiB") && err.contains("H100"), "{err}");
-    let o = parallax(&[
-        "compile",
-        "models/gpt-large.ron",
-        "--gpus",
-        "1",
-        "--format",
-        "json",
-    ]);
+    let o = cli("compile models/gpt-large.ron --gpus 1 --format json", &[]);
     assert_eq!(o.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["ok"], false);
@@ -240,15 +213,7 @@ fn launcher_variables_that_cannot_be_honoured_are_refused() {
         "{}",
         stderr(&o)
     );
-    let o = parallax(&[
-        "train",
-        "models/mlp.ron",
-        "--strategy",
-        "pp2",
-        "--run-dir",
-        d,
-    ]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("--strategy splits the work of several devices"));
+    let err = cli_exits(2, "train models/mlp.ron --strategy pp2 --run-dir", &[d]);
+    assert!(err.contains("--strategy splits the work of several devices"));
     assert!(!dir.exists());
 }

@@ -15,18 +15,17 @@ fn parallax(args: &[&str]) -> Output {
         .expect("the binary runs")
 }
 
+/// Runs the words of `line`, which must exit 1; returns stderr.
+fn exits_1(line: &str) -> String {
+    let o = parallax(&line.split_whitespace().collect::<Vec<_>>());
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    err
+}
+
 #[test]
 fn train_on_cuda_without_a_gpu_exits_1_with_a_clear_message() {
-    let o = parallax(&[
-        "train",
-        "models/mlp.ron",
-        "--backend",
-        "cuda",
-        "--steps",
-        "1",
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let err = exits_1("train models/mlp.ron --backend cuda --steps 1");
     assert!(
         err.contains("models/mlp.ron: error: --backend cuda:"),
         "{err}"
@@ -50,9 +49,7 @@ fn devices_says_why_no_gpu_is_usable() {
 
 #[test]
 fn gpu_check_without_a_gpu_exits_1() {
-    let o = parallax(&["gpu-check", "models/mlp.ron", "--steps", "1"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let err = exits_1("gpu-check models/mlp.ron --steps 1");
     assert!(err.contains("error:") && !err.contains("panicked"), "{err}");
 }
 
@@ -61,9 +58,7 @@ fn comm_check_on_cuda_without_a_gpu_exits_1_before_any_rank_waits() {
     // Without mpirun too: the GPU is looked for first, so a machine without one (or a build
     // without MPI) fails at once, on every rank alike.
     let t = std::time::Instant::now();
-    let o = parallax(&["comm-check", "--backend", "cuda", "--timeout", "5"]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let err = exits_1("comm-check --backend cuda --timeout 5");
     assert!(err.contains("error: comm-check --backend cuda:"), "{err}");
     assert!(
         err.contains("libcuda") || err.contains("no usable GPU"),

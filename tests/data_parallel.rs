@@ -4,30 +4,19 @@
 //! compiler predicts, and clear refusals.
 
 mod common;
-use common::{parallax, temp};
+use common::{cli_exits, cli_ok, exits_1, metric, plan_of, stderr, temp, train_ok};
 
 use parallax_compiler::shards::{assign, device_bytes, Sharding};
-use parallax_compiler::{compile, parse_bytes, Options};
+use parallax_compiler::{parse_bytes, Options};
 use parallax_runtime::ranks::{Grid, Ranks};
-use std::path::Path;
 
-/// Trains and returns the final weights' bytes and each step's loss.
-fn train(file: &str, run: &Path, extra: &[&str]) -> (Vec<u8>, Vec<f64>) {
-    let mut args = vec!["train", file, "--run-dir", run.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    let o = parallax(&args);
-    assert!(
-        o.status.success(),
-        "{args:?}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+/// Trains `file` with the words of `line` in the fresh folder `temp(name)`; returns the final
+/// weights' bytes and each step's loss.
+fn train(file: &str, name: &str, line: &str) -> (Vec<u8>, Vec<f64>) {
+    let run = &temp(name);
+    train_ok(file, run, &line.split_whitespace().collect::<Vec<_>>());
     let weights = std::fs::read(run.join("final.safetensors")).unwrap();
-    let losses = std::fs::read_to_string(run.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v["loss"].as_f64())
-        .collect();
+    let losses = metric(run, "loss");
     let _ = std::fs::remove_dir_all(run);
     (weights, losses)
 }
@@ -45,7 +34,7 @@ fn relative(a: &[f64], b: &[f64]) -> f64 {
 fn every_model_gives_the_same_bits_on_any_device_count() {
     for (model, steps) in [("mlp", "3"), ("cnn", "3"), ("transformer", "2")] {
         let file = format!("models/{model}.ron");
-        let (one, losses) = train(&file, &temp(model), &["--gpus", "1", "--steps", steps]);
+        let (one, losses) = train(&file, model, &format!("--gpus 1 --steps {steps}"));
         let grids = [
             ("2", "dp2"),
             ("3", "dp3"),
@@ -56,13 +45,12 @@ fn every_model_gives_the_same_bits_on_any_device_count() {
             ("4", "dp2.pp2"),
         ];
         for (n, strategy) in grids {
-            let run = temp(&format!("{model}-{strategy}"));
-            let args = ["--gpus", n, "--strategy", strategy, "--steps", steps];
-            let (w, l) = train(&file, &run, &args);
+            let args = format!("--gpus {n} --strategy {strategy} --steps {steps}");
+            let (w, l) = train(&file, &format!("{model}-{strategy}"), &args);
             assert_eq!(l, losses, "{model} as {strategy}: losses");
             assert!(w == one, "{model} as {strategy}: final.safetensors differs");
         }
-        let (_, unsplit) = train(&file, &temp(&format!("{model}-u")), &["--steps", steps]);
+        let (_, unsplit) = train(&file, &format!("{model}-u"), &format!("--steps {steps}"));
         let r = relative(&losses, &unsplit);
         assert!(
             r < 1e-5,
@@ -76,60 +64,29 @@ fn every_model_gives_the_same_bits_on_any_device_count() {
 /// buckets), on 3 devices.
 #[test]
 fn uneven_batches_keep_the_same_bits() {
-    let (one, _) = train(
-        "models/mlp.ron",
-        &temp("short-1"),
-        &["--gpus", "1", "--steps", "24"],
-    );
-    let (three, _) = train(
-        "models/mlp.ron",
-        &temp("short-3"),
-        &["--gpus", "3", "--steps", "24"],
-    );
+    let (one, _) = train("models/mlp.ron", "short-1", "--gpus 1 --steps 24");
+    let (three, _) = train("models/mlp.ron", "short-3", "--gpus 3 --steps 24");
     assert!(one == three, "the short last batch changed the bits");
-    let set = [
-        "--set",
-        "train.batch_size=60",
-        "--set",
-        "devices.gradient_bucket_mb=0.01",
-        "--steps",
-        "3",
-        "--gpus",
-    ];
-    let (a, _) = train(
-        "models/mlp.ron",
-        &temp("b60-1"),
-        &[&set[..], &["1"]].concat(),
-    );
-    let (b, _) = train(
-        "models/mlp.ron",
-        &temp("b60-3"),
-        &[&set[..], &["3"]].concat(),
-    );
+    let set = "--set train.batch_size=60 --set devices.gradient_bucket_mb=0.01 --steps 3 --gpus";
+    let (a, _) = train("models/mlp.ron", "b60-1", &format!("{set} 1"));
+    let (b, _) = train("models/mlp.ron", "b60-3", &format!("{set} 3"));
     assert!(a == b, "uneven shards changed the bits");
 }
 
 /// More micro-shards allow more devices, with the same bits among themselves.
 #[test]
 fn more_devices_need_more_micro_shards() {
-    let args = ["--gpus", "16", "--strategy", "dp16", "--steps", "1"];
-    let o = parallax(&[&["train", "models/mlp.ron"][..], &args].concat());
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let err = exits_1("train models/mlp.ron --gpus 16 --strategy dp16 --steps 1");
     assert!(
         err.contains("8 micro-shards") && err.contains("devices.micro_shards=16"),
         "{err}"
     );
-    let set = ["--set", "devices.micro_shards=16", "--steps", "2", "--gpus"];
-    let (a, _) = train(
-        "models/mlp.ron",
-        &temp("m16-1"),
-        &[&set[..], &["1"]].concat(),
-    );
+    let set = "--set devices.micro_shards=16 --steps 2 --gpus";
+    let (a, _) = train("models/mlp.ron", "m16-1", &format!("{set} 1"));
     let (b, _) = train(
         "models/mlp.ron",
-        &temp("m16-16"),
-        &[&set[..], &["16", "--strategy", "dp16"]].concat(),
+        "m16-16",
+        &format!("{set} 16 --strategy dp16"),
     );
     assert!(a == b);
 }
@@ -142,20 +99,11 @@ fn strategies_that_cannot_run_are_refused() {
         ("2", "dq2", "`dq` is not dp, tp or pp"),
         ("16", "pp16", "16 pipeline stages need at least 16 layers"),
     ] {
-        let o = parallax(&[
-            "train",
-            "models/cnn.ron",
-            "--gpus",
-            n,
-            "--strategy",
-            strategy,
-            "--steps",
-            "1",
-            "--run-dir",
-            temp("refused").to_str().unwrap(),
-        ]);
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert_eq!(o.status.code(), Some(1), "{strategy}: {err}");
+        let err = cli_exits(
+            1,
+            &format!("train models/cnn.ron --gpus {n} --strategy {strategy} --steps 1 --run-dir"),
+            &[temp("refused").to_str().unwrap()],
+        );
         assert!(
             err.contains(expect) && !err.contains("panicked"),
             "{strategy}: {err}"
@@ -165,18 +113,7 @@ fn strategies_that_cannot_run_are_refused() {
 
 #[test]
 fn heads_that_do_not_split_are_refused() {
-    let o = parallax(&[
-        "train",
-        "models/transformer.ron",
-        "--gpus",
-        "3",
-        "--strategy",
-        "tp3",
-        "--steps",
-        "1",
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let err = exits_1("train models/transformer.ron --gpus 3 --strategy tp3 --steps 1");
     assert!(
         err.contains("4 heads do not split over 3 tensor-parallel ranks") && err.contains("^"),
         "{err}"
@@ -213,12 +150,7 @@ fn tensors(bytes: &[u8]) -> Vec<(String, Vec<f32>)> {
 #[test]
 fn tensor_parallel_transformer_matches_one_device() {
     let file = "models/transformer.ron";
-    let steps = ["--steps", "3"];
-    let (one, losses) = train(
-        file,
-        &temp("tp-1"),
-        &[&["--gpus", "1"][..], &steps].concat(),
-    );
+    let (one, losses) = train(file, "tp-1", "--gpus 1 --steps 3");
     let mut tp2 = None;
     for (n, strategy) in [
         ("2", "tp2"),
@@ -226,9 +158,8 @@ fn tensor_parallel_transformer_matches_one_device() {
         ("4", "dp2.tp2"),
         ("8", "dp2.tp2.pp2"),
     ] {
-        let run = temp(&format!("tp-{strategy}"));
-        let args = [&["--gpus", n, "--strategy", strategy][..], &steps].concat();
-        let (w, l) = train(file, &run, &args);
+        let args = format!("--gpus {n} --strategy {strategy} --steps 3");
+        let (w, l) = train(file, &format!("tp-{strategy}"), &args);
         let r = relative(&l, &losses);
         assert!(r < 1e-5, "{strategy}: losses differ by {r:e}");
         let (mine, reference) = (tensors(&w), tensors(&one));
@@ -259,17 +190,10 @@ fn compile_predicts_the_memory_training_allocates() {
         ("models/transformer.ron", "8", "dp2.tp2.pp2"),
         ("models/mlp.ron", "3", "dp3"),
     ] {
-        let o = parallax(&[
-            "compile",
-            file,
-            "--gpus",
-            n,
-            "--strategy",
-            strategy,
-            "--format",
-            "json",
-        ]);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let o = cli_ok(
+            &format!("compile {file} --gpus {n} --strategy {strategy} --format json"),
+            &[],
+        );
         let compiled: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         let predicted = compiled["simulated_device_bytes"].clone();
         assert!(predicted
@@ -277,9 +201,7 @@ fn compile_predicts_the_memory_training_allocates() {
             .is_some_and(|a| a.len() == n.parse::<usize>().unwrap()));
         let args = ["--gpus", n, "--strategy", strategy, "--steps", "1"];
         let run = temp(&format!("mem-{strategy}"));
-        let mut full = vec!["train", file, "--run-dir", run.to_str().unwrap()];
-        full.extend_from_slice(&args);
-        assert!(parallax(&full).status.success());
+        train_ok(file, &run, &args);
         let record: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
         assert_eq!(
@@ -296,7 +218,7 @@ fn compile_predicts_the_memory_training_allocates() {
 #[test]
 fn sharded_optimizer_state_keeps_the_bits() {
     let file = "models/transformer.ron";
-    let (one, _) = train(file, &temp("z-1"), &["--gpus", "1", "--steps", "2"]);
+    let (one, _) = train(file, "z-1", "--gpus 1 --steps 2");
     let mut bytes = Vec::new();
     let cases = [
         ("dp4", "0"),
@@ -318,10 +240,7 @@ fn sharded_optimizer_state_keeps_the_bits() {
             "--steps",
             "2",
         ];
-        let mut full = vec!["train", file, "--run-dir", run.to_str().unwrap()];
-        full.extend_from_slice(&args);
-        let o = parallax(&full);
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        train_ok(file, &run, &args);
         assert!(
             std::fs::read(run.join("final.safetensors")).unwrap() == one,
             "{strategy} zero {zero}"
@@ -345,12 +264,9 @@ fn sharded_optimizer_state_keeps_the_bits() {
 #[test]
 fn the_cost_model_chooses_a_split_with_the_same_bits() {
     let file = "models/transformer.ron";
-    let (one, _) = train(file, &temp("auto-1"), &["--gpus", "1", "--steps", "2"]);
+    let (one, _) = train(file, "auto-1", "--gpus 1 --steps 2");
     let run = temp("auto-4");
-    let args = ["train", file, "--gpus", "4", "--steps", "2", "--run-dir"];
-    let o = parallax(&[&args[..], &[run.to_str().unwrap()]].concat());
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
+    let err = stderr(&train_ok(file, &run, &["--gpus", "4", "--steps", "2"]));
     assert!(err.contains("the cost model chooses dp2.pp2"), "{err}");
     let four = std::fs::read(run.join("final.safetensors")).unwrap();
     assert!(four == one);
@@ -362,19 +278,8 @@ fn the_cost_model_chooses_a_split_with_the_same_bits() {
 #[test]
 fn the_chosen_split_names_the_zero_stage_asked_for() {
     let run = temp("auto-zero");
-    let args = [
-        "train",
-        "models/mlp.ron",
-        "--gpus",
-        "2",
-        "--zero",
-        "1",
-        "--steps",
-        "1",
-    ];
-    let o = parallax(&[&args[..], &["--run-dir", run.to_str().unwrap()]].concat());
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(o.status.success(), "{err}");
+    let args = ["--gpus", "2", "--zero", "1", "--steps", "1"];
+    let err = stderr(&train_ok("models/mlp.ron", &run, &args));
     assert!(
         err.contains("the cost model chooses dp2 with ZeRO 1 as --zero asks"),
         "{err}"
@@ -385,20 +290,11 @@ fn the_chosen_split_names_the_zero_stage_asked_for() {
 #[test]
 fn a_device_too_small_is_refused_before_training() {
     let run = temp("small");
-    let o = parallax(&[
-        "train",
-        "models/cnn.ron",
-        "--gpus",
-        "2",
-        "--strategy",
-        "dp2",
-        "--gpu-memory",
-        "64KiB",
-        "--run-dir",
-        run.to_str().unwrap(),
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let err = cli_exits(
+        1,
+        "train models/cnn.ron --gpus 2 --strategy dp2 --gpu-memory 64KiB --run-dir",
+        &[run.to_str().unwrap()],
+    );
     assert!(
         err.contains("simulated device 0 (rank 0, tensor rank 0, stage 0) runs out of memory")
             && !err.contains("panicked"),
@@ -430,9 +326,7 @@ fn predicted_device_memory_is_what_the_devices_allocate() {
         let plan_for = |tp: u32, pp: u32, dp: u32| {
             let strategy = parallax_compiler::plan::Strategy { dp, tp, pp };
             let options = Options::partitioned(&source, strategy, zero);
-            compile(&source, &options, &mut |_, _| {})
-                .unwrap()
-                .plan(&source, &options)
+            plan_of(&source, &options)
         };
         let whole = device_bytes(&plan_for(1, 1, 1), 1, None);
         for (dp, pp) in [(1, 1), (3, 1), (8, 1), (1, 2), (2, 2), (1, 3)] {

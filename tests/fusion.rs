@@ -3,13 +3,14 @@
 //! buffer.
 
 mod common;
+use common::{fused_and_plain, plan_of};
 
 use parallax_compiler::ir::ops::OpClass;
 use parallax_compiler::ir::KernelKind;
 use parallax_compiler::ir::{Op, Phase};
 use parallax_compiler::plan::Plan;
-use parallax_compiler::{compile, parse_bytes, Options, Source};
-use parallax_runtime::cpu::Mode;
+use parallax_compiler::{parse_bytes, Options, Source};
+use parallax_runtime::cpu::{Executor, Mode};
 use parallax_runtime::data::Values;
 use parallax_runtime::train::{feed, set_scalars, Session};
 use std::collections::HashMap;
@@ -174,13 +175,7 @@ fn transformer_fuses_reductions_after_elementwise_chains() {
 
 /// The plan as compiled and one op per kernel (as `plans`), for a source's text.
 fn plans_of(s: Source) -> (Source, Plan, Plan) {
-    let options = Options::default();
-    let c = compile(&s, &options, &mut |_, _| {}).unwrap();
-    let fused = c.plan(&s, &options);
-    let mut g = c.graph.clone();
-    g.kernels.clear();
-    g.schedule = None;
-    let plain = Plan::single_device(&g, &s, &options);
+    let (fused, plain) = fused_and_plain(&s);
     (s, fused, plain)
 }
 
@@ -243,14 +238,16 @@ fn fused_plans_compute_the_same_bits() {
             common::train_steps(&s, fused, 3),
             common::train_steps(&s, plain, 3),
         );
-        assert_eq!(
-            a.output("loss").unwrap().f32(),
-            b.output("loss").unwrap().f32(),
-            "{name}"
-        );
-        for ((n, x), (_, y)) in a.params().zip(b.params()) {
-            assert_eq!(x.f32(), y.f32(), "{name}: parameter {n}");
-        }
+        same_loss_and_parameters(&a, &b, name);
+    }
+}
+
+/// `a` and `b` end their steps with the same loss and parameters, bit for bit.
+fn same_loss_and_parameters(a: &Executor, b: &Executor, at: &str) {
+    let loss = |e: &Executor| e.output("loss").unwrap().f32().to_vec();
+    assert_eq!(loss(a), loss(b), "{at}");
+    for ((n, x), (_, y)) in a.params().zip(b.params()) {
+        assert_eq!(x.f32(), y.f32(), "{at}: parameter {n}");
     }
 }
 
@@ -434,9 +431,7 @@ fn permutes_folded_into_their_operands_kernels_change_no_bits() {
     // the plan allows; `run_observed` runs every kernel as it is.
     let s = parse_bytes(HEADS_BY_HAND.as_bytes()).unwrap();
     let options = Options::default();
-    let plan = compile(&s, &options, &mut |_, _| {})
-        .unwrap()
-        .plan(&s, &options);
+    let plan = plan_of(&s, &options);
     let permutes = plan
         .steps
         .iter()
@@ -479,14 +474,7 @@ fn permutes_folded_into_their_operands_kernels_change_no_bits() {
     plain
         .run_observed(5, (Mode::Train, None), 3, 0, &mut |_, _| {})
         .unwrap();
-    assert_eq!(
-        folded.output("loss").unwrap().f32(),
-        plain.output("loss").unwrap().f32(),
-        "a batch of 5"
-    );
-    for ((n, x), (_, y)) in folded.params().zip(plain.params()) {
-        assert_eq!(x.f32(), y.f32(), "parameter {n}");
-    }
+    same_loss_and_parameters(&folded, &plain, "a batch of 5");
 }
 
 #[test]
@@ -505,9 +493,7 @@ fn attention_reads_its_heads_in_place() {
         .unwrap(),
     ] {
         let options = Options::default();
-        let plan = compile(&s, &options, &mut |_, _| {})
-            .unwrap()
-            .plan(&s, &options);
+        let plan = plan_of(&s, &options);
         let name = &s.experiment.name;
         assert!(
             plan.steps

@@ -5,16 +5,13 @@
 //! and owners; the MLP's `plan.json`; `compile --explain`; a few PTX kernels. `BLESS=1 cargo
 //! test --test golden` rewrites them; review the diff before committing it.
 
+mod common;
+use common::{model, plan_of};
+
 use parallax_compiler::ir::print::to_text;
 use parallax_compiler::plan::Strategy;
-use parallax_compiler::{compile, parse_bytes, Options};
+use parallax_compiler::{compile, Options};
 use std::path::Path;
-
-fn model(name: &str) -> parallax_compiler::Source {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let src = std::fs::read(root.join("models").join(format!("{name}.ron"))).unwrap();
-    parse_bytes(&src).unwrap_or_else(|e| panic!("{name}: {e}"))
-}
 
 /// The IR text of `source` compiled with `options`, after pass `after`.
 fn ir_after(source: &parallax_compiler::Source, options: &Options, after: &str) -> String {
@@ -158,9 +155,7 @@ fn partitioned() {
 fn plan_json() {
     let source = model("mlp");
     let options = Options::default();
-    let plan = compile(&source, &options, &mut |_, _| {})
-        .unwrap()
-        .plan(&source, &options);
+    let plan = plan_of(&source, &options);
     same_as_file("mlp.plan.json", &plan.to_json());
 }
 

@@ -8,11 +8,14 @@
 //! Tolerance: 2% of the larger of the two, plus 3e-4 absolute (f32 rounding of the loss
 //! divided by `2h`).
 
+mod common;
+use common::plan_of;
+
 use parallax_compiler::ir::{DType, Dim, Graph, Init, NodeIndex, Op, TensorType};
 use parallax_compiler::passes::{autodiff, Ctx};
 use parallax_compiler::plan::Plan;
 use parallax_compiler::shards::{Sharding, INV_BATCH, SHARD_WEIGHT};
-use parallax_compiler::{compile, parse, parse_bytes, Options, Source};
+use parallax_compiler::{parse, parse_bytes, Options, Source};
 use parallax_runtime::cpu::{Executor, Mode};
 use parallax_runtime::rng;
 use parallax_runtime::train::Session;
@@ -66,9 +69,7 @@ fn model(name: &str) {
 fn model_with(name: &str, options: Options) {
     let path = format!("{}/models/{name}.ron", env!("CARGO_MANIFEST_DIR"));
     let source = parse_bytes(&std::fs::read(path).unwrap()).unwrap();
-    let plan = compile(&source, &options, &mut |_, _| {})
-        .unwrap()
-        .plan(&source, &options);
+    let plan = plan_of(&source, &options);
     let mut s = Session::new(&source, plan, 8, 1, std::path::Path::new(".")).unwrap();
     let batch = s.next_batch().unwrap().size;
     // A sharded plan alone is one shard holding the whole batch.
@@ -138,6 +139,12 @@ impl OpGraph {
     }
     fn op(&mut self, op: Op, ins: &[NodeIndex]) -> NodeIndex {
         self.g.add(op, ins, "op", None).unwrap()
+    }
+    /// An input `name` of `n` integers (indices, labels).
+    fn i32_input(&mut self, name: &str, n: u64) -> NodeIndex {
+        let ty = TensorType::new(DType::I32, vec![Dim::known(n)]);
+        let name = name.into();
+        self.op(Op::Input { name, ty }, &[])
     }
     /// `loss = sum(y * r)` for a random parameter `r`, differentiated, planned and checked.
     fn check_through(mut self, y: NodeIndex, what: &str, feed: &dyn Fn(&mut Executor)) {
@@ -324,14 +331,7 @@ fn embedding_and_cross_entropy() {
     // Gather rows of a table at integer indices.
     let mut g = OpGraph::new();
     let table = g.param(&[5, 3]);
-    let idx_ty = TensorType::new(DType::I32, vec![Dim::known(4)]);
-    let idx = g.op(
-        Op::Input {
-            name: "idx".into(),
-            ty: idx_ty,
-        },
-        &[],
-    );
+    let idx = g.i32_input("idx", 4);
     let y = g.op(Op::Gather, &[table, idx]);
     g.check_through(y, "gather", &|e| {
         e.set_i32("idx", 1, &[1, 4, 1, 0]).unwrap()
@@ -340,14 +340,7 @@ fn embedding_and_cross_entropy() {
     for smoothing in [0.0, 0.1] {
         let mut g = OpGraph::new();
         let logits = g.param(&[4, 6]);
-        let labels_ty = TensorType::new(DType::I32, vec![Dim::known(4)]);
-        let labels = g.op(
-            Op::Input {
-                name: "labels".into(),
-                ty: labels_ty,
-            },
-            &[],
-        );
+        let labels = g.i32_input("labels", 4);
         let l = g.op(Op::CrossEntropy { smoothing }, &[logits, labels]);
         g.check_through(l, "cross_entropy", &|e| {
             e.set_i32("labels", 1, &[2, 5, -100, 0]).unwrap()

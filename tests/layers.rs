@@ -1,6 +1,9 @@
 //! Every layer of the language lowers, with the output shape PyTorch would give and the
 //! parameter count PyTorch would report.
 
+mod common;
+use common::plan_of;
+
 use parallax_compiler::{compile, parse, Options};
 
 /// Compiles a Sequential model on `input` made of `layers`, with an MSE loss; returns the
@@ -159,10 +162,7 @@ fn graphs_take_several_inputs_and_give_several_outputs() {
         "{e}"
     );
     let fixed = TWO_TOWER.replace("symbols: { \"seq\": 12 }", "params: { \"seq\": 12 }");
-    let source = parse(&fixed).unwrap();
-    let c = compile(&source, &Options::default(), &mut |_, _| {})
-        .unwrap()
-        .plan(&source, &Options::default());
+    let c = plan_of(&parse(&fixed).unwrap(), &Options::default());
     let outs: Vec<(String, String)> = c
         .outputs
         .iter()
@@ -204,10 +204,7 @@ fn repeated_blocks_take_arguments_and_nest() {
     optimizer: Sgd(lr: 0.1),
     train: (batch_size: 4, steps: 1),
 )"#;
-    let source = parse(text).unwrap();
-    let c = compile(&source, &Options::default(), &mut |_, _| {})
-        .unwrap()
-        .plan(&source, &Options::default());
+    let c = plan_of(&parse(text).unwrap(), &Options::default());
     // 3 outer copies of (2 inner copies of (Linear, Tanh), LayerNorm), then the head.
     assert_eq!(c.layers, 3 * (2 * 2 + 1) + 1);
     assert_eq!(c.parameters, 3 * (2 * 72 + 16) + 18);

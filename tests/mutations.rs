@@ -7,6 +7,8 @@
 //! sampler's decode step); none may panic, an error must never be an internal one, and every
 //! diagnostic must have a message and a span inside the file.
 
+mod common;
+
 use parallax_compiler::dsl::ast::{DimExpr, Layer, Model, NodeDecl, UniqueMap};
 use parallax_compiler::{compile, compile_decode, parse_bytes, Error, Options, Source};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -33,11 +35,7 @@ impl Rng {
             ^ 0x5eed_f00d)
     }
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
+        common::splitmix64(&mut self.0)
     }
     /// Uniform in `0..n` (`n > 0`).
     fn below(&mut self, n: usize) -> usize {

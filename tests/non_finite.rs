@@ -5,11 +5,12 @@
 
 mod common;
 use common::{
-    f32_bytes, f32_tensors, i32_bytes, parallax, stderr, temp, write_f32_tensors, write_npy,
+    argv, f32_bytes, f32_tensors, i32_bytes, parallax, plan_of, stderr, temp, temp_dir, train_ok,
+    write_experiment, write_f32_tensors, write_npy,
 };
 
 use parallax_compiler::shards::Sharding;
-use parallax_compiler::{compile, parse_bytes, Options, Plan};
+use parallax_compiler::{parse_bytes, Options, Plan};
 use parallax_runtime::backend::Backend;
 use parallax_runtime::cpu::{Executor, Mode};
 use parallax_runtime::data::Values;
@@ -25,6 +26,18 @@ fn refused(args: &[&str]) -> String {
     assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
     assert!(!err.contains("panicked"), "{err}");
     err
+}
+
+/// Writes the experiment `text` as `dir/exp.ron` and trains it into `dir/run`, refused (see
+/// [`refused`]); returns stderr.
+fn refused_experiment(dir: &Path, text: &str) -> String {
+    let exp = write_experiment(&dir.join("exp.ron"), text);
+    refused(&[
+        "train",
+        &exp,
+        "--run-dir",
+        dir.join("run").to_str().unwrap(),
+    ])
 }
 
 /// Every value of every tensor of the safetensors files in `dir` and below.
@@ -60,20 +73,11 @@ fn a_diverging_cnn_stops_at_the_step_naming_the_tensor() {
         &["--gpus", "2", "--strategy", "dp2", "--zero", "2"],
     ] {
         let run = temp(&format!("nan-cnn-{}", grid.join("-")));
-        let mut args = vec![
-            "train",
-            "models/cnn.ron",
-            "--steps",
-            "30",
-            "--set",
-            "optimizer.lr=100.0",
-            "--checkpoint-every",
-            "1",
-            "--run-dir",
-            run.to_str().unwrap(),
-        ];
-        args.extend_from_slice(grid);
-        let err = refused(&args);
+        let tail = [&[run.to_str().unwrap()][..], grid].concat();
+        let err = refused(&argv(
+            "train models/cnn.ron --steps 30 --set optimizer.lr=100.0 --checkpoint-every 1 --run-dir",
+            &tail,
+        ));
         assert!(err.contains(STEP_AND_TENSOR), "{grid:?}: {err}");
         assert!(
             err.contains("lower the learning rate (now 100)") && err.contains("clip_norm"),
@@ -111,8 +115,7 @@ const NPY_MLP: &str = r#"Experiment(
 /// file, the first such sample and feature, and how many there are; nothing is trained.
 #[test]
 fn nan_inputs_are_refused_at_load() {
-    let dir = temp("nan-inputs");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("nan-inputs");
     let n = 100;
     let mut x: Vec<f32> = (0..n * 6).map(|i| (i % 7) as f32 / 7.0).collect();
     for s in (3..n).step_by(10) {
@@ -121,15 +124,8 @@ fn nan_inputs_are_refused_at_load() {
     let y: Vec<i32> = (0..n as i32).map(|i| i % 3).collect();
     write_npy(&dir.join("x.npy"), "<f4", &[n, 6], &f32_bytes(&x));
     write_npy(&dir.join("y.npy"), "<i4", &[n], &i32_bytes(&y));
-    let exp = dir.join("exp.ron");
-    std::fs::write(&exp, NPY_MLP).unwrap();
     let run = dir.join("run");
-    let err = refused(&[
-        "train",
-        exp.to_str().unwrap(),
-        "--run-dir",
-        run.to_str().unwrap(),
-    ]);
+    let err = refused_experiment(&dir, NPY_MLP);
     let file = dir.join("x.npy").display().to_string();
     assert!(
         err.contains(&format!(
@@ -156,13 +152,7 @@ fn nan_inputs_are_refused_at_load() {
         r#"Npy(inputs: "x.npy", labels: "y.npy", validation: 0.2)"#,
         r#"Csv(path: "d.csv", validation: 0.2)"#,
     );
-    std::fs::write(&exp, csv).unwrap();
-    let err = refused(&[
-        "train",
-        exp.to_str().unwrap(),
-        "--run-dir",
-        run.to_str().unwrap(),
-    ]);
+    let err = refused_experiment(&dir, &csv);
     let file = dir.join("d.csv").display().to_string();
     assert!(
         err.contains(&format!(
@@ -189,8 +179,7 @@ const NPY_MSE: &str = r#"Experiment(
 #[test]
 fn a_nan_validation_target_is_refused_at_load() {
     use parallax_runtime::rng::{permutation, stream, Purpose};
-    let dir = temp("nan-target");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("nan-target");
     let n = 40;
     let x: Vec<f32> = (0..n * 3).map(|i| (i % 5) as f32 / 5.0).collect();
     let mut y: Vec<f32> = (0..n * 2).map(|i| (i % 3) as f32).collect();
@@ -199,15 +188,8 @@ fn a_nan_validation_target_is_refused_at_load() {
     y[val * 2 + 1] = f32::NAN;
     write_npy(&dir.join("x.npy"), "<f4", &[n, 3], &f32_bytes(&x));
     write_npy(&dir.join("y.npy"), "<f4", &[n, 2], &f32_bytes(&y));
-    let exp = dir.join("exp.ron");
-    std::fs::write(&exp, NPY_MSE).unwrap();
     let run = dir.join("run");
-    let err = refused(&[
-        "train",
-        exp.to_str().unwrap(),
-        "--run-dir",
-        run.to_str().unwrap(),
-    ]);
+    let err = refused_experiment(&dir, NPY_MSE);
     let file = dir.join("y.npy").display().to_string();
     assert!(
         err.contains(&format!(
@@ -225,8 +207,7 @@ fn a_nan_validation_target_is_refused_at_load() {
 #[test]
 fn a_non_finite_validation_loss_stops_the_run() {
     use parallax_runtime::rng::{permutation, stream, Purpose};
-    let dir = temp("inf-validation");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("inf-validation");
     let n = 40;
     let mut x: Vec<f32> = (0..n * 3).map(|i| (i % 5) as f32 / 5.0).collect();
     let y: Vec<f32> = (0..n * 2).map(|i| (i % 3) as f32).collect();
@@ -234,15 +215,8 @@ fn a_non_finite_validation_loss_stops_the_run() {
     x[val * 3..val * 3 + 3].fill(3e38);
     write_npy(&dir.join("x.npy"), "<f4", &[n, 3], &f32_bytes(&x));
     write_npy(&dir.join("y.npy"), "<f4", &[n, 2], &f32_bytes(&y));
-    let exp = dir.join("exp.ron");
-    std::fs::write(&exp, NPY_MSE).unwrap();
     let run = dir.join("run");
-    let err = refused(&[
-        "train",
-        exp.to_str().unwrap(),
-        "--run-dir",
-        run.to_str().unwrap(),
-    ]);
+    let err = refused_experiment(&dir, NPY_MSE);
     assert!(
         err.contains("error: the validation after epoch 0 (step 4): the validation loss is inf, though every tensor of the step was finite;"),
         "{err}"
@@ -257,15 +231,7 @@ fn a_non_finite_validation_loss_stops_the_run() {
 fn a_nan_init_tensor_is_refused() {
     let dir = temp("nan-init");
     let first = dir.join("first");
-    let o = parallax(&[
-        "train",
-        "models/mlp.ron",
-        "--steps",
-        "1",
-        "--run-dir",
-        first.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    train_ok("models/mlp.ron", &first, &["--steps", "1"]);
     let mut tensors = f32_tensors(&first.join("final.safetensors"));
     let (_, v) = tensors.get_mut("0.weight").unwrap();
     v.fill(f32::NAN);
@@ -273,16 +239,10 @@ fn a_nan_init_tensor_is_refused() {
     let init = dir.join("nan.safetensors");
     write_f32_tensors(&init, &tensors);
     let run = dir.join("run");
-    let err = refused(&[
-        "train",
-        "models/mlp.ron",
-        "--steps",
-        "1",
-        "--init",
-        init.to_str().unwrap(),
-        "--run-dir",
-        run.to_str().unwrap(),
-    ]);
+    let err = refused(&argv(
+        "train models/mlp.ron --steps 1 --init",
+        &[init.to_str().unwrap(), "--run-dir", run.to_str().unwrap()],
+    ));
     assert!(
         err.contains(&format!(
             "{}: tensor `0.weight`: value 0 is NaN ({n} of {n} values are NaN): the weights must be finite",
@@ -311,9 +271,7 @@ fn tiny_plan(sharded: bool) -> Plan {
         shards: sharded.then(|| Sharding::new(2, 4)),
         ..Options::default()
     };
-    compile(&source, &options, &mut |_, _| {})
-        .unwrap()
-        .plan(&source, &options)
+    plan_of(&source, &options)
 }
 
 /// The CPU executor and two simulated devices, the same parameters.
@@ -407,8 +365,7 @@ fn weights_and_checkpoints_are_never_written_non_finite() {
     let (name, shape, mut v) = cpu.param_values().unwrap().swap_remove(1);
     v[3] = f32::INFINITY;
     cpu.set_param(&name, &shape, &v).unwrap();
-    let dir = temp("nan-save");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("nan-save");
     let files = FileShapes::of(cpu.plan());
     let path = dir.join("final.safetensors");
     let err = parallax_runtime::run::weights::save(&cpu, &files, &path).unwrap_err();

@@ -1,16 +1,14 @@
 //! The passes on their own: each model through the pipeline with the verifier after every
 //! pass, and each pass on a hand-built graph where it must change something.
 
+mod common;
+use common::{fused_and_plain, model, plan_of};
+
 use parallax_compiler::ir::dim::Dim;
 use parallax_compiler::ir::verify::verify;
 use parallax_compiler::ir::{Graph, Op, OpKind, TensorType};
 use parallax_compiler::passes::{pass_names, shapes, simplify, Ctx};
 use parallax_compiler::{compile, parse_bytes, Options};
-
-fn model(name: &str) -> parallax_compiler::Source {
-    let path = format!("{}/models/{name}.ron", env!("CARGO_MANIFEST_DIR"));
-    parse_bytes(&std::fs::read(path).unwrap()).unwrap()
-}
 
 #[test]
 fn every_pass_leaves_a_valid_graph_for_every_model() {
@@ -376,13 +374,7 @@ fn gradients_are_all_reduced_in_buckets() {
 fn updates_are_written_in_place() {
     for name in ["mlp", "transformer"] {
         let source = model(name);
-        let options = Options::default();
-        let c = compile(&source, &options, &mut |_, _| {}).unwrap();
-        let fused = c.plan(&source, &options);
-        let mut g = c.graph.clone();
-        g.kernels.clear();
-        g.schedule = None;
-        let plain = parallax_compiler::plan::Plan::single_device(&g, &source, &options);
+        let (fused, plain) = fused_and_plain(&source);
         for plan in [fused, plain] {
             assert!(!plan.updates.is_empty());
             for &(old, new) in &plan.updates {
@@ -402,9 +394,7 @@ fn updates_are_written_in_place() {
 fn reshapes_share_their_operands_buffers() {
     let source = model("transformer");
     let options = Options::default();
-    let plan = compile(&source, &options, &mut |_, _| {})
-        .unwrap()
-        .plan(&source, &options);
+    let plan = plan_of(&source, &options);
     let (mut views, mut reshapes) = (0, 0);
     for s in &plan.steps {
         if let Op::Reshape { .. } = s.op {

@@ -3,24 +3,12 @@
 //! from; `parallax compile --emit plan` writes what loads; another format is refused.
 
 mod common;
-use common::{parallax, stderr, temp};
+use common::{cli_ok, model, parallax, plan_of, stderr, temp, temp_dir};
 
 use parallax_compiler::plan::{Plan, PlanError, Strategy};
-use parallax_compiler::{compile, parse_bytes, Options, Source};
+use parallax_compiler::{Options, Source};
 use parallax_runtime::ranks::Grid;
 use parallax_runtime::train::{train, Device, Simulated, TrainConfig};
-use std::path::Path;
-
-fn model(name: &str) -> Source {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("models/{name}.ron"));
-    parse_bytes(&std::fs::read(path).unwrap()).unwrap()
-}
-
-fn plan(source: &Source, options: &Options) -> Plan {
-    compile(source, options, &mut |_, _| {})
-        .unwrap()
-        .plan(source, options)
-}
 
 /// Plans are long: a difference is shown as its first differing line.
 fn same_text(got: &str, want: &str) {
@@ -122,7 +110,7 @@ fn every_plan_round_trips_and_its_loaded_copy_trains_to_the_same_bits() {
                 }),
             ),
         };
-        let original = plan(&source, &options);
+        let original = plan_of(&source, &options);
         let text = original.to_json();
         let loaded = Plan::from_json(&text).unwrap_or_else(|e| panic!("{name} {split:?}: {e}"));
         same_text(&loaded.to_json(), &text);
@@ -139,15 +127,10 @@ fn every_plan_round_trips_and_its_loaded_copy_trains_to_the_same_bits() {
 #[test]
 fn the_emitted_plan_loads_and_another_format_is_refused() {
     let dir = temp("emit-plan");
-    let o = parallax(&[
-        "compile",
-        "models/gpt-large.ron",
-        "--emit",
-        "plan",
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    cli_ok(
+        "compile models/gpt-large.ron --emit plan --out",
+        &[dir.to_str().unwrap()],
+    );
     let text = std::fs::read_to_string(dir.join("plan.json")).unwrap();
     let loaded = Plan::from_json(&text).unwrap();
     assert_eq!(loaded.name, "gpt-large");
@@ -239,10 +222,9 @@ fn train_plan_runs_the_emitted_partitioned_plan_to_the_same_bits() {
 
 #[test]
 fn a_plan_without_its_experiment_is_refused() {
-    let dir = temp("seam-bare");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("seam-bare");
     let path = dir.join("plan.json");
-    std::fs::write(&path, plan(&model("mlp"), &Options::default()).to_json()).unwrap();
+    std::fs::write(&path, plan_of(&model("mlp"), &Options::default()).to_json()).unwrap();
     let o = parallax(&["train", "--plan", path.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(1));
     assert!(

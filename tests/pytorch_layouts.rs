@@ -7,7 +7,7 @@
 //! Conv2d layers with biases, a BatchNorm2d with and one without affine parameters.
 
 mod common;
-use common::{parallax, stderr, temp};
+use common::{parallax, stderr, temp, temp_dir};
 
 use safetensors::tensor::TensorView;
 use safetensors::SafeTensors;
@@ -133,8 +133,7 @@ fn plan_shape(name: &str, shape: &[usize]) -> Vec<usize> {
 
 #[test]
 fn files_with_the_plans_shapes_are_still_read() {
-    let base = temp("layouts-old");
-    std::fs::create_dir_all(&base).unwrap();
+    let base = temp_dir("layouts-old");
     // --init: the same values as `[C, 1, 1]` give the same run, to the byte.
     let old_init = base.join("old-init.safetensors");
     rewrite(Path::new(INIT), &old_init, plan_shape, |_| false);
@@ -184,8 +183,7 @@ fn files_with_the_plans_shapes_are_still_read() {
 
 #[test]
 fn a_tensor_of_another_shape_is_refused_with_pytorchs_shape() {
-    let base = temp("layouts-bad");
-    std::fs::create_dir_all(&base).unwrap();
+    let base = temp_dir("layouts-bad");
     // Training from `init` fails with exit code 1; its stderr.
     let refused = |init: &Path, run: &str| {
         let o = parallax(&[

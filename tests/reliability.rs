@@ -3,7 +3,7 @@
 //! either refused with exit 1 and a message, or run.
 
 mod common;
-use common::{binary, parallax, run_for, temp};
+use common::{binary, cli_ok, parallax, run_for, temp, temp_dir, train_ok, write_experiment};
 
 use std::io::Read;
 use std::process::Stdio;
@@ -33,17 +33,7 @@ fn a_full_stdout_is_an_error_not_a_panic() {
     // `diff` of two runs, to a full stdout.
     let (a, b) = (temp("full-a"), temp("full-b"));
     for (dir, seed) in [(&a, "1"), (&b, "2")] {
-        let o = parallax(&[
-            "train",
-            "models/mlp.ron",
-            "--steps",
-            "2",
-            "--seed",
-            seed,
-            "--run-dir",
-            dir.to_str().unwrap(),
-        ]);
-        assert!(o.status.success());
+        train_ok("models/mlp.ron", dir, &["--steps", "2", "--seed", seed]);
     }
     let o = binary()
         .args(["diff", a.to_str().unwrap(), b.to_str().unwrap()])
@@ -213,8 +203,8 @@ fn a_run_on_relative_data_files_resumes() {
         csv += &format!("{},{}\n", x.join(","), i % 3);
     }
     std::fs::write(dir.join("data/points.csv"), csv).unwrap();
-    std::fs::write(
-        dir.join("exp.ron"),
+    let file = write_experiment(
+        &dir.join("exp.ron"),
         r#"Experiment(
     name: "relative",
     model: Sequential(input: (shape: [4]), layers: [Linear(out: 3)]),
@@ -223,22 +213,10 @@ fn a_run_on_relative_data_files_resumes() {
     optimizer: Sgd(lr: 0.1),
     train: (batch_size: 8, steps: 4, seed: 1),
 )"#,
-    )
-    .unwrap();
+    );
     let run = dir.join("run");
-    let (file, run_s) = (dir.join("exp.ron"), run.to_str().unwrap().to_string());
-    let file = file.to_str().unwrap();
-    let o = parallax(&[
-        "train",
-        file,
-        "--checkpoint-every",
-        "2",
-        "--run-dir",
-        &run_s,
-    ]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let o = parallax(&["train", "--resume", &run_s, "--steps", "6"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    train_ok(&file, &run, &["--checkpoint-every", "2"]);
+    cli_ok("train --resume", &[run.to_str().unwrap(), "--steps", "6"]);
     let recorded = std::fs::read_to_string(run.join("experiment.ron")).unwrap();
     let data = dir.join("data/points.csv");
     assert!(recorded.contains(data.to_str().unwrap()), "{recorded}");
@@ -268,8 +246,7 @@ fn gpus_no_split_can_use_are_refused_with_the_reasons() {
 /// before it is read.
 #[test]
 fn a_file_larger_than_the_memory_left_is_refused_with_its_size() {
-    let dir = temp("huge-init");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("huge-init");
     let huge = dir.join("huge.safetensors");
     // Sparse: no disk is used.
     std::fs::File::create(&huge)

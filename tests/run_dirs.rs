@@ -4,7 +4,9 @@
 //! run with a message, the files whole, and (for signals) a checkpoint to resume from.
 
 mod common;
-use common::{f32_bytes, i32_bytes, parallax, stderr, temp, write_npy, Running};
+use common::{
+    argv, cli_exits, f32_bytes, i32_bytes, parallax, stderr, temp, temp_dir, write_npy, Running,
+};
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -51,8 +53,7 @@ fn record(dir: &Path) -> serde_json::Value {
 
 #[test]
 fn a_file_a_foreign_folder_and_another_run_are_refused() {
-    let base = temp("refusals");
-    std::fs::create_dir_all(&base).unwrap();
+    let base = temp_dir("refusals");
     let file = base.join("passwd");
     std::fs::write(&file, "root:x:0:0\n").unwrap();
     let mlp = ["train", "models/mlp.ron", "--steps", "2", "--run-dir"];
@@ -87,15 +88,8 @@ fn a_file_a_foreign_folder_and_another_run_are_refused() {
     );
 
     // --accept-changes belongs to --resume.
-    let o = parallax(&[
-        "train",
-        "models/mlp.ron",
-        "--steps",
-        "1",
-        "--accept-changes",
-    ]);
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("--accept-changes continues a run with --resume"));
+    let err = cli_exits(2, "train models/mlp.ron --steps 1 --accept-changes", &[]);
+    assert!(err.contains("--accept-changes continues a run with --resume"));
 
     // A run that cannot start leaves no folder behind.
     let never = base.join("never");
@@ -112,25 +106,14 @@ fn a_file_a_foreign_folder_and_another_run_are_refused() {
 #[test]
 fn a_held_folder_is_refused_and_sigterm_stops_with_a_checkpoint() {
     let dir = temp("held");
-    let mut first = Running::start(&[
-        "train",
-        "models/mlp.ron",
-        "--steps",
-        "1000000",
-        "--run-dir",
-        s(&dir),
-    ]);
+    let mut first = Running::start(&argv(
+        "train models/mlp.ron --steps 1000000 --run-dir",
+        &[s(&dir)],
+    ));
     let metrics = dir.join("metrics.jsonl");
     first.wait_until(LIMIT, || lines(&metrics) > 3);
     refused(
-        &[
-            "train",
-            "models/mlp.ron",
-            "--steps",
-            "2",
-            "--run-dir",
-            s(&dir),
-        ],
+        &argv("train models/mlp.ron --steps 2 --run-dir", &[s(&dir)]),
         &[&format!(
             "in use by another `parallax train` (pid {})",
             first.child.id()
@@ -164,24 +147,11 @@ fn sigint_stops_after_the_step_and_the_run_resumes_to_the_same_bytes() {
     let base = temp("sigint");
     let steps = "3000";
     let whole = base.join("whole");
-    train(&[
-        "train",
-        "models/mlp.ron",
-        "--steps",
-        steps,
-        "--run-dir",
-        s(&whole),
-    ]);
+    let line = format!("train models/mlp.ron --steps {steps} --run-dir");
+    train(&argv(&line, &[s(&whole)]));
 
     let dir = base.join("stopped");
-    let mut run = Running::start(&[
-        "train",
-        "models/mlp.ron",
-        "--steps",
-        steps,
-        "--run-dir",
-        s(&dir),
-    ]);
+    let mut run = Running::start(&argv(&line, &[s(&dir)]));
     let metrics = dir.join("metrics.jsonl");
     run.wait_until(LIMIT, || lines(&metrics) > 20);
     run.signal(libc::SIGINT);
@@ -217,14 +187,10 @@ fn sigint_stops_after_the_step_and_the_run_resumes_to_the_same_bytes() {
 
     // Steps of about a second: the second signal lands inside one.
     let slow = base.join("slow");
-    let mut run = Running::start(&[
-        "train",
-        "models/transformer.ron",
-        "--set",
-        "train.batch_size=512",
-        "--run-dir",
-        s(&slow),
-    ]);
+    let mut run = Running::start(&argv(
+        "train models/transformer.ron --set train.batch_size=512 --run-dir",
+        &[s(&slow)],
+    ));
     let metrics = slow.join("metrics.jsonl");
     run.wait_until(LIMIT, || lines(&metrics) >= 1);
     run.signal(libc::SIGINT);
@@ -242,18 +208,8 @@ fn sigint_stops_after_the_step_and_the_run_resumes_to_the_same_bytes() {
 
 /// A short MLP run with a checkpoint every 10 steps.
 fn short_run(dir: &Path, seed: &str) {
-    train(&[
-        "train",
-        "models/mlp.ron",
-        "--steps",
-        "20",
-        "--seed",
-        seed,
-        "--checkpoint-every",
-        "10",
-        "--run-dir",
-        s(dir),
-    ]);
+    let line = format!("train models/mlp.ron --steps 20 --seed {seed} --checkpoint-every 10");
+    train(&argv(&line, &["--run-dir", s(dir)]));
 }
 
 #[test]
@@ -287,9 +243,8 @@ fn a_resume_takes_only_the_run_s_own_checkpoint_budget_and_experiment() {
         ],
     );
     // A finished run says so, and that is no failure.
-    let o = parallax(&["train", "--resume", s(&dir)]);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert!(stderr(&o).contains("all done"), "{}", stderr(&o));
+    let err = cli_exits(0, "train --resume", &[s(&dir)]);
+    assert!(err.contains("all done"), "{err}");
 
     // An edited experiment: refused, or taken with --accept-changes and recorded.
     let exp = dir.join("experiment.ron");
@@ -351,8 +306,7 @@ fn npy_experiment(dir: &Path, labels: &str) -> PathBuf {
 
 #[test]
 fn a_resume_refuses_data_that_changed() {
-    let base = temp("data-changed");
-    std::fs::create_dir_all(&base).unwrap();
+    let base = temp_dir("data-changed");
     write_data(&base, 0.0);
     let file = npy_experiment(&base, "y.npy");
     let run = base.join("run");
@@ -377,8 +331,7 @@ fn a_resume_refuses_data_that_changed() {
 
 #[test]
 fn a_batch_whose_labels_are_all_ignored_is_reported() {
-    let base = temp("all-ignored");
-    std::fs::create_dir_all(&base).unwrap();
+    let base = temp_dir("all-ignored");
     write_data(&base, 0.0);
     // The second batch of four (in file order) has no counted label.
     let y: Vec<i32> = (0..16)
@@ -405,8 +358,7 @@ fn a_batch_whose_labels_are_all_ignored_is_reported() {
 /// metrics: each stops the run with exit 1 naming the file, and leaves no temporary behind.
 #[test]
 fn write_errors_stop_the_run_naming_the_file() {
-    let base = temp("write-errors");
-    std::fs::create_dir_all(&base).unwrap();
+    let base = temp_dir("write-errors");
     let limited = |kib: u32, args: &[&str]| {
         // SIGXFSZ ignored, so a write past the limit fails with EFBIG instead of killing.
         let o = Command::new("bash")
@@ -421,19 +373,8 @@ fn write_errors_stop_the_run_naming_the_file() {
     };
     // A checkpoint of the MLP is about 116 KB.
     let ckpt = base.join("checkpoint");
-    let (code, err) = limited(
-        64,
-        &[
-            "train",
-            "models/mlp.ron",
-            "--steps",
-            "40",
-            "--checkpoint-every",
-            "20",
-            "--run-dir",
-            s(&ckpt),
-        ],
-    );
+    let line = "train models/mlp.ron --steps 40 --checkpoint-every 20 --run-dir";
+    let (code, err) = limited(64, &argv(line, &[s(&ckpt)]));
     assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains("checkpoints/step-00000020.safetensors: File too large"),
@@ -442,17 +383,8 @@ fn write_errors_stop_the_run_naming_the_file() {
     assert!(checkpoints(&ckpt).is_empty(), "{:?}", checkpoints(&ckpt));
     // The metrics and the event file grow by about 100 bytes a step each.
     let logs = base.join("logs");
-    let (code, err) = limited(
-        16,
-        &[
-            "train",
-            "models/mlp.ron",
-            "--steps",
-            "2000",
-            "--run-dir",
-            s(&logs),
-        ],
-    );
+    let line = "train models/mlp.ron --steps 2000 --run-dir";
+    let (code, err) = limited(16, &argv(line, &[s(&logs)]));
     assert_eq!(code, Some(1), "{err}");
     assert!(
         err.contains(s(&logs)) && err.contains("File too large"),

@@ -3,23 +3,18 @@
 //! the overrides are spliced into; and no value, however odd, panics.
 
 mod common;
-use common::{metric, parallax, run_for, stderr, stdout, temp};
+use common::{cli, cli_exits, cli_ok, exits_1, metric, parallax, run_for, stderr, stdout, temp};
 
 use std::time::Duration;
 
 #[test]
 fn a_fraction_for_a_whole_number_says_so() {
     let run = temp("set-fraction");
-    let o = parallax(&[
-        "train",
-        "models/mlp.ron",
-        "--set",
-        "train.batch_size=3.5",
-        "--run-dir",
-        run.to_str().unwrap(),
-    ]);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let err = cli_exits(
+        1,
+        "train models/mlp.ron --set train.batch_size=3.5 --run-dir",
+        &[run.to_str().unwrap()],
+    );
     assert!(
         err.contains(
             "--set train.batch_size=3.5: `3.5` is not a whole number; batch_size takes an integer like 64"
@@ -73,16 +68,11 @@ fn a_parameter_of_the_params_map_is_set() {
 #[test]
 fn setting_steps_replaces_the_files_epochs_as_the_flag_does() {
     let (a, b) = (temp("set-steps"), temp("flag-steps"));
-    for (dir, how) in [(&a, ["--set", "train.steps=3"]), (&b, ["--steps", "3"])] {
-        let mut args = vec![
-            "train",
-            "models/mlp.ron",
-            "--run-dir",
-            dir.to_str().unwrap(),
-        ];
-        args.extend(how);
-        let o = parallax(&args);
-        assert!(o.status.success(), "{how:?}: {}", stderr(&o));
+    for (dir, how) in [(&a, "--set train.steps=3"), (&b, "--steps 3")] {
+        cli_ok(
+            &format!("train models/mlp.ron {how} --run-dir"),
+            &[dir.to_str().unwrap()],
+        );
     }
     let losses = metric(&a, "loss");
     assert_eq!(losses.len(), 3);
@@ -96,9 +86,7 @@ fn setting_steps_replaces_the_files_epochs_as_the_flag_does() {
 fn an_error_the_override_causes_elsewhere_points_into_the_file() {
     // 64 wide does not split into 3 heads: the error is at the attention layer of the
     // user's file (not a line of the written-out text) and says which override was applied.
-    let o = parallax(&["check", "models/transformer.ron", "--set", "params.heads=3"]);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    let err = exits_1("check models/transformer.ron --set params.heads=3");
     assert!(
         err.contains("models/transformer.ron:13:35: error:")
             && err.contains("does not split into 3 heads")
@@ -107,8 +95,7 @@ fn an_error_the_override_causes_elsewhere_points_into_the_file() {
         "{err}"
     );
     // Inside the override's own value, the override is named instead.
-    let o = parallax(&["check", "models/mlp.ron", "--set", "model.layers.0.out=0"]);
-    let err = stderr(&o);
+    let err = stderr(&cli("check models/mlp.ron --set model.layers.0.out=0", &[]));
     assert!(
         err.contains("--set model.layers.0.out=0: ") && err.contains("sizes must be positive"),
         "{err}"

@@ -4,7 +4,10 @@
 //! GPU executor does: the same bits as the CPU devices on data and pipeline grids, and a
 //! read that fails on one device fails the step on every device, at once, naming it.
 
-use parallax_compiler::{compile, parse_bytes, Options, Plan};
+mod common;
+use common::plan_of;
+
+use parallax_compiler::{parse_bytes, Options, Plan};
 use parallax_runtime::backend::{Backend, ParamValues};
 use parallax_runtime::comm::collective::{total, Partial};
 use parallax_runtime::cpu::kernels::Ctx;
@@ -134,9 +137,7 @@ fn plan(dp: u32, pp: u32) -> Plan {
     let source = parse_bytes(TINY.as_bytes()).unwrap();
     let strategy = parallax_compiler::plan::Strategy { dp, tp: 1, pp };
     let options = Options::partitioned(&source, strategy, 0);
-    compile(&source, &options, &mut |_, _| {})
-        .unwrap()
-        .plan(&source, &options)
+    plan_of(&source, &options)
 }
 
 /// Training step `step` on a batch of 8 that depends on it.
@@ -172,6 +173,14 @@ fn copied(plan: Plan, grid: Grid, fail: Option<(usize, u64)>) -> Ranks<Copied> {
     Ranks::in_process_with(plan, grid, u64::MAX, &make).unwrap()
 }
 
+/// `a` and `b` hold the same parameters and optimizer state, bit for bit.
+fn same_values(a: &impl Backend, b: &impl Backend, at: &str) {
+    let (pa, pb) = (a.param_values().unwrap(), b.param_values().unwrap());
+    assert_eq!(pa, pb, "{at}: parameters");
+    let (sa, sb) = (a.state_values().unwrap(), b.state_values().unwrap());
+    assert_eq!(sa, sb, "{at}: optimizer state");
+}
+
 #[test]
 fn a_wrapped_executor_gives_the_cpu_devices_bits() {
     let whole = plan(1, 1);
@@ -196,16 +205,7 @@ fn a_wrapped_executor_gives_the_cpu_devices_bits() {
             let (a, b) = (cpu.loss(8).unwrap(), wrapped.loss(8).unwrap());
             assert_eq!(a.to_bits(), b.to_bits(), "dp{dp}.pp{pp} step {s}: loss");
         }
-        assert_eq!(
-            cpu.param_values().unwrap(),
-            wrapped.param_values().unwrap(),
-            "dp{dp}.pp{pp}: parameters"
-        );
-        assert_eq!(
-            cpu.state_values().unwrap(),
-            wrapped.state_values().unwrap(),
-            "dp{dp}.pp{pp}: optimizer state"
-        );
+        same_values(&cpu, &wrapped, &format!("dp{dp}.pp{pp}"));
         // The logits after a training step hold their gradient (refused); an eval step
         // (the same inputs) gives them back.
         let refused = cpu.output_values(&output, 8).unwrap_err().to_string();
@@ -323,9 +323,7 @@ fn device_sums_give_the_communicators_bits() {
         let source = parse_bytes(TINY.as_bytes()).unwrap();
         let strategy = parallax_compiler::plan::Strategy { dp, tp: 1, pp };
         let options = Options::partitioned(&source, strategy, zero);
-        let plan = compile(&source, &options, &mut |_, _| {})
-            .unwrap()
-            .plan(&source, &options);
+        let plan = plan_of(&source, &options);
         let mut host = copied(plan.clone(), grid, None);
         let mut device = copied(plan, grid, None);
         let table: Table = Arc::default();
@@ -347,16 +345,7 @@ fn device_sums_give_the_communicators_bits() {
             !table.0.lock().unwrap().is_empty(),
             "{at}: no device sum ran"
         );
-        assert_eq!(
-            host.param_values().unwrap(),
-            device.param_values().unwrap(),
-            "{at}"
-        );
-        assert_eq!(
-            host.state_values().unwrap(),
-            device.state_values().unwrap(),
-            "{at}"
-        );
+        same_values(&host, &device, &at);
         assert_eq!(
             host.loss(8).unwrap().to_bits(),
             device.loss(8).unwrap().to_bits(),

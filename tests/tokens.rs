@@ -4,7 +4,7 @@
 //! Tiny Shakespeare files; `models/shakespeare.ron` trains.
 
 mod common;
-use common::{metric, run_args, run_ok, temp, write_experiment, TINY_CAUSAL};
+use common::{argv, metric, run_args, run_ok, temp, temp_dir, write_experiment, TINY_CAUSAL};
 
 use parallax_compiler::dsl::ast::TokenDtype;
 use parallax_runtime::data::codec::Codec;
@@ -56,8 +56,7 @@ fn train(file: &str, run: &Path, extra: &[&str]) -> (Vec<u8>, Vec<f64>) {
 
 #[test]
 fn token_files_train_the_same_on_any_device_count_and_resume_exactly() {
-    let dir = temp("tokens-train");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("tokens-train");
     let ids = tokens(3000);
     let raw: Vec<u8> = ids.iter().flat_map(|&t| (t as u16).to_le_bytes()).collect();
     std::fs::write(dir.join("raw.bin"), raw).unwrap();
@@ -80,18 +79,9 @@ fn token_files_train_the_same_on_any_device_count_and_resume_exactly() {
     // Stopped at step 4 on two devices and resumed on one: the data order continues exactly.
     let cut = dir.join("cut");
     let c = cut.to_str().unwrap();
-    let first = [
-        "--run-dir",
-        c,
-        "--steps",
-        "4",
-        "--checkpoint-every",
-        "2",
-        "--gpus",
-        "2",
-    ];
-    ok(&[&["train", raw_exp.as_str()][..], &first].concat());
-    ok(&["train", "--resume", c, "--steps", "8", "--gpus", "1"]);
+    let first = "train {} --run-dir {} --steps 4 --checkpoint-every 2 --gpus 2";
+    ok(&argv(first, &[&raw_exp, c]));
+    ok(&argv("train --resume {} --steps 8 --gpus 1", &[c]));
     let resumed = std::fs::read(cut.join("final.safetensors")).unwrap();
     assert!(resumed == one, "the resumed run's bytes differ");
     assert_eq!(metric(&cut, "loss"), losses);
@@ -100,8 +90,7 @@ fn token_files_train_the_same_on_any_device_count_and_resume_exactly() {
 
 #[test]
 fn bad_token_files_are_refused_with_their_name() {
-    let dir = temp("tokens-bad");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("tokens-bad");
     let ids = tokens(500);
     let good = llmc_bytes(&ids, "g").unwrap();
     std::fs::write(dir.join("val.bin"), &good).unwrap();
@@ -135,22 +124,15 @@ fn bad_token_files_are_refused_with_their_name() {
 
 #[test]
 fn tokenize_round_trips_bytes_and_characters() {
-    let dir = temp("tokenize");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("tokenize");
     let text = "To be, or not to be: that is the question.\nWhether 'tis nobler — in the mind\n"
         .repeat(10);
     std::fs::write(dir.join("a.txt"), &text).unwrap();
     let prefix = dir.join("out");
     let p = prefix.to_str().unwrap();
     let a = dir.join("a.txt");
-    let out = ok(&[
-        "tokenize",
-        a.to_str().unwrap(),
-        "--out",
-        p,
-        "--tokenizer",
-        "chars",
-    ]);
+    let a = a.to_str().unwrap();
+    let out = ok(&argv("tokenize {} --out {} --tokenizer chars", &[a, p]));
     assert!(out.contains("MB/s") && out.contains("tokens"), "{out}");
     let n = text.chars().count();
     let read = |suffix: &str| {
@@ -172,14 +154,7 @@ fn tokenize_round_trips_bytes_and_characters() {
     let all: Vec<u32> = train.into_iter().chain(val).collect();
     assert_eq!(codec.decode(&all), text);
     // Bytes, no validation part: one file, the bytes themselves.
-    ok(&[
-        "tokenize",
-        a.to_str().unwrap(),
-        "--out",
-        p,
-        "--validation",
-        "0",
-    ]);
+    ok(&argv("tokenize {} --out {} --validation 0", &[a, p]));
     let bytes = read(".bin");
     let codec = Codec::open(&recorded).unwrap();
     assert_eq!(codec.describe(), "bytes (256)");
@@ -189,8 +164,7 @@ fn tokenize_round_trips_bytes_and_characters() {
 
 #[test]
 fn token_shards_train_and_a_bad_shard_is_refused_with_its_name() {
-    let dir = temp("tokens-shards");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("tokens-shards");
     let ids = tokens(3000);
     for (k, part) in ids.chunks(1000).enumerate() {
         let bytes = llmc_bytes(part, "s").unwrap();
@@ -231,21 +205,12 @@ const WORDS: &str = r#"{
 
 #[test]
 fn tokenize_with_gpt2_and_a_hugging_face_tokenizer_records_it() {
-    let dir = temp("tokenize-bpe");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("tokenize-bpe");
     let a = dir.join("a.txt");
     std::fs::write(&a, "Hello world").unwrap();
     let (a, p) = (a.to_str().unwrap(), dir.join("g"));
-    let out = ok(&[
-        "tokenize",
-        a,
-        "--tokenizer",
-        "gpt2",
-        "--validation",
-        "0",
-        "--out",
-        p.to_str().unwrap(),
-    ]);
+    let line = "tokenize {} --tokenizer gpt2 --validation 0 --out";
+    let out = ok(&argv(line, &[a, p.to_str().unwrap()]));
     assert!(
         out.contains("2 tokens, tokenizer gpt2 BPE (50257)"),
         "{out}"
@@ -264,19 +229,8 @@ fn tokenize_with_gpt2_and_a_hugging_face_tokenizer_records_it() {
     std::fs::write(dir.join("a.txt"), "the cat sat on the mat.\nthe dog sat.").unwrap();
     let p = dir.join("w");
     let w = words.to_str().unwrap();
-    let args = [
-        "tokenize",
-        a,
-        "--tokenizer",
-        "hf",
-        "--tokenizer-file",
-        w,
-        "--validation",
-        "0",
-        "--out",
-        p.to_str().unwrap(),
-    ];
-    ok(&args);
+    let line = "tokenize {} --tokenizer hf --tokenizer-file {} --validation 0 --out";
+    ok(&argv(line, &[a, w, p.to_str().unwrap()]));
     let f = TokenFile::open(&dir.join("w.bin"), TokenDtype::U16).unwrap();
     let ids: Vec<u32> = (0..f.len).map(|i| f.get(i)).collect();
     assert_eq!(ids, [1, 2, 3, 4, 1, 5, 6, 1, 0, 3, 6]);
@@ -285,14 +239,10 @@ fn tokenize_with_gpt2_and_a_hugging_face_tokenizer_records_it() {
     assert_eq!(hf.encode("the mat sat.").unwrap(), [1, 5, 3, 6]);
     assert_eq!(hf.decode(&[1, 2, 3, 9]), "the cat sat<?9>");
     // A tokenizer file is needed for `hf`, and only for it.
-    let (code, _, err) = run(&[
-        "tokenize",
-        a,
-        "--tokenizer",
-        "hf",
-        "--out",
-        p.to_str().unwrap(),
-    ]);
+    let (code, _, err) = run(&argv(
+        "tokenize {} --tokenizer hf --out",
+        &[a, p.to_str().unwrap()],
+    ));
     assert!(
         code == Some(1) && err.contains("needs `--tokenizer-file"),
         "{err}"
@@ -326,17 +276,9 @@ fn tokenize_writes_the_committed_shakespeare_files() {
 fn the_shakespeare_model_trains() {
     let dir = temp("shakespeare");
     let d = dir.to_str().unwrap();
-    let args = [
-        "train",
-        "models/shakespeare.ron",
-        "--steps",
-        "5",
-        "--run-dir",
-        d,
-        "--set",
-        "optimizer.schedule=Constant",
-    ];
-    ok(&args);
+    let line =
+        "train models/shakespeare.ron --steps 5 --run-dir {} --set optimizer.schedule=Constant";
+    ok(&argv(line, &[d]));
     let losses = metric(&dir, "loss");
     assert_eq!(losses.len(), 5);
     assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");

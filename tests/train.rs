@@ -2,20 +2,12 @@
 //! reproducibility, `--init`, and a transformer learning a sequence task.
 
 mod common;
-use common::{parallax, temp};
+use common::{cli_exits, cli_ok, temp, temp_dir, train_ok};
 
 use std::path::Path;
 
 fn train(file: &str, run: &Path, extra: &[&str]) -> serde_json::Value {
-    let mut args = vec!["train", file, "--run-dir", run.to_str().unwrap()];
-    args.extend_from_slice(extra);
-    let o = parallax(&args);
-    assert!(
-        o.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    train_ok(file, run, extra);
     serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap()
 }
 
@@ -64,8 +56,7 @@ fn mlp_learns_the_digits_and_writes_its_run() {
         30
     );
     // The resolved experiment parses back, every default written out.
-    let o = parallax(&["check", run.join("experiment.ron").to_str().unwrap()]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    cli_ok("check", &[run.join("experiment.ron").to_str().unwrap()]);
     let text = std::fs::read_to_string(run.join("experiment.ron")).unwrap();
     assert!(
         text.contains("weight_decay: 0.01") && text.contains("drop_last: false"),
@@ -119,16 +110,11 @@ fn init_starts_from_saved_weights_and_refuses_mismatches() {
     assert!(first(&b) < 0.6, "{}", first(&b));
     // The CNN has other parameters: refused, naming the file and the tensor.
     let c = temp("init-c");
-    let o = parallax(&[
-        "train",
-        "models/cnn.ron",
-        "--run-dir",
-        c.to_str().unwrap(),
-        "--init",
-        weights.to_str().unwrap(),
-    ]);
-    assert_eq!(o.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&o.stderr);
+    let err = cli_exits(
+        1,
+        "train models/cnn.ron --run-dir",
+        &[c.to_str().unwrap(), "--init", weights.to_str().unwrap()],
+    );
     assert!(
         err.contains("final.safetensors") && err.contains("tensor `0.weight`"),
         "{err}"
@@ -141,8 +127,7 @@ fn init_starts_from_saved_weights_and_refuses_mismatches() {
 /// A GPT-style decoder reads 8 tokens and writes them reversed.
 #[test]
 fn a_transformer_learns_to_reverse_sequences() {
-    let dir = temp("reverse");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("reverse");
     let file = dir.join("reverse.ron");
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),

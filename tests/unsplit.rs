@@ -7,7 +7,8 @@
 
 mod common;
 use common::{
-    f32_bytes, f32_tensors, i32_bytes, metric, parallax, scaled_difference, temp, write_npy as npy,
+    f32_bytes, f32_tensors, i32_bytes, metric, scaled_difference, temp, temp_dir, train_ok,
+    write_npy as npy,
 };
 
 use std::collections::BTreeMap;
@@ -18,11 +19,7 @@ struct Stream(u64);
 
 impl Stream {
     fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        common::splitmix64(&mut self.0)
     }
     /// Uniform in [-1, 1).
     fn value(&mut self) -> f32 {
@@ -223,19 +220,7 @@ struct Outcome {
 }
 
 fn train(file: &Path, run: &Path, args: &[&str]) -> Outcome {
-    let mut all = vec![
-        "train",
-        file.to_str().unwrap(),
-        "--run-dir",
-        run.to_str().unwrap(),
-    ];
-    all.extend_from_slice(args);
-    let o = parallax(&all);
-    assert!(
-        o.status.success(),
-        "{all:?}\n{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    train_ok(file.to_str().unwrap(), run, args);
     let outcome = Outcome {
         losses: metric(run, "loss"),
         val_losses: metric(run, "val_loss"),
@@ -359,8 +344,7 @@ fn write_safetensors(path: &Path, tensors: &[(&str, Vec<usize>, Vec<f32>)]) {
 /// the first bias update follows from it (both computed here in f64 from the same weights).
 #[test]
 fn ignored_labels_weigh_shards_by_their_counted_labels() {
-    let dir = temp("ignored-labels");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("ignored-labels");
     let x: [[f32; 3]; 4] = [
         [0.5, -1.0, 2.0],
         [1.5, 0.25, -0.5],
@@ -455,8 +439,7 @@ fn ignored_labels_weigh_shards_by_their_counted_labels() {
 /// ranks scale by the one device's factor.
 #[test]
 fn clipping_under_tensor_parallelism_uses_the_global_norm() {
-    let dir = temp("clip-tp");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("clip-tp");
     let mut s = Stream(17);
     let x: Vec<f32> = (0..32).map(|_| s.value()).collect();
     let y: Vec<f32> = (0..32).map(|_| s.value()).collect();

@@ -3,7 +3,7 @@
 //! `eval`'s accuracy on the same samples; bad requests are refused with exit 1.
 
 mod common;
-use common::{char_model, f32_bytes, i32_bytes, run_args, run_ok, temp, write_npy};
+use common::{char_model, f32_bytes, i32_bytes, run_args, run_ok, temp_dir, write_npy};
 
 use parallax_runtime::data::digits;
 use std::path::Path;
@@ -39,8 +39,7 @@ fn digits_npy(dir: &Path, n: usize) -> (String, String, Vec<i32>) {
 
 #[test]
 fn eval_and_predict_a_trained_classifier() {
-    let dir = temp("use-classifier");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("use-classifier");
     let run_dir = dir.join("run");
     let r = run_dir.to_str().unwrap();
     ok(&["train", "models/mlp.ron", "--steps", "40", "--run-dir", r]);
@@ -154,8 +153,7 @@ fn eval_and_predict_a_trained_classifier() {
 
 #[test]
 fn tokenize_train_eval_and_sample_a_language_model() {
-    let dir = temp("use-lm");
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = temp_dir("use-lm");
     let text = "abcdefghijklmnopqrstuvwxyz\n".repeat(300);
     let input = dir.join("input.txt");
     std::fs::write(&input, &text).unwrap();

@@ -12,11 +12,66 @@ pub fn parallax(args: &[&str]) -> Output {
     binary().args(args).output().expect("the binary runs")
 }
 
+/// A command line written as one string: the words of `line` (split at white space, so no
+/// word of it may hold a space), each word `{}` replaced by the next of `tail` (paths, which
+/// may), then the rest of `tail`.
+pub fn argv<'a>(line: &'a str, tail: &[&'a str]) -> Vec<&'a str> {
+    let mut tail = tail.iter().copied();
+    let mut args: Vec<&str> = line
+        .split_whitespace()
+        .map(|w| match w {
+            "{}" => tail.next().expect("a path for each {} of the line"),
+            w => w,
+        })
+        .collect();
+    args.extend(tail);
+    args
+}
+
+/// Runs the binary with the words of `line`, then `tail` (see [`argv`]).
+pub fn cli(line: &str, tail: &[&str]) -> Output {
+    parallax(&argv(line, tail))
+}
+
+/// [`cli`], which must succeed.
+pub fn cli_ok(line: &str, tail: &[&str]) -> Output {
+    let o = cli(line, tail);
+    assert!(o.status.success(), "{line} {tail:?}\n{}", stderr(&o));
+    o
+}
+
+/// [`cli`], which must exit with `code`; returns its stderr.
+pub fn cli_exits(code: i32, line: &str, tail: &[&str]) -> String {
+    let o = cli(line, tail);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(code), "{line} {tail:?}\n{err}");
+    err
+}
+
+/// Runs the binary with the words of `line`, which must exit 1; returns its stderr.
+pub fn exits_1(line: &str) -> String {
+    cli_exits(1, line, &[])
+}
+
 /// The binary, run from the repository root (so `models/...` paths resolve).
 pub fn binary() -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_parallax"));
     c.current_dir(env!("CARGO_MANIFEST_DIR"));
     c
+}
+
+/// `train FILE --run-dir RUN EXTRA...`, which must succeed.
+pub fn train_ok(file: &str, run: &std::path::Path, extra: &[&str]) -> Output {
+    let mut args = vec!["train", file, "--run-dir", run.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let o = parallax(&args);
+    assert!(
+        o.status.success(),
+        "{args:?}\n{}\n{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    o
 }
 
 /// Runs `args` for at most `limit`; returns the exit code (`None` if it was still running,
@@ -122,6 +177,13 @@ pub fn temp(name: &str) -> PathBuf {
     d
 }
 
+/// [`temp`], created.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let d = temp(name);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
 /// Every value of `key` in a run's `metrics.jsonl`, in order (`loss`: one per step;
 /// `val_loss`: one per validation).
 pub fn metric(run: &std::path::Path, key: &str) -> Vec<f64> {
@@ -181,6 +243,16 @@ pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
 
 pub fn i32_bytes(v: &[i32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// One step of splitmix64: advances `state` and returns the next value of the stream (tiny,
+/// deterministic, good enough for test data and mutations).
+pub fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// A `parallax` process running in the background, its stderr in a file, killed when
@@ -289,6 +361,38 @@ pub fn job_port() -> u16 {
             return port;
         }
     }
+}
+
+/// `models/NAME.ron`, parsed.
+pub fn model(name: &str) -> parallax_compiler::Source {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("models/{name}.ron"));
+    parallax_compiler::parse_bytes(&std::fs::read(path).unwrap())
+        .unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// The plan of `source` compiled with `options`.
+pub fn plan_of(
+    source: &parallax_compiler::Source,
+    options: &parallax_compiler::Options,
+) -> parallax_compiler::plan::Plan {
+    parallax_compiler::compile(source, options, &mut |_, _| {})
+        .unwrap()
+        .plan(source, options)
+}
+
+/// The plan of `source` as compiled (default options) and one op a kernel (its kernels and
+/// schedule dropped).
+pub fn fused_and_plain(
+    source: &parallax_compiler::Source,
+) -> (parallax_compiler::plan::Plan, parallax_compiler::plan::Plan) {
+    let options = parallax_compiler::Options::default();
+    let c = parallax_compiler::compile(source, &options, &mut |_, _| {}).unwrap();
+    let fused = c.plan(source, &options);
+    let mut g = c.graph;
+    g.kernels.clear();
+    g.schedule = None;
+    let plain = parallax_compiler::plan::Plan::single_device(&g, source, &options);
+    (fused, plain)
 }
 
 /// `steps` training steps of `plan` on the data's first batch of 8, on the CPU executor.
