@@ -428,6 +428,26 @@ fn warp_row(k: &mut Kernel, ctx: &Ctx, first: Rd, n: u64) -> (Rd, Rd, P) {
     (i, ic, valid)
 }
 
+/// The tasks of a warp-per-row kernel over `n` rows of each problem (queries or keys), a row
+/// a warp: runs `body` with the task's problem, its block's first row and the warp's row
+/// (`warp_row`); returns the task count (the grid).
+fn each_warp_row(
+    k: &mut Kernel,
+    ctx: &Ctx,
+    dm: &Dims,
+    n: u64,
+    body: impl FnOnce(&mut Kernel, Problem, Rd, (Rd, Rd, P)),
+) -> u64 {
+    let tiles = n.div_ceil(WARPS);
+    let tasks = dm.problems * tiles;
+    each_task(k, tasks, |k, task| {
+        let (pb, first) = problem_and_first(k, dm, task, tiles, WARPS);
+        let row = warp_row(k, ctx, first, n);
+        body(k, pb, first, row);
+    });
+    tasks
+}
+
 /// Whether key `j` counts for query `i`: `j < S` and, causal, `j <= i` (`j <= shift + i`
 /// for a cached attention).
 fn visible(k: &mut Kernel, dm: &Dims, i: Rd, j: Rd, n: (Rd, u64), shift: Option<Rd>) -> P {
@@ -476,11 +496,7 @@ fn forward(
     let pos = pos.map(|p| k.param_ptr(p.arg));
     let (tq, tk, vo, tl) = dm.forward_views(&mut k, (q, key), vo, lse);
     let ctx = setup(&mut k);
-    let tiles = dm.t.div_ceil(WARPS);
-    let tasks = dm.problems * tiles;
-    each_task(&mut k, tasks, |k, task| {
-        let (pb, i0) = problem_and_first(k, &dm, task, tiles, WARPS);
-        let (i, ic, valid) = warp_row(k, &ctx, i0, dm.t);
+    let tasks = each_warp_row(&mut k, &ctx, &dm, dm.t, |k, pb, i0, (i, ic, valid)| {
         let shift = pos.map(|p| position(k, p, pb.b, dm.s - dm.t));
         let qrow = tq.at(k, &pb, ic);
         let (m, l) = (k.fc(f32::NEG_INFINITY), k.fc(0.0));

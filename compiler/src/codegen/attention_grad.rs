@@ -4,9 +4,8 @@
 //! gradient `P^T dy` take a warp per key and walk the queries, so neither needs atomics.
 
 use super::{
-    accumulate, bad, check, chunks, dot, each_task, keys_end, problem_and_first, regs, setup,
-    stage, store_row, tile_rows, visible, warp_row, zeros, Ctx, Dims, Outs, Problem, Tensor, BLOCK,
-    PITCH, ROWS, WARPS,
+    accumulate, bad, check, chunks, dot, each_warp_row, keys_end, regs, setup, stage, store_row,
+    tile_rows, visible, zeros, Ctx, Dims, Outs, Problem, Tensor, BLOCK, PITCH, ROWS,
 };
 use crate::codegen::builder::{Kernel, Rd, F, P};
 use crate::codegen::{grid_for, CodegenError, Gen, Launches, OpArgs, Operand};
@@ -104,11 +103,7 @@ pub(super) fn query(g: &mut Gen, OpArgs { name, op, ins, out }: OpArgs) -> Launc
     let ([tq, tk, tv, tdy], (tl, lp, dp)) = inputs(&mut k, &dm, ins);
     let tout = dm.tensor(k.param_ptr(out.arg), dm.t, dm.d);
     let ctx = setup(&mut k);
-    let tiles = dm.t.div_ceil(WARPS);
-    let tasks = dm.problems * tiles;
-    each_task(&mut k, tasks, |k, task| {
-        let (pb, i0) = problem_and_first(k, &dm, task, tiles, WARPS);
-        let (i, ic, valid) = warp_row(k, &ctx, i0, dm.t);
+    let tasks = each_warp_row(&mut k, &ctx, &dm, dm.t, |k, pb, i0, (i, ic, valid)| {
         let qrow = tq.at(k, &pb, ic);
         let dyrow = tdy.at(k, &pb, ic);
         let at = tl.offset(k, &pb, ic);
@@ -161,11 +156,7 @@ pub(super) fn key_value(g: &mut Gen, a: OpArgs<Outs>) -> Launches {
     let tdk = dk.map(|o| dm.tensor(k.param_ptr(o.arg), dm.s, dm.d));
     let tdv = dv.map(|o| dm.tensor(k.param_ptr(o.arg), dm.s, dm.e));
     let ctx = setup(&mut k);
-    let tiles = dm.s.div_ceil(WARPS);
-    let tasks = dm.problems * tiles;
-    each_task(&mut k, tasks, |k, task| {
-        let (pb, j0) = problem_and_first(k, &dm, task, tiles, WARPS);
-        let (j, jc, valid) = warp_row(k, &ctx, j0, dm.s);
+    let tasks = each_warp_row(&mut k, &ctx, &dm, dm.s, |k, pb, j0, (j, jc, valid)| {
         let krow = tk.at(k, &pb, jc);
         let vrow = tv.at(k, &pb, jc);
         let dka = if tdk.is_some() {

@@ -198,24 +198,28 @@ pub(super) fn generate(
                 .ok()
                 .filter(|&b| b < i32::MAX as u32)
                 .ok_or(bad("covers too many elements for one grid"))?;
-            updates(g, &pattern, opened, count, grid)?
+            updates(g, &pattern, opened, grid)?
         };
         launches.push(launch);
     }
     Ok(launches)
 }
 
-/// A group's kernel with its parameters: the shared operands' pointers (declared first), then
-/// the members' table, `record` bytes a member; and its block's index.
+/// A group kernel's parameters (`open`): the shared operands' pointers, declared first, then
+/// the members' table, `record` bytes for each of its `members`; and the block's index.
 struct Opened {
-    k: Kernel,
     shared: Vec<Option<Rd>>,
     table: Rd,
     record: u64,
+    members: u64,
     block: Rd,
 }
 
-fn open(g: &Gen, name: &str, p: &Pattern, words: &[Arg], members: u64) -> Opened {
+/// A group's kernel and its parameters.
+type Group = (Kernel, Opened);
+
+/// The kernel `name` of a group of `members`, with its parameters.
+fn open(g: &Gen, name: &str, p: &Pattern, words: &[Arg], members: u64) -> Group {
     let mut k = g.kernel(name);
     let shared = p
         .shared
@@ -226,19 +230,22 @@ fn open(g: &Gen, name: &str, p: &Pattern, words: &[Arg], members: u64) -> Opened
     let block = k.special("%ctaid.x");
     let block = k.wide(block);
     let record = 8 * (words.len() as u64 / members);
-    Opened {
-        k,
+    let o = Opened {
         shared,
         table,
         record,
+        members,
         block,
-    }
+    };
+    (k, o)
 }
 
-/// The address of member `m`'s record in the table.
-fn member_record(k: &mut Kernel, (table, record): (Rd, u64), m: Rd) -> Rd {
-    let off = k.op64("mul.lo", m, record);
-    k.op64("add", table, off)
+impl Opened {
+    /// The address of member `m`'s record in the table.
+    fn member(&self, k: &mut Kernel, m: Rd) -> Rd {
+        let off = k.op64("mul.lo", m, self.record);
+        k.op64("add", self.table, off)
+    }
 }
 
 /// A member's addresses from its table record at `base`, from byte 16: its own operands by
@@ -311,25 +318,12 @@ fn chain_at(
 }
 
 /// An update group: blocks of `CHUNK` elements of one member each, over `members` members.
-fn updates(
-    g: &mut Gen,
-    p: &Pattern,
-    o: Opened,
-    members: u64,
-    grid: u32,
-) -> Result<Launch, CodegenError> {
-    let Opened {
-        mut k,
-        shared,
-        table,
-        record,
-        block,
-    } = o;
+fn updates(g: &mut Gen, p: &Pattern, (mut k, o): Group, grid: u32) -> Result<Launch, CodegenError> {
     // The member: the last whose first block is at or before this one, by bisection over
     // the members' first blocks (in order; member 0's is 0). `lo`'s is at or before the
     // block, `hi`'s after it (or `hi` is past the end). The same for the whole block, so no
     // thread diverges.
-    let (m, hi) = (k.u64c(0), k.u64c(members));
+    let (m, hi) = (k.u64c(0), k.u64c(o.members));
     let (top, found) = (k.label(), k.label());
     k.place(&top);
     let width = k.op64("sub", hi, m);
@@ -337,18 +331,18 @@ fn updates(
     k.bra_if(one, &found);
     let mid = k.op64("add", m, hi);
     let mid = k.op64("shr", mid, 1);
-    let off = k.op64("mul.lo", mid, record);
-    let start = k.table_u64(table, off);
-    let before = k.cmp64("lt", block, start);
+    let off = k.op64("mul.lo", mid, o.record);
+    let start = k.table_u64(o.table, off);
+    let before = k.cmp64("lt", o.block, start);
     k.ins(format!("selp.u64 {hi}, {mid}, {hi}, {before}"));
     k.ins(format!("selp.u64 {m}, {m}, {mid}, {before}"));
     k.bra(&top);
     k.place(&found);
-    let base = member_record(&mut k, (table, record), m);
+    let base = o.member(&mut k, m);
     let start = k.table_u64(base, 0);
     let n = k.table_u64(base, 8);
-    let (slots, stores) = addresses(&mut k, p, &shared, base);
-    let rel = k.op64("sub", block, start);
+    let (slots, stores) = addresses(&mut k, p, &o.shared, base);
+    let rel = k.op64("sub", o.block, start);
     let tid = k.special("%tid.x");
     let tid = k.wide(tid);
     let first = k.rd();
@@ -367,18 +361,11 @@ fn updates(
 }
 
 /// A squared-norm group: block `b` sums member `b`'s chain over all its elements.
-fn sums(g: &mut Gen, p: &Pattern, o: Opened, grid: u32) -> Result<Launch, CodegenError> {
-    let Opened {
-        mut k,
-        shared,
-        table,
-        record,
-        block,
-    } = o;
-    let base = member_record(&mut k, (table, record), block);
+fn sums(g: &mut Gen, p: &Pattern, (mut k, o): Group, grid: u32) -> Result<Launch, CodegenError> {
+    let base = o.member(&mut k, o.block);
     let n = k.table_u64(base, 0);
     let lanes = k.table_u64(base, 8);
-    let (slots, stores) = addresses(&mut k, p, &shared, base);
+    let (slots, stores) = addresses(&mut k, p, &o.shared, base);
     let (stores, out) = stores.split_at(p.stored.len());
     let tid = k.special("%tid.x");
     let tid = k.wide(tid);
