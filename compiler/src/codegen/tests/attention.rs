@@ -29,32 +29,27 @@ fn variants(g: &mut Gen, tag: &str, h: u64, t: u64, d: u64, e: u64, causal: bool
     let lse_op = Op::AttentionLse { causal, scale };
     let gr = |wrt| Op::AttentionGrad { causal, scale, wrt };
     let mut l = Vec::new();
+    let name = |s: &str| format!("{tag}_{s}");
     let mut add = |r: Result<Vec<Launch>, CodegenError>| l.extend(r.unwrap());
     add(forward_checked(
         g,
-        OpArgs::new(&format!("{tag}_fwd"), &att, &x[..3], (Some(&o), Some(&lse))),
+        OpArgs::new(&name("fwd"), &att, &x[..3], (Some(&o), Some(&lse))),
     ));
+    add(single(g, OpArgs::new(&name("o"), &att, &x[..3], &o)));
+    add(single(g, OpArgs::new(&name("lse"), &lse_op, &x[..2], &lse)));
     add(single(
         g,
-        OpArgs::new(&format!("{tag}_o"), &att, &x[..3], &o),
-    ));
-    add(single(
-        g,
-        OpArgs::new(&format!("{tag}_lse"), &lse_op, &x[..2], &lse),
-    ));
-    add(single(
-        g,
-        OpArgs::new(&format!("{tag}_dq"), &gr(AttentionInput::Query), &x, &x[0]),
+        OpArgs::new(&name("dq"), &gr(AttentionInput::Query), &x, &x[0]),
     ));
     let kv = gr(AttentionInput::Key);
     add(grad::key_value(
         g,
-        OpArgs::new(&format!("{tag}_dkv"), &kv, &x, (Some(&dk), Some(&dv))),
+        OpArgs::new(&name("dkv"), &kv, &x, (Some(&dk), Some(&dv))),
     ));
-    add(single(g, OpArgs::new(&format!("{tag}_dk"), &kv, &x, &dk)));
+    add(single(g, OpArgs::new(&name("dk"), &kv, &x, &dk)));
     add(single(
         g,
-        OpArgs::new(&format!("{tag}_dv"), &gr(AttentionInput::Value), &x, &dv),
+        OpArgs::new(&name("dv"), &gr(AttentionInput::Value), &x, &dv),
     ));
     l
 }
