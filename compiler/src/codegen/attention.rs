@@ -18,7 +18,7 @@
 //! output element has one writer: no atomics, the same bits on every run.
 
 use super::builder::{imm, Kernel, Rd, F, P, R};
-use super::{grid_for, CodegenError, Gen, Launch, Operand};
+use super::{grid_for, CodegenError, Gen, Launch, Launches, OpArgs, Operand};
 use crate::ir::{AttentionInput, DType, Op};
 use crate::plan::Plan;
 
@@ -28,6 +28,9 @@ mod grad;
 mod mma;
 #[path = "attention_mma_grad.rs"]
 mod mma_grad;
+
+/// A fused kernel's two optional outputs: the forward's `(o, lse)`, the backward's `(dk, dv)`.
+type Outs<'a> = (Option<&'a Operand>, Option<&'a Operand>);
 
 /// Warps per block, each with a row of the block's tile.
 const WARPS: u64 = 8;
@@ -425,6 +428,26 @@ fn warp_row(k: &mut Kernel, ctx: &Ctx, first: Rd, n: u64) -> (Rd, Rd, P) {
     (i, ic, valid)
 }
 
+/// The tasks of a warp-per-row kernel over `n` rows of each problem (queries or keys), a row
+/// a warp: runs `body` with the task's problem, its block's first row and the warp's row
+/// (`warp_row`); returns the task count (the grid).
+fn each_warp_row(
+    k: &mut Kernel,
+    ctx: &Ctx,
+    dm: &Dims,
+    n: u64,
+    body: impl FnOnce(&mut Kernel, Problem, Rd, (Rd, Rd, P)),
+) -> u64 {
+    let tiles = n.div_ceil(WARPS);
+    let tasks = dm.problems * tiles;
+    each_task(k, tasks, |k, task| {
+        let (pb, first) = problem_and_first(k, dm, task, tiles, WARPS);
+        let row = warp_row(k, ctx, first, n);
+        body(k, pb, first, row);
+    });
+    tasks
+}
+
 /// Whether key `j` counts for query `i`: `j < S` and, causal, `j <= i` (`j <= shift + i`
 /// for a cached attention).
 fn visible(k: &mut Kernel, dm: &Dims, i: Rd, j: Rd, n: (Rd, u64), shift: Option<Rd>) -> P {
@@ -473,11 +496,7 @@ fn forward(
     let pos = pos.map(|p| k.param_ptr(p.arg));
     let (tq, tk, vo, tl) = dm.forward_views(&mut k, (q, key), vo, lse);
     let ctx = setup(&mut k);
-    let tiles = dm.t.div_ceil(WARPS);
-    let tasks = dm.problems * tiles;
-    each_task(&mut k, tasks, |k, task| {
-        let (pb, i0) = problem_and_first(k, &dm, task, tiles, WARPS);
-        let (i, ic, valid) = warp_row(k, &ctx, i0, dm.t);
+    let tasks = each_warp_row(&mut k, &ctx, &dm, dm.t, |k, pb, i0, (i, ic, valid)| {
         let shift = pos.map(|p| position(k, p, pb.b, dm.s - dm.t));
         let qrow = tq.at(k, &pb, ic);
         let (m, l) = (k.fc(f32::NEG_INFINITY), k.fc(0.0));
@@ -564,7 +583,7 @@ pub fn kernel(
     plan: &Plan,
     steps: &[usize],
     of: &dyn Fn(usize) -> Operand,
-) -> Result<Vec<Launch>, CodegenError> {
+) -> Launches {
     let find =
         |pred: &dyn Fn(&Op) -> bool| steps.iter().copied().find(|&s| pred(&plan.steps[s].op));
     let ins =
@@ -588,42 +607,34 @@ pub fn kernel(
             "the kernel's ops do not share their operands".into(),
         ));
     }
-    match (att, lse, dk, dv) {
-        (Some(a), l, None, None) => {
-            let op = &plan.steps[a].op;
-            let x = ins(a);
-            let lse = l.map(of);
-            forward_checked(g, name, op, &x, Some(&of(a)), lse.as_ref())
-        }
-        (None, Some(l), None, None) => {
-            let op = &plan.steps[l].op;
-            forward_checked(g, name, op, &ins(l), None, Some(&of(l)))
-        }
+    // The step whose operands the kernel reads, and its outputs (`forward_checked`'s or
+    // `key_value_grad`'s).
+    let (s, outs) = match (att, lse, dk, dv) {
+        (Some(a), l, None, None) => (a, (Some(of(a)), l.map(of))),
+        (None, Some(l), None, None) => (l, (None, Some(of(l)))),
         (None, None, k, v) if k.is_some() || v.is_some() => {
-            let s = k.or(v).expect("a gradient");
-            let (dk, dv) = (k.map(of), v.map(of));
-            mma_grad::key_value_grad(
-                g,
-                name,
-                &plan.steps[s].op,
-                &ins(s),
-                dk.as_ref(),
-                dv.as_ref(),
-            )
+            (k.or(v).expect("a gradient"), (k.map(of), v.map(of)))
         }
-        _ => Err(bad(op0, "not an attention kernel".into())),
+        _ => return Err(bad(op0, "not an attention kernel".into())),
+    };
+    let x = ins(s);
+    let outs = (outs.0.as_ref(), outs.1.as_ref());
+    let a = OpArgs::new(name, &plan.steps[s].op, &x, outs);
+    if dk.is_some() || dv.is_some() {
+        mma_grad::key_value_grad(g, a)
+    } else {
+        forward_checked(g, a)
     }
 }
 
 /// The forward after its checks: `o` of `Attention` and/or `lse` of `AttentionLse`.
-fn forward_checked(
-    g: &mut Gen,
-    name: &str,
-    op: &Op,
-    ins: &[Operand],
-    o: Option<&Operand>,
-    lse: Option<&Operand>,
-) -> Result<Vec<Launch>, CodegenError> {
+fn forward_checked(g: &mut Gen, a: OpArgs<Outs>) -> Launches {
+    let OpArgs {
+        name,
+        op,
+        ins,
+        out: (o, lse),
+    } = a;
     if ins.len() < 2 || (o.is_some() && ins.len() < 3) {
         return Err(bad(op, format!("got {} operands", ins.len())));
     }
@@ -664,24 +675,19 @@ fn forward_checked(
 }
 
 /// One attention op alone.
-pub fn single(
-    g: &mut Gen,
-    name: &str,
-    op: &Op,
-    ins: &[Operand],
-    out: &Operand,
-) -> Result<Vec<Launch>, CodegenError> {
-    match op {
+pub fn single(g: &mut Gen, a: OpArgs) -> Launches {
+    let out = a.out;
+    match a.op {
         Op::Attention { .. } | Op::CachedAttention { .. } => {
-            forward_checked(g, name, op, ins, Some(out), None)
+            forward_checked(g, a.with((Some(out), None)))
         }
-        Op::AttentionLse { .. } => forward_checked(g, name, op, ins, None, Some(out)),
+        Op::AttentionLse { .. } => forward_checked(g, a.with((None, Some(out)))),
         Op::AttentionGrad { wrt, .. } => match wrt {
-            AttentionInput::Query => mma_grad::query_grad(g, name, op, ins, out),
-            AttentionInput::Key => mma_grad::key_value_grad(g, name, op, ins, Some(out), None),
-            AttentionInput::Value => mma_grad::key_value_grad(g, name, op, ins, None, Some(out)),
+            AttentionInput::Query => mma_grad::query_grad(g, a),
+            AttentionInput::Key => mma_grad::key_value_grad(g, a.with((Some(out), None))),
+            AttentionInput::Value => mma_grad::key_value_grad(g, a.with((None, Some(out)))),
         },
-        _ => Err(CodegenError::Unsupported { op: op.name() }),
+        _ => Err(CodegenError::Unsupported { op: a.op.name() }),
     }
 }
 

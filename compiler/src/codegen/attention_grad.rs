@@ -4,11 +4,11 @@
 //! gradient `P^T dy` take a warp per key and walk the queries, so neither needs atomics.
 
 use super::{
-    accumulate, bad, check, chunks, dot, each_task, keys_end, problem_and_first, regs, setup,
-    stage, store_row, tile_rows, visible, warp_row, zeros, Dims, BLOCK, PITCH, ROWS, WARPS,
+    accumulate, bad, check, chunks, dot, each_warp_row, keys_end, regs, setup, stage, store_row,
+    tile_rows, visible, zeros, Ctx, Dims, Outs, Problem, Tensor, BLOCK, PITCH, ROWS,
 };
 use crate::codegen::builder::{Kernel, Rd, F, P};
-use crate::codegen::{grid_for, CodegenError, Gen, Launch, Operand};
+use crate::codegen::{grid_for, CodegenError, Gen, Launches, OpArgs, Operand};
 use crate::ir::Op;
 
 /// Checks the six operands `(q, k, v, dy, lse, delta)` and the outputs (`[.., T, H, D]` for
@@ -40,6 +40,24 @@ pub(super) fn dims(
     Ok(dm)
 }
 
+/// The six inputs `(q, k, v, dy, lse, delta)`, their parameters declared in that order: q, k,
+/// v and dy as tensors, then lse's and delta's pointers with the one view whose offsets serve
+/// both.
+pub(super) fn inputs(
+    k: &mut Kernel,
+    dm: &Dims,
+    ins: &[Operand],
+) -> ([Tensor; 4], (Tensor, Rd, Rd)) {
+    let p: Vec<Rd> = ins.iter().map(|o| k.param_ptr(o.arg)).collect();
+    let t = [
+        dm.tensor(p[0], dm.t, dm.d),
+        dm.tensor(p[1], dm.s, dm.d),
+        dm.tensor(p[2], dm.s, dm.e),
+        dm.tensor(p[3], dm.t, dm.e),
+    ];
+    (t, (dm.tensor(p[4], dm.t, 1), p[4], p[5]))
+}
+
 /// The shared address of this lane's row of the tile at `buf`.
 fn lane_row(k: &mut Kernel, lane64: Rd, buf: Rd) -> Rd {
     let r = k.op64("mul.lo", lane64, 4 * PITCH);
@@ -56,30 +74,36 @@ fn probs(k: &mut Kernel, dm: &Dims, s: F, lse: F, vis: P) -> F {
     k.sel(e, z, vis)
 }
 
+/// Adds `dS = p (dp - delta)` times the other side's staged rows `src` (the keys for dq, the
+/// queries for dk; `rows` of them from `first`) into `acc`, chunk by chunk of width `D`. With
+/// one chunk, the tile is still staged from the scores.
+fn add_ds(
+    k: &mut Kernel,
+    ctx: &Ctx,
+    dm: &Dims,
+    (pr, dpv, delta): (F, F, F),
+    (src, pb, first, rows): (&Tensor, &Problem, Rd, Rd),
+    acc: &[F],
+) {
+    let t = k.sub(dpv, delta);
+    let ds = k.mul(pr, t);
+    let one_d_chunk = chunks(dm.d).len() == 1;
+    for c in chunks(dm.d) {
+        if !one_d_chunk {
+            stage(k, ctx, ctx.a, src, pb, first, rows, c);
+        }
+        accumulate(k, ctx, regs(acc, c), ds, ctx.a, c.1);
+    }
+}
+
 /// The query gradient: a warp per query row, its keys in tiles of 32.
-pub(super) fn query(
-    g: &mut Gen,
-    name: &str,
-    op: &Op,
-    ins: &[Operand],
-    out: &Operand,
-) -> Result<Vec<Launch>, CodegenError> {
+pub(super) fn query(g: &mut Gen, OpArgs { name, op, ins, out }: OpArgs) -> Launches {
     let dm = dims(op, ins, &[("dq", Some(out), false)])?;
     let mut k = g.kernel(name);
-    let p: Vec<Rd> = ins.iter().map(|o| k.param_ptr(o.arg)).collect();
-    let (lp, dp) = (p[4], p[5]);
-    let (tq, tk) = (dm.tensor(p[0], dm.t, dm.d), dm.tensor(p[1], dm.s, dm.d));
-    let (tv, tdy) = (dm.tensor(p[2], dm.s, dm.e), dm.tensor(p[3], dm.t, dm.e));
-    // lse and delta: one offset serves both.
-    let tl = dm.tensor(lp, dm.t, 1);
+    let ([tq, tk, tv, tdy], (tl, lp, dp)) = inputs(&mut k, &dm, ins);
     let tout = dm.tensor(k.param_ptr(out.arg), dm.t, dm.d);
     let ctx = setup(&mut k);
-    let tiles = dm.t.div_ceil(WARPS);
-    let tasks = dm.problems * tiles;
-    let one_d_chunk = chunks(dm.d).len() == 1;
-    each_task(&mut k, tasks, |k, task| {
-        let (pb, i0) = problem_and_first(k, &dm, task, tiles, WARPS);
-        let (i, ic, valid) = warp_row(k, &ctx, i0, dm.t);
+    let tasks = each_warp_row(&mut k, &ctx, &dm, dm.t, |k, pb, i0, (i, ic, valid)| {
         let qrow = tq.at(k, &pb, ic);
         let dyrow = tdy.at(k, &pb, ic);
         let at = tl.offset(k, &pb, ic);
@@ -106,15 +130,7 @@ pub(super) fn query(
             let j = k.op64("add", j0, ctx.lane64);
             let vis = visible(k, &dm, ic, j, (j, dm.s), None);
             let pr = probs(k, &dm, s, lse, vis);
-            let t = k.sub(dpv, delta);
-            let ds = k.mul(pr, t);
-            for c in chunks(dm.d) {
-                // One chunk of keys is still staged from the scores.
-                if !one_d_chunk {
-                    stage(k, &ctx, ctx.a, &tk, &pb, j0, rows, c);
-                }
-                accumulate(k, &ctx, regs(&acc, c), ds, ctx.a, c.1);
-            }
+            add_ds(k, &ctx, &dm, (pr, dpv, delta), (&tk, &pb, j0, rows), &acc);
         });
         let skip = k.label();
         k.bra_unless(valid, &skip);
@@ -127,30 +143,20 @@ pub(super) fn query(
 
 /// The key and value gradients (either or both): a warp per key row, its queries in tiles of
 /// 32 (causal: from the tile of the block's first key, as earlier queries see none of them).
-pub(super) fn key_value(
-    g: &mut Gen,
-    name: &str,
-    op: &Op,
-    ins: &[Operand],
-    dk: Option<&Operand>,
-    dv: Option<&Operand>,
-) -> Result<Vec<Launch>, CodegenError> {
+pub(super) fn key_value(g: &mut Gen, a: OpArgs<Outs>) -> Launches {
+    let OpArgs {
+        name,
+        op,
+        ins,
+        out: (dk, dv),
+    } = a;
     let dm = dims(op, ins, &[("dk", dk, true), ("dv", dv, true)])?;
     let mut k = g.kernel(name);
-    let p: Vec<Rd> = ins.iter().map(|o| k.param_ptr(o.arg)).collect();
-    let (lp, dp) = (p[4], p[5]);
-    let (tq, tk) = (dm.tensor(p[0], dm.t, dm.d), dm.tensor(p[1], dm.s, dm.d));
-    let (tv, tdy) = (dm.tensor(p[2], dm.s, dm.e), dm.tensor(p[3], dm.t, dm.e));
-    let tl = dm.tensor(lp, dm.t, 1);
+    let ([tq, tk, tv, tdy], (tl, lp, dp)) = inputs(&mut k, &dm, ins);
     let tdk = dk.map(|o| dm.tensor(k.param_ptr(o.arg), dm.s, dm.d));
     let tdv = dv.map(|o| dm.tensor(k.param_ptr(o.arg), dm.s, dm.e));
     let ctx = setup(&mut k);
-    let tiles = dm.s.div_ceil(WARPS);
-    let tasks = dm.problems * tiles;
-    let one_d_chunk = chunks(dm.d).len() == 1;
-    each_task(&mut k, tasks, |k, task| {
-        let (pb, j0) = problem_and_first(k, &dm, task, tiles, WARPS);
-        let (j, jc, valid) = warp_row(k, &ctx, j0, dm.s);
+    let tasks = each_warp_row(&mut k, &ctx, &dm, dm.s, |k, pb, j0, (j, jc, valid)| {
         let krow = tk.at(k, &pb, jc);
         let vrow = tv.at(k, &pb, jc);
         let dka = if tdk.is_some() {
@@ -200,14 +206,7 @@ pub(super) fn key_value(
             }
             if tdk.is_some() {
                 let delta = k.load(dp, at);
-                let t = k.sub(dpv, delta);
-                let ds = k.mul(pr, t);
-                for c in chunks(dm.d) {
-                    if !one_d_chunk {
-                        stage(k, &ctx, ctx.a, &tq, &pb, i0, rows, c);
-                    }
-                    accumulate(k, &ctx, regs(&dka, c), ds, ctx.a, c.1);
-                }
+                add_ds(k, &ctx, &dm, (pr, dpv, delta), (&tq, &pb, i0, rows), &dka);
             }
         });
         let skip = k.label();

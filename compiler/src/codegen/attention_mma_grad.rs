@@ -23,13 +23,13 @@
 //! whatever the tile length, so the results do not depend on it.
 
 use super::super::builder::{imm, Kernel, Rd, F, R};
-use super::super::{grid_for, CodegenError, Gen, Launch, Operand};
+use super::super::{grid_for, Gen, Launch, Launches, OpArgs, Operand};
+use super::grad::inputs;
 use super::mma::{
     fragment_row, fragments, lane_bits, lane_row, ldmatrix, mma_ab, mma_abt, pack, pitch,
     rows_left, stage, Ctx, Stream, BR, THREADS,
 };
-use super::{each_task, problem_and_first, Dims, Problem, Tensor};
-use crate::ir::Op;
+use super::{each_task, problem_and_first, Dims, Outs, Problem, Tensor};
 
 const LOG2E: f32 = std::f32::consts::LOG2_E;
 
@@ -39,34 +39,22 @@ pub(super) fn fits(dm: &Dims) -> bool {
 }
 
 /// The query gradient, on tensor cores for bf16 plans of the widths they take.
-pub(super) fn query_grad(
-    g: &mut Gen,
-    name: &str,
-    op: &Op,
-    ins: &[Operand],
-    out: &Operand,
-) -> Result<Vec<Launch>, CodegenError> {
-    let dm = super::grad::dims(op, ins, &[("dq", Some(out), false)])?;
+pub(super) fn query_grad(g: &mut Gen, a: OpArgs) -> Launches {
+    let dm = super::grad::dims(a.op, a.ins, &[("dq", Some(a.out), false)])?;
     if g.options.bf16_attention && fits(&dm) {
-        return Ok(vec![query(g, name, dm, ins, out)]);
+        return Ok(vec![query(g, a.name, dm, a.ins, a.out)]);
     }
-    super::grad::query(g, name, op, ins, out)
+    super::grad::query(g, a)
 }
 
 /// The key and value gradients (either or both), on tensor cores as `query_grad`.
-pub(super) fn key_value_grad(
-    g: &mut Gen,
-    name: &str,
-    op: &Op,
-    ins: &[Operand],
-    dk: Option<&Operand>,
-    dv: Option<&Operand>,
-) -> Result<Vec<Launch>, CodegenError> {
-    let dm = super::grad::dims(op, ins, &[("dk", dk, true), ("dv", dv, true)])?;
+pub(super) fn key_value_grad(g: &mut Gen, a: OpArgs<Outs>) -> Launches {
+    let (dk, dv) = a.out;
+    let dm = super::grad::dims(a.op, a.ins, &[("dk", dk, true), ("dv", dv, true)])?;
     if g.options.bf16_attention && fits(&dm) {
-        return Ok(vec![key_value(g, name, dm, ins, (dk, dv))]);
+        return Ok(vec![key_value(g, a.name, dm, a.ins, (dk, dv))]);
     }
-    super::grad::key_value(g, name, op, ins, dk, dv)
+    super::grad::key_value(g, a)
 }
 
 /// Rows per streamed tile, and whether the own tiles' fragments live in registers. At width
@@ -261,23 +249,30 @@ fn dscores(k: &mut Kernel, p: &[F], dp: &[F], delta: &dyn Fn(usize) -> F) {
     }
 }
 
-/// The six inputs `(q, k, v, dy, lse, delta)` as tensors; lse and delta share offsets.
-fn inputs(k: &mut Kernel, dm: &Dims, ins: &[Operand]) -> ([Tensor; 4], Rd, Rd) {
-    let p: Vec<Rd> = ins.iter().map(|o| k.param_ptr(o.arg)).collect();
-    let t = [
-        dm.tensor(p[0], dm.t, dm.d),
-        dm.tensor(p[1], dm.s, dm.d),
-        dm.tensor(p[2], dm.s, dm.e),
-        dm.tensor(p[3], dm.t, dm.e),
-    ];
-    (t, p[4], p[5])
+/// A backward kernel's tasks, one a block of `BR` rows (queries, or keys when `keys_are_rows`)
+/// of one problem, and the mask of their score tiles against `n` rows of the other side:
+/// `(mask, tiles a problem, tasks)`.
+fn backward_tasks(dm: &Dims, n: u64, keys_are_rows: bool) -> (Mask, u64, u64) {
+    let (rows, others) = if keys_are_rows {
+        (dm.s, dm.t)
+    } else {
+        (dm.t, dm.s)
+    };
+    let m = Mask {
+        causal: dm.causal,
+        keys_are_rows,
+        cols: n,
+        rows: BR,
+        limit: others,
+    };
+    let tiles = rows.div_ceil(BR);
+    (m, tiles, dm.problems * tiles)
 }
 
 /// The query gradient `dq = scale dS K`; `ins` are `(q, k, v, dy, lse, delta)`.
 pub(super) fn query(g: &mut Gen, name: &str, dm: Dims, ins: &[Operand], dq: &Operand) -> Launch {
     let mut k = g.kernel(name);
-    let ([tq, tk, tv, tdy], lp, dp) = inputs(&mut k, &dm, ins);
-    let tl = dm.tensor(lp, dm.t, 1);
+    let ([tq, tk, tv, tdy], (tl, lp, dp)) = inputs(&mut k, &dm, ins);
     let tdq = dm.tensor(k.param_ptr(dq.arg), dm.t, dm.d);
     let (d, e) = (dm.d, dm.e);
     let (n, regs) = tiling(&dm);
@@ -290,15 +285,7 @@ pub(super) fn query(g: &mut Gen, name: &str, dm: Dims, ins: &[Operand], dq: &Ope
     let k_at = lane_row(&mut k, &ctx, kbuf, d, false);
     let kt_at = lane_row(&mut k, &ctx, kbuf, d, true);
     let v_at = lane_row(&mut k, &ctx, vbuf, e, false);
-    let m = Mask {
-        causal: dm.causal,
-        keys_are_rows: false,
-        cols: n,
-        rows: BR,
-        limit: dm.s,
-    };
-    let tiles = dm.t.div_ceil(BR);
-    let tasks = dm.problems * tiles;
+    let (m, tiles, tasks) = backward_tasks(&dm, n, false);
     let c = dm.scale * LOG2E;
     each_task(&mut k, tasks, |k, task| {
         let (pb, i0) = problem_and_first(k, &dm, task, tiles, BR);
@@ -355,8 +342,7 @@ pub(super) fn key_value(
     (dk, dv): (Option<&Operand>, Option<&Operand>),
 ) -> Launch {
     let mut k = g.kernel(name);
-    let ([tq, tk, tv, tdy], lp, dp) = inputs(&mut k, &dm, ins);
-    let tl = dm.tensor(lp, dm.t, 1);
+    let ([tq, tk, tv, tdy], (tl, lp, dp)) = inputs(&mut k, &dm, ins);
     let tdk = dk.map(|o| dm.tensor(k.param_ptr(o.arg), dm.s, dm.d));
     let tdv = dv.map(|o| dm.tensor(k.param_ptr(o.arg), dm.s, dm.e));
     let (d, e) = (dm.d, dm.e);
@@ -374,15 +360,7 @@ pub(super) fn key_value(
     let qt_at = lane_row(&mut k, &ctx, qbuf, d, true);
     let dy_at = lane_row(&mut k, &ctx, dybuf, e, false);
     let dyt_at = lane_row(&mut k, &ctx, dybuf, e, true);
-    let m = Mask {
-        causal: dm.causal,
-        keys_are_rows: true,
-        cols: n,
-        rows: BR,
-        limit: dm.t,
-    };
-    let tiles = dm.s.div_ceil(BR);
-    let tasks = dm.problems * tiles;
+    let (m, tiles, tasks) = backward_tasks(&dm, n, true);
     let c = dm.scale * LOG2E;
     each_task(&mut k, tasks, |k, task| {
         let (pb, j0) = problem_and_first(k, &dm, task, tiles, BR);

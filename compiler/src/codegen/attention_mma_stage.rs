@@ -136,23 +136,19 @@ impl Rows {
             let r = k.op64("add", self.r0, u * step);
             let p = k.cmp64("lt", r, rows);
             let n = k.r();
-            if self.bf16 {
-                // Four bf16 into the first half of the unit's staging slot.
-                k.ins(format!("selp.u32 {n}, 8, 0, {p}"));
-                k.ins(format!(
-                    "cp.async.ca.shared.global [{dst}+{}], [{}+{}], 8, {n}",
-                    4 * u * step * self.width,
-                    self.g,
-                    2 * u * step * self.stride
-                ));
-                continue;
-            }
-            k.ins(format!("selp.u32 {n}, 16, 0, {p}"));
+            // Four f32, or four bf16 into the first half of the unit's staging slot: the
+            // bytes copied (0 past the rows), the cache level, the element size in global.
+            let (bytes, cache, elem) = if self.bf16 {
+                (8, "ca", 2)
+            } else {
+                (16, "cg", 4)
+            };
+            k.ins(format!("selp.u32 {n}, {bytes}, 0, {p}"));
             k.ins(format!(
-                "cp.async.cg.shared.global [{dst}+{}], [{}+{}], 16, {n}",
+                "cp.async.{cache}.shared.global [{dst}+{}], [{}+{}], {bytes}, {n}",
                 4 * u * step * self.width,
                 self.g,
-                4 * u * step * self.stride
+                elem * u * step * self.stride
             ));
         }
         k.ins("cp.async.commit_group");

@@ -171,6 +171,10 @@ impl Kernel {
         }
         b
     }
+    /// Pointer parameters of `args`, declared in order (a kernel's inputs, then its output).
+    pub fn param_ptrs<const N: usize>(&mut self, args: [Arg; N]) -> [Rd; N] {
+        args.map(|a| self.param_ptr(a))
+    }
     pub fn param_u64(&mut self, arg: Arg) -> Rd {
         let name = self.param(arg);
         let a = self.rd();

@@ -116,22 +116,22 @@ impl Kernel {
         let small = self.cmpf("lt", a, half);
         self.sel(series, tail, small)
     }
-    pub fn gelu(&mut self, x: F) -> F {
+    /// `(erf(x / sqrt 2), exp(-x^2 / 2))`, what GELU and its gradient share.
+    fn gelu_terms(&mut self, x: F) -> (F, F) {
         let a = self.mulc(x, std::f32::consts::FRAC_1_SQRT_2);
         let na = self.neg(a);
         let a2 = self.mul(na, a);
         let e = self.exp(a2);
-        let erf = self.erf_given(a, e);
+        (self.erf_given(a, e), e)
+    }
+    pub fn gelu(&mut self, x: F) -> F {
+        let (erf, _) = self.gelu_terms(x);
         let h = self.mulc(x, 0.5);
         let one = self.addc(erf, 1.0);
         self.mul(h, one)
     }
     pub fn gelu_grad(&mut self, x: F) -> F {
-        let a = self.mulc(x, std::f32::consts::FRAC_1_SQRT_2);
-        let na = self.neg(a);
-        let a2 = self.mul(na, a);
-        let e = self.exp(a2);
-        let erf = self.erf_given(a, e);
+        let (erf, e) = self.gelu_terms(x);
         let cdf = self.addc(erf, 1.0);
         let cdf = self.mulc(cdf, 0.5);
         let xe = self.mul(x, e);

@@ -113,4 +113,34 @@ impl Kernel {
     pub fn round_bf16(&mut self, v: F) -> F {
         crate::ir::maps::PtxScalar::round_bf16(self, v)
     }
+
+    /// Writes this thread's f64 partial `acc` as two 32-bit words to slot `slot` of the
+    /// block-shared buffer `s` (`shared_f32`, two words a slot), then syncs the block; returns
+    /// the buffer's address. The reductions keep f64 partials and add them in lane order.
+    pub fn share_f64(&mut self, s: &str, slot: Rd, acc: Rd) -> Rd {
+        let sb = self.rd();
+        self.ins(format!("mov.u64 {sb}, {s}"));
+        let a = self.rd();
+        self.ins(format!("mad.lo.u64 {a}, {slot}, 8, {sb}"));
+        let (lo, hi) = (self.r(), self.r());
+        self.ins(format!("mov.b64 {{{lo}, {hi}}}, {acc}"));
+        self.ins(format!("st.shared.b32 [{a}], {lo}"));
+        self.ins(format!("st.shared.b32 [{a}+4], {hi}"));
+        self.ins("bar.sync 0");
+        sb
+    }
+    /// The f64 sum, in address order from 0, of the partials `share_f64` wrote at `start`,
+    /// `start + step`, ... below `stop`.
+    pub fn sum_shared_f64(&mut self, start: Rd, stop: Rd, step: u64) -> Rd {
+        let sum = self.rd();
+        self.ins(format!("mov.b64 {sum}, 0d0000000000000000"));
+        self.for_range(start, stop, step, |k, a| {
+            let (lo, hi, w) = (k.r(), k.r(), k.rd());
+            k.ins(format!("ld.shared.b32 {lo}, [{a}]"));
+            k.ins(format!("ld.shared.b32 {hi}, [{a}+4]"));
+            k.ins(format!("mov.b64 {w}, {{{lo}, {hi}}}"));
+            k.ins(format!("add.rn.f64 {sum}, {sum}, {w}"));
+        });
+        sum
+    }
 }

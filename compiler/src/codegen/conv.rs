@@ -17,7 +17,7 @@
 //! comparison `c < size` then checks both bounds.
 
 use super::builder::{Kernel, Rd, F, P};
-use super::{grid_for, CodegenError, Gen, Launch, Operand, BLOCK};
+use super::{grid_for, CodegenError, Gen, Launches, OpArgs, BLOCK};
 use crate::ir::{DType, Op};
 
 /// The sizes of one convolution or pooling (pooling: `o == c`, `groups == 1`).
@@ -108,13 +108,7 @@ impl Geom {
     }
 }
 
-pub(super) fn generate(
-    g: &mut Gen,
-    name: &str,
-    op: &Op,
-    ins: &[Operand],
-    out: &Operand,
-) -> Result<Vec<Launch>, CodegenError> {
+pub(super) fn generate(g: &mut Gen, OpArgs { name, op, ins, out }: OpArgs) -> Launches {
     let arity = match op {
         Op::Pool2d { .. } => 1,
         Op::Conv2d { .. }
@@ -186,21 +180,22 @@ pub(super) fn generate(
             kernel,
             stride,
             padding,
-        } => {
-            let m = Geom::pool(a, kernel, stride, padding).map_err(bad)?;
-            expect("the output", &out.shape, &m.y())?;
-            ("pool", n, Box::new(move |k, p| pool(k, &m, max, p)))
         }
-        Op::Pool2dGrad {
+        | Op::Pool2dGrad {
             max,
             kernel,
             stride,
             padding,
         } => {
             let m = Geom::pool(a, kernel, stride, padding).map_err(bad)?;
-            expect("the output gradient", b, &m.y())?;
-            expect("the input gradient", &out.shape, a)?;
-            ("pgrad", n, Box::new(move |k, p| pool_dx(k, &m, max, p)))
+            if let Op::Pool2d { .. } = op {
+                expect("the output", &out.shape, &m.y())?;
+                ("pool", n, Box::new(move |k, p| pool(k, &m, max, p)))
+            } else {
+                expect("the output gradient", b, &m.y())?;
+                expect("the input gradient", &out.shape, a)?;
+                ("pgrad", n, Box::new(move |k, p| pool_dx(k, &m, max, p)))
+            }
         }
         _ => unreachable!("checked above"),
     };

@@ -188,30 +188,64 @@ pub(super) fn generate(
             }
             words.extend(member_words(&pattern, member, &all_slots[m]));
         }
-        let entry = format!("{name}g{c}");
+        let count = chunk.len() as u64;
+        let opened = open(g, &format!("{name}g{c}"), &pattern, &words, count);
         let launch = if reduce {
             let grid = u32::try_from(chunk.len()).map_err(|_| bad("has too many members"))?;
-            sums(g, &entry, &pattern, &words, chunk.len() as u64, grid)?
+            sums(g, &pattern, opened, grid)?
         } else {
             let grid = u32::try_from(blocks.max(1))
                 .ok()
                 .filter(|&b| b < i32::MAX as u32)
                 .ok_or(bad("covers too many elements for one grid"))?;
-            updates(g, &entry, &pattern, &words, chunk.len() as u64, grid)?
+            updates(g, &pattern, opened, grid)?
         };
         launches.push(launch);
     }
     Ok(launches)
 }
 
-/// The shared operands' parameters (declared first) and the table's.
-fn params(k: &mut Kernel, p: &Pattern, words: &[Arg]) -> (Vec<Option<Rd>>, Rd) {
+/// A group kernel's parameters (`open`): the shared operands' pointers, declared first, then
+/// the members' table, `record` bytes for each of its `members`; and the block's index.
+struct Opened {
+    shared: Vec<Option<Rd>>,
+    table: Rd,
+    record: u64,
+    members: u64,
+    block: Rd,
+}
+
+/// A group's kernel and its parameters.
+type Group = (Kernel, Opened);
+
+/// The kernel `name` of a group of `members`, with its parameters.
+fn open(g: &Gen, name: &str, p: &Pattern, words: &[Arg], members: u64) -> Group {
+    let mut k = g.kernel(name);
     let shared = p
         .shared
         .iter()
         .map(|s| s.map(|o| k.param_ptr(Arg::Value(o))))
         .collect();
-    (shared, k.param_table(words))
+    let table = k.param_table(words);
+    let block = k.special("%ctaid.x");
+    let block = k.wide(block);
+    let record = 8 * (words.len() as u64 / members);
+    let o = Opened {
+        shared,
+        table,
+        record,
+        members,
+        block,
+    };
+    (k, o)
+}
+
+impl Opened {
+    /// The address of member `m`'s record in the table.
+    fn member(&self, k: &mut Kernel, m: Rd) -> Rd {
+        let off = k.op64("mul.lo", m, self.record);
+        k.op64("add", self.table, off)
+    }
 }
 
 /// A member's addresses from its table record at `base`, from byte 16: its own operands by
@@ -284,24 +318,12 @@ fn chain_at(
 }
 
 /// An update group: blocks of `CHUNK` elements of one member each, over `members` members.
-fn updates(
-    g: &mut Gen,
-    name: &str,
-    p: &Pattern,
-    words: &[Arg],
-    members: u64,
-    grid: u32,
-) -> Result<Launch, CodegenError> {
-    let mut k = g.kernel(name);
-    let (shared, table) = params(&mut k, p, words);
-    let record = 8 * (words.len() as u64 / members);
-    let block = k.special("%ctaid.x");
-    let block = k.wide(block);
+fn updates(g: &mut Gen, p: &Pattern, (mut k, o): Group, grid: u32) -> Result<Launch, CodegenError> {
     // The member: the last whose first block is at or before this one, by bisection over
     // the members' first blocks (in order; member 0's is 0). `lo`'s is at or before the
     // block, `hi`'s after it (or `hi` is past the end). The same for the whole block, so no
     // thread diverges.
-    let (m, hi) = (k.u64c(0), k.u64c(members));
+    let (m, hi) = (k.u64c(0), k.u64c(o.members));
     let (top, found) = (k.label(), k.label());
     k.place(&top);
     let width = k.op64("sub", hi, m);
@@ -309,19 +331,18 @@ fn updates(
     k.bra_if(one, &found);
     let mid = k.op64("add", m, hi);
     let mid = k.op64("shr", mid, 1);
-    let off = k.op64("mul.lo", mid, record);
-    let start = k.table_u64(table, off);
-    let before = k.cmp64("lt", block, start);
+    let off = k.op64("mul.lo", mid, o.record);
+    let start = k.table_u64(o.table, off);
+    let before = k.cmp64("lt", o.block, start);
     k.ins(format!("selp.u64 {hi}, {mid}, {hi}, {before}"));
     k.ins(format!("selp.u64 {m}, {m}, {mid}, {before}"));
     k.bra(&top);
     k.place(&found);
-    let off = k.op64("mul.lo", m, record);
-    let base = k.op64("add", table, off);
+    let base = o.member(&mut k, m);
     let start = k.table_u64(base, 0);
     let n = k.table_u64(base, 8);
-    let (slots, stores) = addresses(&mut k, p, &shared, base);
-    let rel = k.op64("sub", block, start);
+    let (slots, stores) = addresses(&mut k, p, &o.shared, base);
+    let rel = k.op64("sub", o.block, start);
     let tid = k.special("%tid.x");
     let tid = k.wide(tid);
     let first = k.rd();
@@ -340,24 +361,11 @@ fn updates(
 }
 
 /// A squared-norm group: block `b` sums member `b`'s chain over all its elements.
-fn sums(
-    g: &mut Gen,
-    name: &str,
-    p: &Pattern,
-    words: &[Arg],
-    members: u64,
-    grid: u32,
-) -> Result<Launch, CodegenError> {
-    let mut k = g.kernel(name);
-    let (shared, table) = params(&mut k, p, words);
-    let record = 8 * (words.len() as u64 / members);
-    let m = k.special("%ctaid.x");
-    let m = k.wide(m);
-    let off = k.op64("mul.lo", m, record);
-    let base = k.op64("add", table, off);
+fn sums(g: &mut Gen, p: &Pattern, (mut k, o): Group, grid: u32) -> Result<Launch, CodegenError> {
+    let base = o.member(&mut k, o.block);
     let n = k.table_u64(base, 0);
     let lanes = k.table_u64(base, 8);
-    let (slots, stores) = addresses(&mut k, p, &shared, base);
+    let (slots, stores) = addresses(&mut k, p, &o.shared, base);
     let (stores, out) = stores.split_at(p.stored.len());
     let tid = k.special("%tid.x");
     let tid = k.wide(tid);
@@ -381,29 +389,13 @@ fn sums(
     k.place(&skip);
     // Partials to shared memory as two words each; lane 0 adds them in lane order.
     let s = k.shared_f32(2 * BLOCK);
-    let sb = k.rd();
-    k.ins(format!("mov.u64 {sb}, {s}"));
-    let a = k.rd();
-    k.ins(format!("mad.lo.u64 {a}, {tid}, 8, {sb}"));
-    let (lo, hi) = (k.r(), k.r());
-    k.ins(format!("mov.b64 {{{lo}, {hi}}}, {acc}"));
-    k.ins(format!("st.shared.b32 [{a}], {lo}"));
-    k.ins(format!("st.shared.b32 [{a}+4], {hi}"));
-    k.ins("bar.sync 0");
+    let sb = k.share_f64(&s, tid, acc);
     let lead = k.cmp64("eq", tid, 0);
     let done = k.label();
     k.bra_unless(lead, &done);
     let stop = k.rd();
     k.ins(format!("mad.lo.u64 {stop}, {lanes}, 8, {sb}"));
-    let sum = k.rd();
-    k.ins(format!("mov.b64 {sum}, 0d0000000000000000"));
-    k.for_range(sb, stop, 8, |k, a| {
-        let (lo, hi, w) = (k.r(), k.r(), k.rd());
-        k.ins(format!("ld.shared.b32 {lo}, [{a}]"));
-        k.ins(format!("ld.shared.b32 {hi}, [{a}+4]"));
-        k.ins(format!("mov.b64 {w}, {{{lo}, {hi}}}"));
-        k.ins(format!("add.rn.f64 {sum}, {sum}, {w}"));
-    });
+    let sum = k.sum_shared_f64(sb, stop, 8);
     let f = k.f();
     k.ins(format!("cvt.rn.f32.f64 {f}, {sum}"));
     let zero = k.u64c(0);

@@ -9,20 +9,14 @@
 //! through shared memory. `ScatterAdd` sums in index order in f32, as the CPU, with no atomics.
 
 use super::builder::{Kernel, Rd, P, R};
-use super::{grid_for, CodegenError, Gen, Launch, Operand, BLOCK};
+use super::{grid_for, CodegenError, Gen, Launch, Launches, OpArgs, Operand, BLOCK};
 use crate::ir::{DType, Op};
 
 #[path = "layout_reduce.rs"]
 mod sums;
 use sums::reduce;
 
-pub(super) fn generate(
-    g: &mut Gen,
-    name: &str,
-    op: &Op,
-    ins: &[Operand],
-    out: &Operand,
-) -> Result<Vec<Launch>, CodegenError> {
+pub(super) fn generate(g: &mut Gen, OpArgs { name, op, ins, out }: OpArgs) -> Launches {
     let bad = |m: String| CodegenError::Bad {
         op: op.name(),
         message: m,
@@ -501,11 +495,7 @@ fn scatter_add(g: &mut Gen, name: &str, idx: &Operand, dy: &Operand, out: &Opera
     let groups = d.div_ceil(block * per).max(1);
     let blocks = v * groups;
     let mut k = g.kernel(name);
-    let (ip, gp, op) = (
-        k.param_ptr(idx.arg),
-        k.param_ptr(dy.arg),
-        k.param_ptr(out.arg),
-    );
+    let [ip, gp, op] = k.param_ptrs([idx.arg, dy.arg, out.arg]);
     let masks = k.shared_f32(BLOCK / 32);
     let sb = k.rd();
     k.ins(format!("mov.u64 {sb}, {masks}"));

@@ -127,14 +127,7 @@ pub(super) fn reduce(
         };
         // Partials to shared memory as two words each; the first lane of each output adds
         // them in lane order.
-        let sb = k.rd();
-        k.ins(format!("mov.u64 {sb}, {s}"));
-        let a = mad(k, tid, 8, sb);
-        let (lo, hi) = (k.r(), k.r());
-        k.ins(format!("mov.b64 {{{lo}, {hi}}}, {acc}"));
-        k.ins(format!("st.shared.b32 [{a}], {lo}"));
-        k.ins(format!("st.shared.b32 [{a}+4], {hi}"));
-        k.ins("bar.sync 0");
+        let sb = k.share_f64(s, tid, acc);
         let lead = k.cmp64("eq", kl, 0);
         k.ins(format!("and.pred {lead}, {lead}, {valid}"));
         let done = k.label();
@@ -146,15 +139,7 @@ pub(super) fn reduce(
         };
         let start = mad(k, first, 8, sb);
         let stop = k.op64("add", start, tk * step * 8);
-        let sum = k.rd();
-        k.ins(format!("mov.b64 {sum}, {}", f64_imm(0.0)));
-        k.for_range(start, stop, step * 8, |k, a| {
-            let (lo, hi, w) = (k.r(), k.r(), k.rd());
-            k.ins(format!("ld.shared.b32 {lo}, [{a}]"));
-            k.ins(format!("ld.shared.b32 {hi}, [{a}+4]"));
-            k.ins(format!("mov.b64 {w}, {{{lo}, {hi}}}"));
-            k.ins(format!("add.rn.f64 {sum}, {sum}, {w}"));
-        });
+        let sum = k.sum_shared_f64(start, stop, step * 8);
         finish(k, sum, o);
         k.place(&done);
         k.ins("bar.sync 0");

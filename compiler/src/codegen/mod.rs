@@ -238,6 +238,30 @@ impl Operand {
     }
 }
 
+/// What every op's generator takes: the entry's name, the op, the operands it reads and what
+/// it writes (one output, or a fused kernel's optional outputs).
+#[derive(Debug, Clone, Copy)]
+pub struct OpArgs<'a, O = &'a Operand> {
+    pub name: &'a str,
+    pub op: &'a Op,
+    pub ins: &'a [Operand],
+    pub out: O,
+}
+
+impl<'a, O> OpArgs<'a, O> {
+    pub fn new(name: &'a str, op: &'a Op, ins: &'a [Operand], out: O) -> Self {
+        OpArgs { name, op, ins, out }
+    }
+
+    /// The same op writing `out` instead (a fused kernel's outputs).
+    pub fn with<P>(self, out: P) -> OpArgs<'a, P> {
+        OpArgs::new(self.name, self.op, self.ins, out)
+    }
+}
+
+/// A generator's result: the launches of its op, or why it has none.
+pub type Launches = Result<Vec<Launch>, CodegenError>;
+
 /// Choices of kernel beyond what the plan says. `Default` is what `generate` uses.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CodegenOptions {
@@ -406,7 +430,8 @@ pub fn generate_with(
                     let out = operand(s, stored(s));
                     gemm(&mut g, &name, &step.op, &ins_of(s), &out, &mut staging)?
                 } else {
-                    single(&mut g, &name, &step.op, &ins_of(s), &operand(s, stored(s)))?
+                    let (ins, out) = (ins_of(s), operand(s, stored(s)));
+                    single(&mut g, OpArgs::new(&name, &step.op, &ins, &out))?
                 }
             }
             KernelKind::Elementwise => vec![elementwise::chain(
@@ -436,12 +461,10 @@ pub fn generate_with(
                     Some(staged),
                 )?];
                 let ins = [operand(staged, Arg::Scratch)];
+                let (name, out) = (format!("{name}r"), operand(red, stored(red)));
                 l.extend(single(
                     &mut g,
-                    &format!("{name}r"),
-                    &plan.steps[red].op,
-                    &ins,
-                    &operand(red, stored(red)),
+                    OpArgs::new(&name, &plan.steps[red].op, &ins, &out),
                 )?);
                 l
             }
@@ -510,20 +533,14 @@ pub fn generate_with(
 }
 
 /// The launches of one non-elementwise op reading `ins` into `out`.
-fn single(
-    g: &mut Gen,
-    name: &str,
-    op: &Op,
-    ins: &[Operand],
-    out: &Operand,
-) -> Result<Vec<Launch>, CodegenError> {
-    match op {
-        Op::MatMul { .. } => Ok(vec![gemm_launch(op, ins, out)?]),
+fn single(g: &mut Gen, a: OpArgs) -> Launches {
+    match a.op {
+        Op::MatMul { .. } => Ok(vec![gemm_launch(a.op, a.ins, a.out)?]),
         Op::Conv2d { .. }
         | Op::Conv2dGradInput { .. }
         | Op::Conv2dGradWeight { .. }
         | Op::Pool2d { .. }
-        | Op::Pool2dGrad { .. } => conv::generate(g, name, op, ins, out),
+        | Op::Pool2dGrad { .. } => conv::generate(g, a),
         Op::Softmax { .. }
         | Op::SoftmaxGrad
         | Op::LayerNorm { .. }
@@ -531,11 +548,11 @@ fn single(
         | Op::RmsNorm { .. }
         | Op::RmsNormGrad { .. }
         | Op::CrossEntropy { .. }
-        | Op::CrossEntropyGrad { .. } => rows::generate(g, name, op, ins, out),
+        | Op::CrossEntropyGrad { .. } => rows::generate(g, a),
         Op::Attention { .. }
         | Op::AttentionLse { .. }
         | Op::AttentionGrad { .. }
-        | Op::CachedAttention { .. } => attention::single(g, name, op, ins, out),
+        | Op::CachedAttention { .. } => attention::single(g, a),
         Op::Reshape { .. }
         | Op::Permute { .. }
         | Op::Concat { .. }
@@ -548,7 +565,7 @@ fn single(
         | Op::SumTo { .. }
         | Op::Expand { .. }
         | Op::TensorParallelCopy
-        | Op::CacheWrite => layout::generate(g, name, op, ins, out),
+        | Op::CacheWrite => layout::generate(g, a),
         // Elementwise ops are chains (`elementwise::chain`); sources hold values the executor
         // sets; collectives are the collective library's; none is a kernel of its own here.
         crate::map_ops!()
@@ -561,7 +578,7 @@ fn single(
         | Op::AllReduce { .. }
         | Op::Transfer { .. }
         | Op::Broadcast { .. }
-        | Op::Reduce { .. } => Err(CodegenError::Unsupported { op: op.name() }),
+        | Op::Reduce { .. } => Err(CodegenError::Unsupported { op: a.op.name() }),
     }
 }
 

@@ -10,7 +10,7 @@
 //! block, through a buffer declared in the kernel itself.
 
 use super::builder::{Kernel, Rd, F, P, R};
-use super::{grid_for, CodegenError, Gen, Launch, Operand};
+use super::{grid_for, CodegenError, Gen, Launch, Launches, OpArgs, Operand};
 use crate::ir::{DType, Op};
 
 /// Rows up to this long get one warp each; longer ones a block.
@@ -330,13 +330,7 @@ fn check(op: &Op, ins: &[Operand], out: &Operand) -> Result<(), CodegenError> {
     Ok(())
 }
 
-pub(super) fn generate(
-    g: &mut Gen,
-    name: &str,
-    op: &Op,
-    ins: &[Operand],
-    out: &Operand,
-) -> Result<Vec<Launch>, CodegenError> {
+pub(super) fn generate(g: &mut Gen, OpArgs { name, op, ins, out }: OpArgs) -> Launches {
     let launch = match op {
         Op::Softmax { causal } => {
             check(op, ins, out)?;
@@ -403,11 +397,7 @@ fn softmax(g: &mut Gen, name: &str, x: &Operand, out: &Operand, causal: bool) ->
 /// `y * (dy - sum(dy * y))` over the last axis.
 fn softmax_grad(g: &mut Gen, name: &str, ins: &[Operand], out: &Operand) -> Launch {
     let mut k = g.kernel(name);
-    let (yp, gp, op) = (
-        k.param_ptr(ins[0].arg),
-        k.param_ptr(ins[1].arg),
-        k.param_ptr(out.arg),
-    );
+    let [yp, gp, op] = k.param_ptrs([ins[0].arg, ins[1].arg, out.arg]);
     let (lay, ctx, grid) = row_layout(&mut k, &ins[0].shape);
     let load2 = move |k: &mut Kernel, i: Rd| {
         let (y, g) = (k.load(yp, i), k.load(gp, i));

@@ -147,6 +147,18 @@ pub fn value_f32(i: usize, shape: &[u64]) -> Operand {
     value(i, shape, DType::F32)
 }
 
+/// The six inputs of attention's backward, token-major, at `b` batch positions, as values
+/// 0..6: q `[b, t, h, d]`, k `[b, s, h, d]`, v `[b, s, h, e]`, dy `[b, t, h, e]`, lse and
+/// delta `[b, t, h]` (the forward's tests take the first two or three).
+pub fn attention_inputs(b: u64, h: u64, (t, s): (u64, u64), (d, e): (u64, u64)) -> Vec<Operand> {
+    let shapes = [[t, d], [s, d], [s, e], [t, e]];
+    let mut ins: Vec<Operand> = (0..4)
+        .map(|i| value_f32(i, &[b, shapes[i][0], h, shapes[i][1]]))
+        .collect();
+    ins.extend([value_f32(4, &[b, t, h]), value_f32(5, &[b, t, h])]);
+    ins
+}
+
 /// A generator that takes the tensor-core (bf16) attention kernels.
 pub fn bf16_attention() -> Gen {
     Gen {

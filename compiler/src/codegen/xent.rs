@@ -22,11 +22,7 @@ fn label(k: &mut Kernel, lp: Rd, row: Rd, c: u64) -> (R, Rd, P) {
 /// atomic count, reset after) adds the blocks' sums in block order.
 pub(super) fn xent(g: &mut Gen, name: &str, ins: &[Operand], out: &Operand, s: f64) -> Launch {
     let mut k = g.kernel(name);
-    let (xp, lp, op) = (
-        k.param_ptr(ins[0].arg),
-        k.param_ptr(ins[1].arg),
-        k.param_ptr(out.arg),
-    );
+    let [xp, lp, op] = k.param_ptrs([ins[0].arg, ins[1].arg, out.arg]);
     let (lay, ctx, grid) = row_layout(&mut k, &ins[0].shape);
     let grid = grid.min(XENT_GRID_MAX as u32);
     let (part, done, last) = (
@@ -133,12 +129,7 @@ pub(super) fn xent(g: &mut Gen, name: &str, ins: &[Operand], out: &Operand, s: f
 /// first counts the labels that are not -100 (there is no buffer to share the count in).
 pub(super) fn xent_grad(g: &mut Gen, name: &str, ins: &[Operand], out: &Operand, s: f64) -> Launch {
     let mut k = g.kernel(name);
-    let (xp, lp, dp, op) = (
-        k.param_ptr(ins[0].arg),
-        k.param_ptr(ins[1].arg),
-        k.param_ptr(ins[2].arg),
-        k.param_ptr(out.arg),
-    );
+    let [xp, lp, dp, op] = k.param_ptrs([ins[0].arg, ins[1].arg, ins[2].arg, out.arg]);
     let (lay, ctx, grid) = row_layout(&mut k, &ins[0].shape);
     let grid = grid.min(XENT_GRID_MAX as u32);
     let (rows, c) = (lay.segments(), lay.len());

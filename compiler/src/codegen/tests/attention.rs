@@ -1,22 +1,14 @@
 //! Tests of `codegen/attention.rs` and `attention_grad.rs`: every kernel variant generated and
 //! assembled by ptxas, the launches' arguments and shapes, and refused operands.
-use super::super::testing::{assemble, assert_no_spills, kernel, value_f32 as f};
-use super::super::{Arg, CodegenError, Gen, Launch, Operand};
+use super::super::testing::{assemble, assert_no_spills, attention_inputs, kernel, value_f32 as f};
+use super::super::{Arg, CodegenError, Gen, Launch, OpArgs, Operand};
 use super::{forward_checked, grad, single};
 use crate::ir::{AttentionInput, DType, Op};
 
 /// Token-major `[B, T, H, D]` operands of one attention, B = 2: q, k, v, dy, lse, delta as
 /// values 0..6.
 fn operands(h: u64, t: u64, d: u64, e: u64) -> Vec<Operand> {
-    let b = 2;
-    vec![
-        f(0, &[b, t, h, d]),
-        f(1, &[b, t, h, d]),
-        f(2, &[b, t, h, e]),
-        f(3, &[b, t, h, e]),
-        f(4, &[b, t, h]),
-        f(5, &[b, t, h]),
-    ]
+    attention_inputs(2, h, (t, t), (d, e))
 }
 
 /// Every kernel variant of one shape (`h` heads) into `g`; their launches, named `{tag}_*`.
@@ -37,40 +29,27 @@ fn variants(g: &mut Gen, tag: &str, h: u64, t: u64, d: u64, e: u64, causal: bool
     let lse_op = Op::AttentionLse { causal, scale };
     let gr = |wrt| Op::AttentionGrad { causal, scale, wrt };
     let mut l = Vec::new();
+    let name = |s: &str| format!("{tag}_{s}");
     let mut add = |r: Result<Vec<Launch>, CodegenError>| l.extend(r.unwrap());
     add(forward_checked(
         g,
-        &format!("{tag}_fwd"),
-        &att,
-        &x[..3],
-        Some(&o),
-        Some(&lse),
+        OpArgs::new(&name("fwd"), &att, &x[..3], (Some(&o), Some(&lse))),
     ));
-    add(single(g, &format!("{tag}_o"), &att, &x[..3], &o));
-    add(single(g, &format!("{tag}_lse"), &lse_op, &x[..2], &lse));
+    add(single(g, OpArgs::new(&name("o"), &att, &x[..3], &o)));
+    add(single(g, OpArgs::new(&name("lse"), &lse_op, &x[..2], &lse)));
     add(single(
         g,
-        &format!("{tag}_dq"),
-        &gr(AttentionInput::Query),
-        &x,
-        &x[0],
+        OpArgs::new(&name("dq"), &gr(AttentionInput::Query), &x, &x[0]),
     ));
     let kv = gr(AttentionInput::Key);
     add(grad::key_value(
         g,
-        &format!("{tag}_dkv"),
-        &kv,
-        &x,
-        Some(&dk),
-        Some(&dv),
+        OpArgs::new(&name("dkv"), &kv, &x, (Some(&dk), Some(&dv))),
     ));
-    add(single(g, &format!("{tag}_dk"), &kv, &x, &dk));
+    add(single(g, OpArgs::new(&name("dk"), &kv, &x, &dk)));
     add(single(
         g,
-        &format!("{tag}_dv"),
-        &gr(AttentionInput::Value),
-        &x,
-        &dv,
+        OpArgs::new(&name("dv"), &gr(AttentionInput::Value), &x, &dv),
     ));
     l
 }
@@ -125,10 +104,18 @@ fn launch_shapes_and_arguments() {
         causal: false,
         scale: 0.125,
     };
-    let big = single(&mut g, "big", &lse_op, &x, &f(2, &[256, 64, 16])).unwrap();
+    let big = single(
+        &mut g,
+        OpArgs::new("big", &lse_op, &x, &f(2, &[256, 64, 16])),
+    )
+    .unwrap();
     assert_eq!(kernel(&big[0]).1, 32_768);
     let x = [f(0, &[65536, 64, 1, 64]), f(1, &[65536, 64, 1, 64])];
-    let big = single(&mut g, "big", &lse_op, &x, &f(2, &[65536, 64, 1])).unwrap();
+    let big = single(
+        &mut g,
+        OpArgs::new("big", &lse_op, &x, &f(2, &[65536, 64, 1])),
+    )
+    .unwrap();
     assert_eq!(kernel(&big[0]).1, 65_535);
 }
 
@@ -144,13 +131,13 @@ fn bad_operands_are_refused() {
     let refused = |g: &mut Gen, q: &[u64], k: &[u64], v: &[u64]| {
         let ins = [f(0, q), f(1, k), f(2, v)];
         matches!(
-            single(g, "k", &att, &ins, &o),
+            single(g, OpArgs::new("k", &att, &ins, &o)),
             Err(CodegenError::Bad { .. })
         )
     };
     let q = [2, 16, 3, 32];
     // The shapes pass.
-    assert!(single(&mut g, "k", &att, &x[..3], &o).is_ok());
+    assert!(single(&mut g, OpArgs::new("k", &att, &x[..3], &o)).is_ok());
     // Causal needs T = S.
     assert!(refused(&mut g, &q, &[2, 8, 3, 32], &[2, 8, 3, 32]));
     // Widths of q and k differ; keys and values differ in count.
@@ -163,18 +150,22 @@ fn bad_operands_are_refused() {
     assert!(refused(&mut g, &q, &[2, 1, 16, 3, 32], &q));
     assert!(refused(&mut g, &[16, 32], &[16, 32], &[16, 32]));
     // An output of the wrong size, a non-f32 operand, too few operands.
-    assert!(single(&mut g, "k", &att, &x[..3], &f(6, &[2, 16, 3, 31])).is_err());
+    assert!(single(
+        &mut g,
+        OpArgs::new("k", &att, &x[..3], &f(6, &[2, 16, 3, 31]))
+    )
+    .is_err());
     let mut h = x[..3].to_vec();
     h[2].dtype = DType::BF16;
-    assert!(single(&mut g, "k", &att, &h, &o).is_err());
+    assert!(single(&mut g, OpArgs::new("k", &att, &h, &o)).is_err());
     let dq = Op::AttentionGrad {
         causal: false,
         scale: 0.5,
         wrt: AttentionInput::Query,
     };
-    assert!(single(&mut g, "k", &dq, &x[..5], &x[0]).is_err());
+    assert!(single(&mut g, OpArgs::new("k", &dq, &x[..5], &x[0])).is_err());
     assert_eq!(
-        single(&mut g, "k", &Op::Add, &x[..2], &x[0]).unwrap_err(),
+        single(&mut g, OpArgs::new("k", &Op::Add, &x[..2], &x[0])).unwrap_err(),
         CodegenError::Unsupported { op: "add" }
     );
 }

@@ -4,7 +4,7 @@
 use super::super::super::testing::{
     assemble, assert_no_spills, bf16_attention as bf16, kernel, shared, value_f32 as f,
 };
-use super::super::super::{Arg, Gen, Launch};
+use super::super::super::{Arg, Gen, Launch, OpArgs};
 use super::super::{forward_checked, single};
 use crate::ir::Op;
 
@@ -21,9 +21,19 @@ fn forwards(g: &mut Gen, tag: &str, h: u64, t: u64, d: u64, causal: bool) -> Vec
     let scale = 1.0 / (d as f64).sqrt();
     let att = Op::Attention { causal, scale };
     let lse_op = Op::AttentionLse { causal, scale };
-    let mut l = forward_checked(g, &format!("{tag}_fwd"), &att, &x, Some(&o), Some(&lse)).unwrap();
-    l.extend(single(g, &format!("{tag}_o"), &att, &x, &o).unwrap());
-    l.extend(single(g, &format!("{tag}_lse"), &lse_op, &x[..2], &lse).unwrap());
+    let mut l = forward_checked(
+        g,
+        OpArgs::new(&format!("{tag}_fwd"), &att, &x, (Some(&o), Some(&lse))),
+    )
+    .unwrap();
+    l.extend(single(g, OpArgs::new(&format!("{tag}_o"), &att, &x, &o)).unwrap());
+    l.extend(
+        single(
+            g,
+            OpArgs::new(&format!("{tag}_lse"), &lse_op, &x[..2], &lse),
+        )
+        .unwrap(),
+    );
     l
 }
 

@@ -5,9 +5,10 @@
 //! f64 reference (the commit message has the figures); `PARALLAX_MMA_GRAD_DUMP=file` writes
 //! the kernels it ran.
 use super::super::super::testing::{
-    assemble, assert_no_spills, bf16_attention as bf16, kernel, shared, value_f32 as f,
+    assemble, assert_no_spills, attention_inputs, bf16_attention as bf16, kernel, shared,
+    value_f32 as f,
 };
-use super::super::super::{Arg, Gen, Launch};
+use super::super::super::{Arg, Gen, Launch, OpArgs};
 use super::super::single;
 use super::key_value_grad;
 use crate::ir::{AttentionInput, Op};
@@ -28,14 +29,7 @@ struct Case {
 fn backward(g: &mut Gen, tag: &str, c: Case) -> Vec<Launch> {
     let b = 2;
     let Case { h, t, s, d, e, .. } = c;
-    let ins = [
-        f(0, &[b, t, h, d]),
-        f(1, &[b, s, h, d]),
-        f(2, &[b, s, h, e]),
-        f(3, &[b, t, h, e]),
-        f(4, &[b, t, h]),
-        f(5, &[b, t, h]),
-    ];
+    let ins = attention_inputs(b, h, (t, s), (d, e));
     let (dq, dk, dv) = (
         f(6, &[b, t, h, d]),
         f(7, &[b, s, h, d]),
@@ -49,10 +43,26 @@ fn backward(g: &mut Gen, tag: &str, c: Case) -> Vec<Launch> {
     };
     let by_key = op(AttentionInput::Key);
     let name = |k: &str| format!("{tag}_{k}");
-    let mut l = single(g, &name("dq"), &op(AttentionInput::Query), &ins, &dq).unwrap();
-    l.extend(key_value_grad(g, &name("dkv"), &by_key, &ins, Some(&dk), Some(&dv)).unwrap());
-    l.extend(single(g, &name("dk"), &by_key, &ins, &dk).unwrap());
-    l.extend(single(g, &name("dv"), &op(AttentionInput::Value), &ins, &dv).unwrap());
+    let mut l = single(
+        g,
+        OpArgs::new(&name("dq"), &op(AttentionInput::Query), &ins, &dq),
+    )
+    .unwrap();
+    l.extend(
+        key_value_grad(
+            g,
+            OpArgs::new(&name("dkv"), &by_key, &ins, (Some(&dk), Some(&dv))),
+        )
+        .unwrap(),
+    );
+    l.extend(single(g, OpArgs::new(&name("dk"), &by_key, &ins, &dk)).unwrap());
+    l.extend(
+        single(
+            g,
+            OpArgs::new(&name("dv"), &op(AttentionInput::Value), &ins, &dv),
+        )
+        .unwrap(),
+    );
     l
 }
 

@@ -1,6 +1,6 @@
 //! Tests of `codegen/conv.rs`: every op generated and assembled by ptxas.
 use super::super::testing::{assemble, value_f32 as operand};
-use super::super::{Arg, CodegenError, Gen, Launch, Operand};
+use super::super::{Arg, CodegenError, Gen, Launch, OpArgs, Operand};
 use super::generate;
 use crate::ir::{DType, Op};
 
@@ -26,7 +26,8 @@ fn every_op_assembles() {
     let mut names = Vec::new();
     let mut run = |g: &mut Gen, op: Op, ins: &[Operand], out: &Operand| {
         let name = format!("k{}", names.len());
-        let launches = generate(g, &name, &op, ins, out).unwrap_or_else(|e| panic!("{e}"));
+        let launches =
+            generate(g, OpArgs::new(&name, &op, ins, out)).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(launches.len(), 1);
         let Launch::Kernel { args, grid, .. } = &launches[0] else {
             unreachable!()
@@ -46,12 +47,6 @@ fn every_op_assembles() {
             padding: p,
             groups,
         };
-        run(
-            &mut g,
-            conv,
-            &[operand(0, &x), operand(1, &wt)],
-            &operand(2, &y),
-        );
         let gi = Op::Conv2dGradInput {
             stride: s,
             padding: p,
@@ -59,24 +54,25 @@ fn every_op_assembles() {
             in_h: h,
             in_w: w,
         };
-        run(
-            &mut g,
-            gi,
-            &[operand(0, &y), operand(1, &wt)],
-            &operand(2, &x),
-        );
         let gw = Op::Conv2dGradWeight {
             stride: s,
             padding: p,
             groups,
             kernel: k,
         };
-        run(
-            &mut g,
-            gw,
-            &[operand(0, &x), operand(1, &y)],
-            &operand(2, &wt),
-        );
+        // Each op with its operands and output: the forward, then both gradients.
+        for (op, ins, out) in [
+            (conv, [&x, &wt], &y),
+            (gi, [&y, &wt], &x),
+            (gw, [&x, &y], &wt),
+        ] {
+            run(
+                &mut g,
+                op,
+                &[operand(0, ins[0]), operand(1, ins[1])],
+                &operand(2, out),
+            );
+        }
     }
     for max in [true, false] {
         for (k, s, p) in [(2, 2, 0), (3, 2, 1), (3, 1, 1), (2, 1, 1)] {
@@ -111,7 +107,11 @@ fn other_ops_and_bad_shapes_are_refused() {
     let mut g = Gen::new();
     let x = operand(0, &[1, 2, 4, 4]);
     assert_eq!(
-        generate(&mut g, "k", &Op::Relu, std::slice::from_ref(&x), &x).unwrap_err(),
+        generate(
+            &mut g,
+            OpArgs::new("k", &Op::Relu, std::slice::from_ref(&x), &x)
+        )
+        .unwrap_err(),
         CodegenError::Unsupported { op: "relu" }
     );
     let conv = Op::Conv2d {
@@ -123,14 +123,16 @@ fn other_ops_and_bad_shapes_are_refused() {
     // The output should be [1, 3, 2, 2].
     let r = generate(
         &mut g,
-        "k",
-        &conv,
-        &[x.clone(), wt.clone()],
-        &operand(2, &[1, 3, 4, 4]),
+        OpArgs::new(
+            "k",
+            &conv,
+            &[x.clone(), wt.clone()],
+            &operand(2, &[1, 3, 4, 4]),
+        ),
     );
     assert!(matches!(r, Err(CodegenError::Bad { .. })));
     let mut half = operand(2, &[1, 3, 2, 2]);
     half.dtype = DType::F16;
-    let r = generate(&mut g, "k", &conv, &[x, wt], &half);
+    let r = generate(&mut g, OpArgs::new("k", &conv, &[x, wt], &half));
     assert!(matches!(r, Err(CodegenError::Bad { .. })));
 }

@@ -14,7 +14,7 @@ fn dims(s: &[u64]) -> Vec<Dim> {
 fn assembles(cases: &[(Op, Vec<Operand>, Operand)]) {
     let mut g = Gen::new();
     for (j, (op, ins, out)) in cases.iter().enumerate() {
-        let l = generate(&mut g, &format!("k{j}"), op, ins, out)
+        let l = generate(&mut g, OpArgs::new(&format!("k{j}"), op, ins, out))
             .unwrap_or_else(|e| panic!("{op:?} {ins:?} {out:?}: {e}"));
         assert_eq!(l.len(), 1);
         if let (
@@ -211,21 +211,24 @@ fn reductions_assemble() {
 #[test]
 fn bad_operands_are_errors() {
     let mut g = Gen::new();
-    let e = generate(&mut g, "k", &Op::Add, &[v(0, &[2], F)], &v(1, &[2], F));
+    // Op `op` of `ins` into `out`, as kernel `k`.
+    let mut run =
+        |op: &Op, ins: &[Operand], out: &Operand| generate(&mut g, OpArgs::new("k", op, ins, out));
+    let e = run(&Op::Add, &[v(0, &[2], F)], &v(1, &[2], F));
     assert_eq!(e.unwrap_err(), CodegenError::Unsupported { op: "add" });
     let reshape = Op::Reshape { shape: dims(&[5]) };
-    assert!(generate(&mut g, "k", &reshape, &[v(0, &[2, 3], F)], &v(1, &[5], F)).is_err());
-    assert!(generate(&mut g, "k", &reshape, &[v(0, &[5], I)], &v(1, &[5], F)).is_err());
+    assert!(run(&reshape, &[v(0, &[2, 3], F)], &v(1, &[5], F)).is_err());
+    assert!(run(&reshape, &[v(0, &[5], I)], &v(1, &[5], F)).is_err());
     let perm = Op::Permute { perm: vec![0, 0] };
-    assert!(generate(&mut g, "k", &perm, &[v(0, &[2, 2], F)], &v(1, &[2, 2], F)).is_err());
+    assert!(run(&perm, &[v(0, &[2, 2], F)], &v(1, &[2, 2], F)).is_err());
     let red = Op::ReduceSum { axes: vec![1] };
-    assert!(generate(&mut g, "k", &red, &[v(0, &[2, 3], I)], &v(1, &[2], I)).is_err());
-    assert!(generate(&mut g, "k", &red, &[v(0, &[2, 3], F)], &v(1, &[3], F)).is_err());
+    assert!(run(&red, &[v(0, &[2, 3], I)], &v(1, &[2], I)).is_err());
+    assert!(run(&red, &[v(0, &[2, 3], F)], &v(1, &[3], F)).is_err());
     let st = Op::SumTo { shape: dims(&[2]) };
-    assert!(generate(&mut g, "k", &st, &[v(0, &[2, 3], F)], &v(1, &[2], F)).is_err());
+    assert!(run(&st, &[v(0, &[2, 3], F)], &v(1, &[2], F)).is_err());
     let ins = [v(0, &[3], F), v(1, &[7, 4], F)];
-    assert!(generate(&mut g, "k", &Op::Gather, &ins, &v(2, &[3, 4], F)).is_err());
-    assert!(generate(&mut g, "k", &Op::Gather, &ins[..1], &v(2, &[3, 4], F)).is_err());
+    assert!(run(&Op::Gather, &ins, &v(2, &[3, 4], F)).is_err());
+    assert!(run(&Op::Gather, &ins[..1], &v(2, &[3, 4], F)).is_err());
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Tests of `codegen/rows.rs`: every op generated and assembled by ptxas.
 use super::super::testing::{assemble, kernel, ptxas_log, value as val, value_f32 as f};
-use super::super::{Arg, CodegenError, Gen, Launch, Operand};
+use super::super::{Arg, CodegenError, Gen, Launch, OpArgs, Operand};
 use super::generate;
 use crate::ir::{DType, Op};
 
@@ -38,7 +38,7 @@ fn module(cases: &[(Op, Vec<Operand>, Operand)]) -> (Vec<Launch>, String) {
     let mut g = Gen::new();
     let mut launches = Vec::new();
     for (n, (op, ins, out)) in cases.iter().enumerate() {
-        let l = generate(&mut g, &format!("k{n}"), op, ins, out)
+        let l = generate(&mut g, OpArgs::new(&format!("k{n}"), op, ins, out))
             .unwrap_or_else(|e| panic!("{op:?}: {e}"));
         launches.extend(l);
     }
@@ -95,20 +95,20 @@ fn wide_blocks_fit_in_64_registers_per_thread() {
 fn other_ops_and_bad_shapes_are_refused() {
     let mut g = Gen::new();
     let x = f(0, &[2, 3]);
-    let e = generate(&mut g, "k", &Op::Add, &[x.clone(), x.clone()], &x);
+    let e = generate(
+        &mut g,
+        OpArgs::new("k", &Op::Add, &[x.clone(), x.clone()], &x),
+    );
     assert_eq!(e.unwrap_err(), CodegenError::Unsupported { op: "add" });
     let causal = Op::Softmax { causal: true };
     assert!(generate(
         &mut g,
-        "k",
-        &causal,
-        std::slice::from_ref(&x),
-        &f(1, &[2, 3])
+        OpArgs::new("k", &causal, std::slice::from_ref(&x), &f(1, &[2, 3]))
     )
     .is_err());
     let xent = Op::CrossEntropy { smoothing: 0.0 };
     let bad_labels = [x.clone(), val(1, &[3], DType::I32)];
-    assert!(generate(&mut g, "k", &xent, &bad_labels, &f(2, &[])).is_err());
+    assert!(generate(&mut g, OpArgs::new("k", &xent, &bad_labels, &f(2, &[]))).is_err());
     let float_labels = [x.clone(), f(1, &[2])];
-    assert!(generate(&mut g, "k", &xent, &float_labels, &f(2, &[])).is_err());
+    assert!(generate(&mut g, OpArgs::new("k", &xent, &float_labels, &f(2, &[]))).is_err());
 }
