@@ -257,10 +257,12 @@ fn a_split_with_more_ranks_than_micro_shards_is_not_reported() {
 fn compile_and_train_take_strategy_zero_and_memory_alike() {
     let split = |v: &serde_json::Value| (v["strategy"].clone(), v["zero"].clone());
     for args in [
-        &["--gpus", "4", "--zero", "2"][..],
-        &["--gpus", "4", "--strategy", "dp2.pp2", "--zero", "1"],
-        &["--gpus", "2", "--strategy", "dp2", "--gpu-memory", "64GiB", "--zero", "3"],
+        "--gpus 4 --zero 2",
+        "--gpus 4 --strategy dp2.pp2 --zero 1",
+        "--gpus 2 --strategy dp2 --gpu-memory 64GiB --zero 3",
     ] {
+        let args: Vec<&str> = args.split(' ').collect();
+        let args = &args[..];
         let file = "models/mlp.ron";
         let c = parallax(&[&["compile", file, "--format", "json"], args].concat());
         let t = parallax(&[&["train", file, "--backend", "cpu", "--dry-run"], args].concat());

@@ -144,7 +144,9 @@ mod tests {
             log.line(&start).as_deref(),
             Some("mlp: training 25 steps on 80 samples (20 for validation), CPU backend")
         );
-        let shown: Vec<u64> = (1..=25).filter(|&s| log.line(&step(s, 25)).is_some()).collect();
+        let shown: Vec<u64> = (1..=25)
+            .filter(|&s| log.line(&step(s, 25)).is_some())
+            .collect();
         assert_eq!(shown, [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 25]);
         let warning = Event::Warning("the loss is NaN".into());
         assert_eq!(
