@@ -104,6 +104,11 @@ impl D<'_, '_> {
         self.n(2)?;
         Ok((self.d(0)?, self.s(1)?))
     }
+    /// A multiply-add's operands: `d, a, b, c`.
+    fn tern(&mut self) -> Result<(Slot, Src, Src, Src), ParseError> {
+        self.n(4)?;
+        Ok((self.d(0)?, self.s(1)?, self.s(2)?, self.s(3)?))
+    }
 }
 
 pub(crate) fn instruction(b: &mut EntryBuilder, no: usize, text: &str) -> Result<Inst, ParseError> {
@@ -175,31 +180,21 @@ fn decode(d: &mut D, m: &[&str]) -> Result<Op, ParseError> {
         ("shl", [t @ ("b16" | "b32" | "b64")]) => int_bin(d, IntOp::Shl, t),
         // `shr.b` is a logical shift, as `shr.u`.
         ("shr", [t]) => int_bin(d, IntOp::Shr, t),
-        ("mad", ["lo", t]) => {
-            let Some(ty) = int_ty(t) else { return d.bad() };
-            d.n(4)?;
-            Ok(Op::MadLo {
-                ty,
-                d: d.d(0)?,
-                a: d.s(1)?,
-                b: d.s(2)?,
-                c: d.s(3)?,
-            })
-        }
-        ("mad", ["wide", t @ ("u16" | "u32" | "s16" | "s32")]) => {
-            let Some(ty) = int_ty(t) else { return d.bad() };
-            d.n(4)?;
-            Ok(Op::MadWide {
-                ty,
-                d: d.d(0)?,
-                a: d.s(1)?,
-                b: d.s(2)?,
-                c: d.s(3)?,
+        ("mad", [half @ ("lo" | "wide"), t]) => {
+            let wide = *half == "wide";
+            // `.wide` doubles a 16- or 32-bit integer type.
+            let doubles = matches!(*t, "u16" | "u32" | "s16" | "s32");
+            let Some(ty) = int_ty(t).filter(|_| !wide || doubles) else {
+                return d.bad();
+            };
+            let (d, a, b, c) = d.tern()?;
+            Ok(match wide {
+                false => Op::MadLo { ty, d, a, b, c },
+                true => Op::MadWide { ty, d, a, b, c },
             })
         }
         ("fma", ["rn", rest @ ..]) | ("mad", ["rn", rest @ ..]) => {
-            d.n(4)?;
-            let (dd, a, b, c) = (d.d(0)?, d.s(1)?, d.s(2)?, d.s(3)?);
+            let (dd, a, b, c) = d.tern()?;
             match rest {
                 ["f32"] => Ok(Op::Fma32 {
                     ftz: false,

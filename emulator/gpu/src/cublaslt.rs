@@ -119,6 +119,29 @@ pub(crate) extern "C" fn cublasLtMatmulDescDestroy(d: *mut c_void) -> St {
     guard("cublasLtMatmulDescDestroy", || destroy(d))
 }
 
+/// The body of entry point `name`, which sets integer attribute `attr` (read from `buf`) of
+/// the object `h`: `set` stores it in the field it names, or fails for an object of another
+/// kind or an attribute not modelled (said on stderr, as cuBLASLt only answers a status).
+unsafe fn set_attribute(
+    name: &'static str,
+    h: *mut c_void,
+    attr: c_int,
+    (buf, size): (*const c_void, usize),
+    set: impl FnOnce(&mut Obj, i64) -> Option<Result<(), St>>,
+) -> St {
+    guard(name, || {
+        let mut o = objects();
+        let Some(obj) = o.get_or_insert_with(HashMap::new).get_mut(&(h as usize)) else {
+            return Err(St::CUBLAS_STATUS_INVALID_VALUE);
+        };
+        let v = value(buf, size)?;
+        set(obj, v).unwrap_or_else(|| {
+            eprintln!("emulated GPU: {name}: attribute {attr} is not supported");
+            Err(St::CUBLAS_STATUS_NOT_SUPPORTED)
+        })
+    })
+}
+
 #[no_mangle]
 pub(crate) unsafe extern "C" fn cublasLtMatmulDescSetAttribute(
     d: *mut c_void,
@@ -126,13 +149,11 @@ pub(crate) unsafe extern "C" fn cublasLtMatmulDescSetAttribute(
     buf: *const c_void,
     size: usize,
 ) -> St {
-    guard("cublasLtMatmulDescSetAttribute", || {
-        let mut o = objects();
-        let Some(Obj::Desc(desc)) = o.get_or_insert_with(HashMap::new).get_mut(&(d as usize))
-        else {
-            return Err(St::CUBLAS_STATUS_INVALID_VALUE);
+    let name = "cublasLtMatmulDescSetAttribute";
+    set_attribute(name, d, attr, (buf, size), |obj, v| {
+        let Obj::Desc(desc) = obj else {
+            return Some(Err(St::CUBLAS_STATUS_INVALID_VALUE));
         };
-        let v = value(buf, size)?;
         let is = |a: Da| attr == a as c_int;
         if is(Da::CUBLASLT_MATMUL_DESC_TRANSA) {
             desc.trans_a = v as c_int;
@@ -147,12 +168,9 @@ pub(crate) unsafe extern "C" fn cublasLtMatmulDescSetAttribute(
         } else if is(Da::CUBLASLT_MATMUL_DESC_COMPUTE_TYPE) {
             desc.compute = v as c_int;
         } else {
-            eprintln!(
-                "emulated GPU: cublasLtMatmulDescSetAttribute: attribute {attr} is not supported"
-            );
-            return Err(St::CUBLAS_STATUS_NOT_SUPPORTED);
+            return None;
         }
-        Ok(())
+        Some(Ok(()))
     })
 }
 
@@ -190,13 +208,11 @@ pub(crate) unsafe extern "C" fn cublasLtMatrixLayoutSetAttribute(
     buf: *const c_void,
     size: usize,
 ) -> St {
-    guard("cublasLtMatrixLayoutSetAttribute", || {
-        let mut o = objects();
-        let Some(Obj::Layout(layout)) = o.get_or_insert_with(HashMap::new).get_mut(&(l as usize))
-        else {
-            return Err(St::CUBLAS_STATUS_INVALID_VALUE);
+    let name = "cublasLtMatrixLayoutSetAttribute";
+    set_attribute(name, l, attr, (buf, size), |obj, v| {
+        let Obj::Layout(layout) = obj else {
+            return Some(Err(St::CUBLAS_STATUS_INVALID_VALUE));
         };
-        let v = value(buf, size)?;
         let is = |a: La| attr == a as c_int;
         if is(La::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT) {
             layout.batch = v as c_int;
@@ -207,12 +223,9 @@ pub(crate) unsafe extern "C" fn cublasLtMatrixLayoutSetAttribute(
         } else if is(La::CUBLASLT_MATRIX_LAYOUT_LD) {
             layout.ld = v;
         } else {
-            eprintln!(
-                "emulated GPU: cublasLtMatrixLayoutSetAttribute: attribute {attr} is not supported"
-            );
-            return Err(St::CUBLAS_STATUS_NOT_SUPPORTED);
+            return None;
         }
-        Ok(())
+        Some(Ok(()))
     })
 }
 

@@ -92,40 +92,37 @@ fn on_stream(on: On) -> Result<std::sync::MutexGuard<'static, State>, CUresult> 
     Ok(s)
 }
 
-unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, on: On) -> CUresult {
-    guard("cuMemcpyHtoD", || {
+/// The body of a copy of `n` bytes between the host buffer `host` and the device: `op` on
+/// stream `on`, once `host` is checked (an empty copy does nothing).
+fn host_copy(name: &str, host: *const c_void, n: usize, on: On, op: Op) -> CUresult {
+    guard(name, || {
         let mut s = on_stream(on)?;
         if n == 0 {
             return Ok(());
         }
-        if src.is_null() {
+        if host.is_null() {
             return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
         }
-        let op = Op::HostToDevice {
-            dst,
-            src: src as usize,
-            n,
-        };
         s.submit(on.stream() as usize, op)
     })
 }
 
+unsafe fn htod(dst: CUdeviceptr, src: *const c_void, n: usize, on: On) -> CUresult {
+    let op = Op::HostToDevice {
+        dst,
+        src: src as usize,
+        n,
+    };
+    host_copy("cuMemcpyHtoD", src, n, on, op)
+}
+
 unsafe fn dtoh(dst: *mut c_void, src: CUdeviceptr, n: usize, on: On) -> CUresult {
-    guard("cuMemcpyDtoH", || {
-        let mut s = on_stream(on)?;
-        if n == 0 {
-            return Ok(());
-        }
-        if dst.is_null() {
-            return Err(CUresult::CUDA_ERROR_INVALID_VALUE);
-        }
-        let op = Op::DeviceToHost {
-            dst: dst as usize,
-            src,
-            n,
-        };
-        s.submit(on.stream() as usize, op)
-    })
+    let op = Op::DeviceToHost {
+        dst: dst as usize,
+        src,
+        n,
+    };
+    host_copy("cuMemcpyDtoH", dst, n, on, op)
 }
 
 fn dtod(dst: CUdeviceptr, src: CUdeviceptr, n: usize, on: On) -> CUresult {

@@ -109,6 +109,19 @@ macro_rules! fold_int {
     };
 }
 
+macro_rules! fold_float {
+    ($t:ty, $parts:expr, $op:expr, $n:expr) => {{
+        let v = fold!($t, $parts, $op);
+        if $op != 4 {
+            return v;
+        }
+        // The average (op 4): the sum over the `$n` ranks, divided by them.
+        v.chunks_exact(std::mem::size_of::<$t>())
+            .flat_map(|c| (<$t>::from_le_bytes(c.try_into().unwrap()) / $n as $t).to_le_bytes())
+            .collect()
+    }};
+}
+
 /// Reduces the ranks' parts (in rank order, each the same length), after `check` passed.
 pub fn reduce(dtype: i32, op: i32, parts: &[Vec<u8>]) -> Vec<u8> {
     let n = parts.len();
@@ -119,23 +132,7 @@ pub fn reduce(dtype: i32, op: i32, parts: &[Vec<u8>]) -> Vec<u8> {
         3 => fold_int!(u32, parts, op),
         4 => fold_int!(i64, parts, op),
         5 => fold_int!(u64, parts, op),
-        7 => {
-            let v = fold!(f32, parts, op);
-            if op != 4 {
-                return v;
-            }
-            v.chunks_exact(4)
-                .flat_map(|c| (f32::from_le_bytes(c.try_into().unwrap()) / n as f32).to_le_bytes())
-                .collect()
-        }
-        _ => {
-            let v = fold!(f64, parts, op);
-            if op != 4 {
-                return v;
-            }
-            v.chunks_exact(8)
-                .flat_map(|c| (f64::from_le_bytes(c.try_into().unwrap()) / n as f64).to_le_bytes())
-                .collect()
-        }
+        7 => fold_float!(f32, parts, op, n),
+        _ => fold_float!(f64, parts, op, n),
     }
 }

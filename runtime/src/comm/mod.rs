@@ -20,7 +20,7 @@ pub mod threads;
 pub mod world;
 
 use crate::comm::collective::{CollectiveError, Partial};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What a communicator call can fail with.
 #[derive(Debug, thiserror::Error)]
@@ -68,23 +68,56 @@ pub enum CommError {
     },
 }
 
-impl CommError {
-    /// `rank`'s wait (in `op`) on `peer` ended because rank `failed` failed.
-    pub(crate) fn peer_failed(
-        rank: usize,
-        peer: usize,
-        op: &'static str,
-        (failed, reason): (usize, String),
-    ) -> CommError {
-        CommError::PeerFailed {
+/// One receive's wait on `peer`: every transport gives up at the same deadline with the same
+/// errors, whatever it polls or sleeps on in between.
+pub(crate) struct Wait {
+    rank: usize,
+    peer: usize,
+    op: &'static str,
+    timeout: Duration,
+    deadline: Instant,
+}
+
+impl Wait {
+    /// `rank` starts waiting (in `op`) on `peer` now, for at most `timeout`.
+    pub(crate) fn new(rank: usize, peer: usize, op: &'static str, timeout: Duration) -> Wait {
+        let deadline = Instant::now() + timeout;
+        Wait {
             rank,
             peer,
             op,
+            timeout,
+            deadline,
+        }
+    }
+
+    /// The time left to wait, or `Timeout` once the deadline has passed.
+    pub(crate) fn left(&self) -> Result<Duration, CommError> {
+        let now = Instant::now();
+        if now >= self.deadline {
+            return Err(CommError::Timeout {
+                rank: self.rank,
+                peer: self.peer,
+                op: self.op,
+                waited: self.timeout,
+            });
+        }
+        Ok(self.deadline - now)
+    }
+
+    /// The wait ended because rank `failed` failed.
+    pub(crate) fn failed(&self, (failed, reason): (usize, String)) -> CommError {
+        CommError::PeerFailed {
+            rank: self.rank,
+            peer: self.peer,
+            op: self.op,
             failed,
             reason,
         }
     }
+}
 
+impl CommError {
     /// Whether the error only reports another rank's failure (so the job's error is that
     /// rank's, not this one).
     pub fn is_echo(&self) -> bool {

@@ -9,7 +9,7 @@
 //! ends every other rank of the job.
 
 use super::protocol::{Message, Transport};
-use super::{CommError, Traffic};
+use super::{CommError, Traffic, Wait};
 use crate::comm::collective::Partial;
 use mpi::point_to_point::{Destination, MatchedReceiveVec, Source};
 use mpi::request::{Request, StaticScope};
@@ -173,8 +173,8 @@ impl MpiComm {
         if let Some(m) = self.stash[from].pop_front() {
             return Ok(m);
         }
+        let wait = Wait::new(self.rank, from, op, self.timeout);
         let start = Instant::now();
-        let deadline = start + self.timeout;
         let mut nap = Duration::from_micros(5);
         loop {
             let source = self.world.process_at_rank(from as i32);
@@ -189,32 +189,19 @@ impl MpiComm {
                 });
             }
             if abortable {
-                if let Some((failed, reason)) = self.poll_failure() {
-                    return Err(CommError::peer_failed(
-                        self.rank,
-                        from,
-                        op,
-                        (failed, reason),
-                    ));
+                if let Some(failure) = self.poll_failure() {
+                    return Err(wait.failed(failure));
                 }
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(CommError::Timeout {
-                    rank: self.rank,
-                    peer: from,
-                    op,
-                    waited: self.timeout,
-                });
-            }
+            let left = wait.left()?;
             self.reap();
             // MPI moves a large message only while both sides call into it: poll hot for a
             // while (yielding the core), then back off for a peer that is far behind.
-            if now - start < SPIN {
+            if start.elapsed() < SPIN {
                 std::thread::yield_now();
                 continue;
             }
-            std::thread::sleep(nap.min(deadline - now));
+            std::thread::sleep(nap.min(left));
             nap = (nap * 2).min(Duration::from_millis(1));
         }
     }

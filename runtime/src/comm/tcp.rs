@@ -11,7 +11,7 @@
 //! naming it, rather than at the timeout.
 
 use super::protocol::{Message, Transport};
-use super::{CommError, Traffic};
+use super::{CommError, Traffic, Wait};
 use std::collections::VecDeque;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -392,7 +392,7 @@ impl Transport for TcpComm {
         op: &'static str,
         abortable: bool,
     ) -> Result<Message, CommError> {
-        let deadline = Instant::now() + self.timeout;
+        let wait = Wait::new(self.rank, from, op, self.timeout);
         let mut s = lock(&self.inbox.state);
         loop {
             if let Some(m) = s.queues[from].pop_front() {
@@ -402,24 +402,10 @@ impl Transport for TcpComm {
             let relay_gone = self.rank != 0 && from != 0 && s.gone[0];
             if s.gone[from] || relay_gone || (abortable && s.failure.is_some()) {
                 let silent = if s.gone[from] { from } else { 0 };
-                let (failed, reason) = s.failure.clone().unwrap_or((silent, gone_reason()));
-                return Err(CommError::peer_failed(
-                    self.rank,
-                    from,
-                    op,
-                    (failed, reason),
-                ));
+                let failure = s.failure.clone().unwrap_or((silent, gone_reason()));
+                return Err(wait.failed(failure));
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(CommError::Timeout {
-                    rank: self.rank,
-                    peer: from,
-                    op,
-                    waited: self.timeout,
-                });
-            }
-            s = self.inbox.wait(s, deadline - now);
+            s = self.inbox.wait(s, wait.left()?);
         }
     }
 

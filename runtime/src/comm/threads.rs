@@ -6,11 +6,11 @@
 //! them along the fixed tree itself, so every member gets the same bits.
 
 use super::protocol::{Message, Transport};
-use super::{CommError, Traffic};
+use super::{CommError, Traffic, Wait};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// A world of ranks in one process: make it once, hand each rank thread its `ThreadComm`.
 pub struct Threads {
@@ -150,7 +150,7 @@ impl ThreadComm {
         abortable: bool,
     ) -> Result<Message, CommError> {
         let shared = &*self.shared;
-        let deadline = Instant::now() + shared.timeout;
+        let wait = Wait::new(self.rank, from, op, shared.timeout);
         let b = &shared.boxes[self.rank];
         let mut queues = lock(&b.queues);
         loop {
@@ -160,26 +160,12 @@ impl ThreadComm {
             let gone = shared.gone[from].load(Ordering::SeqCst);
             if gone || (abortable && shared.aborted.load(Ordering::SeqCst)) {
                 drop(queues);
-                let (failed, reason) = shared.failure();
-                return Err(CommError::peer_failed(
-                    self.rank,
-                    from,
-                    op,
-                    (failed, reason),
-                ));
+                return Err(wait.failed(shared.failure()));
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(CommError::Timeout {
-                    rank: self.rank,
-                    peer: from,
-                    op,
-                    waited: shared.timeout,
-                });
-            }
+            let left = wait.left()?;
             queues = b
                 .ready
-                .wait_timeout(queues, deadline - now)
+                .wait_timeout(queues, left)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }

@@ -2,6 +2,7 @@ use super::*;
 use crate::comm::collective::{partials, tree_sum, CollectiveError, Partial};
 use crate::comm::Communicator;
 use parallax_compiler::shards::assign;
+use std::time::Instant;
 
 fn leaf(i: usize) -> Vec<f32> {
     // Values of very different magnitudes, so the order of the sum shows in the bits.

@@ -306,26 +306,28 @@ mod tests {
     #[test]
     fn launchers_are_read_from_their_variables() {
         assert_eq!(world(&[]).unwrap(), World::alone());
-        let w = world(&[
-            ("OMPI_COMM_WORLD_RANK", "2"),
-            ("OMPI_COMM_WORLD_SIZE", "4"),
-            ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
-        ])
-        .unwrap();
-        assert_eq!(
-            (w.launcher, w.rank, w.size, w.local_rank),
-            (Launcher::OpenMpi, 2, 4, 0)
-        );
-        let w = world(&[
-            ("SLURM_PROCID", "5"),
-            ("SLURM_NTASKS", "8"),
-            ("SLURM_LOCALID", "1"),
-        ])
-        .unwrap();
-        assert_eq!(
-            (w.launcher, w.rank, w.size, w.local_rank),
-            (Launcher::Slurm, 5, 8, 1)
-        );
+        // Rank, size and local rank, as each launcher names them.
+        let launchers = [
+            (
+                [
+                    "OMPI_COMM_WORLD_RANK",
+                    "OMPI_COMM_WORLD_SIZE",
+                    "OMPI_COMM_WORLD_LOCAL_RANK",
+                ],
+                ["2", "4", "0"],
+                (Launcher::OpenMpi, 2, 4, 0),
+            ),
+            (
+                ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"],
+                ["5", "8", "1"],
+                (Launcher::Slurm, 5, 8, 1),
+            ),
+        ];
+        for (names, values, want) in launchers {
+            let vars: Vec<_> = names.into_iter().zip(values).collect();
+            let w = world(&vars).unwrap();
+            assert_eq!((w.launcher, w.rank, w.size, w.local_rank), want);
+        }
         let w = world(&[
             ("RANK", "1"),
             ("WORLD_SIZE", "2"),

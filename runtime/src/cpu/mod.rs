@@ -280,16 +280,7 @@ impl Executor {
 
     /// Replaces a state's values (resuming from a checkpoint, loading running statistics).
     pub fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), ExecError> {
-        let id = self
-            .states
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|s| s.1)
-            .ok_or_else(|| ExecError::Param {
-                name: name.into(),
-                message: "the model has no such state".into(),
-            })?;
-        let t = self.buf_mut(id);
+        let t = self.buf_mut(id_of(&self.states, "state", name)?);
         if t.numel() != values.len() {
             return Err(ExecError::Param {
                 name: name.into(),
@@ -307,13 +298,7 @@ impl Executor {
         shape: &[usize],
         values: &[f32],
     ) -> Result<(), ExecError> {
-        let Some(&(_, id)) = self.params.iter().find(|(n, _)| n == name) else {
-            return Err(ExecError::Param {
-                name: name.into(),
-                message: "the model has no such parameter".into(),
-            });
-        };
-        let t = self.buf_mut(id);
+        let t = self.buf_mut(id_of(&self.params, "parameter", name)?);
         if t.shape != shape {
             return Err(ExecError::Param {
                 name: name.into(),
@@ -347,31 +332,15 @@ impl Executor {
     /// Sets an f32 input for a batch of `batch` samples.
     pub fn set_f32(&mut self, name: &str, batch: usize, v: &[f32]) -> Result<(), ExecError> {
         let t = self.input_slot(name, batch)?;
-        if !t.is_f32() || t.numel() != v.len() {
-            return Err(ExecError::InputSize {
-                name: name.into(),
-                expected: t.numel(),
-                got: v.len(),
-                dtype: "f32",
-            });
-        }
-        t.f32_mut().copy_from_slice(v);
-        Ok(())
+        let expected = t.numel();
+        copy_in(name, expected, t.is_f32().then(|| t.f32_mut()), v, "f32")
     }
 
     /// Sets an i32 input for a batch of `batch` samples.
     pub fn set_i32(&mut self, name: &str, batch: usize, v: &[i32]) -> Result<(), ExecError> {
         let t = self.input_slot(name, batch)?;
-        if t.is_f32() || t.numel() != v.len() {
-            return Err(ExecError::InputSize {
-                name: name.into(),
-                expected: t.numel(),
-                got: v.len(),
-                dtype: "i32",
-            });
-        }
-        t.i32_mut().copy_from_slice(v);
-        Ok(())
+        let expected = t.numel();
+        copy_in(name, expected, (!t.is_f32()).then(|| t.i32_mut()), v, "i32")
     }
 
     /// Whether the plan reads an input of this name (e.g. Adam's bias corrections).
@@ -494,4 +463,38 @@ fn resolve<C: FromIterator<usize>>(
             }) as usize
         })
         .collect()
+}
+
+/// The buffer of `name` among the model's parameters or states (`named`, `what`).
+fn id_of(named: &[(String, usize)], what: &str, name: &str) -> Result<usize, ExecError> {
+    match named.iter().find(|(n, _)| n == name) {
+        Some(&(_, id)) => Ok(id),
+        None => Err(ExecError::Param {
+            name: name.into(),
+            message: format!("the model has no such {what}"),
+        }),
+    }
+}
+
+/// Copies an input's values `v` into its buffer (`None`: the input holds the other type),
+/// which holds `expected` values.
+fn copy_in<T: Copy>(
+    name: &str,
+    expected: usize,
+    dst: Option<&mut [T]>,
+    v: &[T],
+    dtype: &'static str,
+) -> Result<(), ExecError> {
+    match dst {
+        Some(dst) if expected == v.len() => {
+            dst.copy_from_slice(v);
+            Ok(())
+        }
+        _ => Err(ExecError::InputSize {
+            name: name.into(),
+            expected,
+            got: v.len(),
+            dtype,
+        }),
+    }
 }

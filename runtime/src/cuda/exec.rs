@@ -231,37 +231,37 @@ impl CudaExecutor {
 
     /// Replaces a state's values (resuming from a checkpoint, loading running statistics).
     pub fn set_state(&mut self, name: &str, values: &[f32]) -> Result<(), CudaError> {
-        let id = self
-            .states
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|s| s.1)
-            .ok_or_else(|| CudaError::Exec(format!("the model has no state `{name}`")))?;
-        if numel(&self.mem.shape(id, 1)) as usize != values.len() {
-            return Err(CudaError::Exec(format!(
-                "state `{name}`: {} values given",
-                values.len()
-            )));
-        }
+        let id = self.sized(&self.states, "state", name, values.len())?;
         self.mem.upload(id, values)
     }
 
     /// Replaces a parameter's values (for `--init` and comparisons).
     pub fn set_param(&mut self, name: &str, values: &[f32]) -> Result<(), CudaError> {
-        let id = self
-            .params
+        let id = self.sized(&self.params, "parameter", name, values.len())?;
+        self.mem.upload(id, values)
+    }
+
+    /// The buffer of `name` in `named` (the model's parameters or states: `kind`), checked
+    /// to hold `len` values.
+    fn sized(
+        &self,
+        named: &[(String, usize)],
+        kind: &str,
+        name: &str,
+        len: usize,
+    ) -> Result<usize, CudaError> {
+        let id = named
             .iter()
             .find(|(n, _)| n == name)
             .map(|p| p.1)
-            .ok_or_else(|| CudaError::Exec(format!("the model has no parameter `{name}`")))?;
+            .ok_or_else(|| CudaError::Exec(format!("the model has no {kind} `{name}`")))?;
         let n = numel(&self.mem.shape(id, 1)) as usize;
-        if n != values.len() {
+        if n != len {
             return Err(CudaError::Exec(format!(
-                "parameter `{name}`: {} values given, {n} expected",
-                values.len()
+                "{kind} `{name}`: {len} values given, {n} expected"
             )));
         }
-        self.mem.upload(id, values)
+        Ok(id)
     }
 
     fn input_step(

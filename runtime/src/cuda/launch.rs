@@ -214,6 +214,11 @@ impl Launcher {
         step: u64,
         first_sample: u64,
     ) -> Result<Ran, CudaError> {
+        // A copy's or a GEMM's operand: the device address of its buffer.
+        let buffer = |x: &Arg, what: &str| match self.resolve(mem, x, mode, step, first_sample)? {
+            ArgValue::U64(p) => Ok(p),
+            _ => Err(CudaError::Exec(format!("a {what} operand is not a buffer"))),
+        };
         match l {
             Launch::Kernel {
                 entry,
@@ -232,10 +237,7 @@ impl Launcher {
                 elements,
                 bf16,
             } => {
-                let ptr = |x: &Arg| match self.resolve(mem, x, mode, step, first_sample)? {
-                    ArgValue::U64(p) => Ok(p),
-                    _ => Err(CudaError::Exec("a copy operand is not a buffer".into())),
-                };
+                let ptr = |x: &Arg| buffer(x, "copy");
                 let (s, d) = (ptr(src)?, ptr(dst)?);
                 if s != d && *elements > 0 {
                     let bytes = if *bf16 { 2 } else { 4 };
@@ -267,10 +269,7 @@ impl Launcher {
                 bf16,
                 bias,
             } => {
-                let ptr = |x: &Arg| match self.resolve(mem, x, mode, step, first_sample)? {
-                    ArgValue::U64(p) => Ok(p),
-                    _ => Err(CudaError::Exec("a GEMM operand is not a buffer".into())),
-                };
+                let ptr = |x: &Arg| buffer(x, "GEMM");
                 let (pa, pb, pc) = (ptr(a)?, ptr(b)?, ptr(c)?);
                 let g = gemm::Gemm {
                     pa,

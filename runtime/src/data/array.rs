@@ -1,7 +1,7 @@
 //! A typed n-dimensional array as stored in a file (IDX, NPY), decoded on demand, and the file
 //! reader shared by the file formats (gzip'd files are decompressed transparently).
 
-use super::DataError;
+use super::{DataError, Labels, ModelIo, Raw, Values};
 use std::io::Read;
 use std::path::Path;
 
@@ -128,6 +128,53 @@ impl Elem {
             Elem::F32 => "f32",
             Elem::F64 => "f64",
         }
+    }
+}
+
+/// How an inputs array and a labels array (IDX, NPY) become a data set.
+pub(crate) struct Pair<'a> {
+    /// What the inputs file holds, in messages ("images", "inputs").
+    pub inputs: &'a str,
+    /// What float inputs are divided by (255 for IDX's bytes of pixels).
+    pub divisor: f64,
+    /// Whether integer labels are class indices even for a model that does not classify.
+    pub int_labels_are_classes: bool,
+}
+
+impl Pair<'_> {
+    /// The data set of `x` (inputs) and `y` (labels) for a model of `io`, checked to hold as
+    /// many samples.
+    pub fn raw(&self, x: RawArray, y: RawArray, io: &ModelIo) -> Result<Raw, DataError> {
+        if x.samples() != y.samples() {
+            return Err(DataError::format(
+                format!("{} and {}", x.file, y.file),
+                format!(
+                    "the {} file holds {} samples (shape {:?}) but the labels file holds {} (shape {:?})",
+                    self.inputs,
+                    x.samples(),
+                    x.shape,
+                    y.samples(),
+                    y.shape
+                ),
+            ));
+        }
+        let inputs = if io.integer_input() && x.elem.is_int() {
+            Values::I32(x.to_i32("input")?)
+        } else {
+            Values::F32(x.to_f32(self.divisor))
+        };
+        let labels = if io.class_target() || (self.int_labels_are_classes && y.elem.is_int()) {
+            Labels::Classes(y.to_i32("label")?)
+        } else {
+            Labels::Floats(y.to_f32(1.0))
+        };
+        Ok(Raw {
+            source: format!("{} (labels: {})", x.file, y.file),
+            n: x.samples(),
+            input_shape: x.sample_shape(),
+            inputs,
+            labels,
+        })
     }
 }
 

@@ -114,7 +114,7 @@ pub(crate) fn load(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::testutil::{classify, regress, TempDir};
+    use crate::data::testutil::{classify, err_text, regress, TempDir};
     use crate::data::{fit, DType};
 
     #[test]
@@ -167,10 +167,7 @@ mod tests {
                 Err(e) => e.to_string(),
             }
         };
-        let e = load(&dir.path().join("none.csv"), -1, false, &io)
-            .err()
-            .unwrap()
-            .to_string();
+        let e = err_text(load(&dir.path().join("none.csv"), -1, false, &io));
         assert!(e.contains("cannot read") && e.contains("none.csv"), "{e}");
         let e = err("nan.csv", "1,2,0\n1,x,1\n", -1);
         assert!(

@@ -82,7 +82,7 @@ pub(crate) fn load() -> Result<Raw, DataError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::testutil::{classify, regress};
+    use crate::data::testutil::{classify, err_text, regress};
     use crate::data::{load as load_data, DType};
     use parallax_compiler::dsl::ast::Data;
     use std::path::Path;
@@ -158,20 +158,24 @@ mod tests {
     #[test]
     fn a_model_of_the_wrong_size_is_told_what_the_data_gives() {
         let io = classify(DType::F32, vec![28, 28], 10);
-        let e = load_data(&Data::Digits { validation: 0.2 }, &io, 1, Path::new("."))
-            .err()
-            .unwrap()
-            .to_string();
+        let e = err_text(load_data(
+            &Data::Digits { validation: 0.2 },
+            &io,
+            1,
+            Path::new("."),
+        ));
         assert!(e.contains("embedded digits"), "{e}");
         assert!(
             e.contains("[64] (64 values)") && e.contains("f32[28, 28] (784 values)"),
             "{e}"
         );
         let few = classify(DType::F32, vec![64], 5);
-        let e = load_data(&Data::Digits { validation: 0.2 }, &few, 1, Path::new("."))
-            .err()
-            .unwrap()
-            .to_string();
+        let e = err_text(load_data(
+            &Data::Digits { validation: 0.2 },
+            &few,
+            1,
+            Path::new("."),
+        ));
         assert!(e.contains("out of range: the model has 5 classes"), "{e}");
         // MSE against 10 outputs: one-hot targets.
         let mse = regress(vec![64], vec![10]);

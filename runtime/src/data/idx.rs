@@ -8,8 +8,8 @@
 //! they are; for an integer model input (token ids) integer images are kept as integers.
 //! Labels must be one value per sample (`[n]`, or `[n, ...]` for targets with more values).
 
-use super::array::{read_file, Elem, RawArray};
-use super::{DataError, Labels, ModelIo, Raw, Values};
+use super::array::{read_file, Elem, Pair, RawArray};
+use super::{DataError, ModelIo, Raw};
 use std::path::Path;
 
 /// Parses an IDX file's header; the result holds its elements.
@@ -68,46 +68,25 @@ pub(crate) fn parse(path: &Path) -> Result<RawArray, DataError> {
 /// Reads an images file and a labels file.
 pub(crate) fn load(images: &Path, labels: &Path, io: &ModelIo) -> Result<Raw, DataError> {
     let im = parse(images)?;
-    let lb = parse(labels)?;
-    if im.samples() != lb.samples() {
-        return Err(DataError::format(
-            format!("{} and {}", im.file, lb.file),
-            format!(
-                "the images file holds {} samples but the labels file holds {}",
-                im.samples(),
-                lb.samples()
-            ),
-        ));
-    }
-    let inputs = if io.integer_input() && im.elem.is_int() {
-        Values::I32(im.to_i32("input")?)
+    // Bytes of pixels scale to [0, 1] for a model of float inputs.
+    let divisor = if im.elem == Elem::U8 && !io.integer_input() {
+        255.0
     } else {
-        let divisor = if im.elem == Elem::U8 && !io.integer_input() {
-            255.0
-        } else {
-            1.0
-        };
-        Values::F32(im.to_f32(divisor))
+        1.0
     };
-    let labels = if io.class_target() || lb.elem.is_int() {
-        Labels::Classes(lb.to_i32("label")?)
-    } else {
-        Labels::Floats(lb.to_f32(1.0))
+    let pair = Pair {
+        inputs: "images",
+        divisor,
+        int_labels_are_classes: true,
     };
-    Ok(Raw {
-        source: format!("{} (labels: {})", im.file, lb.file),
-        n: im.samples(),
-        input_shape: im.sample_shape(),
-        inputs,
-        labels,
-    })
+    pair.raw(im, parse(labels)?, io)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::testutil::{classify, TempDir};
-    use crate::data::{fit, DType};
+    use crate::data::testutil::{classify, err_text, TempDir};
+    use crate::data::{fit, DType, Values};
 
     /// An IDX file of u8 elements.
     fn idx_u8(dims: &[u32], data: &[u8]) -> Vec<u8> {
@@ -181,20 +160,14 @@ mod tests {
         );
 
         let big = dir.write("big.idx", &idx_u8(&[2], &[0, 7]));
-        let e = fit(load(&im, &big, &io).unwrap(), &io)
-            .err()
-            .unwrap()
-            .to_string();
+        let e = err_text(fit(load(&im, &big, &io).unwrap(), &io));
         assert!(
             e.contains("big.idx") && e.contains("label 7 of sample 1"),
             "{e}"
         );
 
         let wide = classify(DType::F32, vec![1, 28, 28], 3);
-        let e = fit(load(&im, &lb, &wide).unwrap(), &wide)
-            .err()
-            .unwrap()
-            .to_string();
+        let e = err_text(fit(load(&im, &lb, &wide).unwrap(), &wide));
         assert!(
             e.contains("images.idx") && e.contains("[2, 2] (4 values)"),
             "{e}"

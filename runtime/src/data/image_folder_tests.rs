@@ -1,5 +1,5 @@
 use super::*;
-use crate::data::testutil::{classify, TempDir};
+use crate::data::testutil::{classify, err_text, TempDir};
 use crate::data::transform::{crop_params, eval_transform, flips, resample, Pixels, Region};
 use crate::data::DType;
 use parallax_compiler::dsl::ast::Normalize;
@@ -216,7 +216,9 @@ fn centre_crop_flip_and_normalize_give_known_pixels() {
     );
 }
 
-fn digits_folder(d: &Path) {
+/// Writes three classes of four 12x10 grey images at `d`, and returns them as an augmented
+/// source (a quarter held out) with the model that reads them.
+fn digits(d: &Path) -> (Data, ModelIo) {
     for c in 0..3u8 {
         for k in 0..4u32 {
             png(d, &format!("{c}/{k}.png"), 12, 10, |y, x| {
@@ -224,12 +226,8 @@ fn digits_folder(d: &Path) {
             });
         }
     }
-}
-
-/// [`digits_folder`] at `root` as an augmented source, a quarter held out.
-fn digits_data(root: &Path) -> Data {
-    Data::ImageFolder {
-        train: root.display().to_string(),
+    let data = Data::ImageFolder {
+        train: d.display().to_string(),
         validation: None,
         validation_split: Some(0.25),
         augment: true,
@@ -239,15 +237,14 @@ fn digits_data(root: &Path) -> Data {
             std: vec![0.5],
         }),
         skip_corrupt: false,
-    }
+    };
+    (data, classify(DType::F32, vec![1, 8, 8], 3))
 }
 
 #[test]
 fn batches_are_pure_functions_of_seed_epoch_and_index() {
     let t = TempDir::new("batches");
-    digits_folder(t.path());
-    let io = classify(DType::F32, vec![1, 8, 8], 3);
-    let data = digits_data(t.path());
+    let (data, io) = digits(t.path());
     let a = open(&data, &io, 3, Path::new("."), 4, true, false).unwrap();
     let b = open(&data, &io, 3, Path::new("."), 4, true, false).unwrap();
     assert_eq!(
@@ -280,34 +277,13 @@ fn batches_are_pure_functions_of_seed_epoch_and_index() {
             .hash
     };
     assert!((4..8).any(|seed| other(seed) != a.hash));
-    let e = open(
-        &data,
-        &classify(DType::F32, vec![1, 8, 8], 10),
-        3,
-        Path::new("."),
-        4,
-        true,
-        false,
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    let refused = |io| err_text(open(&data, &io, 3, Path::new("."), 4, true, false));
+    let e = refused(classify(DType::F32, vec![1, 8, 8], 10));
     assert!(
         e.contains("3 class folders (0, 1, 2), but the model's output has 10 classes"),
         "{e}"
     );
-    let e = open(
-        &data,
-        &classify(DType::F32, vec![64], 3),
-        3,
-        Path::new("."),
-        4,
-        true,
-        false,
-    )
-    .err()
-    .unwrap()
-    .to_string();
+    let e = refused(classify(DType::F32, vec![64], 3));
     assert!(e.contains("float images [C, H, W]"), "{e}");
     // A file that stops decoding after the scan ends the batches with its name.
     let p = a.images.samples[0].0.clone();
@@ -334,9 +310,7 @@ fn batches_are_pure_functions_of_seed_epoch_and_index() {
 #[test]
 fn a_process_decodes_only_its_micro_shards_images() {
     let t = TempDir::new("wanted");
-    digits_folder(t.path());
-    let io = classify(DType::F32, vec![1, 8, 8], 3);
-    let data = digits_data(t.path());
+    let (data, io) = digits(t.path());
     let a = open(&data, &io, 3, Path::new("."), 4, true, false).unwrap();
     let order = a.images.order(0);
     let whole = a.images.batch_in(&order, 0, 0, None).unwrap();

@@ -318,6 +318,7 @@ impl Drop for Loader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::testutil::err_text;
     use crate::data::{DType, TensorSpec};
 
     /// Sample `i` has inputs `[2i, 2i + 1]` and target `i`.
@@ -440,10 +441,7 @@ mod tests {
         let exact = Loader::new(numbered(8), 4, 1, true, 0).unwrap();
         assert_eq!(exact.batches_per_epoch(), 2);
         // Fewer samples than a batch: an error, not an endless loop.
-        let e = Loader::new(ds.clone(), 11, 1, true, 0)
-            .err()
-            .unwrap()
-            .to_string();
+        let e = err_text(Loader::new(ds.clone(), 11, 1, true, 0));
         assert!(e.contains("10 samples, fewer than one batch of 11"), "{e}");
         let small: Vec<Batch> = Loader::new(ds.clone(), 11, 1, false, 0)
             .unwrap()

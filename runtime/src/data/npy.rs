@@ -7,8 +7,8 @@
 //! Inputs become `f32`, or stay integers (`i32`) when the model's input is integer; labels
 //! become `i32` class labels for cross-entropy, `f32` values for MSE.
 
-use super::array::{Elem, RawArray, Stream};
-use super::{DataError, Labels, ModelIo, Raw, Values};
+use super::array::{Elem, Pair, RawArray, Stream};
+use super::{DataError, ModelIo, Raw};
 use crate::exec::host_memory::available_bytes;
 use parallax_compiler::plan::bytes;
 use std::path::Path;
@@ -161,44 +161,19 @@ pub(crate) fn parse(path: &Path) -> Result<RawArray, DataError> {
 
 /// Reads an inputs file and a labels file.
 pub(crate) fn load(inputs: &Path, labels: &Path, io: &ModelIo) -> Result<Raw, DataError> {
-    let x = parse(inputs)?;
-    let y = parse(labels)?;
-    if x.samples() != y.samples() {
-        return Err(DataError::format(
-            format!("{} and {}", x.file, y.file),
-            format!(
-                "the inputs file holds {} samples (shape {:?}) but the labels file holds {} (shape {:?})",
-                x.samples(),
-                x.shape,
-                y.samples(),
-                y.shape
-            ),
-        ));
-    }
-    let values = if io.integer_input() && x.elem.is_int() {
-        Values::I32(x.to_i32("input")?)
-    } else {
-        Values::F32(x.to_f32(1.0))
+    let pair = Pair {
+        inputs: "inputs",
+        divisor: 1.0,
+        int_labels_are_classes: false,
     };
-    let labels = if io.class_target() {
-        Labels::Classes(y.to_i32("label")?)
-    } else {
-        Labels::Floats(y.to_f32(1.0))
-    };
-    Ok(Raw {
-        source: format!("{} (labels: {})", x.file, y.file),
-        n: x.samples(),
-        input_shape: x.sample_shape(),
-        inputs: values,
-        labels,
-    })
+    pair.raw(parse(inputs)?, parse(labels)?, io)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::testutil::{classify, gzip, regress, TempDir};
-    use crate::data::{fit, DType};
+    use crate::data::testutil::{classify, err_text, gzip, regress, TempDir};
+    use crate::data::{fit, DType, Values};
 
     /// A version-1.0 .npy file, as NumPy writes it (header padded to 64 bytes).
     fn npy(descr: &str, fortran: bool, shape: &[usize], data: &[u8]) -> Vec<u8> {
@@ -280,10 +255,7 @@ mod tests {
         let ds = fit(load(&tok, &lab, &tio).unwrap(), &tio).unwrap();
         assert_eq!(ds.inputs, Values::I32(vec![1, 2, 3, 4, 5, 6]));
         tio.input_range = Some(6);
-        let e = fit(load(&tok, &lab, &tio).unwrap(), &tio)
-            .err()
-            .unwrap()
-            .to_string();
+        let e = err_text(fit(load(&tok, &lab, &tio).unwrap(), &tio));
         assert!(
             e.contains("input id 6 of sample 1") && e.contains("0..6"),
             "{e}"

@@ -244,7 +244,7 @@ pub(crate) fn synthetic(samples: u64, seed: u64, io: &ModelIo) -> Result<Raw, Da
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::data::testutil::{classify, regress};
+    use crate::data::testutil::{classify, err_text, regress};
     use crate::data::{fit, load, DType, TensorSpec};
     use parallax_compiler::dsl::ast::Data;
     use std::path::Path;
@@ -289,10 +289,7 @@ mod tests {
         assert_eq!(a, sequence(SeqTask::Copy, 12, 9, 5, 3, &io).unwrap().inputs);
         assert_ne!(a, sequence(SeqTask::Copy, 12, 9, 5, 4, &io).unwrap().inputs);
         // A vocabulary larger than the model's embedding is refused.
-        let e = sequence(SeqTask::Copy, 12, 10, 5, 3, &io)
-            .err()
-            .unwrap()
-            .to_string();
+        let e = err_text(sequence(SeqTask::Copy, 12, 10, 5, 3, &io));
         assert!(
             e.contains("tokens go up to 9") && e.contains("holds 9 ids"),
             "{e}"
@@ -353,10 +350,7 @@ mod tests {
         assert!((var - 1.0).abs() < 0.15, "{var}");
         // The model's input must have `features` elements.
         let wrong = classify(DType::F32, vec![7], k);
-        let e = load(&d, &wrong, 11, Path::new("."))
-            .err()
-            .unwrap()
-            .to_string();
+        let e = err_text(load(&d, &wrong, 11, Path::new(".")));
         assert!(
             e.contains("Blobs(8 features)") && e.contains("f32[7]"),
             "{e}"

@@ -59,3 +59,11 @@ pub fn gzip(bytes: &[u8]) -> Vec<u8> {
     enc.write_all(bytes).unwrap();
     enc.finish().unwrap()
 }
+
+/// The message of the error `r` must be (the tests check what it names).
+pub fn err_text<T, E: std::fmt::Display>(r: Result<T, E>) -> String {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}

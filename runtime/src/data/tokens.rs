@@ -334,6 +334,7 @@ pub fn open(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::data::testutil::err_text;
     use crate::data::tokenize::llmc_bytes;
 
     fn file(name: &str, bytes: &[u8]) -> std::path::PathBuf {
@@ -476,18 +477,18 @@ mod tests {
             }
         }
         assert_eq!(seen, [true; 3]);
-        let e = Shards::open(&dir.join("none_*.bin"), TokenDtype::U16, 8)
-            .err()
-            .unwrap();
+        let e = err_text(Shards::open(&dir.join("none_*.bin"), TokenDtype::U16, 8));
         assert!(
-            e.to_string().contains("no file in") && e.to_string().contains("matches none_*.bin"),
+            e.contains("no file in") && e.contains("matches none_*.bin"),
             "{e}"
         );
-        let e = Shards::open(&dir.join("s_train_*.bin"), TokenDtype::U16, 45)
-            .err()
-            .unwrap();
+        let e = err_text(Shards::open(
+            &dir.join("s_train_*.bin"),
+            TokenDtype::U16,
+            45,
+        ));
         assert!(
-            e.to_string().contains("s_train_0.bin") && e.to_string().contains("holds 40 tokens"),
+            e.contains("s_train_0.bin") && e.contains("holds 40 tokens"),
             "{e}"
         );
         let _ = std::fs::remove_dir_all(dir);

@@ -103,36 +103,32 @@ fn every_sample(
     base_dir: &Path,
     batch: usize,
 ) -> Result<EvalSet, UseError> {
-    if let Data::Tokens { .. } = d {
-        let mut all = d.clone();
-        if let Data::Tokens {
+    // A streamed source evaluates its validation part: made the whole source here.
+    let mut all = d.clone();
+    match &mut all {
+        Data::Tokens {
             train,
             validation,
             validation_windows,
             ..
-        } = &mut all
-        {
+        } => {
             validation.get_or_insert_with(|| train.clone());
             *validation_windows = u64::MAX;
+            let opened = data::tokens::open(&all, io, seed, base_dir, batch, false)?;
+            return Ok(opened.validation.into());
         }
-        return Ok(data::tokens::open(&all, io, seed, base_dir, batch, false)?
-            .validation
-            .into());
-    }
-    if let Data::ImageFolder { .. } = d {
-        let mut all = d.clone();
-        if let Data::ImageFolder {
+        Data::ImageFolder {
             train,
             validation,
             validation_split,
             ..
-        } = &mut all
-        {
+        } => {
             validation.get_or_insert_with(|| train.clone());
             *validation_split = None;
+            let opened = data::image_folder::open(&all, io, seed, base_dir, batch, false, false)?;
+            return Ok(opened.validation);
         }
-        let opened = data::image_folder::open(&all, io, seed, base_dir, batch, false, false)?;
-        return Ok(opened.validation);
+        _ => {}
     }
     let s = data::load(d, io, seed, base_dir)?;
     Ok(concat(s.train, s.validation)?.into())

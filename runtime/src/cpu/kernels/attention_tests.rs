@@ -2,6 +2,7 @@
 //! count.
 
 use super::*;
+use crate::cpu::kernels::testutil::in_pool;
 
 /// A seeded value in [-1, 1).
 fn values(n: usize, seed: u64) -> Vec<f32> {
@@ -187,13 +188,7 @@ fn matches_the_composed_ops_in_f64() {
 
 #[test]
 fn the_same_bits_on_any_thread_count() {
-    let on = |threads: usize, shape, causal| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap()
-            .install(|| run_all(shape, causal))
-    };
+    let on = |threads: usize, shape, causal| in_pool(threads, || run_all(shape, causal));
     for (shape, causal) in [(SHAPES[4], false), (SHAPES[5], true)] {
         let one = on(1, shape, causal);
         for threads in [2, 3, 5] {

@@ -3,7 +3,7 @@
 //! attention layer and operand; the rows of sample `b` at and after `pos[b] + T` are never
 //! read, so a cache needs no clearing between prompts.
 
-use super::layout::{bad, f32s, f32s_mut, i32s};
+use super::layout::{bad, f32s, f32s_mut, typed};
 use super::{math, KernelError};
 use crate::cpu::tensor::Tensor;
 
@@ -24,7 +24,7 @@ fn positions<'a>(
     rows: usize,
     s: usize,
 ) -> Result<&'a [i32], KernelError> {
-    let p = i32s(op, pos, "the positions")?;
+    let p = typed::<i32>(op, pos, "the positions")?;
     if p.len() != batch {
         return Err(bad(
             op,

@@ -2,7 +2,7 @@
 
 use super::super::pool::{pool2d, pool2d_grad};
 use super::*;
-use crate::cpu::kernels::testutil::zeros;
+use crate::cpu::kernels::testutil::{in_pool, zeros};
 
 /// Uniform in [-1, 1), keyed by `tag`.
 fn random(shape: &[usize], tag: u64) -> Tensor {
@@ -284,11 +284,7 @@ fn results_do_not_depend_on_the_thread_count() {
     let pooled = [case.n, case.c, 10, 10];
     let dyp = random(&pooled, 4);
     let run = |threads: usize| {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        pool.install(|| {
+        in_pool(threads, || {
             let mut outs = vec![zeros(&case.y()), zeros(&case.x()), zeros(&case.wt())];
             conv2d(&x, &w, case.s, case.p, case.g, &mut outs[0]).unwrap();
             conv2d_grad_input(&dy, &w, case.s, case.p, case.g, &mut outs[1]).unwrap();

@@ -297,6 +297,7 @@ pub fn dropout(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::kernels::testutil::in_pool;
     use parallax_compiler::ir::Op;
 
     fn t(shape: &[usize], v: Vec<f32>) -> Tensor {
@@ -427,15 +428,11 @@ mod tests {
                     |x, y| x / y,
                 );
                 for threads in [1, 2, 3] {
-                    let got = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap()
-                        .install(|| {
-                            let mut out = t(big, vec![0.0; n]);
-                            binary(l, r, &mut out, op).unwrap();
-                            out
-                        });
+                    let got = in_pool(threads, || {
+                        let mut out = t(big, vec![0.0; n]);
+                        binary(l, r, &mut out, op).unwrap();
+                        out
+                    });
                     let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
                     assert!(
                         bits(got.f32()) == bits(&want),
@@ -511,17 +508,13 @@ mod tests {
             (0..300).map(|i| rng::normal(s, i + 10_000_000)).collect(),
         );
         let run = |threads: usize| {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap()
-                .install(|| {
-                    let mut out = t(&[400, 300], vec![0.0; 120_000]);
-                    binary(&a, &b, &mut out, Binary::of(&Op::Mul).unwrap()).unwrap();
-                    let mut g = t(&[400, 300], vec![0.0; 120_000]);
-                    unary(&out, &mut g, Unary::of(&Op::Gelu).unwrap()).unwrap();
-                    g
-                })
+            in_pool(threads, || {
+                let mut out = t(&[400, 300], vec![0.0; 120_000]);
+                binary(&a, &b, &mut out, Binary::of(&Op::Mul).unwrap()).unwrap();
+                let mut g = t(&[400, 300], vec![0.0; 120_000]);
+                unary(&out, &mut g, Unary::of(&Op::Gelu).unwrap()).unwrap();
+                g
+            })
         };
         assert_eq!(run(1), run(2));
     }

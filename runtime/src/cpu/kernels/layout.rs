@@ -66,42 +66,56 @@ pub(crate) fn fill_range<R: Send>(
     }
 }
 
-/// The operand as f32, or an error naming `what`.
+/// An element type of tensor data: what an operand check asks for.
+pub(crate) trait Elem: Sized {
+    /// Its name, and the other type's, in errors.
+    const NAMES: [&'static str; 2];
+    /// The values, if `t` holds this type.
+    fn of(t: &Tensor) -> Option<&[Self]>;
+}
+
+impl Elem for f32 {
+    const NAMES: [&'static str; 2] = ["f32", "i32"];
+    fn of(t: &Tensor) -> Option<&[f32]> {
+        t.is_f32().then(|| t.f32())
+    }
+}
+
+impl Elem for i32 {
+    const NAMES: [&'static str; 2] = ["i32", "f32"];
+    fn of(t: &Tensor) -> Option<&[i32]> {
+        (!t.is_f32()).then(|| t.i32())
+    }
+}
+
+/// The operand's values as `T` (`typed::<i32>` for indices and labels), or an error naming
+/// `what`.
+pub(crate) fn typed<'a, T: Elem>(
+    op: &'static str,
+    t: &'a Tensor,
+    what: &str,
+) -> Result<&'a [T], KernelError> {
+    let [want, other] = T::NAMES;
+    match T::of(t) {
+        Some(v) if v.len() == t.numel() => Ok(v),
+        Some(v) => Err(bad(
+            op,
+            format!("{what} holds {} values for shape {:?}", v.len(), t.shape),
+        )),
+        None => Err(bad(
+            op,
+            format!("{what} must be {want}, got {other} {:?}", t.shape),
+        )),
+    }
+}
+
+/// The operand as f32 (the common case of `typed`).
 pub(crate) fn f32s<'a>(
     op: &'static str,
     t: &'a Tensor,
     what: &str,
 ) -> Result<&'a [f32], KernelError> {
-    match &t.data {
-        Data::F32(v) if v.len() == t.numel() => Ok(v),
-        Data::F32(v) => Err(bad(
-            op,
-            format!("{what} holds {} values for shape {:?}", v.len(), t.shape),
-        )),
-        Data::I32(_) => Err(bad(
-            op,
-            format!("{what} must be f32, got i32 {:?}", t.shape),
-        )),
-    }
-}
-
-/// The operand as i32, or an error naming `what`.
-pub(crate) fn i32s<'a>(
-    op: &'static str,
-    t: &'a Tensor,
-    what: &str,
-) -> Result<&'a [i32], KernelError> {
-    match &t.data {
-        Data::I32(v) if v.len() == t.numel() => Ok(v),
-        Data::I32(v) => Err(bad(
-            op,
-            format!("{what} holds {} values for shape {:?}", v.len(), t.shape),
-        )),
-        Data::F32(_) => Err(bad(
-            op,
-            format!("{what} must be i32, got f32 {:?}", t.shape),
-        )),
-    }
+    typed(op, t, what)
 }
 
 /// The output as f32, its buffer the size of its shape.
@@ -366,17 +380,23 @@ pub fn slice(x: &Tensor, axis: usize, start: usize, out: &mut Tensor) -> Result<
             ),
         ));
     }
-    let inner = numel(&x.shape[axis + 1..]);
-    let (xc, oc, from) = (
-        x.shape[axis] * inner,
-        out.shape[axis] * inner,
-        start * inner,
-    );
+    let (xc, oc, from) = axis_rows(x, out, axis, start);
     match pair(OP, x, out)? {
         Pair::F(a, o) => slice_rows(a, xc, from, oc, o),
         Pair::I(a, o) => slice_rows(a, xc, from, oc, o),
     }
     Ok(())
+}
+
+/// A slice's or a pad's rows: `x`'s and `out`'s elements from `axis` in, and where
+/// `start` along `axis` falls in such a row.
+fn axis_rows(x: &Tensor, out: &Tensor, axis: usize, start: usize) -> (usize, usize, usize) {
+    let inner = numel(&x.shape[axis + 1..]);
+    (
+        x.shape[axis] * inner,
+        out.shape[axis] * inner,
+        start * inner,
+    )
 }
 
 fn pad_rows<T: Copy + Default + Send + Sync>(
@@ -406,12 +426,7 @@ pub fn pad(x: &Tensor, axis: usize, start: usize, out: &mut Tensor) -> Result<()
             ),
         ));
     }
-    let inner = numel(&x.shape[axis + 1..]);
-    let (xc, oc, at) = (
-        x.shape[axis] * inner,
-        out.shape[axis] * inner,
-        start * inner,
-    );
+    let (xc, oc, at) = axis_rows(x, out, axis, start);
     match pair(OP, x, out)? {
         Pair::F(a, o) => pad_rows(a, xc, at, oc, o),
         Pair::I(a, o) => pad_rows(a, xc, at, oc, o),
@@ -441,7 +456,7 @@ pub fn gather(table: &Tensor, indices: &Tensor, out: &mut Tensor) -> Result<(), 
     }
     let (v, d) = (table.shape[0], table.shape[1]);
     let t = f32s(OP, table, "the table")?;
-    let idx = i32s(OP, indices, "the indices")?;
+    let idx = typed::<i32>(OP, indices, "the indices")?;
     let mut want = indices.shape.clone();
     want.push(d);
     if out.shape != want {
@@ -464,7 +479,7 @@ pub fn gather(table: &Tensor, indices: &Tensor, out: &mut Tensor) -> Result<(), 
 /// `(indices [..], dy [.., D])` summed into rows of `out [V, D]`, in index order.
 pub fn scatter_add(indices: &Tensor, dy: &Tensor, out: &mut Tensor) -> Result<(), KernelError> {
     const OP: &str = "scatter_add";
-    let idx = i32s(OP, indices, "the indices")?;
+    let idx = typed::<i32>(OP, indices, "the indices")?;
     let g = f32s(OP, dy, "the values")?;
     let r = indices.shape.len();
     if out.shape.len() != 2

@@ -1,7 +1,7 @@
 //! Tests of `pool.rs`.
 
 use super::*;
-use crate::cpu::kernels::testutil::{assert_near as assert_close, f64s, zeros};
+use crate::cpu::kernels::testutil::{assert_near as assert_close, f64s, in_pool, zeros};
 use crate::cpu::tensor::numel;
 
 /// Uniform in [-1, 1), keyed by `tag`.
@@ -230,11 +230,7 @@ fn pooling_is_bit_identical_to_per_window_loops() {
                     let what = format!("{shape:?} k{k} s{s} p{p} max {max} special {special}");
                     let (want_y, want_dx) = pool_first(&x, &dy, max, k, s, p);
                     for threads in [1, 2, 3] {
-                        let pool = rayon::ThreadPoolBuilder::new()
-                            .num_threads(threads)
-                            .build()
-                            .unwrap();
-                        let (y, dx) = pool.install(|| {
+                        let (y, dx) = in_pool(threads, || {
                             let mut y =
                                 Tensor::from_f32(yshape.to_vec(), vec![7.0; numel(&yshape)]);
                             pool2d(&x, max, k, s, p, &mut y).unwrap();

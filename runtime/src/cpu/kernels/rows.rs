@@ -5,7 +5,7 @@
 //! and rows run on rayon threads only when the tensor is large, so results are bit-identical
 //! whatever the thread count.
 
-use super::layout::{bad, f32s, f32s_mut, fill_range, for_rows, i32s};
+use super::layout::{bad, f32s, f32s_mut, fill_range, for_rows, typed};
 use super::simd::{sum8, sum8_pair, vectorised};
 use super::{math, scratch, KernelError};
 use crate::cpu::tensor::Tensor;
@@ -176,7 +176,7 @@ fn logits_labels<'a>(
     labels: &'a Tensor,
 ) -> Result<(&'a [f32], &'a [i32], usize), KernelError> {
     let xs = f32s(op, logits, "the logits")?;
-    let ls = i32s(op, labels, "the labels")?;
+    let ls = typed::<i32>(op, labels, "the labels")?;
     let r = logits.shape.len();
     if r == 0 || labels.shape[..] != logits.shape[..r - 1] {
         return Err(bad(
@@ -290,7 +290,7 @@ pub fn cross_entropy_grad_in_place(
     const OP: &str = "cross_entropy_grad";
     // Checked as the logits of `cross_entropy_grad`; the labels read again once they are.
     let c = logits_labels(OP, logits, labels)?.2;
-    let ls = i32s(OP, labels, "the labels")?;
+    let ls = typed::<i32>(OP, labels, "the labels")?;
     let d = f32s(OP, dloss, "the loss gradient")?;
     if d.len() != 1 {
         return Err(bad(

@@ -1,5 +1,6 @@
 //! Helpers shared by the kernels' tests.
 
+use crate::cpu::kernels::KernelError;
 use crate::cpu::tensor::{numel, Tensor};
 use crate::rng::{normal, stream, uniform, Purpose};
 
@@ -14,6 +15,15 @@ pub fn uniform_tensor(seed: u64, shape: &[usize], tag: u64) -> Tensor {
 
 pub fn zeros(shape: &[usize]) -> Tensor {
     Tensor::from_f32(shape.to_vec(), vec![0.0; numel(shape)])
+}
+
+/// The message of `e`, which must be a `KernelError::Bad` from `op`.
+pub fn bad_message(e: KernelError, op: &str) -> String {
+    let KernelError::Bad { op: from, message } = e else {
+        panic!("{e:?}")
+    };
+    assert_eq!(from, op);
+    message
 }
 
 /// Runs `f` on a rayon pool of `threads` threads (determinism tests).

@@ -12,6 +12,9 @@ use cudarc::nccl::sys;
 use std::ffi::{c_int, c_uint, c_void, CStr};
 use std::time::{Duration, Instant};
 
+/// Every buffer a communicator moves holds f32.
+const F32: sys::ncclDataType_t = sys::ncclDataType_t::ncclFloat32;
+
 /// Sleep between polls: short against collective times, long enough not to spin a core.
 const POLL: Duration = Duration::from_micros(50);
 /// `ncclCommGetAsyncError`, `ncclCommAbort` and the non-blocking init exist from NCCL 2.14.
@@ -312,19 +315,11 @@ impl NcclComm {
     /// `ptr` holds `n` f32 on this communicator's device until `wait` returns.
     pub unsafe fn send(&mut self, ptr: u64, n: usize, peer: usize) -> Result<(), NcclCommError> {
         let what = format!("send of {n} f32 to rank {peer}");
-        self.check_peer(&what, peer)?;
-        // SAFETY: the caller vouches for the buffer; the comm and stream are live.
-        let r = unsafe {
-            sys::ncclSend(
-                ptr as *const c_void,
-                n,
-                sys::ncclDataType_t::ncclFloat32,
-                peer as c_int,
-                self.comm,
-                self.nccl_stream(),
-            )
-        };
-        self.issued(&what, r, true)
+        // SAFETY: the caller vouches for the buffer; `point_to_point` passes a live comm
+        // and stream.
+        self.point_to_point(&what, peer, |peer, comm, stream| unsafe {
+            sys::ncclSend(ptr as *const c_void, n, F32, peer, comm, stream)
+        })
     }
 
     /// Receives `n` f32 from rank `peer` into device address `ptr`.
@@ -333,19 +328,23 @@ impl NcclComm {
     /// `ptr` has room for `n` f32 on this communicator's device until `wait` returns.
     pub unsafe fn recv(&mut self, ptr: u64, n: usize, peer: usize) -> Result<(), NcclCommError> {
         let what = format!("recv of {n} f32 from rank {peer}");
-        self.check_peer(&what, peer)?;
         // SAFETY: as for `send`.
-        let r = unsafe {
-            sys::ncclRecv(
-                ptr as *mut c_void,
-                n,
-                sys::ncclDataType_t::ncclFloat32,
-                peer as c_int,
-                self.comm,
-                self.nccl_stream(),
-            )
-        };
-        self.issued(&what, r, true)
+        self.point_to_point(&what, peer, |peer, comm, stream| unsafe {
+            sys::ncclRecv(ptr as *mut c_void, n, F32, peer, comm, stream)
+        })
+    }
+
+    /// Issues a send or receive (`call`, given the peer, the comm and the stream) after
+    /// checking the peer.
+    fn point_to_point(
+        &mut self,
+        what: &str,
+        peer: usize,
+        call: impl FnOnce(c_int, sys::ncclComm_t, sys::cudaStream_t) -> sys::ncclResult_t,
+    ) -> Result<(), NcclCommError> {
+        self.check_peer(what, peer)?;
+        let r = call(peer as c_int, self.comm, self.nccl_stream());
+        self.issued(what, r, true)
     }
 
     /// All-gather: `n` f32 from every rank at `send` land in rank order at `recv`
@@ -367,7 +366,7 @@ impl NcclComm {
                 send as *const c_void,
                 recv as *mut c_void,
                 n,
-                sys::ncclDataType_t::ncclFloat32,
+                F32,
                 self.comm,
                 self.nccl_stream(),
             )

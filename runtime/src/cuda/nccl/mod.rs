@@ -16,6 +16,14 @@ use parallax_compiler::codegen::builder::Kernel;
 use parallax_compiler::codegen::{grid_for, Arg, Gen, BLOCK};
 use std::sync::Arc;
 
+/// Asserts that an error's text names each of `parts` (what the error tests check).
+#[cfg(test)]
+fn assert_names(text: &str, parts: &[&str]) {
+    for part in parts {
+        assert!(text.contains(part), "{text:?} lacks {part:?}");
+    }
+}
+
 fn nccl_err(e: cudarc::nccl::result::NcclError) -> CudaError {
     CudaError::Nccl(format!("{e:?}"))
 }

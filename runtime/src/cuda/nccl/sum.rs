@@ -95,25 +95,15 @@ impl DeviceSum<CudaExecutor> for NcclSum {
         // the schedule's order of its single-leaf partials), `total` has room for `len`, all
         // on the communicator's GPU; `stream` is the one the communicator was made with.
         let done = unsafe {
-            match root {
-                None => self.tree.all_reduce(
-                    &mut self.comm,
-                    &self.stream,
-                    schedule,
-                    &mine,
-                    total,
-                    self.timeout,
-                ),
-                Some(root) => self.tree.reduce(
-                    &mut self.comm,
-                    &self.stream,
-                    schedule,
-                    root,
-                    &mine,
-                    total,
-                    self.timeout,
-                ),
-            }
+            self.tree.sum(
+                &mut self.comm,
+                &self.stream,
+                schedule,
+                &mine,
+                total,
+                root,
+                self.timeout,
+            )
         };
         done.map_err(|e| ExecError::Device(e.to_string()))?;
         if call.root.is_some_and(|q| q != call.member) {

@@ -105,51 +105,19 @@ impl DeviceTree {
         })
     }
 
-    /// The fixed-tree sum of every member's partials into `out` on every member of the
-    /// schedule's group: the bits of `collective::total` (and of `Schedule::run_host`).
-    /// Waits at most `timeout` for each of its two exchanges; on an error or the deadline
-    /// the communicator is aborted and the error names this rank, the phase and NCCL's
-    /// operation.
+    /// The fixed-tree sum of every member's partials: the bits of `collective::total` (and
+    /// of `Schedule::run_host`). Without a `root` (an all-reduce) every member of the
+    /// schedule's group gets it in `out`; with one (a reduce) only world rank `root` does,
+    /// and elsewhere `out` holds only the chunk the member owns. Waits at most `timeout` for
+    /// each of its two exchanges; on an error or the deadline the communicator is aborted
+    /// and the error names this rank, the phase and NCCL's operation.
     ///
     /// # Safety
     /// `mine[p]` is the device address of this member's partial `p` (in the order of its
     /// ranges in the schedule) and `out` of room for `schedule.len` f32, on `comm`'s device;
     /// `stream` is the stream `comm` was made with.
-    pub unsafe fn all_reduce(
-        &mut self,
-        comm: &mut NcclComm,
-        stream: &CudaStream,
-        schedule: &Schedule,
-        mine: &[u64],
-        out: u64,
-        timeout: Duration,
-    ) -> Result<(), DeviceTreeError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.run(comm, stream, schedule, mine, out, None, timeout) }
-    }
-
-    /// `all_reduce`'s total, gathered on world rank `root` only: there `out` holds the
-    /// total; elsewhere only the chunk the member owns.
-    ///
-    /// # Safety
-    /// As for `all_reduce`.
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn reduce(
-        &mut self,
-        comm: &mut NcclComm,
-        stream: &CudaStream,
-        schedule: &Schedule,
-        root: usize,
-        mine: &[u64],
-        out: u64,
-        timeout: Duration,
-    ) -> Result<(), DeviceTreeError> {
-        // SAFETY: the caller's contract.
-        unsafe { self.run(comm, stream, schedule, mine, out, Some(root), timeout) }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn run(
+    pub unsafe fn sum(
         &mut self,
         comm: &mut NcclComm,
         stream: &CudaStream,

@@ -148,8 +148,12 @@ pub(super) fn check_f32(op: &'static str, what: &str, t: &Tensor) -> Result<(), 
     Ok(())
 }
 
-/// The sizes of a checked matrix product.
-struct Product {
+/// A checked matrix product: its operands' values and transposes, and its sizes.
+struct Product<'a> {
+    a: &'a [f32],
+    b: &'a [f32],
+    trans_a: bool,
+    trans_b: bool,
     m: usize,
     n: usize,
     k: usize,
@@ -160,13 +164,13 @@ struct Product {
 }
 
 /// Checks `op(a) x op(b)` into an output of `out_shape` (see [`matmul`]).
-fn product_of(
-    a: &Tensor,
-    b: &Tensor,
+fn product_of<'a>(
+    a: &'a Tensor,
+    b: &'a Tensor,
     trans_a: bool,
     trans_b: bool,
     out_shape: &[usize],
-) -> Result<Product, KernelError> {
+) -> Result<Product<'a>, KernelError> {
     check_f32("matmul", "the left operand", a)?;
     check_f32("matmul", "the right operand", b)?;
     let (ra, rb) = (a.shape.len(), b.shape.len());
@@ -207,6 +211,10 @@ fn product_of(
         )));
     }
     Ok(Product {
+        a: a.f32(),
+        b: b.f32(),
+        trans_a,
+        trans_b,
         m,
         n,
         k,
@@ -245,7 +253,7 @@ pub fn matmul(
         return Ok(());
     }
     // One product per batch, each row-major in its slab of `dst`.
-    batched(&p, a, b, trans_a, trans_b, &shape, dst, &strides(&shape));
+    batched(&p, &shape, dst, &strides(&shape));
     Ok(())
 }
 
@@ -283,25 +291,19 @@ pub fn matmul_strided(
             dst.len()
         )));
     }
-    batched(&p, a, b, trans_a, trans_b, out_shape, dst, strides);
+    batched(&p, out_shape, dst, strides);
     Ok(())
 }
 
 /// The products of a checked batched matmul into `dst` at element `strides` (one per axis
 /// of `out_shape`, the last 1, the layout inside `dst` and one-to-one): one task per product
 /// when there is enough work; large products also split inside (rayon nests).
-#[allow(clippy::too_many_arguments)]
-fn batched(
-    p: &Product,
-    a: &Tensor,
-    b: &Tensor,
-    trans_a: bool,
-    trans_b: bool,
-    out_shape: &[usize],
-    dst: &mut [f32],
-    strides: &[usize],
-) {
+fn batched(p: &Product, out_shape: &[usize], dst: &mut [f32], strides: &[usize]) {
     let &Product {
+        a: av,
+        b: bv,
+        trans_a,
+        trans_b,
         m,
         n,
         k,
@@ -317,7 +319,6 @@ fn batched(
     let ld = strides[r - 2];
     let (a_rs, a_cs) = if trans_a { (1, m) } else { (k, 1) };
     let (b_rs, b_cs) = if trans_b { (1, k) } else { (n, 1) };
-    let (av, bv) = (a.f32(), b.f32());
     let (sa, sb) = (m * k, if shared_b { 0 } else { k * n });
     let out = Ptr(dst.as_mut_ptr());
     let par = parallelism(m, n, k);
@@ -353,7 +354,7 @@ fn batched(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::kernels::testutil::zeros;
+    use crate::cpu::kernels::testutil::{in_pool, zeros};
 
     /// Uniform in [-1, 1), keyed by `tag`.
     pub(super) fn random(shape: &[usize], tag: u64) -> Tensor {
@@ -561,11 +562,7 @@ mod tests {
             let a = random(&stored(batch, m, k, ta), 3);
             let b = random(&stored(if shared_b { &[] } else { batch }, k, n, tb), 4);
             let run = |threads: usize| {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                pool.install(|| {
+                in_pool(threads, || {
                     let mut out = zeros(&stored(batch, m, n, false));
                     matmul(&a, &b, ta, tb, &mut out).unwrap();
                     out.f32().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
