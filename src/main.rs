@@ -133,6 +133,7 @@ mod comm_check;
 mod compile;
 mod gpu;
 mod prepare;
+mod progress;
 mod report;
 mod sample;
 mod tokenize;
@@ -170,22 +171,14 @@ fn main() -> ExitCode {
 /// Reads and parses the file and applies the `--set PATH=VALUE` overrides, reporting any
 /// error (exit 2 for an argument that is not PATH=VALUE, 1 for a file or value the experiment
 /// refuses); returns the source and the parse time.
-pub(crate) fn load(
-    file: &Path,
-    set: &[String],
-    format: Format,
-) -> Result<(Source, Duration), Exit> {
+pub(crate) fn load(file: &Path, set: &[String], fmt: Format) -> Result<(Source, Duration), Exit> {
     let name = file.display().to_string();
     let refuse = |text: &str, diagnostics: &[Diagnostic]| {
-        report(&name, text, diagnostics, format);
+        report(&name, text, diagnostics, fmt);
         Exit(1)
     };
-    let bytes = std::fs::read(file).map_err(|e| {
-        refuse(
-            "",
-            &[Diagnostic::new(format!("cannot read the file: {e}"), None)],
-        )
-    })?;
+    let unread = |e| [Diagnostic::new(format!("cannot read the file: {e}"), None)];
+    let bytes = std::fs::read(file).map_err(|e| refuse("", &unread(e)))?;
     let t = Instant::now();
     let parsed = parse_bytes(&bytes);
     let elapsed = t.elapsed();

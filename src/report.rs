@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 
 pub fn report(runs: &[PathBuf], out: Option<&Path>) -> Result<(), Exit> {
     let written = report::report(runs, out).map_err(crate::error)?;
-    let lines: Vec<String> = written
+    let lines: String = written
         .iter()
         .map(|p| format!("{}\n", p.display()))
         .collect();
-    emit(&lines.concat())
+    emit(&lines)
 }
 
 pub fn diff(a: &Path, b: &Path) -> Result<(), Exit> {

@@ -1,10 +1,10 @@
 //! `parallax train`: compile, train on the CPU, show progress, report where the run went.
 
 use crate::prepare::Prepared;
+use crate::progress::Progress;
 use crate::{Backend, Exit, PrecisionArg};
-use indicatif::{ProgressBar, ProgressStyle};
 use parallax_runtime::train::{
-    say, signals, train_placed, Event, Fault, PlacedError, TrainConfig, TrainError,
+    say, signals, train_placed, Fault, PlacedError, TrainConfig, TrainError,
 };
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -179,48 +179,4 @@ fn report(
 /// The exit code of a run a signal stopped: 128 + the signal, as a shell reports it.
 fn stopped(signal: usize) -> Exit {
     Exit(128u8.saturating_add(signal as u8))
-}
-
-/// The run's progress on stderr: a bar on a terminal, else the log's lines; rank 0 speaks
-/// for a job.
-struct Progress {
-    log: say::Log,
-    lead: bool,
-    terminal: bool,
-    bar: Option<ProgressBar>,
-}
-
-impl Progress {
-    fn on_event(&mut self, e: &Event) {
-        // The job's other ranks train silently.
-        if !self.lead {
-            return;
-        }
-        let line = self.log.line(e);
-        match (e, &self.bar) {
-            (Event::Start { total_steps, .. }, _) => {
-                errln!("{}", line.unwrap_or_default());
-                if self.terminal {
-                    let b = ProgressBar::new(*total_steps);
-                    let style = "{bar:30} {pos}/{len} steps  {msg}  eta {eta}";
-                    b.set_style(ProgressStyle::with_template(style).expect("a valid template"));
-                    self.bar = Some(b);
-                }
-            }
-            (
-                Event::Step {
-                    step,
-                    loss,
-                    samples_per_sec,
-                    ..
-                },
-                Some(b),
-            ) => {
-                b.set_position(*step);
-                b.set_message(format!("loss {loss:.4}  {samples_per_sec:.0} samples/s"));
-            }
-            (_, Some(b)) => line.into_iter().for_each(|l| b.println(l)),
-            (_, None) => line.into_iter().for_each(|l| errln!("{l}")),
-        }
-    }
 }
