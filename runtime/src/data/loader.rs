@@ -25,7 +25,7 @@ use super::{DataError, Dataset, Values};
 use crate::rng::{permutation, stream, Purpose};
 use std::ops::Range;
 use std::sync::mpsc::{sync_channel, Receiver};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 /// The samples of a global batch this process reads, given the batch's size: its devices'
@@ -121,6 +121,55 @@ pub struct Loader {
     /// The worker's first batch and maker, until the first `next` starts it.
     pending: Option<(u64, Make)>,
     wanted: Option<Wanted>,
+    gate: Arc<Gate>,
+}
+
+/// When the worker may make a batch. While the consumer computes (a training step, whose
+/// threads fill the cores), a worker that has a batch waiting in the channel holds off, so
+/// that it does not take a core from the step; one whose consumer would run short goes on.
+#[derive(Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    changed: Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    computing: bool,
+    /// Batches sent and not yet received.
+    queued: usize,
+    /// The loader was dropped: the worker stops waiting.
+    closed: bool,
+}
+
+impl Gate {
+    fn lock(&self) -> MutexGuard<'_, GateState> {
+        // The state is plain flags and a count: a panic elsewhere leaves it usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set(&self, change: impl FnOnce(&mut GateState)) {
+        change(&mut self.lock());
+        self.changed.notify_all();
+    }
+
+    /// Waits while the consumer computes and a batch is ready for it.
+    fn wait_turn(&self) {
+        let mut s = self.lock();
+        while s.computing && s.queued > 0 && !s.closed {
+            s = self.changed.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+/// While it lives, the consumer computes: the loader's worker makes no batch unless the
+/// consumer would otherwise wait for one ([`Loader::computing`]).
+pub struct Computing(Arc<Gate>);
+
+impl Drop for Computing {
+    fn drop(&mut self) {
+        self.0.set(|s| s.computing = false);
+    }
 }
 
 impl Loader {
@@ -234,6 +283,7 @@ impl Loader {
             failure: Arc::new(Mutex::new(None)),
             pending: Some((first_batch, Box::new(make))),
             wanted: None,
+            gate: Arc::default(),
         })
     }
 
@@ -242,6 +292,7 @@ impl Loader {
         let (tx, rx) = sync_channel(PREFETCH);
         let failed = self.failure.clone();
         let (per_epoch, wanted) = (self.batches_per_epoch, self.wanted.clone());
+        let gate = self.gate.clone();
         let worker = std::thread::Builder::new()
             .name("parallax-data".into())
             .spawn(move || {
@@ -251,6 +302,7 @@ impl Loader {
                 let mut start = (first_batch % per_epoch as u64) as usize;
                 loop {
                     for index in std::mem::take(&mut start)..per_epoch {
+                        gate.wait_turn();
                         let batch = match make(epoch, index, wanted.as_ref()) {
                             Ok(b) => b,
                             Err(e) => {
@@ -260,6 +312,8 @@ impl Loader {
                                 return; // the receiver then sees the channel closed
                             }
                         };
+                        // Counted before it is sent, so that a receive never counts it first.
+                        gate.set(|s| s.queued += 1);
                         if tx.send(batch).is_err() {
                             return; // the loader was dropped
                         }
@@ -271,6 +325,12 @@ impl Loader {
         self.rx = Some(rx);
         self.worker = Some(worker);
         Ok(())
+    }
+
+    /// Marks the consumer as computing until the guard drops (see [`Computing`]).
+    pub fn computing(&self) -> Computing {
+        self.gate.set(|s| s.computing = true);
+        Computing(self.gate.clone())
     }
 
     /// Batches in each epoch.
@@ -293,7 +353,10 @@ impl Iterator for Loader {
             }
         }
         match self.rx.as_ref()?.recv() {
-            Ok(b) => Some(b),
+            Ok(b) => {
+                self.gate.set(|s| s.queued = s.queued.saturating_sub(1));
+                Some(b)
+            }
             Err(_) => {
                 self.rx = None;
                 if let Some(Err(panic)) = self.worker.take().map(JoinHandle::join) {
@@ -308,6 +371,7 @@ impl Iterator for Loader {
 impl Drop for Loader {
     fn drop(&mut self) {
         // Closing the channel makes the worker's next (or pending) send fail, and it returns.
+        self.gate.set(|s| s.closed = true);
         drop(self.rx.take());
         if let Some(w) = self.worker.take() {
             let _ = w.join();
@@ -500,5 +564,53 @@ mod tests {
             drop(l); // joins the worker, blocked on a full channel or not
         }
         drop(Loader::new(numbered(100), 3, 1, false, 0).unwrap()); // never read
+    }
+
+    /// While the consumer computes, a worker with a batch waiting makes no other; one whose
+    /// consumer has none waiting makes it; when the step ends it fills the channel again.
+    #[test]
+    fn a_worker_holds_off_while_the_consumer_computes_unless_it_would_run_short() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::time::{Duration, Instant};
+        let made = Arc::new(AtomicUsize::new(0));
+        let counter = made.clone();
+        let make = move |epoch: u64, index: usize, _: Option<&Wanted>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let ids = vec![index as i32];
+            Ok(Batch {
+                inputs: Values::I32(ids.clone()),
+                targets: Values::I32(ids),
+                size: 1,
+                epoch,
+                index,
+                read: 1,
+            })
+        };
+        // Waits (up to a minute: a loaded machine is slow, never wrong) for `n` batches made.
+        let reaches = |n: usize| {
+            let start = Instant::now();
+            while made.load(Ordering::SeqCst) < n && start.elapsed() < Duration::from_secs(60) {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            made.load(Ordering::SeqCst)
+        };
+        // The worker reaches `n` batches and makes no more while the consumer computes.
+        let holds_at = |n: usize| {
+            assert_eq!(reaches(n), n);
+            std::thread::sleep(Duration::from_millis(100));
+            let after = made.load(Ordering::SeqCst);
+            assert_eq!(after, n, "a batch made while one was waiting");
+        };
+        let mut l = Loader::spawn(100, 0, make).unwrap();
+        let computing = l.computing();
+        assert_eq!(l.next().unwrap().index, 0);
+        // Batch 1 is made (none was waiting), then the worker holds off.
+        holds_at(2);
+        assert_eq!(l.next().unwrap().index, 1);
+        holds_at(3);
+        drop(computing);
+        // Batch 2 waits in the channel; PREFETCH - 1 more fill it, one more waits to be sent.
+        assert_eq!(reaches(3 + PREFETCH), 3 + PREFETCH);
+        assert_eq!(l.next().unwrap().index, 2);
     }
 }

@@ -5,10 +5,17 @@
 
 use std::fmt;
 
-/// Whether every value is finite. Runs on every tensor after every step, so it compares bit
-/// patterns block by block without a branch per value (which vectorises) and stops at the
-/// first block holding a non-finite value.
-pub fn all_finite(v: &[f32]) -> bool {
+parallax_compiler::vectorised! {
+    /// Whether every value is finite. Runs on every gradient, parameter and state after
+    /// every step, so it compares bit patterns block by block without a branch per value and
+    /// stops at the first block holding a non-finite value; compiled for the CPU's vector
+    /// width (the baseline's SSE2 has no unsigned maximum, and ran it value by value: 13% of
+    /// the MLP bench's training time).
+    pub fn all_finite(v: &[f32]) -> bool = all_finite_at;
+}
+
+#[inline(always)]
+fn all_finite_at(v: &[f32]) -> bool {
     // Exponent all ones: an infinity or a NaN; the sign bit is masked off.
     const EXPONENT: u32 = 0x7f80_0000;
     v.chunks(256).all(|block| {

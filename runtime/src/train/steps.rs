@@ -7,7 +7,7 @@ use super::records::Records;
 use super::validate::Validator;
 use super::{feed, job, labelled_but_all_ignored, set_scalars, Event, TrainConfig, TrainError};
 use crate::backend::Backend;
-use crate::data::loader::{Batch, Loader};
+use crate::data::loader::{Batch, Computing, Loader};
 use crate::exec::Mode;
 use crate::ranks::{lock, Peers};
 use parallax_compiler::dsl::ast::Experiment;
@@ -82,7 +82,7 @@ impl Steps<'_> {
         };
         self.t.data_wait += waiting.elapsed().as_secs_f64();
         self.t.samples_read += batch.read as u64;
-        let lr = self.train(exec, &batch, step, on_event)?;
+        let lr = self.train(exec, &batch, step, loader.computing(), on_event)?;
         let epoch_end = batch.index as u64 + 1 == self.per_epoch;
         if (epoch_end || step + 1 == self.total) && !self.validator.set.is_empty() {
             self.validate(exec, &batch, step, lr, on_event)?;
@@ -90,12 +90,14 @@ impl Steps<'_> {
         self.checkpoint_or_stop(exec, step)
     }
 
-    /// The update on `batch`, checked finite and logged; returns the learning rate.
+    /// The update on `batch`, checked finite and logged; returns the learning rate. The
+    /// loader holds off while `computing` lives: until the step's loss is read.
     fn train(
         &mut self,
         exec: &mut dyn Backend,
         batch: &Batch,
         step: u64,
+        computing: Computing,
         on_event: &mut dyn FnMut(&Event),
     ) -> Result<f32, TrainError> {
         if labelled_but_all_ignored(&self.exp.loss, &batch.targets) {
@@ -121,6 +123,7 @@ impl Steps<'_> {
         // Reading the loss waits for an asynchronous backend's step to finish.
         let loss = exec.loss(batch.size).map_err(at_step)?;
         self.t.times.push(t.elapsed().as_secs_f64());
+        drop(computing);
         self.t.samples += batch.size;
         // The loss misses a NaN that a ReLU or a max-pooling hides: every tensor is checked.
         let tensor = exec.first_non_finite().map_err(at_step)?;
