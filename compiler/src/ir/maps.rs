@@ -4,7 +4,6 @@
 //! its epilogue. The backends look these up (`Op::map`, from the table's `map` column) instead of
 //! matching on ops, so an elementwise op is its entry in `op.rs`, its row here and its VJP rule.
 
-use super::op::Op;
 use crate::scalar::math;
 use crate::scalar::simd::{binary_loop, unary_loop, Operand};
 
@@ -45,8 +44,6 @@ pub struct UnaryMap {
     pub run: fn(&mut [f32], &[f32], f32),
     pub reference: fn(f64, f64) -> f64,
     pub ptx: fn(&mut dyn PtxScalar, Reg, f32) -> Reg,
-    /// The op's attribute the map takes as `p`.
-    pub param: fn(&Op) -> f64,
     /// Whether a matmul may apply it to its result as it writes it (an activation).
     pub epilogue: bool,
 }
@@ -114,15 +111,11 @@ impl std::fmt::Debug for Elementwise {
     }
 }
 
-fn no_param(_: &Op) -> f64 {
-    0.0
-}
-
-/// `unary! { [param: Op::X { attr } => attr,] cpu: |x, p| .., f64: |x, p| .., ptx: |k, a, p|
-/// .., epilogue: bool }`: a unary row, its CPU function made into a vector loop.
+/// `unary! { cpu: |x, p| .., f64: |x, p| .., ptx: |k, a, p| .., epilogue: bool }`: a unary
+/// row, its CPU function made into a vector loop; `p` is the op's attribute its entry in
+/// `op.rs` names (`map maps::SCALE { by }`), 0 without one.
 macro_rules! unary {
     (
-        $(param: $pat:pat => $attr:ident,)?
         cpu: |$x:pat_param, $p:pat_param| $cpu:expr,
         f64: |$rx:pat_param, $rp:pat_param| $reference:expr,
         ptx: |$k:ident, $a:pat_param, $pp:pat_param| $ptx:expr,
@@ -143,29 +136,14 @@ macro_rules! unary {
         fn ptx($k: &mut dyn PtxScalar, $a: Reg, $pp: f32) -> Reg {
             $ptx
         }
-        $(
-            fn param(op: &Op) -> f64 {
-                match *op {
-                    $pat => $attr,
-                    _ => unreachable!("a row's attribute is read from its own op"),
-                }
-            }
-        )?
         Map::Unary(UnaryMap {
             f,
             run,
             reference,
             ptx,
-            param: unary!(@param $($attr)?),
             epilogue: $epilogue,
         })
     }};
-    (@param) => {
-        no_param
-    };
-    (@param $attr:ident) => {
-        param
-    };
 }
 
 /// `binary! { cpu: |x, y| .., f64: |x, y| .., ptx: |k, a, b| .. }`: a binary row.
@@ -229,21 +207,18 @@ pub static DIV: Map = binary! {
     ptx: |k, a, b| k.div(a, b),
 };
 pub static SCALE: Map = unary! {
-    param: Op::Scale { by } => by,
     cpu: |x, by| x * by,
     f64: |x, by| x * by,
     ptx: |k, a, by| k.mul_const(a, by),
     epilogue: false,
 };
 pub static ADD_SCALAR: Map = unary! {
-    param: Op::AddScalar { value } => value,
     cpu: |x, v| x + v,
     f64: |x, v| x + v,
     ptx: |k, a, v| k.add_const(a, v),
     epilogue: false,
 };
 pub static CLAMP_MAX: Map = unary! {
-    param: Op::ClampMax { value } => value,
     cpu: |x, v| x.min(v),
     f64: |x, v| x.min(v),
     ptx: |k, a, v| {
@@ -398,7 +373,7 @@ pub static SILU_GRAD: Map = binary! {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::op::elementwise_examples;
+    use crate::ir::op::{elementwise_examples, Op};
 
     /// Operands where every map is defined: `x` across [-6, 6] (its absolute value for a
     /// square root), `y` away from zero (a divisor).

@@ -65,12 +65,13 @@ pub enum Group {
 }
 
 /// The op list. `__parallax_ops!(callback)` hands every entry, in order, to `callback!` in
-/// one form: `[docs] Variant [{ field: Type, .. }] "name" arity Class shape flops vjp [map]
+/// one form: `[docs] Variant [{ field: Type, .. }] "name" arity Class shape flops vjp [map [{param}]]
 /// [example] [names (attrs)];` (the bracketed columns may be empty).
 ///
 /// An entry is written `Variant { field: Type, .. } = "name", arity, Class, shape rule, cost
 /// rule, vjp::RULE` (`vjp::none` for an op never differentiated) and then, each optional,
-/// `, map maps::ROW` (a plain elementwise map), `, example Op::..` (every elementwise row has
+/// `, map maps::ROW` (a plain elementwise map; `maps::ROW { field }` when the map takes that
+/// attribute as its `p`), `, example Op::..` (every elementwise row has
 /// one: the backends' tests walk them) and `, attrs |names| text` (the attributes as the
 /// printer shows them, the fields bound by name). Entries are in `OpKind` order, which sorts
 /// and indexes the table.
@@ -86,14 +87,14 @@ macro_rules! __parallax_ops {
         $(#[$doc:meta])*
         $op:ident $({ $($field:ident : $ty:ty),* $(,)? })? =
             $name:literal, $arity:literal, $class:ident, $shape:path, $flops:expr, vjp::$vjp:ident
-            $(, map $map:path)?
+            $(, map $map:path $({ $param:ident })?)?
             $(, example $example:expr)?
             $(, attrs |$names:ident| $attrs:expr)?
         ;
     )*) => {
         $($cb)+ ! { $(
             [$(#[$doc])*] $op [$({ $($field : $ty),* })?] $name $arity $class $shape $flops $vjp
-            [$($map)?] [$($example)?] [$($names ($attrs))?];
+            [$($map $({ $param })?)?] [$($example)?] [$($names ($attrs))?];
         )* }
     };
     ($($cb:tt)+) => { $crate::__parallax_ops! { @rows [$($cb)+]
@@ -196,16 +197,16 @@ macro_rules! __parallax_ops {
         Div = "div", 2, Elementwise, broadcast_shape, per_out::<1>, vjp::div,
             map maps::DIV, example Op::Div;
         Scale { by: f64 } = "scale", 1, Elementwise, float_same, per_out::<1>, vjp::scale,
-            map maps::SCALE, example Op::Scale { by: 0.5 },
+            map maps::SCALE { by }, example Op::Scale { by: 0.5 },
             attrs |names| format!("by={by}");
         AddScalar { value: f64 } =
             "add_scalar", 1, Elementwise, float_same, per_out::<1>, vjp::identity,
-            map maps::ADD_SCALAR, example Op::AddScalar { value: 1.0 },
+            map maps::ADD_SCALAR { value }, example Op::AddScalar { value: 1.0 },
             attrs |names| format!("value={value}");
         /// `min(x, value)`
         ClampMax { value: f64 } =
             "clamp_max", 1, Elementwise, float_same, per_out::<1>, vjp::none,
-            map maps::CLAMP_MAX, example Op::ClampMax { value: 2.0 },
+            map maps::CLAMP_MAX { value }, example Op::ClampMax { value: 2.0 },
             attrs |names| format!("value={value}");
         Sqrt = "sqrt", 1, Elementwise, float_same, per_out::<1>, vjp::sqrt,
             map maps::SQRT, example Op::Sqrt;
@@ -385,7 +386,7 @@ macro_rules! map_ops {
 #[macro_export]
 macro_rules! __parallax_map_ops {
     ($($doc:tt $op:ident $fields:tt $name:tt $arity:tt $class:tt $shape:tt $flops:tt $vjp:tt
-        [$($map:tt)?] $example:tt $attrs:tt;)*) => {
+        [$($map:tt $($param:tt)?)?] $example:tt $attrs:tt;)*) => {
         $crate::__parallax_map_ops!(@keep [] $($op [$($map)?])*)
     };
     (@keep [$($kept:ident)*]) => {

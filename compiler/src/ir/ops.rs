@@ -66,6 +66,9 @@ pub struct OpDef {
     pub has_vjp: bool,
     /// A plain elementwise map's backend columns (`maps`): CPU, f64 reference, PTX.
     pub map: Option<&'static Map>,
+    /// The attribute a unary map takes as its `p` (the entry's `map maps::ROW { field }`; 0
+    /// without one).
+    pub map_param: fn(&Op) -> f64,
 }
 
 /// The attributes of the op a row's rule is called on: always the row's own (`Op::def`).
@@ -77,7 +80,7 @@ fn own<A>(attrs: Option<A>) -> A {
 /// the op's attributes out of it (`attrs::X::of`) and calls the entry's rule with them.
 macro_rules! table {
     ($($doc:tt $op:ident $fields:tt $name:literal $arity:literal $class:ident $shape:tt
-        $flops:tt $vjp:tt [$($map:tt)?] $example:tt $attrs:tt;)*) => {
+        $flops:tt $vjp:tt [$($map:tt $({ $param:ident })?)?] $example:tt $attrs:tt;)*) => {
         /// The table, in `OpKind` order.
         pub static OPS: [OpDef; OP_COUNT] = [$(OpDef {
             kind: OpKind::$op,
@@ -109,6 +112,7 @@ macro_rules! table {
             },
             has_vjp: table!(@has_vjp $vjp),
             map: table!(@map $($map)?),
+            map_param: table!(@param $op $($($param)?)?),
         },)*];
     };
     (@has_vjp none) => {
@@ -123,6 +127,19 @@ macro_rules! table {
     (@map $map:tt) => {
         Some(&$map)
     };
+    (@param $op:ident) => {{
+        fn param(_: &Op) -> f64 {
+            0.0
+        }
+        param
+    }};
+    (@param $op:ident $param:ident) => {{
+        fn param(op: &Op) -> f64 {
+            let attrs::$op { $param, .. } = own(attrs::$op::of(op));
+            *$param
+        }
+        param
+    }};
 }
 
 crate::__parallax_ops!(table);
@@ -156,7 +173,7 @@ impl Op {
         Some(match self.def().map? {
             Map::Unary(m) => Elementwise::Unary(Unary {
                 map: m,
-                p: (m.param)(self) as f32,
+                p: (self.def().map_param)(self) as f32,
             }),
             Map::Binary(m) => Elementwise::Binary(Binary(m)),
         })
