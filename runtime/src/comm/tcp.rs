@@ -151,6 +151,13 @@ impl Inbox {
     }
 }
 
+/// A failure frame's payload: the rank that failed first (4 bytes) and why.
+fn failure_of(payload: &[u8]) -> Option<(usize, String)> {
+    let (rank, reason) = payload.split_first_chunk::<4>()?;
+    let reason = String::from_utf8_lossy(reason).into_owned();
+    Some((u32::from_le_bytes(*rank) as usize, reason))
+}
+
 impl Link {
     fn send(&self, from: usize, to: u32, kind: u8, payload: &[u8]) -> std::io::Result<()> {
         let mut frame = Vec::with_capacity(HEADER + payload.len());
@@ -322,7 +329,10 @@ fn reader(
                     }),
                     None => inbox.fail(from, "it sent a malformed message".into()),
                 },
-                FAILED => inbox.fail(from, String::from_utf8_lossy(&payload).into_owned()),
+                FAILED => {
+                    let (failed, reason) = failure_of(&payload).unwrap_or((from, String::new()));
+                    inbox.fail(failed, reason)
+                }
                 GONE => inbox.gone(from),
                 _ => inbox.fail(from, "it sent a frame of an unknown kind".into()),
             }
@@ -420,9 +430,15 @@ impl Transport for TcpComm {
     }
 
     fn report_failure(&mut self, reason: &str) {
-        self.inbox.fail(self.rank, reason.to_string());
+        // A rank that fails because another did passes the first failure on: told through
+        // it, a third rank could hear of it before the first failure's own word (rank 0
+        // relays both), and would name this rank.
+        let (failed, reason) = self.failure().unwrap_or((self.rank, reason.to_string()));
+        self.inbox.fail(failed, reason.clone());
+        let mut payload = (failed as u32).to_le_bytes().to_vec();
+        payload.extend(reason.as_bytes());
         for l in self.links.iter().flatten() {
-            let _ = l.send(self.rank, EVERYONE, FAILED, reason.as_bytes());
+            let _ = l.send(self.rank, EVERYONE, FAILED, &payload);
         }
     }
 
