@@ -22,12 +22,13 @@ import time
 
 
 class Server:
-    """A `step_time FILE --serve` process: `steps(n)` runs n steps and returns their ms."""
+    """A `step_time FILE --serve` process (or `BINARY ARGS... --serve` when `args` are given):
+    `steps(n)` runs n steps and returns their ms."""
 
-    def __init__(self, binary, model, env):
+    def __init__(self, binary, model, env, args=None):
         self.binary = binary
         self.proc = subprocess.Popen(
-            [binary, f"benches/models/{model}.ron", "--serve"],
+            [binary, *(args or [f"benches/models/{model}.ron"]), "--serve"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

@@ -3,15 +3,17 @@
 //!
 //! Prints GFLOP/s (best and median of REPS runs) for `kernels::gemm::matmul` and for a few
 //! alternative ways of calling the `gemm` crate directly, so strategies can be compared.
-//! `gemm_speed REPS FILTER engines` instead times the two engines (`gemm` and
+//! `gemm_speed REPS FILTER engines` instead times the engines (`gemm`, `matrixmultiply` and
 //! `matrixmultiply`) on the 2-D products, split as `matmul` splits them, call for call in
 //! turn so that a busy spell of a shared machine falls on both.
 
 use gemm::Parallelism;
 use parallax_runtime::cpu::kernels::gemm::{matmul, product_by};
-use parallax_runtime::cpu::tensor::Tensor;
 use rayon::prelude::*;
 use std::time::Instant;
+
+mod common;
+use common::filled;
 
 /// (batch, shared b, M, K, N, trans_a, trans_b)
 type Case = (&'static [usize], bool, usize, usize, usize, bool, bool);
@@ -35,17 +37,6 @@ const CASES: &[Case] = &[
     (&[16, 4], false, 64, 64, 64, false, false),
     (&[16, 4], false, 64, 64, 64, true, false),
 ];
-
-fn filled(shape: Vec<usize>, seed: u32) -> Tensor {
-    let n: usize = shape.iter().product();
-    let v = (0..n)
-        .map(|i| {
-            let x = (i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8;
-            x as f32 / (1u32 << 24) as f32 - 0.5
-        })
-        .collect();
-    Tensor::from_f32(shape, v)
-}
 
 fn stored(batch: &[usize], rows: usize, cols: usize, trans: bool) -> Vec<usize> {
     let mut s = batch.to_vec();
@@ -382,7 +373,10 @@ fn main() {
     println!("matmul total (median) {:.2} ms", total[0] * 1e3);
 }
 
-/// The two engines on each 2-D case matching `filter`, alternating call by call.
+/// The engines `product_by` knows.
+const ENGINES: [&str; 3] = ["gemm", "matrixmultiply", "panels"];
+
+/// The engines on each 2-D case matching `filter`, alternating call by call.
 fn engines(reps: usize, filter: &str) {
     println!(
         "threads {}; GFLOP/s best/median of {reps}, alternating",
@@ -400,11 +394,11 @@ fn engines(reps: usize, filter: &str) {
         let mut out = vec![0f32; rows * n];
         let l = if ta { (1, rows) } else { (k, 1) };
         let r = if tb { (1, k) } else { (n, 1) };
-        let mut secs = [Vec::new(), Vec::new()];
+        let mut secs = ENGINES.map(|_| Vec::new());
         for rep in 0..=reps {
-            for (side, mm) in [false, true].into_iter().enumerate() {
+            for (side, engine) in ENGINES.into_iter().enumerate() {
                 let t = Instant::now();
-                product_by(mm, (rows, n, k), &mut out, (a.f32(), l), (b.f32(), r));
+                product_by(engine, (rows, n, k), &mut out, (a.f32(), l), (b.f32(), r));
                 if rep > 0 {
                     secs[side].push(t.elapsed().as_secs_f64());
                 }
@@ -412,7 +406,7 @@ fn engines(reps: usize, filter: &str) {
         }
         let flops = 2.0 * (rows * n * k) as f64 / 1e9;
         let mut line = format!("{name:<32}");
-        for (label, s) in ["gemm", "matrixmultiply"].iter().zip(&mut secs) {
+        for (label, s) in ENGINES.iter().zip(&mut secs) {
             s.sort_by(f64::total_cmp);
             line += &format!(
                 " {label} {:>5.0}/{:<5.0}",

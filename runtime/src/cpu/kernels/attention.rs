@@ -17,7 +17,7 @@ use super::gemm::{check_f32, gemm_into, View};
 use super::simd::vectorised;
 use super::{math, KernelError};
 pub use layout::Dims;
-use layout::{bad, with_scratch, Out, Rows};
+use layout::{bad, with_scratch, Layout, Out, Rows};
 
 #[path = "attention_layout.rs"]
 mod layout;
@@ -29,8 +29,9 @@ use rayon::prelude::*;
 pub const QUERY_TILE: usize = 64;
 pub const KEY_TILE: usize = 64;
 
-/// `s [rows, cols] = q_tile [rows, D] x k_tile^T` (leading dimension `KEY_TILE`).
-fn scores(q: Rows, k: Rows, rows: usize, cols: usize, d: usize, s: &mut [f32]) {
+/// `s [rows, cols] = q_tile [rows, D] x k_tile^T` (leading dimension `KEY_TILE`), the key
+/// tile transposed, `[D, KEY_TILE]` (see [`Layout::TilesTransposed`]).
+fn scores(q: Rows, kt: View, rows: usize, cols: usize, d: usize, s: &mut [f32]) {
     gemm_into(
         rows,
         cols,
@@ -39,7 +40,7 @@ fn scores(q: Rows, k: Rows, rows: usize, cols: usize, d: usize, s: &mut [f32]) {
         KEY_TILE,
         false,
         q.view(),
-        k.view_t(),
+        kt,
         Parallelism::None,
     );
 }
@@ -49,17 +50,27 @@ vectorised! {
 }
 
 /// One query's row of a key tile: scales its visible scores, folds them into the running
-/// maximum `m` and sum `l` (in f32, in order), writes `exp(x - m)` over the scores (zero past
-/// the visible keys) and returns the factor the earlier output must be scaled by.
+/// maximum `m` and sum `l`, writes `exp(x - m)` over the scores (zero past the visible keys)
+/// and returns the factor the earlier output must be scaled by. The row's sum is taken in
+/// [`LANES`] running sums (see [`lane_sum`]), not value by value: a chain of dependent adds
+/// cost as much as the tile's two products.
 #[inline(always)]
 fn online_row_at(row: &mut [f32], visible: usize, scale: f32, m: &mut f32, l: &mut f32) -> f32 {
     let (seen, masked) = row.split_at_mut(visible);
     masked.fill(0.0);
-    let mut mx = f32::NEG_INFINITY;
-    for x in seen.iter_mut() {
-        *x *= scale;
-        mx = mx.max(*x);
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = seen.chunks_exact_mut(LANES);
+    for c in &mut chunks {
+        for (a, x) in lanes.iter_mut().zip(c.iter_mut()) {
+            *x *= scale;
+            *a = a.max(*x);
+        }
     }
+    for (a, x) in lanes.iter_mut().zip(chunks.into_remainder()) {
+        *x *= scale;
+        *a = a.max(*x);
+    }
+    let mx = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     let m_new = m.max(mx);
     // A first tile (m = -inf) scales nothing; a row of -inf scores stays NaN-free until its
     // sum is divided by zero, as a softmax of them would be.
@@ -71,10 +82,36 @@ fn online_row_at(row: &mut [f32], visible: usize, scale: f32, m: &mut f32, l: &m
     for x in seen.iter_mut() {
         *x = math::exp(*x - m_new);
     }
-    let sum = seen.iter().fold(0.0f32, |a, &p| a + p);
-    *l = *l * correction + sum;
+    *l = *l * correction + lane_sum(seen);
     *m = m_new;
     correction
+}
+
+/// Running sums a row is added in: one vector of AVX-512.
+const LANES: usize = 16;
+
+/// The sum of `v` in a fixed order that vectorises: [`LANES`] running sums over the indices
+/// equal mod `LANES`, then added pairwise. The order depends only on the length.
+#[inline(always)]
+fn lane_sum(v: &[f32]) -> f32 {
+    let mut lanes = [0f32; LANES];
+    let mut chunks = v.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &x) in lanes.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    for (a, &x) in lanes.iter_mut().zip(chunks.remainder()) {
+        *a += x;
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            lanes[i] += lanes[i + width];
+        }
+    }
+    lanes[0]
 }
 
 vectorised! {
@@ -147,16 +184,15 @@ fn forward_all(dm: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &
     let with_lse = !lse.is_empty();
     let (o, lse) = (Out::of(o), Out::of(lse));
     // Every query tile of a problem reads all its keys and values.
-    dm.head_major((k, s, d), (v, s, e), |flat, k, v| {
+    let operands = [
+        (k, s, d, Layout::TilesTransposed),
+        (v, s, e, Layout::HeadMajor),
+    ];
+    dm.packed(operands, |flat, [kt, v]| {
         for_each_tile(dm.problems, t, QUERY_TILE, |g, i0, i1| {
             let rows = i1 - i0;
             let qg = dm.rows(q, g, (i0, i1), t, d);
-            let kg = flat.rows(k, g, (0, s), s, d);
-            let vg = if e > 0 {
-                flat.rows(v, g, (0, s), s, e)
-            } else {
-                kg
-            };
+            let vg = flat.rows(v, g, (0, s), s, e);
             let pack = qg.packing(rows);
             let len = rows * KEY_TILE + 3 * rows + rows * e + pack;
             with_scratch(len, |buf: &mut [f32]| {
@@ -168,7 +204,7 @@ fn forward_all(dm: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &
                 l.fill(0.0);
                 ot.fill(0.0);
                 let qg = qg.packed(qb);
-                forward_tile(dm, (i0, rows), (qg, kg, vg), sc, (m, l), ot);
+                forward_tile(dm, (g, i0, rows), (qg, kt, vg), sc, (m, l), ot);
                 o.put(dm, g, i0, t, e, ot);
                 if with_lse {
                     for r in 0..rows {
@@ -181,12 +217,13 @@ fn forward_all(dm: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &
     });
 }
 
-/// One task of the forward: queries `[i0, i0 + rows)` of one problem into the tile `o`
-/// (`[rows, E]`, zeros), with their running maximum `m` and sum `l`.
+/// One task of the forward: queries `[i0, i0 + rows)` of problem `g` into the tile `o`
+/// (`[rows, E]`, zeros), with their running maximum `m` and sum `l`; `kt` all keys packed
+/// [`Layout::TilesTransposed`].
 fn forward_tile(
     dm: &Dims,
-    (i0, rows): (usize, usize),
-    (q, k, v): (Rows, Rows, Rows),
+    (g, i0, rows): (usize, usize, usize),
+    (q, kt, v): (Rows, &[f32], Rows),
     sc: &mut [f32],
     (m, l): (&mut [f32], &mut [f32]),
     o: &mut [f32],
@@ -196,7 +233,7 @@ fn forward_tile(
     let end = dm.keys_end(i0 + rows);
     for j0 in (0..end).step_by(KEY_TILE) {
         let cols = KEY_TILE.min(end - j0);
-        scores(q, k.sub(j0, j0 + cols), rows, cols, d, sc);
+        scores(q, dm.tile_t(kt, g, j0, dm.s, d), rows, cols, d, sc);
         for r in 0..rows {
             let visible = dm.visible(i0 + r, j0, cols);
             let row = &mut sc[r * KEY_TILE..r * KEY_TILE + cols];
@@ -211,6 +248,7 @@ fn forward_tile(
         }
         if e > 0 {
             // o += p [rows, cols] x v_tile [cols, E]
+            let p = View::new(sc, KEY_TILE, 1);
             gemm_into(
                 rows,
                 e,
@@ -218,7 +256,7 @@ fn forward_tile(
                 o,
                 e,
                 true,
-                View::new(sc, KEY_TILE, 1),
+                p,
                 v.sub(j0, j0 + cols).view(),
                 Parallelism::None,
             );
@@ -296,16 +334,17 @@ fn ds_row_at(p: &mut [f32], dp: &[f32], delta: f32) {
 }
 
 /// The probabilities `P` of queries `[i0, i0 + rows)` against keys `[j0, j0 + cols)` of one
-/// problem into `p` (`[rows, KEY_TILE]`): the scores recomputed, `exp(scale * x - lse)`.
+/// problem (`kt` their tile transposed) into `p` (`[rows, KEY_TILE]`): the scores
+/// recomputed, `exp(scale * x - lse)`.
 fn probs_tile(
     dm: &Dims,
     (i0, rows): (usize, usize),
     (j0, cols): (usize, usize),
-    (q, k): (Rows, Rows),
+    (q, kt): (Rows, View),
     lse: Rows,
     p: &mut [f32],
 ) {
-    scores(q, k, rows, cols, dm.d, p);
+    scores(q, kt, rows, cols, dm.d, p);
     for r in 0..rows {
         let visible = dm.visible(i0 + r, j0, cols);
         probs_row(
@@ -318,10 +357,10 @@ fn probs_tile(
 }
 
 /// `dS = P * (dy v^T - delta)` over the probabilities `p` in place (`dp` its scratch, both
-/// `[rows, KEY_TILE]`).
+/// `[rows, KEY_TILE]`; `vt` the value tile transposed, `[E, KEY_TILE]`).
 fn ds_tile(
     (rows, cols, e): (usize, usize, usize),
-    (dy, v): (Rows, Rows),
+    (dy, vt): (Rows, View),
     delta: Rows,
     p: &mut [f32],
     dp: &mut [f32],
@@ -335,7 +374,7 @@ fn ds_tile(
         KEY_TILE,
         false,
         dy.view(),
-        v.view_t(),
+        vt,
         Parallelism::None,
     );
     for r in 0..rows {
@@ -367,11 +406,16 @@ pub fn attention_grad_query(
     let (q, k, v) = (q.f32(), k.f32(), v.f32());
     let out = Out::of(out.f32_mut());
     // Every query tile of a problem reads all its keys and values.
-    dm.head_major((k, s, d), (v, s, e), |flat, k, v| {
+    let operands = [
+        (k, s, d, Layout::TilesTransposed),
+        (k, s, d, Layout::HeadMajor),
+        (v, s, e, Layout::TilesTransposed),
+    ];
+    dm.packed(operands, |flat, [kt, k, vt]| {
         for_each_tile(dm.problems, t, QUERY_TILE, |g, i0, i1| {
             let rows = i1 - i0;
             let qg = dm.rows(q, g, (i0, i1), t, d);
-            let (kg, vg) = (flat.rows(k, g, (0, s), s, d), flat.rows(v, g, (0, s), s, e));
+            let kg = flat.rows(k, g, (0, s), s, d);
             let (dyg, lse, delta) = saved.rows(&dm, g, (i0, i1));
             let pack = [qg.packing(rows), dyg.packing(rows)];
             let len = 2 * rows * KEY_TILE + rows * d + pack.iter().sum::<usize>();
@@ -385,10 +429,11 @@ pub fn attention_grad_query(
                 let end = dm.keys_end(i1);
                 for j0 in (0..end).step_by(KEY_TILE) {
                     let cols = KEY_TILE.min(end - j0);
-                    let (kt, vt) = (kg.sub(j0, j0 + cols), vg.sub(j0, j0 + cols));
+                    let (kt, vt) = (dm.tile_t(kt, g, j0, s, d), dm.tile_t(vt, g, j0, s, e));
                     probs_tile(&dm, (i0, rows), (j0, cols), (qg, kt), lse, p);
                     ds_tile((rows, cols, e), (dyg, vt), delta, p, dp);
                     // dq += ds [rows, cols] x k_tile [cols, D]
+                    let ds = View::new(p, KEY_TILE, 1);
                     gemm_into(
                         rows,
                         d,
@@ -396,8 +441,8 @@ pub fn attention_grad_query(
                         dq,
                         d,
                         true,
-                        View::new(p, KEY_TILE, 1),
-                        kt.view(),
+                        ds,
+                        kg.sub(j0, j0 + cols).view(),
                         Parallelism::None,
                     );
                 }
@@ -445,24 +490,23 @@ pub fn attention_grad_key_value(
     let dk_out = dk.map(|x| Out::of(x.f32_mut()));
     let dv_out = dv.map(|x| Out::of(x.f32_mut()));
     // Every key tile of a problem reads all its queries and their output gradients.
-    dm.head_major((q, t, d), (saved.dy.f32(), t, e), |flat, q, dy| {
+    let operands = [
+        (q, t, d, Layout::HeadMajor),
+        (saved.dy.f32(), t, e, Layout::HeadMajor),
+        (k, s, d, Layout::TilesTransposed),
+        (v, s, e, Layout::TilesTransposed),
+    ];
+    dm.packed(operands, |flat, [q, dy, kt, vt]| {
         for_each_tile(dm.problems, s, KEY_TILE, |g, j0, j1| {
             let cols = j1 - j0;
-            let kt = dm.rows(k, g, (j0, j1), s, d);
-            let vt = dm.rows(v, g, (j0, j1), s, e);
-            // The tiles reused by every query tile, packed.
-            let pack = [kt.packing(cols), vt.packing(cols)];
-            let sizes =
-                2 * QUERY_TILE * KEY_TILE + cols * d + cols * e + pack.iter().sum::<usize>();
+            let (kt, vt) = (dm.tile_t(kt, g, j0, s, d), dm.tile_t(vt, g, j0, s, e));
+            let sizes = 2 * QUERY_TILE * KEY_TILE + cols * d + cols * e;
             with_scratch(sizes, |buf: &mut [f32]| {
                 let (p, rest) = buf.split_at_mut(QUERY_TILE * KEY_TILE);
                 let (dp, rest) = rest.split_at_mut(QUERY_TILE * KEY_TILE);
-                let (dk, rest) = rest.split_at_mut(cols * d);
-                let (dv, rest) = rest.split_at_mut(cols * e);
+                let (dk, dv) = rest.split_at_mut(cols * d);
                 dk.fill(0.0);
                 dv.fill(0.0);
-                let (kb, vb) = rest.split_at_mut(pack[0]);
-                let (kt, vt) = (kt.packed(kb), vt.packed(vb));
                 let first = dm.first_query(j0) / QUERY_TILE * QUERY_TILE;
                 for i0 in (first..t).step_by(QUERY_TILE) {
                     let i1 = (i0 + QUERY_TILE).min(t);
@@ -473,6 +517,7 @@ pub fn attention_grad_key_value(
                     probs_tile(&dm, (i0, rows), (j0, cols), (qg, kt), lse, p);
                     if want_dv {
                         // dv += p^T [cols, rows] x dy [rows, E]
+                        let pt = View::new(p, 1, KEY_TILE);
                         gemm_into(
                             cols,
                             e,
@@ -480,7 +525,7 @@ pub fn attention_grad_key_value(
                             dv,
                             e,
                             true,
-                            View::new(p, 1, KEY_TILE),
+                            pt,
                             dyg.view(),
                             Parallelism::None,
                         );
@@ -491,6 +536,7 @@ pub fn attention_grad_key_value(
                     // dS over the same probabilities: the scores are recomputed once per tile.
                     ds_tile((rows, cols, e), (dyg, vt), delta, p, dp);
                     // dk += ds^T [cols, rows] x q [rows, D]
+                    let dst = View::new(p, 1, KEY_TILE);
                     gemm_into(
                         cols,
                         d,
@@ -498,7 +544,7 @@ pub fn attention_grad_key_value(
                         dk,
                         d,
                         true,
-                        View::new(p, 1, KEY_TILE),
+                        dst,
                         qg.view(),
                         Parallelism::None,
                     );

@@ -2,8 +2,9 @@
 //! inside a token-major tensor (`Rows`, packed contiguous on demand), where a task's output
 //! rows go (`Out`), and the per-thread scratch the tasks work in.
 
-use super::super::gemm::{check_f32, View};
+use super::super::gemm::{check_f32, transpose_into, View};
 use super::super::{scratch, KernelError};
+use super::KEY_TILE as TILE;
 use crate::cpu::tensor::Tensor;
 use rayon::prelude::*;
 
@@ -107,32 +108,55 @@ impl Dims {
         }
     }
 
-    /// Runs `f` with two tensors every task reads whole (`(x, len, width)`: `len` rows per
-    /// problem, `width` wide) laid out head-major and contiguous, `[problems, len, width]`,
-    /// and the sizes that address them (one head): copied once per kernel rather than once
-    /// per task, into this thread's kept scratch. With one head they are so already, and are
-    /// lent as they are.
-    pub(super) fn head_major<R>(
+    /// Runs `f` with tensors every task reads whole (`(x, len, width, layout)`: `len` rows
+    /// per problem, `width` wide) copied once per kernel, rather than once per task, into
+    /// this thread's kept scratch, in the layout given (see [`Layout`]), and the sizes that
+    /// address them (one head). With one head a head-major tensor is so already, and is
+    /// lent as it is.
+    pub(super) fn packed<R, const N: usize>(
         &self,
-        a: (&[f32], usize, usize),
-        b: (&[f32], usize, usize),
-        f: impl FnOnce(Dims, &[f32], &[f32]) -> R,
+        xs: [(&[f32], usize, usize, Layout); N],
+        f: impl FnOnce(Dims, [&[f32]; N]) -> R,
     ) -> R {
         let flat = Dims { heads: 1, ..*self };
-        if self.heads == 1 {
-            return f(flat, a.0, b.0);
-        }
-        let size = |(_, len, width): (&[f32], usize, usize)| self.problems * len * width;
+        let lent = |i: usize| self.heads == 1 && xs[i].3 == Layout::HeadMajor;
+        let sizes: [usize; N] = std::array::from_fn(|i| {
+            let (_, len, width, layout) = xs[i];
+            match layout {
+                _ if lent(i) => 0,
+                Layout::HeadMajor => self.problems * len * width,
+                Layout::TilesTransposed => self.problems * len.div_ceil(TILE) * width * TILE,
+            }
+        });
         // Its own element type, so the tasks' scratch (`with_scratch`) on this thread is
         // another vector.
         scratch::with_vec(|v: &mut Vec<[f32; 1]>| {
-            if v.len() < size(a) + size(b) {
-                v.resize(size(a) + size(b), [0.0]);
+            let total = sizes.iter().sum();
+            if v.len() < total {
+                v.resize(total, [0.0]);
             }
-            let (pa, pb) = v.as_flattened_mut().split_at_mut(size(a));
-            self.pack_head_major(a, pa);
-            self.pack_head_major(b, &mut pb[..size(b)]);
-            f(flat, pa, &pb[..size(b)])
+            let all = &mut v.as_flattened_mut()[..total];
+            let mut rest = &mut *all;
+            for (i, &(x, len, width, layout)) in xs.iter().enumerate() {
+                let (out, tail) = rest.split_at_mut(sizes[i]);
+                rest = tail;
+                match layout {
+                    _ if lent(i) => {}
+                    Layout::HeadMajor => self.pack_head_major((x, len, width), out),
+                    Layout::TilesTransposed => self.pack_transposed((x, len, width), out),
+                }
+            }
+            let all = &*all;
+            let mut at = 0;
+            let packed = std::array::from_fn(|i| {
+                at += sizes[i];
+                if lent(i) {
+                    xs[i].0
+                } else {
+                    &all[at - sizes[i]..at]
+                }
+            });
+            f(flat, packed)
         })
     }
 
@@ -148,6 +172,43 @@ impl Dims {
                     row.copy_from_slice(&x[at..at + width]);
                 }
             });
+    }
+
+    /// Each tile of [`TILE`] rows of each problem as a `[width, TILE]` block, its rows
+    /// padded with zeros past `len`.
+    fn pack_transposed(&self, (x, len, width): (&[f32], usize, usize), out: &mut [f32]) {
+        if len * width == 0 {
+            return;
+        }
+        let tiles = len.div_ceil(TILE);
+        out.par_chunks_mut(width * TILE)
+            .enumerate()
+            .for_each(|(task, block)| {
+                let (g, j0) = (task / tiles, task % tiles * TILE);
+                let rows = (len - j0).min(TILE);
+                let at = self.at(g, j0, len, width);
+                let stride = self.heads * width;
+                let src = &x[at..at + (rows - 1) * stride + width];
+                transpose_into(src, stride, (rows, width), block, TILE);
+                for c in 0..width {
+                    block[c * TILE + rows..(c + 1) * TILE].fill(0.0);
+                }
+            });
+    }
+
+    /// Rows `[j0, j0 + TILE)` of problem `g` (a tile's first row `j0`) of a tensor packed
+    /// [`Layout::TilesTransposed`], `len` rows per problem: the right operand `[width, TILE]`
+    /// of a product.
+    pub(super) fn tile_t<'a>(
+        &self,
+        x: &'a [f32],
+        g: usize,
+        j0: usize,
+        len: usize,
+        width: usize,
+    ) -> View<'a> {
+        let block = (g * len.div_ceil(TILE) + j0 / TILE) * width * TILE;
+        View::new(&x[block..block + width * TILE], TILE, 1)
     }
 
     /// The keys query `i` sees among `[j0, j0 + cols)`: a prefix of that tile.
@@ -178,6 +239,17 @@ impl Dims {
     }
 }
 
+/// How [`Dims::packed`] lays out a tensor every task reads whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Layout {
+    /// `[problems, len, width]`: a problem's rows contiguous, the left operand of a product
+    /// or a right one whose rows are its rows.
+    HeadMajor,
+    /// `[problems, tiles, width, TILE]`: each tile of rows transposed, the right operand of
+    /// a product with the tile's rows as columns (`q k^T`), 64 contiguous floats a row.
+    TilesTransposed,
+}
+
 /// Rows of one problem inside a token-major tensor: row `r` starts at `r * stride`.
 #[derive(Clone, Copy)]
 pub(super) struct Rows<'a> {
@@ -200,11 +272,6 @@ impl<'a> Rows<'a> {
     /// As the left operand `[rows, width]` of a product.
     pub(super) fn view(self) -> View<'a> {
         View::new(self.data, self.stride, 1)
-    }
-
-    /// Transposed, as the right operand `[width, rows]` of a product.
-    pub(super) fn view_t(self) -> View<'a> {
-        View::new(self.data, 1, self.stride)
     }
 
     /// These rows copied contiguous into `buf` when they are strided (several heads):

@@ -13,9 +13,11 @@ use gemm::Parallelism;
 use rayon::prelude::*;
 
 mod parts;
+mod tile;
 #[doc(hidden)]
 pub use parts::product_by;
 use parts::{Job, Ptr};
+pub(super) use tile::transpose_into;
 
 thread_local! {
     /// How deep this thread is inside calls of the `gemm` crate, which allocates its packing

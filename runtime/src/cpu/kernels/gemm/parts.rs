@@ -1,6 +1,7 @@
 //! One product on raw parts, split across rayon's threads and multiplied by one of two GEMM
 //! crates (see [`Engine`]).
 
+use super::tile::has_avx512;
 use super::{fits, parallelism, IN_GEMM_CRATE, PARALLEL_WORK};
 use gemm::Parallelism;
 
@@ -51,14 +52,29 @@ fn spin_join(a: impl FnOnce() + Send, b: impl FnOnce() + Send) {
     );
 }
 
-/// Which library multiplies a product's tiles.
+/// Which kernel multiplies a product's tiles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Engine {
     /// The `gemm` crate, threaded by rayon inside for products it is given whole.
     Gemm,
     /// The `matrixmultiply` crate, one thread per part of a split product.
     Matrixmultiply,
+    /// With AVX-512: the right operand packed in panels of 64 columns by [`PANEL_DEPTH`]
+    /// rows, each multiplied by `tile`'s register-blocked kernel reading the left operand
+    /// in place (see [`Job::panels`]). Split like `gemm`.
+    Panels,
 }
+
+/// Rows of the right operand in one packed panel: 64 columns of 128 rows is 32 KiB, which
+/// stays in L1 while the kernel sweeps the output's rows (against 256 and 512, paired in
+/// `gemm_speed 20 '' engines`: the weight gradients `[256, 1024] x [1024, 256]` 463 against
+/// 416-426 GFLOP/s median, the rest within the noise).
+const PANEL_DEPTH: usize = 128;
+
+/// A row of a packed panel, aligned to a cache line.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct PanelRow([f32; 64]);
 
 impl Engine {
     /// The engine for a whole product, from its shape and this CPU alone (so never from the
@@ -69,23 +85,20 @@ impl Engine {
     /// side under 64 it lost (`[32, 43264] x [43264, 9]`, a convolution's weight gradient:
     /// 24 against 43 GFLOP/s), as do products too small to split. With AVX-512, `gemm`'s
     /// `x86-v4` kernels measured about 90% of a core's peak, so they stay.
+    ///
+    /// With AVX-512 every product runs in [`Engine::Panels`]: on 2 cores of an AMD EPYC
+    /// (Zen 5) it was ahead of `gemm` on each of the bench models' products, paired call by
+    /// call (`gemm_speed 20 '' engines`: 413-492 GFLOP/s median against 274-482, the peak
+    /// 545), most on the thin-K products the `gemm` crate packs both operands for.
     fn of(m: usize, n: usize, k: usize) -> Engine {
-        if m.saturating_mul(n).saturating_mul(k) > SPLIT_WORK && m.min(n) >= 64 && !avx512() {
+        if has_avx512() {
+            Engine::Panels
+        } else if m.saturating_mul(n).saturating_mul(k) > SPLIT_WORK && m.min(n) >= 64 {
             Engine::Matrixmultiply
         } else {
             Engine::Gemm
         }
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-fn avx512() -> bool {
-    std::arch::is_x86_feature_detected!("avx512f")
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn avx512() -> bool {
-    false
 }
 
 /// One product on raw parts: `dst [m, n] (= or +=) lhs [m, k] x rhs [k, n]`, `dst` with
@@ -121,11 +134,17 @@ impl Job {
     /// # Safety
     /// [`Job::run`]'s contract.
     unsafe fn multiply_by(self, engine: Engine, par: Parallelism) {
+        // Panels run on one thread each, so any product allowed to run in parallel is split.
+        let least = if engine == Engine::Panels {
+            0
+        } else {
+            SPLIT_WORK
+        };
         let split = matches!(par, Parallelism::Rayon(_))
-            && self.m.saturating_mul(self.n).saturating_mul(self.k) > SPLIT_WORK;
+            && self.m.saturating_mul(self.n).saturating_mul(self.k) > least;
         let parts = match (split, engine) {
             (false, _) => 1,
-            (true, Engine::Gemm) => 2,
+            (true, Engine::Gemm | Engine::Panels) => 2,
             (true, Engine::Matrixmultiply) => rayon::current_num_threads().max(2),
         };
         // SAFETY: the caller's contract.
@@ -190,6 +209,7 @@ impl Job {
             match engine {
                 Engine::Gemm => self.gemm(par),
                 Engine::Matrixmultiply => self.matrixmultiply(),
+                Engine::Panels => self.panels(par),
             }
         }
         IN_GEMM_CRATE.with(|d| d.set(d.get() - 1));
@@ -223,6 +243,90 @@ impl Job {
         }
     }
 
+    /// The product panel by panel on this thread: `PANEL_DEPTH` rows of 64 columns of the
+    /// right operand copied contiguous (transposed when its columns are contiguous), then
+    /// multiplied into `dst`'s columns by `tile`'s kernel, accumulating from the second
+    /// panel down on. Each element's chain of multiply-adds runs over K in order whatever the
+    /// panels (an accumulator stored and loaded again is the same float), so the bits are
+    /// `tile`'s. Without AVX-512, or with a left operand strided both ways, `gemm`.
+    /// [`Job::run`]'s contract.
+    unsafe fn panels(self, par: Parallelism) {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx512() && (self.l.0 == 1 || self.l.1 == 1) {
+            // SAFETY: AVX-512 is present; the caller's contract.
+            unsafe { self.panels_avx512() };
+            return;
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.gemm(par) }
+    }
+
+    /// [`Job::panels`] with AVX-512 present and the left operand's rows or columns
+    /// contiguous; [`Job::run`]'s contract.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn panels_avx512(self) {
+        use super::transpose_into;
+        let Job { m, n, k, l, r, .. } = self;
+        if r.1 == 1 && r.0.saturating_mul(k) <= 64 * PANEL_DEPTH {
+            // The whole right operand spans no more than a panel: read in place.
+            // SAFETY: AVX-512 is present; the caller's contract.
+            unsafe {
+                super::tile::avx512::product(
+                    (m, n, k),
+                    (self.dst.0, self.ld),
+                    self.accumulate,
+                    (self.lhs.0, l),
+                    (self.rhs.0, r.0),
+                );
+            }
+            return;
+        }
+        super::super::scratch::with_vec(|buf: &mut Vec<PanelRow>| {
+            if buf.len() < PANEL_DEPTH {
+                buf.resize(PANEL_DEPTH, PanelRow([0.0; 64]));
+            }
+            // SAFETY: a `PanelRow` is 64 floats and nothing else (`repr(C)`, size 256).
+            let panel = unsafe {
+                std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<f32>(), buf.len() * 64)
+            };
+            for j0 in (0..n).step_by(64) {
+                let cols = (n - j0).min(64);
+                for p0 in (0..k).step_by(PANEL_DEPTH) {
+                    let depth = (k - p0).min(PANEL_DEPTH);
+                    // SAFETY: rows [p0, p0 + depth) and columns [j0, j0 + cols) of the right
+                    // operand lie inside it (the caller's contract).
+                    unsafe {
+                        let at = self.rhs.0.add(p0 * r.0 + j0 * r.1);
+                        if r.1 == 1 {
+                            for p in 0..depth {
+                                let row = std::slice::from_raw_parts(at.add(p * r.0), cols);
+                                panel[p * 64..p * 64 + cols].copy_from_slice(row);
+                            }
+                        } else if r.0 == 1 {
+                            // Its transpose's rows: columns [j0, j0 + cols), `depth` long.
+                            let len = (cols - 1) * r.1 + depth;
+                            let src = std::slice::from_raw_parts(at, len);
+                            transpose_into(src, r.1, (cols, depth), panel, 64);
+                        } else {
+                            for p in 0..depth {
+                                for c in 0..cols {
+                                    panel[p * 64 + c] = *at.add(p * r.0 + c * r.1);
+                                }
+                            }
+                        }
+                        super::tile::avx512::product(
+                            (m, cols, depth),
+                            (self.dst.0.add(j0), self.ld),
+                            self.accumulate || p0 > 0,
+                            (self.lhs.0.add(p0 * l.1), l),
+                            (panel.as_ptr(), 64),
+                        );
+                    }
+                }
+            }
+        });
+    }
+
     /// One call of `matrixmultiply::sgemm` (one thread); [`Job::run`]'s contract.
     unsafe fn matrixmultiply(self) {
         // SAFETY: the caller's contract; with beta 0 `dst` is only written.
@@ -248,13 +352,14 @@ impl Job {
 }
 
 /// `dst [m, n] = lhs [m, k] x rhs [k, n]` (operands at element strides `(rows, columns)`,
-/// `dst` row-major) split as [`super::matmul`] splits it but with the given engine, `gemm` or
-/// `matrixmultiply`: for `examples/gemm_speed`, which times the two against each other.
+/// `dst` row-major) split as [`super::matmul`] splits it but with the given engine, `gemm`,
+/// `matrixmultiply` or `panels`: for `examples/gemm_speed`, which times them against each
+/// other.
 ///
 /// Panics if a matrix does not fit its slice.
 #[doc(hidden)]
 pub fn product_by(
-    matrixmultiply: bool,
+    engine: &str,
     (m, n, k): (usize, usize, usize),
     dst: &mut [f32],
     (lhs, l): (&[f32], (usize, usize)),
@@ -262,9 +367,11 @@ pub fn product_by(
 ) {
     assert!(fits(m, n, n, 1, dst.len()) && fits(m, k, l.0, l.1, lhs.len()));
     assert!(fits(k, n, r.0, r.1, rhs.len()) && m * n * k > 0);
-    let engine = match matrixmultiply {
-        false => Engine::Gemm,
-        true => Engine::Matrixmultiply,
+    let engine = match engine {
+        "gemm" => Engine::Gemm,
+        "matrixmultiply" => Engine::Matrixmultiply,
+        "panels" => Engine::Panels,
+        _ => panic!("no engine {engine:?}: gemm, matrixmultiply or panels"),
     };
     let job = Job {
         m,
@@ -293,7 +400,7 @@ mod tests {
     #[test]
     fn both_engines_give_the_product_and_parts_do_not_change_the_bits() {
         let (m, k, n, ld) = (130, 300, 150, 160);
-        for engine in [Engine::Gemm, Engine::Matrixmultiply] {
+        for engine in [Engine::Gemm, Engine::Matrixmultiply, Engine::Panels] {
             for (ta, tb) in [(false, false), (false, true), (true, false), (true, true)] {
                 let a = random(&stored(&[], m, k, ta), 5);
                 let b = random(&stored(&[], k, n, tb), 6);

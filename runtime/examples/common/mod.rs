@@ -1,0 +1,16 @@
+//! What the timing examples share.
+
+use parallax_runtime::cpu::tensor::Tensor;
+
+/// A tensor of `shape` filled with values in [-0.5, 0.5) from a multiplicative hash of
+/// each index and `seed`: the same on every run, no zeros or repeats to flatter a kernel.
+pub fn filled(shape: Vec<usize>, seed: u32) -> Tensor {
+    let n: usize = shape.iter().product();
+    let v = (0..n)
+        .map(|i| {
+            let x = (i as u32).wrapping_mul(2654435761).wrapping_add(seed) >> 8;
+            x as f32 / (1u32 << 24) as f32 - 0.5
+        })
+        .collect();
+    Tensor::from_f32(shape, v)
+}
