@@ -86,12 +86,14 @@ impl Engine {
     /// 24 against 43 GFLOP/s), as do products too small to split. With AVX-512, `gemm`'s
     /// `x86-v4` kernels measured about 90% of a core's peak, so they stay.
     ///
-    /// With AVX-512 every product runs in [`Engine::Panels`]: on 2 cores of an AMD EPYC
-    /// (Zen 5) it was ahead of `gemm` on each of the bench models' products, paired call by
-    /// call (`gemm_speed 20 '' engines`: 413-492 GFLOP/s median against 274-482, the peak
-    /// 545), most on the thin-K products the `gemm` crate packs both operands for.
+    /// With AVX-512 a product at least one vector wide runs in [`Engine::Panels`]: on 2 cores
+    /// of an AMD EPYC (Zen 5) it was ahead of `gemm` on each of the bench models' products,
+    /// paired call by call (`gemm_speed 20 '' engines`: 413-492 GFLOP/s median against
+    /// 274-482, the peak 545), most on the thin-K products the `gemm` crate packs both
+    /// operands for. Narrower, its kernel keeps a part of one vector per row (a convolution's
+    /// weight gradient `[32, 43264] x [43264, 9]`: 0.69 ms against `gemm`'s 0.50).
     fn of(m: usize, n: usize, k: usize) -> Engine {
-        if has_avx512() {
+        if has_avx512() && n >= 16 {
             Engine::Panels
         } else if m.saturating_mul(n).saturating_mul(k) > SPLIT_WORK && m.min(n) >= 64 {
             Engine::Matrixmultiply
