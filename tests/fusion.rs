@@ -130,7 +130,7 @@ fn transformer_fuses_reductions_after_elementwise_chains() {
     let (_, p, _) = plans("transformer");
     let k = fused_kernels(&p);
     // Attention is one op: each layer's forward and its saved log-sum-exp run as one
-    // kernel, its key and value gradients as another (its query gradient alone); no scores.
+    // kernel, its query, key and value gradients as another; no scores.
     let count = |kind: KernelKind, ops: &[&str]| {
         k.iter()
             .filter(|(kd, o)| {
@@ -145,8 +145,8 @@ fn transformer_fuses_reductions_after_elementwise_chains() {
         2,
         "{k:?}"
     );
-    let kv = ["attention_grad", "attention_grad"];
-    assert_eq!(count(KernelKind::AttentionGradKeyValue, &kv), 2, "{k:?}");
+    let grads = ["attention_grad", "attention_grad", "attention_grad"];
+    assert_eq!(count(KernelKind::AttentionGrads, &grads), 2, "{k:?}");
     assert!(!k.iter().any(|(_, o)| o.contains(&"softmax")), "{k:?}");
     // Gradient clipping: each gradient's square feeds its sum (the group pass runs them
     // as grouped kernels, a member each).

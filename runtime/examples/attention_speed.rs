@@ -1,6 +1,6 @@
 //! Times the CPU's flash attention alone, forward and backward, on one shape:
 //! `attention_speed B H T D [causal] [REPS]` prints the median milliseconds of the forward
-//! (with its log-sum-exp), the query gradient and the key and value gradients, and the
+//! (with its log-sum-exp) and the backward (the query, key and value gradients in one kernel), and the
 //! GFLOP/s of the whole (`4 T S D` multiply-add FLOPs per problem forward, `10 T S D`
 //! backward with the recomputed scores; halved when causal).
 //!
@@ -10,9 +10,7 @@
 //!
 //! The operands are token-major, `[B, T, H, D]`, as a projection's output reshaped.
 
-use parallax_runtime::cpu::kernels::attention::{
-    attention, attention_grad_key_value, attention_grad_query, Saved,
-};
+use parallax_runtime::cpu::kernels::attention::{attention, attention_grads, Grads, Saved};
 use parallax_runtime::cpu::tensor::Tensor;
 use std::io::BufRead;
 use std::time::Instant;
@@ -84,19 +82,13 @@ impl Problem {
             lse: &p.lse,
             delta: &p.delta,
         };
-        attention_grad_query(&p.q, &p.k, &p.v, &saved, p.causal, p.scale, &mut p.dq)
-            .expect("the query gradient");
-        attention_grad_key_value(
-            &p.q,
-            &p.k,
-            &p.v,
-            &saved,
-            p.causal,
-            p.scale,
-            Some(&mut p.dk),
-            Some(&mut p.dv),
-        )
-        .expect("the key and value gradients");
+        let grads = Grads {
+            dq: Some(&mut p.dq),
+            dk: Some(&mut p.dk),
+            dv: Some(&mut p.dv),
+        };
+        attention_grads((&p.q, &p.k, &p.v), &saved, p.causal, p.scale, grads)
+            .expect("the gradients");
     }
 }
 

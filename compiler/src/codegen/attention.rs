@@ -576,7 +576,9 @@ fn grad_by(op: &Op, wrt: AttentionInput) -> bool {
 }
 
 /// The launches of an attention kernel of the plan (`KernelKind::Attention` or
-/// `AttentionGradKeyValue`): `steps` are its ops, `of` gives a step's stored value.
+/// `AttentionGrads`): `steps` are its ops, `of` gives a step's stored value. The query
+/// gradient of an `AttentionGrads` kernel is its own launch, before the key and value
+/// gradients' one.
 pub fn kernel(
     g: &mut Gen,
     name: &str,
@@ -590,6 +592,7 @@ pub fn kernel(
         |s: usize| -> Vec<Operand> { plan.steps[s].operands.iter().map(|&o| of(o)).collect() };
     let att = find(&|op| matches!(op, Op::Attention { .. }));
     let lse = find(&|op| matches!(op, Op::AttentionLse { .. }));
+    let dq = find(&|op| grad_by(op, AttentionInput::Query));
     let dk = find(&|op| grad_by(op, AttentionInput::Key));
     let dv = find(&|op| grad_by(op, AttentionInput::Value));
     let op0 = &plan.steps[steps[0]].op;
@@ -601,11 +604,22 @@ pub fn kernel(
         }
         _ => true,
     };
-    if !same(att, lse, 2) || !same(dk, dv, 6) || steps.len() > 2 {
+    let grads = [dq, dk, dv].iter().flatten().count();
+    let one_set = steps.len() == grads || (grads == 0 && steps.len() <= 2);
+    if !same(att, lse, 2) || !same(dk, dv, 6) || !same(dq, dk.or(dv), 6) || !one_set {
         return Err(bad(
             op0,
             "the kernel's ops do not share their operands".into(),
         ));
+    }
+    let mut launches = Vec::new();
+    if let Some(q) = dq {
+        let (x, out, name) = (ins(q), of(q), format!("{name}q"));
+        let a = OpArgs::new(&name, &plan.steps[q].op, &x, &out);
+        launches.extend(mma_grad::query_grad(g, a)?);
+        if dk.is_none() && dv.is_none() {
+            return Ok(launches);
+        }
     }
     // The step whose operands the kernel reads, and its outputs (`forward_checked`'s or
     // `key_value_grad`'s).
@@ -620,11 +634,12 @@ pub fn kernel(
     let x = ins(s);
     let outs = (outs.0.as_ref(), outs.1.as_ref());
     let a = OpArgs::new(name, &plan.steps[s].op, &x, outs);
-    if dk.is_some() || dv.is_some() {
-        mma_grad::key_value_grad(g, a)
+    launches.extend(if dk.is_some() || dv.is_some() {
+        mma_grad::key_value_grad(g, a)?
     } else {
-        forward_checked(g, a)
-    }
+        forward_checked(g, a)?
+    });
+    Ok(launches)
 }
 
 /// The forward after its checks: `o` of `Attention` and/or `lse` of `AttentionLse`.

@@ -471,7 +471,7 @@ pub fn generate_with(
             KernelKind::Grouped { .. } => {
                 grouped::generate(&mut g, &name, plan, &shapes, kern.kind, steps)?
             }
-            KernelKind::Attention | KernelKind::AttentionGradKeyValue => {
+            KernelKind::Attention | KernelKind::AttentionGrads => {
                 let of = |s: usize| operand(s, stored(s));
                 attention::kernel(&mut g, &name, plan, steps, &of)?
             }

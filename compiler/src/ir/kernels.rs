@@ -21,9 +21,9 @@ pub enum KernelKind {
     /// `Attention` and the `AttentionLse` of the same queries and keys, in one pass over
     /// the keys (or either alone).
     Attention,
-    /// The key and value gradients of one attention (`AttentionGrad` by `Key` and by
-    /// `Value`), in one pass over the queries.
-    AttentionGradKeyValue,
+    /// The gradients of one attention's inputs (`AttentionGrad` by `Query`, `Key` and
+    /// `Value`, two or three of them) from one recomputation of its probabilities.
+    AttentionGrads,
     /// `members` kernels that do the same ops to different tensors (each parameter's
     /// update, or its squared norm when `reduce`), run as one launch over all of them (the
     /// group pass). Their nodes are concatenated, member by member, equally many each; each
@@ -50,7 +50,7 @@ impl KernelKind {
             KernelKind::Elementwise => "elementwise".into(),
             KernelKind::ElementwiseReduce => "elementwise+reduce".into(),
             KernelKind::Attention => "attention".into(),
-            KernelKind::AttentionGradKeyValue => "attention_grad_kv".into(),
+            KernelKind::AttentionGrads => "attention_grads".into(),
             KernelKind::Grouped { members, reduce } => {
                 let of = if *reduce {
                     "elementwise+reduce"

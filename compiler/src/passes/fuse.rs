@@ -13,7 +13,7 @@
 use super::Ctx;
 use crate::ir::maps::Elementwise;
 use crate::ir::ops::OpClass;
-use crate::ir::{AttentionInput, Graph, Kernel, KernelKind, NodeIndex, Op, OpKind, TensorType};
+use crate::ir::{Graph, Kernel, KernelKind, NodeIndex, Op, OpKind, TensorType};
 use crate::Error;
 use std::collections::{HashMap, HashSet};
 
@@ -51,39 +51,55 @@ pub fn streamable(operand: &TensorType, out: &TensorType) -> bool {
             && out.shape[out.rank() - operand.rank()..] == operand.shape[..])
 }
 
-/// The op an attention op shares its kernel with, if the graph has it: the `AttentionLse` of
-/// an `Attention`'s queries and keys (and the other way round), the value gradient of a key
-/// gradient with the same operands (and the other way round). Neither reads the other, so
-/// one kernel computing both makes no cycle.
-fn attention_partner(g: &Graph, n: NodeIndex) -> Option<(NodeIndex, KernelKind)> {
-    use AttentionInput::{Key, Value};
+/// The ops an attention op shares its kernel with, those the graph has: the `AttentionLse`
+/// of an `Attention`'s queries and keys (and the other way round), the other gradients of
+/// an attention's inputs with the same operands. None reads another, so one kernel
+/// computing them makes no cycle.
+fn attention_partners(g: &Graph, n: NodeIndex) -> Option<(Vec<NodeIndex>, KernelKind)> {
     let operands = g.operands(n);
-    let want = |op: &Op| -> Option<(Op, usize, KernelKind)> {
-        match *op {
-            Op::Attention { causal, scale } => {
-                Some((Op::AttentionLse { causal, scale }, 2, KernelKind::Attention))
-            }
-            Op::AttentionLse { causal, scale } => {
-                Some((Op::Attention { causal, scale }, 2, KernelKind::Attention))
-            }
-            Op::AttentionGrad { causal, scale, wrt } if wrt != AttentionInput::Query => {
-                let wrt = if wrt == Key { Value } else { Key };
-                let op = Op::AttentionGrad { causal, scale, wrt };
-                Some((op, 6, KernelKind::AttentionGradKeyValue))
-            }
-            _ => None,
-        }
+    let (shared, kind) = match g.g[n].op {
+        Op::Attention { .. } | Op::AttentionLse { .. } => (2, KernelKind::Attention),
+        Op::AttentionGrad { .. } => (6, KernelKind::AttentionGrads),
+        _ => return None,
     };
-    let (partner, shared, kind) = want(&g.g[n].op)?;
+    let partner = |op: &Op| match (&g.g[n].op, op) {
+        (
+            Op::Attention { causal, scale },
+            Op::AttentionLse {
+                causal: c,
+                scale: s,
+            },
+        )
+        | (
+            Op::AttentionLse { causal, scale },
+            Op::Attention {
+                causal: c,
+                scale: s,
+            },
+        ) => (causal, scale) == (c, s),
+        (
+            Op::AttentionGrad { causal, scale, wrt },
+            Op::AttentionGrad {
+                causal: c,
+                scale: s,
+                wrt: w,
+            },
+        ) => (causal, scale) == (c, s) && wrt != w,
+        _ => false,
+    };
     let q = *operands.first()?;
-    g.users(q).into_iter().find_map(|u| {
-        let same = u != n
-            && g.g[u].op == partner
-            && g.g[u].phase == g.g[n].phase
-            && g.place(u) == g.place(n)
-            && g.operands(u)[..shared] == operands[..shared];
-        same.then_some((u, kind))
-    })
+    let partners: Vec<NodeIndex> = g
+        .users(q)
+        .into_iter()
+        .filter(|&u| {
+            u != n
+                && partner(&g.g[u].op)
+                && g.g[u].phase == g.g[n].phase
+                && g.place(u) == g.place(n)
+                && g.operands(u).get(..shared) == operands.get(..shared)
+        })
+        .collect();
+    (!partners.is_empty()).then_some((partners, kind))
 }
 
 struct Group {
@@ -282,12 +298,18 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
             }
         }
         if joined.is_none() {
-            if let Some((partner, kind)) = attention_partner(g, n) {
-                if let Some(&gi) = group_of.get(&partner) {
-                    if groups[gi].nodes == [partner] {
-                        groups[gi].kind = kind;
-                        joined = Some(gi);
-                    }
+            if let Some((partners, kind)) = attention_partners(g, n) {
+                // The kernel of partners already placed, if it holds nothing else.
+                joined = partners.iter().find_map(|p| {
+                    let &gi = group_of.get(p)?;
+                    groups[gi]
+                        .nodes
+                        .iter()
+                        .all(|m| partners.contains(m))
+                        .then_some(gi)
+                });
+                if let Some(gi) = joined {
+                    groups[gi].kind = kind;
                 }
             }
         }
@@ -302,7 +324,7 @@ pub fn plan_kernels(g: &Graph) -> Vec<Kernel> {
                         bias: false,
                         activation: None,
                     }
-                } else if let Some((_, kind)) = attention_partner(g, n) {
+                } else if let Some((_, kind)) = attention_partners(g, n) {
                     kind
                 } else if streams {
                     KernelKind::Elementwise

@@ -17,7 +17,8 @@ pub enum Level {
     Avx512 = 3,
 }
 
-/// The vector level in use (detected on first use; `PARALLAX_NO_SIMD` forces the baseline).
+/// The vector level in use (detected on first use; `PARALLAX_NO_SIMD` forces the baseline,
+/// `PARALLAX_NO_AVX512` stops at AVX2, to measure those paths on an AVX-512 machine).
 pub fn level() -> Level {
     static LEVEL: AtomicU8 = AtomicU8::new(0);
     match LEVEL.load(Ordering::Relaxed) {
@@ -38,7 +39,10 @@ fn detect() -> Level {
         if std::env::var_os("PARALLAX_NO_SIMD").is_some() {
             return Level::Baseline;
         }
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+        if is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("fma")
+            && std::env::var_os("PARALLAX_NO_AVX512").is_none()
+        {
             return Level::Avx512;
         }
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {

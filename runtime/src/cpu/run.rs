@@ -73,7 +73,7 @@ impl Executor {
                     } => "matmul",
                     KernelKind::Gemm { .. } => "matmul (with an epilogue)",
                     KernelKind::Attention => "attention",
-                    KernelKind::AttentionGradKeyValue => "attention gradient (keys, values)",
+                    KernelKind::AttentionGrads => "attention gradients",
                     KernelKind::Grouped { reduce: false, .. } => "grouped elementwise",
                     KernelKind::Grouped { reduce: true, .. } => "grouped elementwise+reduce",
                     KernelKind::NormGradAdd => "norm gradient + add",
@@ -312,11 +312,11 @@ impl Executor {
                 }
                 Ok(())
             }
-            KernelKind::Attention | KernelKind::AttentionGradKeyValue if steps.len() == 1 => {
+            KernelKind::Attention | KernelKind::AttentionGrads if steps.len() == 1 => {
                 self.run_single(steps[0], ctx, false)
             }
             KernelKind::Attention => self.run_attention(steps),
-            KernelKind::AttentionGradKeyValue => self.run_attention_grad_kv(steps),
+            KernelKind::AttentionGrads => self.run_attention_grads(steps),
             KernelKind::ElementwiseReduce => match self.scaled_softmax(k) {
                 Some((x, by, causal)) => self.run_scaled_softmax(x, by, causal, steps[1]),
                 None if self.ends_in_norm(steps) => self.run_chain_then_norm(steps, ctx),

@@ -33,41 +33,40 @@ impl Executor {
         r.map_err(|e| self.kernel_err(att, e))
     }
 
-    /// The key and value gradients of one attention in one pass.
-    pub(super) fn run_attention_grad_kv(&mut self, steps: &[usize]) -> Result<(), ExecError> {
+    /// The gradients of one attention's inputs in one kernel (`AttentionGrads`): `steps`
+    /// are its `AttentionGrad` ops, by query, key or value, on the same operands.
+    pub(super) fn run_attention_grads(&mut self, steps: &[usize]) -> Result<(), ExecError> {
         let by = |wrt: AttentionInput| {
-            *steps
-                .iter()
-                .find(|&&s| matches!(self.plan.steps[s].op, Op::AttentionGrad { wrt: w, .. } if w == wrt))
-                .expect("a key and a value gradient")
+            steps.iter().copied().find(
+                |&s| matches!(self.plan.steps[s].op, Op::AttentionGrad { wrt: w, .. } if w == wrt),
+            )
         };
-        let (gk, gv) = (by(AttentionInput::Key), by(AttentionInput::Value));
-        let Op::AttentionGrad { causal, scale, .. } = self.plan.steps[gk].op else {
-            unreachable!("found above");
+        let found = [
+            AttentionInput::Query,
+            AttentionInput::Key,
+            AttentionInput::Value,
+        ]
+        .map(by);
+        let first = steps[0];
+        let Op::AttentionGrad { causal, scale, .. } = self.plan.steps[first].op else {
+            unreachable!("the fuse pass groups attention gradients only");
         };
-        self.shape_operands(gk);
-        let mut dk = self.take_shaped(gk);
-        let mut dv = self.take_shaped(gv);
-        let ops = &self.plan.steps[gk].operands;
+        self.shape_operands(first);
+        let mut taken = found.map(|s| s.map(|s| (s, self.take_shaped(s))));
+        let ops = &self.plan.steps[first].operands;
         let b = |i: usize| self.buf(ops[i]);
         let saved = attention::Saved {
             dy: b(3),
             lse: b(4),
             delta: b(5),
         };
-        let r = attention::attention_grad_key_value(
-            b(0),
-            b(1),
-            b(2),
-            &saved,
-            causal,
-            scale,
-            Some(&mut dk),
-            Some(&mut dv),
-        );
-        *self.buf_mut(gk) = dk;
-        *self.buf_mut(gv) = dv;
-        r.map_err(|e| self.kernel_err(gk, e))
+        let [dq, dk, dv] = taken.each_mut().map(|t| t.as_mut().map(|(_, x)| x));
+        let grads = attention::Grads { dq, dk, dv };
+        let r = attention::attention_grads((b(0), b(1), b(2)), &saved, causal, scale, grads);
+        for (s, x) in taken.into_iter().flatten() {
+            *self.buf_mut(s) = x;
+        }
+        r.map_err(|e| self.kernel_err(first, e))
     }
 
     /// `CacheWrite` step `step`, whose buffer is its cache's (the schedule writes a decode

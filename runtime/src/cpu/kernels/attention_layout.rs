@@ -330,6 +330,16 @@ impl Out {
         }
     }
 
+    /// The `len` floats from `start`, to write.
+    ///
+    /// # Safety
+    /// No other live slice or thread touches them while the result lives.
+    pub(super) unsafe fn slice<'a>(self, start: usize, len: usize) -> &'a mut [f32] {
+        assert!(start + len <= self.len, "attention: slice out of bounds");
+        // SAFETY: in bounds (checked); exclusive by the caller's contract.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(start), len) }
+    }
+
     /// Copies the rows of `tile` (`width` wide) to rows `[i0, ..)` of problem `g`.
     pub(super) fn put(
         self,

@@ -135,24 +135,54 @@ fn run_all(shape: Shape, causal: bool) -> Vec<Vec<u32>> {
         lse: &lse,
         delta: &delta,
     };
-    let mut dq = zeros(&[b, t, h, d]);
-    let mut dk = zeros(&[b, s, h, d]);
-    let mut dv = zeros(&[b, s, h, e]);
-    attention_grad_query(&q, &k, &v, &saved, causal, scale, &mut dq).unwrap();
-    attention_grad_key_value(
-        &q,
-        &k,
-        &v,
-        &saved,
-        causal,
-        scale,
-        Some(&mut dk),
-        Some(&mut dv),
-    )
-    .unwrap();
-    let mut dk_alone = zeros(&[b, s, h, d]);
-    attention_grad_key_value(&q, &k, &v, &saved, causal, scale, Some(&mut dk_alone), None).unwrap();
-    assert_eq!(dk_alone.f32(), dk.f32(), "the key gradient alone");
+    // All three in one kernel, each alone, and the key and value gradients without the
+    // query's: the same bits (each element's sums run in the same order).
+    let grads = |want: [bool; 3]| {
+        let mut out = [
+            zeros(&[b, t, h, d]),
+            zeros(&[b, s, h, d]),
+            zeros(&[b, s, h, e]),
+        ];
+        let [dq, dk, dv] = out.each_mut().map(Some);
+        let grads = Grads {
+            dq: dq.filter(|_| want[0]),
+            dk: dk.filter(|_| want[1]),
+            dv: dv.filter(|_| want[2]),
+        };
+        attention_grads((&q, &k, &v), &saved, causal, scale, grads).unwrap();
+        out
+    };
+    let [dq, dk, dv] = grads([true, true, true]);
+    let bits = |x: &Tensor| x.f32().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(
+        bits(&grads([false, true, false])[1]),
+        bits(&dk),
+        "the key gradient alone"
+    );
+    assert_eq!(
+        bits(&grads([false, false, true])[2]),
+        bits(&dv),
+        "the value gradient alone"
+    );
+    let kv = grads([false, true, true]);
+    assert_eq!(
+        (bits(&kv[1]), bits(&kv[2])),
+        (bits(&dk), bits(&dv)),
+        "without the query's"
+    );
+    // The query gradient alone runs by query tiles, its sum over keys in one chain.
+    close(
+        &format!("{shape:?} dq alone"),
+        grads([true, false, false])[0].f32(),
+        &reference(
+            &Dims::of("test", &q, &k, &v, causal, scale).unwrap(),
+            q.f32(),
+            k.f32(),
+            v.f32(),
+            dy.f32(),
+        )
+        .2,
+    );
     let dm = Dims::of("test", &q, &k, &v, causal, scale).unwrap();
     let (ry, rlse, rdq, rdk, rdv) = reference(&dm, q.f32(), k.f32(), v.f32(), dy.f32());
     let what = format!("{shape:?} causal {causal}");

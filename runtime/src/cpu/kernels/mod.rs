@@ -156,32 +156,22 @@ pub fn execute(op: &Op, ins: &[&Tensor], out: &mut Tensor, ctx: &Ctx) -> Result<
                 lse: ins[4],
                 delta: ins[5],
             };
-            let (q, k, v) = (ins[0], ins[1], ins[2]);
-            match wrt {
-                AttentionInput::Query => {
-                    attention::attention_grad_query(q, k, v, &saved, *causal, *scale, out)
-                }
-                AttentionInput::Key => attention::attention_grad_key_value(
-                    q,
-                    k,
-                    v,
-                    &saved,
-                    *causal,
-                    *scale,
-                    Some(out),
-                    None,
-                ),
-                AttentionInput::Value => attention::attention_grad_key_value(
-                    q,
-                    k,
-                    v,
-                    &saved,
-                    *causal,
-                    *scale,
-                    None,
-                    Some(out),
-                ),
-            }
+            let grads = match wrt {
+                AttentionInput::Query => attention::Grads {
+                    dq: Some(out),
+                    ..Default::default()
+                },
+                AttentionInput::Key => attention::Grads {
+                    dk: Some(out),
+                    ..Default::default()
+                },
+                AttentionInput::Value => attention::Grads {
+                    dv: Some(out),
+                    ..Default::default()
+                },
+            };
+            let qkv = (ins[0], ins[1], ins[2]);
+            attention::attention_grads(qkv, &saved, *causal, *scale, grads)
         }
         Op::SoftmaxGrad => rows::softmax_grad(ins[0], ins[1], out),
         Op::LayerNorm { eps } => rows::layer_norm(ins[0], *eps as f32, out),

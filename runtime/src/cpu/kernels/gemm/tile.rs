@@ -8,12 +8,10 @@
 
 use super::fits;
 
-/// Whether this CPU runs the AVX-512 kernels.
+/// Whether the AVX-512 kernels run: the vector level the elementwise loops use (so
+/// `PARALLAX_NO_SIMD` and `PARALLAX_NO_AVX512` turn them off too).
 pub(super) fn has_avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return avx512::available();
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    crate::cpu::kernels::simd::level() == crate::cpu::kernels::simd::Level::Avx512
 }
 
 /// `dst[c * ld + r] = src[r * rs + c]` for the `rows x width` matrix at `src` (rows `rs`
@@ -59,10 +57,6 @@ pub(super) mod avx512 {
     const ROWS: usize = 6;
     /// Lanes of a vector.
     const LANES: usize = 16;
-
-    pub(super) fn available() -> bool {
-        std::arch::is_x86_feature_detected!("avx512f")
-    }
 
     /// `dst [m, n] (= or +=) a [m, k] x b [k, n]` in blocks of up to 64 columns and
     /// [`ROWS`] rows: `dst` at leading dimension `ld`, element `(i, p)` of `a` at
