@@ -28,6 +28,9 @@ pub use backward::{attention_grads, Grads, Saved};
 use gemm::Parallelism;
 use rayon::prelude::*;
 
+/// A task's products run on its own thread.
+const ONE: Parallelism = Parallelism::None;
+
 /// Queries per task and keys per inner tile: fixed, so the bits never depend on threads.
 pub const QUERY_TILE: usize = 64;
 pub const KEY_TILE: usize = 64;
@@ -49,72 +52,80 @@ fn scores(q: Rows, kt: View, rows: usize, cols: usize, d: usize, s: &mut [f32]) 
 }
 
 vectorised! {
-    fn online_row(row: &mut [f32], visible: usize, scale: f32, m: &mut f32, l: &mut f32) -> f32 = online_row_at;
+    fn online_tile(st: &mut [f32], size: (usize, usize), firsts: (usize, usize), stats: Stats) = online_tile_at;
 }
 
-/// One query's row of a key tile: scales its visible scores, folds them into the running
-/// maximum `m` and sum `l`, writes `exp(x - m)` over the scores (zero past the visible keys)
-/// and returns the factor the earlier output must be scaled by. The row's sum is taken in
-/// [`LANES`] running sums (see [`lane_sum`]), not value by value: a chain of dependent adds
-/// cost as much as the tile's two products.
+/// A query tile's running statistics: the maximum `m` and sum `l` of each query's scaled
+/// scores so far, and `c`, where each query's factor for its earlier output is left.
+struct Stats<'a> {
+    m: &'a mut [f32],
+    l: &'a mut [f32],
+    c: &'a mut [f32],
+    scale: f32,
+    causal: bool,
+}
+
+/// One key tile's scores transposed, `st [cols, rows]` (a key's scores of every query of the
+/// tile in a row, `QUERY_TILE` apart), folded into the statistics: scaled, the masked ones
+/// (keys after a query, causal; `firsts` the first query and key) set to `-inf`, the
+/// maxima moved, then `exp(x - m)` written over the scores and added to `l` key by key.
+/// Queries lie along the vectors, so nothing is summed across lanes and each query's sum
+/// runs over its keys in order.
 #[inline(always)]
-fn online_row_at(row: &mut [f32], visible: usize, scale: f32, m: &mut f32, l: &mut f32) -> f32 {
-    let (seen, masked) = row.split_at_mut(visible);
-    masked.fill(0.0);
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut chunks = seen.chunks_exact_mut(LANES);
-    for c in &mut chunks {
-        for (a, x) in lanes.iter_mut().zip(c.iter_mut()) {
+fn online_tile_at(
+    st: &mut [f32],
+    (cols, rows): (usize, usize),
+    firsts: (usize, usize),
+    stats: Stats,
+) {
+    let Stats {
+        m,
+        l,
+        c,
+        scale,
+        causal,
+    } = stats;
+    let (i0, j0) = firsts;
+    let (m, l, mx) = (&mut m[..rows], &mut l[..rows], &mut c[..rows]);
+    mx.fill(f32::NEG_INFINITY);
+    for j in 0..cols {
+        let row = &mut st[j * QUERY_TILE..j * QUERY_TILE + rows];
+        // Key j0 + j is seen by the queries from j0 + j on.
+        let first = if causal {
+            (j0 + j).saturating_sub(i0).min(rows)
+        } else {
+            0
+        };
+        row[..first].fill(f32::NEG_INFINITY);
+        for (x, a) in row[first..].iter_mut().zip(&mut mx[first..]) {
             *x *= scale;
             *a = a.max(*x);
         }
     }
-    for (a, x) in lanes.iter_mut().zip(chunks.into_remainder()) {
-        *x *= scale;
-        *a = a.max(*x);
+    // Each query's correction (a first tile, m = -inf, scales nothing), into `c`.
+    for ((m, l), c) in m.iter_mut().zip(l.iter_mut()).zip(mx.iter_mut()) {
+        let m_new = m.max(*c);
+        *c = if *m == f32::NEG_INFINITY {
+            0.0
+        } else {
+            math::exp(*m - m_new)
+        };
+        *l *= *c;
+        *m = m_new;
     }
-    let mx = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let m_new = m.max(mx);
-    // A first tile (m = -inf) scales nothing; a row of -inf scores stays NaN-free until its
-    // sum is divided by zero, as a softmax of them would be.
-    let correction = if *m == f32::NEG_INFINITY {
-        0.0
-    } else {
-        math::exp(*m - m_new)
-    };
-    for x in seen.iter_mut() {
-        *x = math::exp(*x - m_new);
-    }
-    *l = *l * correction + lane_sum(seen);
-    *m = m_new;
-    correction
-}
-
-/// Running sums a row is added in: one vector of AVX-512.
-const LANES: usize = 16;
-
-/// The sum of `v` in a fixed order that vectorises: [`LANES`] running sums over the indices
-/// equal mod `LANES`, then added pairwise. The order depends only on the length.
-#[inline(always)]
-fn lane_sum(v: &[f32]) -> f32 {
-    let mut lanes = [0f32; LANES];
-    let mut chunks = v.chunks_exact(LANES);
-    for c in &mut chunks {
-        for (a, &x) in lanes.iter_mut().zip(c) {
-            *a += x;
+    for j in 0..cols {
+        let row = &mut st[j * QUERY_TILE..j * QUERY_TILE + rows];
+        for ((x, &m), l) in row.iter_mut().zip(&*m).zip(l.iter_mut()) {
+            // A query that has seen only -inf scores stays NaN-free until its sum is
+            // divided by zero, as a softmax of them would be.
+            *x = if m == f32::NEG_INFINITY {
+                0.0
+            } else {
+                math::exp(*x - m)
+            };
+            *l += *x;
         }
     }
-    for (a, &x) in lanes.iter_mut().zip(chunks.remainder()) {
-        *a += x;
-    }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            lanes[i] += lanes[i + width];
-        }
-    }
-    lanes[0]
 }
 
 vectorised! {
@@ -187,71 +198,79 @@ fn forward_all(dm: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &
     let with_lse = !lse.is_empty();
     let (o, lse) = (Out::of(o), Out::of(lse));
     // Every query tile of a problem reads all its keys and values.
-    let operands = [
-        (k, s, d, Layout::TilesTransposed),
-        (v, s, e, Layout::HeadMajor),
-    ];
-    dm.packed(operands, |flat, [kt, v]| {
+    let operands = [(k, s, d, Layout::HeadMajor), (v, s, e, Layout::HeadMajor)];
+    dm.packed(operands, |flat, [k, v]| {
         for_each_tile(dm.problems, t, QUERY_TILE, |g, i0, i1| {
             let rows = i1 - i0;
             let qg = dm.rows(q, g, (i0, i1), t, d);
-            let vg = flat.rows(v, g, (0, s), s, e);
-            let pack = qg.packing(rows);
-            let len = rows * KEY_TILE + 3 * rows + rows * e + pack;
+            let (kg, vg) = (flat.rows(k, g, (0, s), s, d), flat.rows(v, g, (0, s), s, e));
+            let len = KEY_TILE * QUERY_TILE + 3 * QUERY_TILE + rows * e + d * QUERY_TILE;
             with_scratch(len, |buf: &mut [f32]| {
-                let (sc, rest) = buf.split_at_mut(rows * KEY_TILE);
-                let (m, rest) = rest.split_at_mut(rows);
-                let (l, rest) = rest.split_at_mut(rows);
-                let (stat, rest) = rest.split_at_mut(rows);
-                let (ot, qb) = rest.split_at_mut(rows * e);
+                let (st, rest) = buf.split_at_mut(KEY_TILE * QUERY_TILE);
+                let (m, rest) = rest.split_at_mut(QUERY_TILE);
+                let (l, rest) = rest.split_at_mut(QUERY_TILE);
+                let (c, rest) = rest.split_at_mut(QUERY_TILE);
+                let (ot, qt) = rest.split_at_mut(rows * e);
+                qg.transposed(qt, QUERY_TILE);
+                m.fill(f32::NEG_INFINITY);
                 l.fill(0.0);
                 ot.fill(0.0);
-                let qg = qg.packed(qb);
-                forward_tile(dm, (g, i0, rows), (qg, kt, vg), sc, (m, l), ot);
+                let stats = Stats {
+                    m,
+                    l,
+                    c,
+                    scale: dm.scale,
+                    causal: dm.causal,
+                };
+                forward_tile(dm, (i0, rows), (qt, kg, vg), st, stats, ot);
                 o.put(dm, g, i0, t, e, ot);
                 if with_lse {
+                    // `c` is free again: the statistics' last use.
                     for r in 0..rows {
-                        stat[r] = m[r] + l[r].ln();
+                        c[r] = m[r] + l[r].ln();
                     }
-                    lse.put(dm, g, i0, t, 1, stat);
+                    lse.put(dm, g, i0, t, 1, &c[..rows]);
                 }
             });
         });
     });
 }
 
-/// One task of the forward: queries `[i0, i0 + rows)` of problem `g` into the tile `o`
-/// (`[rows, E]`, zeros), with their running maximum `m` and sum `l`; `kt` all keys packed
-/// [`Layout::TilesTransposed`].
+/// One task of the forward: queries `[i0, i0 + rows)` of one problem (`qt` their `[D,
+/// QUERY_TILE]` transpose) into the tile `o` (`[rows, E]`, zeros), with their running
+/// statistics; `k`, `v` the problem's keys and values. The scores are held transposed (see
+/// [`online_tile`]).
 fn forward_tile(
     dm: &Dims,
-    (g, i0, rows): (usize, usize, usize),
-    (q, kt, v): (Rows, &[f32], Rows),
-    sc: &mut [f32],
-    (m, l): (&mut [f32], &mut [f32]),
+    (i0, rows): (usize, usize),
+    (qt, k, v): (&[f32], Rows, Rows),
+    st: &mut [f32],
+    stats: Stats,
     o: &mut [f32],
 ) {
     let (d, e) = (dm.d, dm.e);
-    m.fill(f32::NEG_INFINITY);
     let end = dm.keys_end(i0 + rows);
     for j0 in (0..end).step_by(KEY_TILE) {
         let cols = KEY_TILE.min(end - j0);
-        scores(q, dm.tile_t(kt, g, j0, dm.s, d), rows, cols, d, sc);
-        for r in 0..rows {
-            let visible = dm.visible(i0 + r, j0, cols);
-            let row = &mut sc[r * KEY_TILE..r * KEY_TILE + cols];
-            if visible == 0 {
-                row.fill(0.0);
-                continue;
-            }
-            let c = online_row(row, visible, dm.scale, &mut m[r], &mut l[r]);
-            if c != 1.0 && e > 0 {
-                scale_row(&mut o[r * e..(r + 1) * e], c);
-            }
-        }
+        // st [cols, rows] = k_tile [cols, D] x q^T [D, rows]
+        let (kt, qv) = (k.sub(j0, j0 + cols).view(), View::new(qt, QUERY_TILE, 1));
+        gemm_into(cols, rows, d, st, QUERY_TILE, false, kt, qv, ONE);
+        let firsts = (i0, j0);
+        let tile = Stats {
+            m: &mut *stats.m,
+            l: &mut *stats.l,
+            c: &mut *stats.c,
+            ..stats
+        };
+        online_tile(st, (cols, rows), firsts, tile);
         if e > 0 {
-            // o += p [rows, cols] x v_tile [cols, E]
-            let p = View::new(sc, KEY_TILE, 1);
+            for (r, &c) in stats.c[..rows].iter().enumerate() {
+                if c != 1.0 {
+                    scale_row(&mut o[r * e..(r + 1) * e], c);
+                }
+            }
+            // o += p [rows, cols] x v_tile [cols, E], p = st^T
+            let p = View::new(st, 1, QUERY_TILE);
             gemm_into(
                 rows,
                 e,
@@ -261,13 +280,13 @@ fn forward_tile(
                 true,
                 p,
                 v.sub(j0, j0 + cols).view(),
-                Parallelism::None,
+                ONE,
             );
         }
     }
     if e > 0 {
         for r in 0..rows {
-            scale_row(&mut o[r * e..(r + 1) * e], 1.0 / l[r]);
+            scale_row(&mut o[r * e..(r + 1) * e], 1.0 / stats.l[r]);
         }
     }
 }

@@ -9,15 +9,11 @@
 //! not depend on the threads.
 
 use super::layout::{bad, with_scratch, Layout, Out, Rows};
-use super::{for_each_tile, math, scale_row, scores, vectorised, Dims, KEY_TILE, QUERY_TILE};
+use super::{for_each_tile, math, scale_row, scores, vectorised, Dims, KEY_TILE, ONE, QUERY_TILE};
 use crate::cpu::kernels::gemm::{check_f32, gemm_into, View};
 use crate::cpu::kernels::{scratch, KernelError};
 use crate::cpu::tensor::Tensor;
-use gemm::Parallelism;
 use rayon::prelude::*;
-
-/// A task's products run on its own thread.
-const ONE: Parallelism = Parallelism::None;
 
 /// The saved statistics and the output's gradient the backward reads besides q, k, v.
 pub struct Saved<'a> {

@@ -296,6 +296,15 @@ impl<'a> Rows<'a> {
         }
     }
 
+    /// These rows transposed into `buf`: column `c` at `buf[c * ld..]`, `[width, ld]`.
+    pub(super) fn transposed(self, buf: &mut [f32], ld: usize) {
+        if self.data.is_empty() {
+            return;
+        }
+        let n = (self.data.len() - self.width) / self.stride + 1;
+        transpose_into(self.data, self.stride, (n, self.width), buf, ld);
+    }
+
     /// Elements `packed` needs for `n` rows (none when they are contiguous).
     pub(super) fn packing(self, n: usize) -> usize {
         if self.stride == self.width {
