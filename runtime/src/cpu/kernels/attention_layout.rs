@@ -379,10 +379,5 @@ impl Out {
 /// zeroes what it accumulates into and overwrites the rest (zeroing a packed head of keys
 /// and values on every task would cost more than the task's copies).
 pub(super) fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [f32]) -> R) -> R {
-    scratch::with_vec(|v: &mut Vec<f32>| {
-        if v.len() < len {
-            v.resize(len, 0.0);
-        }
-        f(&mut v[..len])
-    })
+    scratch::with_stale(len, f)
 }

@@ -343,7 +343,8 @@ fn grad_weight(xv: &[f32], dyv: &[f32], g: &Geom, col_limit: usize, dw: &mut [f3
     // accumulate in sample order.
     let chunk = (col_limit / (rows * op).max(1)).clamp(1, g.n);
     let ncol = rows * chunk * op;
-    scratch::with(ncol + g.o * chunk * op, |buf: &mut [f32]| {
+    // Every column and output gradient is written before the product reads it.
+    scratch::with_stale(ncol + g.o * chunk * op, |buf: &mut [f32]| {
         let (col, dyb) = buf.split_at_mut(ncol);
         grad_weight_chunks(xv, dyv, g, chunk, col, dyb, dw)
     });

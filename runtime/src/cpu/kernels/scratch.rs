@@ -39,6 +39,18 @@ pub fn with<T: Copy + Default + 'static, R>(len: usize, f: impl FnOnce(&mut [T])
     })
 }
 
+/// Runs `f` on `len` values of this thread's kept vector of `T` as an earlier use left them
+/// (defaults where none reached): for callers that write every element before they read
+/// it, to whom zeroing a large buffer on every call is a pass over memory for nothing.
+pub fn with_stale<T: Copy + Default + 'static, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    with_vec(|v: &mut Vec<T>| {
+        if v.len() < len {
+            v.resize(len, T::default());
+        }
+        f(&mut v[..len])
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,5 +65,8 @@ mod tests {
         with(4, |a: &mut [f32]| assert_eq!(a, &[0.0; 4]));
         let kept = with_vec(|v: &mut Vec<f32>| v.capacity());
         assert!(kept >= 4);
+        // Stale scratch is as the last use left it, and grows with defaults.
+        with(2, |a: &mut [u16]| a.copy_from_slice(&[7, 8]));
+        with_stale(3, |a: &mut [u16]| assert_eq!(a, &[7, 8, 0]));
     }
 }
