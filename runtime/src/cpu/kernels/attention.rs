@@ -35,22 +35,6 @@ const ONE: Parallelism = Parallelism::None;
 pub const QUERY_TILE: usize = 64;
 pub const KEY_TILE: usize = 64;
 
-/// `s [rows, cols] = q_tile [rows, D] x k_tile^T` (leading dimension `KEY_TILE`), the key
-/// tile transposed, `[D, KEY_TILE]` (see [`Layout::TilesTransposed`]).
-fn scores(q: Rows, kt: View, rows: usize, cols: usize, d: usize, s: &mut [f32]) {
-    gemm_into(
-        rows,
-        cols,
-        d,
-        s,
-        KEY_TILE,
-        false,
-        q.view(),
-        kt,
-        Parallelism::None,
-    );
-}
-
 vectorised! {
     fn online_tile(st: &mut [f32], size: (usize, usize), firsts: (usize, usize), stats: Stats) = online_tile_at;
 }

@@ -9,7 +9,7 @@
 //! not depend on the threads.
 
 use super::layout::{bad, with_scratch, Layout, Out, Rows};
-use super::{for_each_tile, math, scale_row, scores, vectorised, Dims, KEY_TILE, ONE, QUERY_TILE};
+use super::{for_each_tile, math, scale_row, vectorised, Dims, KEY_TILE, ONE, QUERY_TILE};
 use crate::cpu::kernels::gemm::{check_f32, gemm_into, View};
 use crate::cpu::kernels::{scratch, KernelError};
 use crate::cpu::tensor::Tensor;
@@ -51,6 +51,12 @@ impl Saved<'_> {
             dm.rows(self.delta.f32(), g, at, dm.t, 1),
         )
     }
+}
+
+/// `s [rows, cols] = q_tile [rows, D] x k_tile^T` (leading dimension `KEY_TILE`), the key
+/// tile transposed, `[D, KEY_TILE]` (see [`Layout::TilesTransposed`]).
+fn scores(q: Rows, kt: View, rows: usize, cols: usize, d: usize, s: &mut [f32]) {
+    gemm_into(rows, cols, d, s, KEY_TILE, false, q.view(), kt, ONE);
 }
 
 vectorised! {

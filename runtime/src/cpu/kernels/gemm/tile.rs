@@ -95,31 +95,14 @@ pub(super) mod avx512 {
                 unsafe {
                     let c = dst.add(i0 * ld + j0);
                     let (a, b) = (a.add(i0 * a_rs), b.add(j0));
-                    match (rows, cols.div_ceil(LANES)) {
-                        (6, 4) => block.run::<6, 4>(c, a, b),
-                        (6, 3) => block.run::<6, 3>(c, a, b),
-                        (6, 2) => block.run::<6, 2>(c, a, b),
-                        (6, _) => block.run::<6, 1>(c, a, b),
-                        (5, 4) => block.run::<5, 4>(c, a, b),
-                        (5, 3) => block.run::<5, 3>(c, a, b),
-                        (5, 2) => block.run::<5, 2>(c, a, b),
-                        (5, _) => block.run::<5, 1>(c, a, b),
-                        (4, 4) => block.run::<4, 4>(c, a, b),
-                        (4, 3) => block.run::<4, 3>(c, a, b),
-                        (4, 2) => block.run::<4, 2>(c, a, b),
-                        (4, _) => block.run::<4, 1>(c, a, b),
-                        (3, 4) => block.run::<3, 4>(c, a, b),
-                        (3, 3) => block.run::<3, 3>(c, a, b),
-                        (3, 2) => block.run::<3, 2>(c, a, b),
-                        (3, _) => block.run::<3, 1>(c, a, b),
-                        (2, 4) => block.run::<2, 4>(c, a, b),
-                        (2, 3) => block.run::<2, 3>(c, a, b),
-                        (2, 2) => block.run::<2, 2>(c, a, b),
-                        (2, _) => block.run::<2, 1>(c, a, b),
-                        (_, 4) => block.run::<1, 4>(c, a, b),
-                        (_, 3) => block.run::<1, 3>(c, a, b),
-                        (_, 2) => block.run::<1, 2>(c, a, b),
-                        (_, _) => block.run::<1, 1>(c, a, b),
+                    let vectors = cols.div_ceil(LANES);
+                    match rows {
+                        6 => block.rows::<6>(vectors, c, a, b),
+                        5 => block.rows::<5>(vectors, c, a, b),
+                        4 => block.rows::<4>(vectors, c, a, b),
+                        3 => block.rows::<3>(vectors, c, a, b),
+                        2 => block.rows::<2>(vectors, c, a, b),
+                        _ => block.rows::<1>(vectors, c, a, b),
                     }
                 }
                 i0 += rows;
@@ -217,6 +200,30 @@ pub(super) mod avx512 {
     }
 
     impl Block {
+        /// [`Block::run`] for `R` rows and `vectors` (1-4) vectors.
+        ///
+        /// # Safety
+        /// [`Block::run`]'s.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn rows<const R: usize>(
+            &self,
+            vectors: usize,
+            c: *mut f32,
+            a: *const f32,
+            b: *const f32,
+        ) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                match vectors {
+                    4 => self.run::<R, 4>(c, a, b),
+                    3 => self.run::<R, 3>(c, a, b),
+                    2 => self.run::<R, 2>(c, a, b),
+                    _ => self.run::<R, 1>(c, a, b),
+                }
+            }
+        }
+
         /// `R` rows by `V` vectors of the output (the last one masked), at `c`, from the
         /// left operand's rows at `a` and the right operand's columns at `b`.
         ///
