@@ -1,9 +1,12 @@
 //! What the timing examples share.
 
+pub mod peak;
+
 use parallax_runtime::cpu::tensor::Tensor;
 
 /// A tensor of `shape` filled with values in [-0.5, 0.5) from a multiplicative hash of
 /// each index and `seed`: the same on every run, no zeros or repeats to flatter a kernel.
+#[allow(dead_code)] // `fma_peak` shares `common` without it
 pub fn filled(shape: Vec<usize>, seed: u32) -> Tensor {
     let n: usize = shape.iter().product();
     let v = (0..n)

@@ -7,6 +7,7 @@ pub mod kernels;
 mod run;
 mod run_attention;
 mod run_rows;
+pub mod spin;
 mod stepwise;
 mod storage;
 mod views;

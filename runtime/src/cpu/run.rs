@@ -6,7 +6,6 @@ use super::kernels::gemm::matmul_strided;
 use super::kernels::{execute, rows, Ctx, KernelError};
 use super::{fused, tensor, views, ExecError, Executor, Mode, EMPTY};
 use parallax_compiler::ir::{KernelKind, Op};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 impl Executor {
     /// Runs one step on a batch of `batch` samples whose first sample has index `first_sample`
@@ -21,16 +20,13 @@ impl Executor {
         let ctx = self.begin_step(batch, mode, step, first_sample)?;
         // The step runs on a worker of rayon's pool, so that each parallel kernel splits
         // among the workers directly instead of waking the pool from this thread and
-        // sleeping until it is done; the other workers spin between kernels (see `Spin`).
+        // sleeping until it is done; the other workers spin between kernels.
         let this = SendPtr(self as *mut Executor);
-        let spin = Spin::default();
-        rayon::scope(|scope| {
+        super::spin::on_spinning_pool(|top_up| {
             let this = this;
-            // SAFETY: `self` is borrowed mutably for the whole scope, which ends before
+            // SAFETY: `self` is borrowed mutably for the whole call, which ends before
             // `run` returns; only this closure touches it.
-            let r = unsafe { &mut *this.0 }.run_kernels(mode, &ctx, &|| spin.top_up(scope));
-            spin.done.store(true, Ordering::Release);
-            r
+            unsafe { &mut *this.0 }.run_kernels(mode, &ctx, top_up)
         })?;
         self.finish_step(mode);
         Ok(())
@@ -565,42 +561,3 @@ impl Executor {
 struct SendPtr(*mut Executor);
 // SAFETY: see `Executor::run`: the pointee is exclusively borrowed while the worker uses it.
 unsafe impl Send for SendPtr {}
-
-/// Keeps the pool's other workers busy-waiting through a step, running any work they find,
-/// instead of falling asleep between kernels: a sleeping worker wakes too late to take its
-/// half of a product that lasts a millisecond (on 2 cores the MLP bench step took 6.1 ms
-/// without spinners, 5.4 with, the mean of 5 interleaved runs each). OpenMP's threads,
-/// PyTorch's, spin the same way. A spinner gives up after `IDLE` without work, so one picked
-/// up by a worker that is itself waiting inside a kernel only delays that kernel; the step
-/// tops them up before each kernel.
-#[derive(Default)]
-struct Spin {
-    done: AtomicBool,
-    active: AtomicUsize,
-}
-
-const IDLE: std::time::Duration = std::time::Duration::from_micros(500);
-
-impl Spin {
-    fn top_up<'s>(&'s self, scope: &rayon::Scope<'s>) {
-        let others = rayon::current_num_threads().saturating_sub(1);
-        while self.active.load(Ordering::Acquire) < others {
-            self.active.fetch_add(1, Ordering::AcqRel);
-            scope.spawn(move |_| self.spin());
-        }
-    }
-
-    fn spin(&self) {
-        let mut since = std::time::Instant::now();
-        while !self.done.load(Ordering::Acquire) {
-            if rayon::yield_now() == Some(rayon::Yield::Executed) {
-                since = std::time::Instant::now();
-            } else if since.elapsed() > IDLE {
-                break;
-            } else {
-                std::hint::spin_loop();
-            }
-        }
-        self.active.fetch_sub(1, Ordering::AcqRel);
-    }
-}
