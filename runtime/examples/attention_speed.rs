@@ -11,6 +11,7 @@
 //! The operands are token-major, `[B, T, H, D]`, as a projection's output reshaped.
 
 use parallax_runtime::cpu::kernels::attention::{attention, attention_grads, Grads, Saved};
+use parallax_runtime::cpu::spin::on_spinning_pool;
 use parallax_runtime::cpu::tensor::Tensor;
 use std::io::BufRead;
 use std::time::Instant;
@@ -92,7 +93,10 @@ impl Problem {
     }
 }
 
-fn ms(f: &mut dyn FnMut()) -> f64 {
+/// Milliseconds of `f`, run as a step runs its kernels: on a worker of rayon's pool with the
+/// others spinning (`top_up` before it; see `on_spinning_pool`).
+fn ms(top_up: &dyn Fn(), f: &mut dyn FnMut()) -> f64 {
+    top_up();
     let s = Instant::now();
     f();
     s.elapsed().as_secs_f64() * 1e3
@@ -116,12 +120,17 @@ fn main() {
         .unwrap_or(20)
         .max(1);
     let mut p = Problem::new(b, h, t, d, causal);
+    on_spinning_pool(|top_up| run(&mut p, [b, h, t, d], serve, reps, top_up));
+}
+
+fn run(p: &mut Problem, [b, h, t, d]: [usize; 4], serve: bool, reps: usize, top_up: &dyn Fn()) {
+    let causal = p.causal;
     if serve {
         for line in std::io::stdin().lock().lines() {
             let n: usize = line.unwrap().trim().parse().expect("a count per line");
             let times: Vec<String> = (0..n)
                 .map(|_| {
-                    let f = ms(&mut || p.forward()) + ms(&mut || p.backward());
+                    let f = ms(top_up, &mut || p.forward()) + ms(top_up, &mut || p.backward());
                     format!("{f:.4}")
                 })
                 .collect();
@@ -135,8 +144,8 @@ fn main() {
     }
     let (mut fwd, mut bwd) = (Vec::new(), Vec::new());
     for _ in 0..reps {
-        fwd.push(ms(&mut || p.forward()));
-        bwd.push(ms(&mut || p.backward()));
+        fwd.push(ms(top_up, &mut || p.forward()));
+        bwd.push(ms(top_up, &mut || p.backward()));
     }
     let (f, g) = (median(fwd), median(bwd));
     let half = if causal { 0.5 } else { 1.0 };
