@@ -17,6 +17,11 @@
 # reached at its median step, and Parallax's share of the peak.
 #
 # Without PyTorch it says so and prints Parallax's numbers alone.
+#
+# With ISA=avx2 in the environment, both sides stop at AVX2, to measure the AVX2 paths on an
+# AVX-512 machine: Parallax built without the GEMM crates' AVX-512 kernels (in
+# target/avx2/) and run with PARALLAX_NO_AVX512, PyTorch with ATEN_CPU_CAPABILITY,
+# ONEDNN_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS; the peak is then AVX2's.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -27,16 +32,25 @@ THREADS=2
 MODELS=(mlp cnn transformer transformer-512)
 export RAYON_NUM_THREADS=$THREADS
 
+FEATURES=()
+if [ "${ISA:-}" = avx2 ]; then
+    export PARALLAX_NO_AVX512=1 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+        MKL_ENABLE_INSTRUCTIONS=AVX2 MMTEST_FEATURE=sse2,avx,avx2,fma
+    export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target}/avx2
+    FEATURES=(--no-default-features)
+fi
+
 echo "building runtime/examples/step_time.rs (release)..." >&2
-cargo build --release -q -p parallax-runtime --example step_time --example fma_peak
-BIN=target/release/examples/step_time
+cargo build --release -q -p parallax-runtime "${FEATURES[@]}" --example step_time --example fma_peak
+RELEASE=${CARGO_TARGET_DIR:-target}/release
+BIN=$RELEASE/examples/step_time
 # Each model's median milliseconds, per side, for the table of the limit.
 MEDIANS=$(mktemp)
 trap 'rm -f "$MEDIANS"' EXIT
 
 # The peak first, on an idle machine: measured after the paired runs it came out at half
 # (PyTorch's worker threads still spinning), and shares of the peak above 100%.
-peak_line=$(target/release/examples/fma_peak "$THREADS")
+peak_line=$("$RELEASE/examples/fma_peak" "$THREADS")
 
 PYTHON=${PYTHON:-python3}
 echo

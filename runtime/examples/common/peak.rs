@@ -55,18 +55,17 @@ fn run_portable() -> f32 {
     acc.iter().flatten().sum()
 }
 
-/// The instruction set used, its vector width in f32 lanes, and one call's function.
+/// The instruction set used, its vector width in f32 lanes, and one call's function: the
+/// kernels' own vector level (`PARALLAX_NO_AVX512` and `PARALLAX_NO_SIMD` lower both).
 fn isa() -> (&'static str, usize, fn() -> f32) {
+    use parallax_runtime::cpu::kernels::simd::{level, Level};
     #[cfg(target_arch = "x86_64")]
-    {
-        if is_x86_feature_detected!("avx512f") {
-            // SAFETY: the CPU has AVX-512F.
-            return ("AVX-512", 16, || unsafe { run_avx512() });
-        }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU has AVX2 and FMA.
-            return ("AVX2+FMA", 8, || unsafe { run_avx2() });
-        }
+    match level() {
+        // SAFETY: the level says the CPU has AVX-512F.
+        Level::Avx512 => return ("AVX-512", 16, || unsafe { run_avx512() }),
+        // SAFETY: the level says the CPU has AVX2 and FMA.
+        Level::Avx2 => return ("AVX2+FMA", 8, || unsafe { run_avx2() }),
+        Level::Baseline => {}
     }
     ("portable", 8, run_portable)
 }

@@ -1,7 +1,7 @@
 //! One product on raw parts, split across rayon's threads and multiplied by one of two GEMM
 //! crates (see [`Engine`]).
 
-use super::tile::has_avx512;
+use super::tile::{self, Isa};
 use super::{fits, parallelism, IN_GEMM_CRATE, PARALLEL_WORK};
 use gemm::Parallelism;
 
@@ -93,7 +93,7 @@ impl Engine {
     /// operands for. Narrower, its kernel keeps a part of one vector per row (a convolution's
     /// weight gradient `[32, 43264] x [43264, 9]`: 0.69 ms against `gemm`'s 0.50).
     fn of(m: usize, n: usize, k: usize) -> Engine {
-        if has_avx512() && n >= 16 {
+        if tile::isa().is_some() && n >= 16 {
             Engine::Panels
         } else if m.saturating_mul(n).saturating_mul(k) > SPLIT_WORK && m.min(n) >= 64 {
             Engine::Matrixmultiply
@@ -253,27 +253,25 @@ impl Job {
     /// `tile`'s. Without AVX-512, or with a left operand strided both ways, `gemm`.
     /// [`Job::run`]'s contract.
     unsafe fn panels(self, par: Parallelism) {
-        #[cfg(target_arch = "x86_64")]
-        if has_avx512() && (self.l.0 == 1 || self.l.1 == 1) {
-            // SAFETY: AVX-512 is present; the caller's contract.
-            unsafe { self.panels_avx512() };
+        if let Some(isa) = tile::isa().filter(|_| self.l.0 == 1 || self.l.1 == 1) {
+            // SAFETY: the CPU has `isa`; the caller's contract.
+            unsafe { self.panels_in(isa) };
             return;
         }
         // SAFETY: the caller's contract.
         unsafe { self.gemm(par) }
     }
 
-    /// [`Job::panels`] with AVX-512 present and the left operand's rows or columns
+    /// [`Job::panels`] in `isa`, which the CPU has, the left operand's rows or columns
     /// contiguous; [`Job::run`]'s contract.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn panels_avx512(self) {
-        use super::transpose_into;
+    unsafe fn panels_in(self, isa: Isa) {
         let Job { m, n, k, l, r, .. } = self;
         if r.1 == 1 && r.0.saturating_mul(k) <= 64 * PANEL_DEPTH {
             // The whole right operand spans no more than a panel: read in place.
-            // SAFETY: AVX-512 is present; the caller's contract.
+            // SAFETY: the CPU has `isa`; the caller's contract.
             unsafe {
-                super::tile::avx512::product(
+                tile::product(
+                    isa,
                     (m, n, k),
                     (self.dst.0, self.ld),
                     self.accumulate,
@@ -291,42 +289,127 @@ impl Job {
             let panel = unsafe {
                 std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<f32>(), buf.len() * 64)
             };
+            // Columns a multiple of 4 KiB apart: see `panels_by_depth`.
+            if l.0 == 1 && l.1 % 1024 == 0 && m > 1 {
+                // SAFETY: the caller's contract.
+                unsafe { self.panels_by_depth(isa, panel) };
+                return;
+            }
             for j0 in (0..n).step_by(64) {
                 let cols = (n - j0).min(64);
                 for p0 in (0..k).step_by(PANEL_DEPTH) {
                     let depth = (k - p0).min(PANEL_DEPTH);
-                    // SAFETY: rows [p0, p0 + depth) and columns [j0, j0 + cols) of the right
-                    // operand lie inside it (the caller's contract).
-                    unsafe {
-                        let at = self.rhs.0.add(p0 * r.0 + j0 * r.1);
-                        if r.1 == 1 {
-                            for p in 0..depth {
-                                let row = std::slice::from_raw_parts(at.add(p * r.0), cols);
-                                panel[p * 64..p * 64 + cols].copy_from_slice(row);
-                            }
-                        } else if r.0 == 1 {
-                            // Its transpose's rows: columns [j0, j0 + cols), `depth` long.
-                            let len = (cols - 1) * r.1 + depth;
-                            let src = std::slice::from_raw_parts(at, len);
-                            transpose_into(src, r.1, (cols, depth), panel, 64);
-                        } else {
-                            for p in 0..depth {
-                                for c in 0..cols {
-                                    panel[p * 64 + c] = *at.add(p * r.0 + c * r.1);
-                                }
-                            }
-                        }
-                        super::tile::avx512::product(
-                            (m, cols, depth),
-                            (self.dst.0.add(j0), self.ld),
-                            self.accumulate || p0 > 0,
-                            (self.lhs.0.add(p0 * l.1), l),
-                            (panel.as_ptr(), 64),
-                        );
+                    let lhs = self.lhs.0.wrapping_add(p0 * l.1);
+                    // SAFETY: the panel lies inside the product (the caller's contract).
+                    unsafe { self.panel(isa, (p0, depth), (j0, cols), (lhs, l), panel) };
+                }
+            }
+        });
+    }
+
+    /// [`Job::panels_in`] for a left operand whose columns are contiguous and a multiple of
+    /// 4 KiB apart: its `PANEL_DEPTH` columns at a time transposed into rows first, then
+    /// multiplied by each panel. Read in place, a block's rows of one column share a cache
+    /// line and the next column's line lies 4 KiB on, in the same set of L1, so a block's
+    /// columns evict each other: `[1024, 1024]^T x [1024, 256]` ran at 184 GFLOP/s with AVX2
+    /// (peak 268), 242 transposed, and the same with AVX-512. Columns 1 KiB apart (`[1024,
+    /// 256]^T x [1024, 256]`) lost by it (AVX-512: 380 against 483; the transpose, done by
+    /// both halves of a split product, costs more than it saves there).
+    /// [`Job::run`]'s contract; `panel` holds a panel.
+    unsafe fn panels_by_depth(self, isa: Isa, panel: &mut [f32]) {
+        use super::transpose_into;
+        /// The transposed columns, a type of their own among the kept scratch vectors.
+        #[derive(Clone, Copy, Default)]
+        #[repr(transparent)]
+        struct LeftRow(f32);
+        let Job { m, n, k, l, .. } = self;
+        super::super::scratch::with_stale(m * PANEL_DEPTH, |rows: &mut [LeftRow]| {
+            // SAFETY: a `LeftRow` is an `f32` (`repr(transparent)`).
+            let rows = unsafe {
+                std::slice::from_raw_parts_mut(rows.as_mut_ptr().cast::<f32>(), rows.len())
+            };
+            for p0 in (0..k).step_by(PANEL_DEPTH) {
+                let depth = (k - p0).min(PANEL_DEPTH);
+                // SAFETY: columns [p0, p0 + depth) of the left operand, each `m` long and
+                // contiguous, lie inside it; the panels lie inside the product (the
+                // caller's contract).
+                unsafe {
+                    let len = (depth - 1) * l.1 + m;
+                    let src = std::slice::from_raw_parts(self.lhs.0.add(p0 * l.1), len);
+                    transpose_into(src, l.1, (depth, m), rows, depth);
+                    for j0 in (0..n).step_by(64) {
+                        let cols = (n - j0).min(64);
+                        let lhs = (rows.as_mut_ptr(), (depth, 1));
+                        self.panel(isa, (p0, depth), (j0, cols), lhs, panel);
                     }
                 }
             }
         });
+    }
+
+    /// Packs rows `[p0, p0 + depth)` by columns `[j0, j0 + cols)` of the right operand into
+    /// `panel` and adds their product with `lhs` (the left operand's columns `[p0, p0 +
+    /// depth)`, at strides `l`) to `dst`'s columns `[j0, j0 + cols)`: overwriting them when
+    /// the product does and this is the first panel down.
+    ///
+    /// # Safety
+    /// The panel and `lhs`'s `m x depth` lie inside the product; `panel` holds `depth` rows.
+    unsafe fn panel(
+        self,
+        isa: Isa,
+        (p0, depth): (usize, usize),
+        (j0, cols): (usize, usize),
+        (lhs, l): (*mut f32, (usize, usize)),
+        panel: &mut [f32],
+    ) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            self.pack((p0, depth), (j0, cols), panel);
+            tile::product(
+                isa,
+                (self.m, cols, depth),
+                (self.dst.0.add(j0), self.ld),
+                self.accumulate || p0 > 0,
+                (lhs, l),
+                (panel.as_ptr(), 64),
+            );
+        }
+    }
+
+    /// Copies rows `[p0, p0 + depth)` by columns `[j0, j0 + cols)` of the right operand
+    /// into `panel` (rows 64 apart), transposed when its columns are contiguous.
+    ///
+    /// # Safety
+    /// Those rows and columns lie inside the right operand; `panel` holds `depth` rows.
+    unsafe fn pack(
+        self,
+        (p0, depth): (usize, usize),
+        (j0, cols): (usize, usize),
+        panel: &mut [f32],
+    ) {
+        use super::transpose_into;
+        let r = self.r;
+        // SAFETY: the caller's contract.
+        unsafe {
+            let at = self.rhs.0.add(p0 * r.0 + j0 * r.1);
+            if r.1 == 1 {
+                for p in 0..depth {
+                    let row = std::slice::from_raw_parts(at.add(p * r.0), cols);
+                    panel[p * 64..p * 64 + cols].copy_from_slice(row);
+                }
+            } else if r.0 == 1 {
+                // Its transpose's rows: columns [j0, j0 + cols), `depth` long.
+                let len = (cols - 1) * r.1 + depth;
+                let src = std::slice::from_raw_parts(at, len);
+                transpose_into(src, r.1, (cols, depth), panel, 64);
+            } else {
+                for p in 0..depth {
+                    for c in 0..cols {
+                        panel[p * 64 + c] = *at.add(p * r.0 + c * r.1);
+                    }
+                }
+            }
+        }
     }
 
     /// One call of `matrixmultiply::sgemm` (one thread); [`Job::run`]'s contract.

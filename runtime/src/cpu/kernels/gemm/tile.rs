@@ -1,22 +1,66 @@
-//! The AVX-512 kernel of the `Panels` engine (see `parts`): a register-blocked product
-//! that reads its operands in place (the right one with contiguous rows, the left one with
-//! either stride 1), and the 16 x 16 transposes that lay a right operand out for it.
+//! The kernels of the `Panels` engine (see `parts`), with AVX-512 or with AVX2 and FMA: a
+//! register-blocked product that reads its operands in place (the right one with contiguous
+//! rows, the left one with either stride 1), and the register transposes (16 x 16, 8 x 8)
+//! that lay a right operand out for it.
 //!
 //! Determinism: each output element is the fused multiply-add chain over `p = 0..k` in
 //! order, started from the output's value when accumulating (zero otherwise): its bits
-//! depend on the operands and `k` alone.
+//! depend on the operands and `k` alone, so the same with either instruction set.
 
 use super::fits;
+use crate::cpu::kernels::simd::{level, Level};
 
-/// Whether the AVX-512 kernels run: the vector level the elementwise loops use (so
-/// `PARALLAX_NO_SIMD` and `PARALLAX_NO_AVX512` turn them off too).
-pub(super) fn has_avx512() -> bool {
-    crate::cpu::kernels::simd::level() == crate::cpu::kernels::simd::Level::Avx512
+/// The instruction set the panels' kernel runs in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Isa {
+    Avx512,
+    Avx2,
+}
+
+/// The panels' instruction set on this CPU: the vector level of the elementwise loops
+/// (`vectorised!`), so `PARALLAX_NO_SIMD` turns the kernels off and `PARALLAX_NO_AVX512`
+/// stops them at AVX2; `None` on other architectures.
+pub(super) fn isa() -> Option<Isa> {
+    if !cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    match level() {
+        Level::Avx512 => Some(Isa::Avx512),
+        Level::Avx2 => Some(Isa::Avx2),
+        Level::Baseline => None,
+    }
+}
+
+/// `dst [m, n] (= or +=) a [m, k] x b [k, n]` in `isa`'s register blocks: `dst` at leading
+/// dimension `ld`, element `(i, p)` of `a` at `i * a_rs + p * a_cs`, `b` row-major at
+/// leading dimension `ldb`.
+///
+/// # Safety
+/// The CPU has `isa` (as [`isa`] found it); the three matrices lie inside live allocations;
+/// `dst` is valid for writes and aliases neither operand.
+pub(super) unsafe fn product(
+    isa: Isa,
+    mnk: (usize, usize, usize),
+    out: (*mut f32, usize),
+    accumulate: bool,
+    a: (*const f32, (usize, usize)),
+    b: (*const f32, usize),
+) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the caller's contract.
+    unsafe {
+        match isa {
+            Isa::Avx512 => avx512::product(mnk, out, accumulate, a, b),
+            Isa::Avx2 => avx2::product(mnk, out, accumulate, a, b),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (isa, mnk, out, accumulate, a, b);
 }
 
 /// `dst[c * ld + r] = src[r * rs + c]` for the `rows x width` matrix at `src` (rows `rs`
-/// apart): the right operands `q k^T` and the panels read, in 16 x 16 blocks in registers
-/// with AVX-512.
+/// apart): the right operands `q k^T` and the panels read, in blocks transposed in registers
+/// where the CPU has AVX-512 or AVX2.
 pub(in crate::cpu::kernels) fn transpose_into(
     src: &[f32],
     rs: usize,
@@ -36,11 +80,27 @@ pub(in crate::cpu::kernels) fn transpose_into(
         "transpose: destination out of bounds"
     );
     #[cfg(target_arch = "x86_64")]
-    if has_avx512() {
-        // SAFETY: AVX-512 is present and both matrices fit their slices (checked).
-        unsafe { avx512::transpose(src.as_ptr(), rs, (rows, width), dst.as_mut_ptr(), ld) };
-        return;
+    {
+        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+        // SAFETY: the CPU has the instruction set ([`isa`]); both matrices fit their slices
+        // (checked).
+        match isa() {
+            Some(Isa::Avx512) => return unsafe { avx512::transpose(s, rs, (rows, width), d, ld) },
+            Some(Isa::Avx2) => return unsafe { avx2::transpose(s, rs, (rows, width), d, ld) },
+            None => {}
+        }
     }
+    scalar_transpose(src, rs, (rows, width), dst, ld);
+}
+
+/// [`transpose_into`] element by element (its contract, unchecked bounds aside).
+fn scalar_transpose(
+    src: &[f32],
+    rs: usize,
+    (rows, width): (usize, usize),
+    dst: &mut [f32],
+    ld: usize,
+) {
     for r in 0..rows {
         for (c, &x) in src[r * rs..r * rs + width].iter().enumerate() {
             dst[c * ld + r] = x;
@@ -48,64 +108,210 @@ pub(in crate::cpu::kernels) fn transpose_into(
     }
 }
 
+/// The register-blocked product of one instruction set, from its module's `Vector`, `Mask`,
+/// `LANES`, `load`, `store`, `splat`, `fma` and `zero`: blocks of up to `ROWS` rows by
+/// `VECTORS` vectors of the output, the last vector of a row masked to the product's
+/// columns.
 #[cfg(target_arch = "x86_64")]
-pub(super) mod avx512 {
-    use std::arch::x86_64::*;
+macro_rules! register_blocks {
+    ($feature:literal) => {
+        /// Rows of the output one block keeps in registers.
+        const ROWS: usize = 6;
 
-    /// Rows of the output one block keeps in registers: `ROWS x 4` accumulators, 4 vectors
-    /// of the right operand's row and a broadcast make 29 of the 32 vector registers.
-    const ROWS: usize = 6;
-    /// Lanes of a vector.
-    const LANES: usize = 16;
-
-    /// `dst [m, n] (= or +=) a [m, k] x b [k, n]` in blocks of up to 64 columns and
-    /// [`ROWS`] rows: `dst` at leading dimension `ld`, element `(i, p)` of `a` at
-    /// `i * a_rs + p * a_cs`, `b` row-major at leading dimension `ldb`.
-    ///
-    /// # Safety
-    /// AVX-512F is present; the three matrices lie inside live allocations; `dst` is valid
-    /// for writes and aliases neither operand.
-    #[target_feature(enable = "avx512f")]
-    pub(in crate::cpu::kernels::gemm) unsafe fn product(
-        (m, n, k): (usize, usize, usize),
-        (dst, ld): (*mut f32, usize),
-        accumulate: bool,
-        (a, (a_rs, a_cs)): (*const f32, (usize, usize)),
-        (b, ldb): (*const f32, usize),
-    ) {
-        for j0 in (0..n).step_by(4 * LANES) {
-            let cols = (n - j0).min(4 * LANES);
-            // The last vector's lanes inside the product (all of them when it is whole).
-            let tail = cols % LANES;
-            let mask: __mmask16 = if tail == 0 { 0xffff } else { (1 << tail) - 1 };
-            let block = Block {
+        /// See [`super::product`].
+        ///
+        /// # Safety
+        /// The CPU has this module's instruction set; [`super::product`]'s contract.
+        #[target_feature(enable = $feature)]
+        pub(super) unsafe fn product(
+            (m, n, k): (usize, usize, usize),
+            (dst, ld): (*mut f32, usize),
+            accumulate: bool,
+            (a, (a_rs, a_cs)): (*const f32, (usize, usize)),
+            (b, ldb): (*const f32, usize),
+        ) {
+            // Row blocks outside, strips of columns inside: a block's rows of `a` stay in L1
+            // across the strips (with AVX2 four of them span a panel: the other order read a
+            // transposed `[1024, 1024]` left operand from L2 four times, 180 against 250
+            // GFLOP/s). The right operand is at most a panel (32 KiB) whenever `m` is large.
+            let strip = VECTORS * LANES;
+            let block = |cols: usize| Block {
                 k,
                 ld,
                 accumulate,
                 a_rs,
                 a_cs,
                 ldb,
-                mask,
+                last: mask(cols % LANES),
             };
+            let (whole, rest) = (block(strip), block(n % strip));
             let mut i0 = 0;
             while i0 < m {
                 let rows = (m - i0).min(ROWS);
-                // SAFETY: rows [i0, i0 + rows) and columns [j0, j0 + cols) lie inside the
-                // product; the caller's contract does the rest.
-                unsafe {
-                    let c = dst.add(i0 * ld + j0);
-                    let (a, b) = (a.add(i0 * a_rs), b.add(j0));
-                    let vectors = cols.div_ceil(LANES);
-                    match rows {
-                        6 => block.rows::<6>(vectors, c, a, b),
-                        5 => block.rows::<5>(vectors, c, a, b),
-                        4 => block.rows::<4>(vectors, c, a, b),
-                        3 => block.rows::<3>(vectors, c, a, b),
-                        2 => block.rows::<2>(vectors, c, a, b),
-                        _ => block.rows::<1>(vectors, c, a, b),
+                for j0 in (0..n).step_by(strip) {
+                    let cols = (n - j0).min(strip);
+                    let block = if cols == strip { &whole } else { &rest };
+                    // SAFETY: rows [i0, i0 + rows) and columns [j0, j0 + cols) lie inside
+                    // the product; the caller's contract does the rest.
+                    unsafe {
+                        let c = dst.add(i0 * ld + j0);
+                        let (a, b) = (a.add(i0 * a_rs), b.add(j0));
+                        let vectors = cols.div_ceil(LANES);
+                        match rows {
+                            6 => block.rows::<6>(vectors, c, a, b),
+                            5 => block.rows::<5>(vectors, c, a, b),
+                            4 => block.rows::<4>(vectors, c, a, b),
+                            3 => block.rows::<3>(vectors, c, a, b),
+                            2 => block.rows::<2>(vectors, c, a, b),
+                            _ => block.rows::<1>(vectors, c, a, b),
+                        }
                     }
                 }
                 i0 += rows;
+            }
+        }
+
+        /// What every block of one product shares.
+        struct Block {
+            k: usize,
+            ld: usize,
+            accumulate: bool,
+            a_rs: usize,
+            a_cs: usize,
+            ldb: usize,
+            /// The mask of a row's last vector when the product's columns end inside it.
+            last: Option<Mask>,
+        }
+
+        impl Block {
+            /// `R` rows by `V` vectors of the output (the last one masked), at `c`, from the
+            /// left operand's rows at `a` and the right operand's columns at `b`.
+            ///
+            /// # Safety
+            /// The CPU has this module's instruction set; the block lies inside the product
+            /// (see [`product`]).
+            #[inline]
+            #[target_feature(enable = $feature)]
+            unsafe fn run<const R: usize, const V: usize>(
+                &self,
+                c: *mut f32,
+                a: *const f32,
+                b: *const f32,
+            ) {
+                let mask = |v: usize| if v + 1 == V { self.last } else { None };
+                let mut acc = [[zero(); V]; R];
+                // SAFETY (all accesses): inside the block, the masked lanes never touched.
+                unsafe {
+                    if self.accumulate {
+                        for (i, row) in acc.iter_mut().enumerate() {
+                            for (v, x) in row.iter_mut().enumerate() {
+                                *x = load(c.add(i * self.ld + v * LANES), mask(v));
+                            }
+                        }
+                    }
+                    for p in 0..self.k {
+                        let bp = b.add(p * self.ldb);
+                        let mut bv = [zero(); V];
+                        for (v, x) in bv.iter_mut().enumerate() {
+                            *x = load(bp.add(v * LANES), mask(v));
+                        }
+                        let ap = a.add(p * self.a_cs);
+                        for (i, row) in acc.iter_mut().enumerate() {
+                            let ai = splat(*ap.add(i * self.a_rs));
+                            for (x, &bx) in row.iter_mut().zip(&bv) {
+                                *x = fma(ai, bx, *x);
+                            }
+                        }
+                    }
+                    for (i, row) in acc.iter().enumerate() {
+                        for (v, &x) in row.iter().enumerate() {
+                            store(c.add(i * self.ld + v * LANES), mask(v), x);
+                        }
+                    }
+                }
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    /// Lanes of a vector.
+    const LANES: usize = 16;
+    /// Vectors of a block's row: `ROWS x 4` accumulators, 4 vectors of the right operand's
+    /// row and a broadcast make 29 of the 32 vector registers.
+    const VECTORS: usize = 4;
+    type Mask = __mmask16;
+
+    /// The mask of the first `lanes` lanes (`None`: the vector is whole).
+    fn mask(lanes: usize) -> Option<Mask> {
+        (lanes != 0).then(|| (1 << lanes) - 1)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn zero() -> __m512 {
+        _mm512_setzero_ps()
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn splat(x: f32) -> __m512 {
+        _mm512_set1_ps(x)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+
+    /// The vector at `p`, its lanes past `mask` zero (a masked load never touches them).
+    ///
+    /// # Safety
+    /// The lanes in `mask` lie inside an allocation.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load(p: *const f32, mask: Option<Mask>) -> __m512 {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_maskz_loadu_ps(mask.unwrap_or(0xffff), p) }
+    }
+
+    /// # Safety
+    /// The lanes in `mask` lie inside an allocation, valid for writes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn store(p: *mut f32, mask: Option<Mask>, x: __m512) {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_mask_storeu_ps(p, mask.unwrap_or(0xffff), x) }
+    }
+
+    register_blocks!("avx512f");
+
+    impl Block {
+        /// [`Block::run`] for `R` rows and `vectors` (1-4) vectors.
+        ///
+        /// # Safety
+        /// [`Block::run`]'s.
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn rows<const R: usize>(
+            &self,
+            vectors: usize,
+            c: *mut f32,
+            a: *const f32,
+            b: *const f32,
+        ) {
+            // SAFETY: the caller's contract.
+            unsafe {
+                match vectors {
+                    4 => self.run::<R, 4>(c, a, b),
+                    3 => self.run::<R, 3>(c, a, b),
+                    2 => self.run::<R, 2>(c, a, b),
+                    _ => self.run::<R, 1>(c, a, b),
+                }
             }
         }
     }
@@ -186,26 +392,95 @@ pub(super) mod avx512 {
         }
         out
     }
+}
 
-    /// What every block of one product shares.
-    struct Block {
-        k: usize,
-        ld: usize,
-        accumulate: bool,
-        a_rs: usize,
-        a_cs: usize,
-        ldb: usize,
-        /// The lanes of the last vector of a row inside the product.
-        mask: __mmask16,
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    /// Lanes of a vector.
+    const LANES: usize = 8;
+    /// Vectors of a block's row: `ROWS x 2` accumulators, 2 vectors of the right operand's
+    /// row and a broadcast make 15 of the 16 vector registers.
+    const VECTORS: usize = 2;
+    /// Lanes set (all bits) or clear, for `maskload` and `maskstore`.
+    type Mask = __m256i;
+
+    /// The mask of the first `lanes` lanes (`None`: the vector is whole).
+    fn mask(lanes: usize) -> Option<Mask> {
+        let lane = |l: usize| if l < lanes { -1 } else { 0 };
+        // SAFETY: AVX is present wherever this module's kernels run.
+        (lanes != 0).then(|| unsafe {
+            _mm256_setr_epi32(
+                lane(0),
+                lane(1),
+                lane(2),
+                lane(3),
+                lane(4),
+                lane(5),
+                lane(6),
+                lane(7),
+            )
+        })
     }
 
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn splat(x: f32) -> __m256 {
+        _mm256_set1_ps(x)
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, c)
+    }
+
+    /// The vector at `p`, its lanes past `mask` zero (a masked load never touches them).
+    ///
+    /// # Safety
+    /// The lanes in `mask` lie inside an allocation.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn load(p: *const f32, mask: Option<Mask>) -> __m256 {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match mask {
+                None => _mm256_loadu_ps(p),
+                Some(m) => _mm256_maskload_ps(p, m),
+            }
+        }
+    }
+
+    /// # Safety
+    /// The lanes in `mask` lie inside an allocation, valid for writes.
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn store(p: *mut f32, mask: Option<Mask>, x: __m256) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            match mask {
+                None => _mm256_storeu_ps(p, x),
+                Some(m) => _mm256_maskstore_ps(p, m, x),
+            }
+        }
+    }
+
+    register_blocks!("avx2,fma");
+
     impl Block {
-        /// [`Block::run`] for `R` rows and `vectors` (1-4) vectors.
+        /// [`Block::run`] for `R` rows and `vectors` (1-2) vectors.
         ///
         /// # Safety
         /// [`Block::run`]'s.
         #[inline]
-        #[target_feature(enable = "avx512f")]
+        #[target_feature(enable = "avx2,fma")]
         unsafe fn rows<const R: usize>(
             &self,
             vectors: usize,
@@ -216,59 +491,78 @@ pub(super) mod avx512 {
             // SAFETY: the caller's contract.
             unsafe {
                 match vectors {
-                    4 => self.run::<R, 4>(c, a, b),
-                    3 => self.run::<R, 3>(c, a, b),
                     2 => self.run::<R, 2>(c, a, b),
                     _ => self.run::<R, 1>(c, a, b),
                 }
             }
         }
+    }
 
-        /// `R` rows by `V` vectors of the output (the last one masked), at `c`, from the
-        /// left operand's rows at `a` and the right operand's columns at `b`.
-        ///
-        /// # Safety
-        /// AVX-512F; the block lies inside the product (see [`product`]).
-        #[inline]
-        #[target_feature(enable = "avx512f")]
-        unsafe fn run<const R: usize, const V: usize>(
-            &self,
-            c: *mut f32,
-            a: *const f32,
-            b: *const f32,
-        ) {
-            let mask = |v: usize| if v + 1 == V { self.mask } else { 0xffff };
-            let mut acc = [[_mm512_setzero_ps(); V]; R];
-            // SAFETY (all accesses): inside the block, the masked lanes never touched.
-            unsafe {
-                if self.accumulate {
-                    for (i, row) in acc.iter_mut().enumerate() {
-                        for (v, x) in row.iter_mut().enumerate() {
-                            *x = _mm512_maskz_loadu_ps(mask(v), c.add(i * self.ld + v * LANES));
-                        }
+    /// [`super::transpose_into`] in blocks of 8 x 8 in registers, the edges element by
+    /// element.
+    ///
+    /// # Safety
+    /// AVX2; the source (`rows` of `width` at `rs`) and the destination (`width` rows of
+    /// `rows` at `ld`) lie inside their allocations and do not overlap.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn transpose(
+        src: *const f32,
+        rs: usize,
+        (rows, width): (usize, usize),
+        dst: *mut f32,
+        ld: usize,
+    ) {
+        let (whole_rows, whole_cols) = (rows - rows % LANES, width - width % LANES);
+        // SAFETY (all accesses): inside the `rows x width` source and its transpose.
+        unsafe {
+            for r0 in (0..whole_rows).step_by(LANES) {
+                for c0 in (0..whole_cols).step_by(LANES) {
+                    let mut x = [_mm256_setzero_ps(); LANES];
+                    for (i, v) in x.iter_mut().enumerate() {
+                        *v = _mm256_loadu_ps(src.add((r0 + i) * rs + c0));
                     }
-                }
-                for p in 0..self.k {
-                    let bp = b.add(p * self.ldb);
-                    let mut bv = [_mm512_setzero_ps(); V];
-                    for (v, x) in bv.iter_mut().enumerate() {
-                        *x = _mm512_maskz_loadu_ps(mask(v), bp.add(v * LANES));
-                    }
-                    let ap = a.add(p * self.a_cs);
-                    for (i, row) in acc.iter_mut().enumerate() {
-                        let ai = _mm512_set1_ps(*ap.add(i * self.a_rs));
-                        for (x, &bx) in row.iter_mut().zip(&bv) {
-                            *x = _mm512_fmadd_ps(ai, bx, *x);
-                        }
-                    }
-                }
-                for (i, row) in acc.iter().enumerate() {
-                    for (v, &x) in row.iter().enumerate() {
-                        _mm512_mask_storeu_ps(c.add(i * self.ld + v * LANES), mask(v), x);
+                    for (c, v) in transpose8(x).iter().enumerate() {
+                        _mm256_storeu_ps(dst.add((c0 + c) * ld + r0), *v);
                     }
                 }
             }
+            // The edges: the columns past the whole blocks, then the rows past them.
+            for r in 0..rows {
+                let from = if r < whole_rows { whole_cols } else { 0 };
+                for c in from..width {
+                    *dst.add(c * ld + r) = *src.add(r * rs + c);
+                }
+            }
         }
+    }
+
+    /// The 8 x 8 transpose of the rows `r`: interleaving pairs of rows, then pairs of pairs,
+    /// then swapping 128-bit halves (`out[c]` is column `c`).
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn transpose8(r: [__m256; LANES]) -> [__m256; LANES] {
+        let mut t = [_mm256_setzero_ps(); LANES];
+        for k in 0..4 {
+            // Per 128-bit half: (a0 b0 a1 b1) and (a2 b2 a3 b3) of rows 2k and 2k + 1.
+            t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+            t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+        }
+        let mut u = [_mm256_setzero_ps(); LANES];
+        for k in 0..2 {
+            // u[4k + j] holds column 4h + j of rows 4k..4k + 4 in its half h.
+            let (a, b, c, d) = (t[4 * k], t[4 * k + 1], t[4 * k + 2], t[4 * k + 3]);
+            u[4 * k] = _mm256_shuffle_ps::<0x44>(a, c);
+            u[4 * k + 1] = _mm256_shuffle_ps::<0xee>(a, c);
+            u[4 * k + 2] = _mm256_shuffle_ps::<0x44>(b, d);
+            u[4 * k + 3] = _mm256_shuffle_ps::<0xee>(b, d);
+        }
+        let mut out = [_mm256_setzero_ps(); LANES];
+        for j in 0..4 {
+            // Half 0 of rows 0-3 and of rows 4-7: column j; halves 1: column 4 + j.
+            out[j] = _mm256_permute2f128_ps::<0x20>(u[j], u[4 + j]);
+            out[4 + j] = _mm256_permute2f128_ps::<0x31>(u[j], u[4 + j]);
+        }
+        out
     }
 }
 
@@ -279,26 +573,115 @@ mod tests {
     use crate::cpu::kernels::gemm::{gemm_into, View};
     use gemm::Parallelism;
 
-    /// Whole and partial 16 x 16 blocks, rows further apart than they are wide, a
-    /// destination wider than the rows: every element in its place, the rest untouched.
+    /// The instruction sets this CPU has, whatever level the kernels run at (so both are
+    /// tested on an AVX-512 machine).
+    fn cpu_isas() -> Vec<Isa> {
+        let mut isas = Vec::new();
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") {
+                isas.push(Isa::Avx512);
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                isas.push(Isa::Avx2);
+            }
+        }
+        eprintln!("instruction sets tested: {isas:?} and the scalar code");
+        isas
+    }
+
+    /// Whole and partial 16 x 16 and 8 x 8 blocks, rows further apart than they are wide, a
+    /// destination wider than the rows, in each instruction set and element by element:
+    /// every element in its place, the rest untouched.
     #[test]
     fn transposes_are_exact() {
-        for (rows, width, rs, ld) in [
-            (64, 64, 256, 64),
-            (5, 3, 3, 8),
-            (17, 33, 40, 20),
-            (1, 1, 1, 1),
-        ] {
-            let src = random(&[rows * rs], 1);
-            let mut dst = vec![f32::NAN; width * ld];
-            transpose_into(src.f32(), rs, (rows, width), &mut dst, ld);
-            for c in 0..width {
-                for r in 0..ld {
-                    let got = dst[c * ld + r];
-                    if r < rows {
-                        assert_eq!(got, src.f32()[r * rs + c], "({c}, {r})");
-                    } else {
-                        assert!(got.is_nan(), "({c}, {r}) past the rows was written");
+        let mut ways: Vec<Option<Isa>> = cpu_isas().into_iter().map(Some).collect();
+        ways.push(None);
+        for way in ways {
+            for (rows, width, rs, ld) in [
+                (64, 64, 256, 64),
+                (5, 3, 3, 8),
+                (17, 33, 40, 20),
+                (9, 8, 8, 9),
+                (24, 19, 19, 30),
+                (1, 1, 1, 1),
+            ] {
+                let src = random(&[rows * rs], 1);
+                let mut dst = vec![f32::NAN; width * ld];
+                let (s, d) = (src.f32(), &mut dst[..]);
+                match way {
+                    // SAFETY: the CPU has the instruction set; both fit their vectors.
+                    #[cfg(target_arch = "x86_64")]
+                    Some(Isa::Avx512) => unsafe {
+                        avx512::transpose(s.as_ptr(), rs, (rows, width), d.as_mut_ptr(), ld)
+                    },
+                    // SAFETY: as above.
+                    #[cfg(target_arch = "x86_64")]
+                    Some(Isa::Avx2) => unsafe {
+                        avx2::transpose(s.as_ptr(), rs, (rows, width), d.as_mut_ptr(), ld)
+                    },
+                    _ => scalar_transpose(s, rs, (rows, width), d, ld),
+                }
+                for c in 0..width {
+                    for r in 0..ld {
+                        let got = dst[c * ld + r];
+                        if r < rows {
+                            assert_eq!(got, src.f32()[r * rs + c], "{way:?} ({c}, {r})");
+                        } else {
+                            assert!(got.is_nan(), "{way:?} ({c}, {r}) past the rows was written");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Each instruction set's kernel on its own, the right operand read in place with rows
+    /// longer than the product (whole and partial row blocks, whole and masked last vectors,
+    /// strips past the first), either left layout, overwriting and accumulating: each element
+    /// the in-order FMA chain, bit for bit (the same in both sets), the rest untouched.
+    #[test]
+    fn each_instruction_set_gives_the_in_order_chain() {
+        for isa in cpu_isas() {
+            for (m, k, n) in [(13, 37, 70), (6, 5, 8), (1, 3, 3), (7, 64, 16), (11, 2, 65)] {
+                for ta in [false, true] {
+                    let a = random(&stored(&[], m, k, ta), 1);
+                    let ldb = n + 5;
+                    let b = random(&[k, ldb], 2);
+                    let ld = n + 3;
+                    let start = random(&[m, ld], 3);
+                    for accumulate in [false, true] {
+                        let mut dst = start.f32().to_vec();
+                        let l = if ta { (1, m) } else { (k, 1) };
+                        // SAFETY: the CPU has `isa`; the matrices fit their vectors.
+                        unsafe {
+                            product(
+                                isa,
+                                (m, n, k),
+                                (dst.as_mut_ptr(), ld),
+                                accumulate,
+                                (a.f32().as_ptr(), l),
+                                (b.f32().as_ptr(), ldb),
+                            )
+                        };
+                        for i in 0..m {
+                            let (row, was) = (
+                                &dst[i * ld..(i + 1) * ld],
+                                &start.f32()[i * ld..(i + 1) * ld],
+                            );
+                            assert_eq!(row[n..], was[n..], "{isa:?}: past the product");
+                            for j in 0..n {
+                                let base = if accumulate { was[j] } else { 0.0 };
+                                let chain = (0..k).fold(base, |c, p| {
+                                    a.f32()[i * l.0 + p * l.1].mul_add(b.f32()[p * ldb + j], c)
+                                });
+                                assert_eq!(
+                                    row[j].to_bits(),
+                                    chain.to_bits(),
+                                    "{isa:?} {m}x{k}x{n} ({i}, {j})"
+                                );
+                            }
+                        }
                     }
                 }
             }
@@ -309,15 +692,15 @@ mod tests {
     /// partial row blocks, 1-4 vectors, a masked last vector, columns past 64, a right
     /// operand read in place and one packed in panels of `PANEL_DEPTH` rows), both left
     /// layouts, overwriting and accumulating into a `dst` wider than the product: the
-    /// reference values, the columns past `n` untouched and, with AVX-512 and at least 16
-    /// columns, each element the in-order FMA chain (so its bits do not depend on how the
+    /// reference values, the columns past `n` untouched and, in the panels (AVX-512 or AVX2)
+    /// with at least 16 columns, each element the in-order FMA chain (so its bits do not depend on how the
     /// product was blocked).
     #[test]
     fn products_are_the_in_order_chain_in_either_left_layout() {
-        let avx = has_avx512();
+        let avx = isa().is_some();
         eprintln!(
             "one thread's products: {}",
-            if avx { "AVX-512 panels" } else { "gemm crate" }
+            if avx { "panels" } else { "gemm crate" }
         );
         for (m, k, n) in [
             (64, 64, 64),
