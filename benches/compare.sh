@@ -3,14 +3,16 @@
 # benches/models/: milliseconds of one training step (forward, loss, backward, SGD with
 # momentum) after warm-up, and their ratio (Parallax / PyTorch; above 1 is slower).
 #
-#   benches/compare.sh [WARMUP] [ROUNDS] [CHUNK]      (defaults 10, 40 and 5)
+#   benches/compare.sh [WARMUP] [ROUNDS] [CHUNK]      (defaults 10, 40 and 10)
 #
 # Both run side by side in one process pair (benches/pytorch_compare.py --paired): after the
 # warm-up, each round times CHUNK steps of Parallax and CHUNK of PyTorch back to back (10 ms
 # apart, so that one side's spinning threads are done before the other's chunk), the first
 # side alternating, so a busy spell of a shared machine falls on both. The table gives
 # each side's median and least step over all rounds, and the median over rounds of the ratio
-# of the two chunks' medians (the paired ratio: the figure to quote).
+# of the two chunks' medians (the paired ratio: the figure to quote). A side's first steps
+# after the other's chunk run with cold caches: with chunks of 3 the MLP's (1-2 ms steps) gave
+# 0.50x in the rounds Parallax went first and 0.90x in the others; with 10, 0.49x and 0.49x.
 #
 # Then the limit: the CPU's fp32 FMA peak on the same threads (runtime/examples/fma_peak.rs),
 # and per model the FLOPs of a step (the op table's cost rules), the GFLOP/s each side
@@ -27,7 +29,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 WARMUP=${1:-10}
 ROUNDS=${2:-40}
-CHUNK=${3:-5}
+CHUNK=${3:-10}
 THREADS=2
 MODELS=(mlp cnn transformer transformer-512)
 export RAYON_NUM_THREADS=$THREADS

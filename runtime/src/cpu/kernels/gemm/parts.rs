@@ -78,7 +78,9 @@ struct PanelRow([f32; 64]);
 
 impl Engine {
     /// The engine for a whole product, from its shape and this CPU alone (so never from the
-    /// number of threads). On this AVX2 machine (Zen 3, 2 cores), paired runs of the halves
+    /// number of threads). Without the panels (a CPU without AVX2 and FMA, or a product
+    /// narrower than 16 columns), the choice made before they had an AVX2 form: on an AVX2
+    /// machine (Zen 3, 2 cores), paired runs of the halves
     /// of the bench models' large products (`[1024, 256] x [256, 1024]` and the like) gave
     /// `matrixmultiply`'s 8x8 FMA kernel medians 0-15% above `gemm`'s (`examples/gemm_speed`)
     /// and the transformer's step 0.93x-0.95x (MLP 0.91x-0.95x; `benches/ab.py`). With a
@@ -91,7 +93,11 @@ impl Engine {
     /// paired call by call (`gemm_speed 20 '' engines`: 413-492 GFLOP/s median against
     /// 274-482, the peak 545), most on the thin-K products the `gemm` crate packs both
     /// operands for. Narrower, its kernel keeps a part of one vector per row (a convolution's
-    /// weight gradient `[32, 43264] x [43264, 9]`: 0.69 ms against `gemm`'s 0.50).
+    /// weight gradient `[32, 43264] x [43264, 9]`: 0.69 ms against `gemm`'s 0.50). With AVX2
+    /// and FMA alone (the same machine, AVX-512 off everywhere: `compare.sh`'s `ISA=avx2`
+    /// build) the panels ran the same products at 237-256 GFLOP/s median against `gemm`'s
+    /// 200-258 and `matrixmultiply`'s 173-217 (peak 268-283), so they take the same
+    /// products there.
     fn of(m: usize, n: usize, k: usize) -> Engine {
         if tile::isa().is_some() && n >= 16 {
             Engine::Panels
