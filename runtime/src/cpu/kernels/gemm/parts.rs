@@ -71,6 +71,10 @@ enum Engine {
 /// 416-426 GFLOP/s median, the rest within the noise).
 const PANEL_DEPTH: usize = 128;
 
+/// The most rows of a left operand transposed a panel deep (`Job::panels_by_depth`): its
+/// scratch, `LEFT_ROWS x PANEL_DEPTH` floats (4 MiB), stays with each thread.
+const LEFT_ROWS: usize = 8192;
+
 /// A row of a packed panel, aligned to a cache line.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
@@ -296,7 +300,7 @@ impl Job {
                 std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<f32>(), buf.len() * 64)
             };
             // Columns a multiple of 4 KiB apart: see `panels_by_depth`.
-            if l.0 == 1 && l.1 % 1024 == 0 && m > 1 {
+            if l.0 == 1 && l.1 % 1024 == 0 && m > 1 && m <= LEFT_ROWS {
                 // SAFETY: the caller's contract.
                 unsafe { self.panels_by_depth(isa, panel) };
                 return;
@@ -484,6 +488,53 @@ pub fn product_by(
 mod tests {
     use super::*;
     use crate::cpu::kernels::gemm::tests::{assert_close, random, reference, stored};
+
+    /// A transposed left operand whose columns lie 4 KiB apart (`[1024, k]` stored `[k,
+    /// 1024]`) is transposed a panel deep first (`panels_by_depth`), over two panels down
+    /// and two across, whole and in halves, overwriting and accumulating: each element the
+    /// in-order FMA chain, bit for bit.
+    #[test]
+    fn a_left_operand_with_columns_4_kib_apart_gives_the_in_order_chain() {
+        let Some(_) = tile::isa() else {
+            eprintln!("no panels on this CPU: the gemm crate multiplies (tested elsewhere)");
+            return;
+        };
+        let (m, k, n) = (1024, 140, 70);
+        let a = random(&[k, m], 1);
+        let b = random(&[k, n], 2);
+        let start = random(&[m, n], 3);
+        for (parts, accumulate) in [(1, false), (2, false), (2, true)] {
+            let mut dst = start.f32().to_vec();
+            let job = Job {
+                m,
+                n,
+                k,
+                dst: Ptr(dst.as_mut_ptr()),
+                ld: n,
+                accumulate,
+                lhs: Ptr(a.f32().as_ptr() as *mut f32),
+                l: (1, m),
+                rhs: Ptr(b.f32().as_ptr() as *mut f32),
+                r: (n, 1),
+            };
+            // SAFETY: the matrices fit their vectors; `dst` is its own vector.
+            unsafe { job.run(Engine::Panels, parts, Parallelism::Rayon(0)) };
+            for i in 0..m {
+                for j in 0..n {
+                    let base = if accumulate {
+                        start.f32()[i * n + j]
+                    } else {
+                        0.0
+                    };
+                    let chain = (0..k).fold(base, |c, p| {
+                        a.f32()[p * m + i].mul_add(b.f32()[p * n + j], c)
+                    });
+                    let got = dst[i * n + j];
+                    assert_eq!(got.to_bits(), chain.to_bits(), "{parts} parts ({i}, {j})");
+                }
+            }
+        }
+    }
 
     /// Each engine, whole or split in 1-5 parts, in all four transpositions, overwriting
     /// and accumulating (with a `dst` row longer than `n`): the reference values, and the

@@ -55,7 +55,10 @@ pub(super) unsafe fn product(
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (isa, mnk, out, accumulate, a, b);
+    {
+        let _ = (isa, mnk, out, accumulate, a, b);
+        unreachable!("no instruction set for the panels off x86-64: `isa()` is `None` there");
+    }
 }
 
 /// `dst[c * ld + r] = src[r * rs + c]` for the `rows x width` matrix at `src` (rows `rs`
