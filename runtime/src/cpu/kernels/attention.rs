@@ -5,8 +5,8 @@
 //!
 //! Threads take whole tasks: a (problem, query tile) forward and query gradient, a (problem,
 //! key tile) key and value gradient. Each task runs in one fixed order whose tiles depend only
-//! on the sizes, its products through the GEMM crates on one thread, so the same inputs give
-//! the same bits at any thread count.
+//! on the sizes, its products through `gemm` (the panels' kernel) on one thread, so the same
+//! inputs give the same bits at any thread count.
 //!
 //! Operands are token-major, `[.., T, H, D]` row-major: a problem is one (batch, head) pair,
 //! its rows `H * D` apart, read in place as strided matrices. A task computes its output rows

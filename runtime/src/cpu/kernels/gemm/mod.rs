@@ -1,5 +1,6 @@
 //! Matrix products: what a matmul multiplies (checks, batches, strided outputs) here; how one
-//! product is split across the threads and which GEMM crate multiplies it in `parts`.
+//! product is split across the threads and which engine multiplies it in `parts`; the panels'
+//! kernel in `tile`.
 //!
 //! Determinism: the crates split the output into tiles whose boundaries depend only on the
 //! matrix sizes, and each output element is reduced over K in one fixed order by one tile

@@ -1,5 +1,5 @@
-//! One product on raw parts, split across rayon's threads and multiplied by one of two GEMM
-//! crates (see [`Engine`]).
+//! One product on raw parts, split across rayon's threads and multiplied by one of three
+//! engines: `tile`'s panels, or the `gemm` or `matrixmultiply` crate (see [`Engine`]).
 
 use super::tile::{self, Isa};
 use super::{fits, parallelism, IN_GEMM_CRATE, PARALLEL_WORK};
@@ -59,7 +59,7 @@ enum Engine {
     Gemm,
     /// The `matrixmultiply` crate, one thread per part of a split product.
     Matrixmultiply,
-    /// With AVX-512: the right operand packed in panels of 64 columns by [`PANEL_DEPTH`]
+    /// With AVX-512, or AVX2 and FMA: the right operand packed in panels of 64 columns by [`PANEL_DEPTH`]
     /// rows, each multiplied by `tile`'s register-blocked kernel reading the left operand
     /// in place (see [`Job::panels`]). Split like `gemm`.
     Panels,
@@ -260,7 +260,7 @@ impl Job {
     /// multiplied into `dst`'s columns by `tile`'s kernel, accumulating from the second
     /// panel down on. Each element's chain of multiply-adds runs over K in order whatever the
     /// panels (an accumulator stored and loaded again is the same float), so the bits are
-    /// `tile`'s. Without AVX-512, or with a left operand strided both ways, `gemm`.
+    /// `tile`'s. Without AVX2 and FMA, or with a left operand strided both ways, `gemm`.
     /// [`Job::run`]'s contract.
     unsafe fn panels(self, par: Parallelism) {
         if let Some(isa) = tile::isa().filter(|_| self.l.0 == 1 || self.l.1 == 1) {
