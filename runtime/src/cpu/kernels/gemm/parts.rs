@@ -309,7 +309,7 @@ impl Job {
                 let cols = (n - j0).min(64);
                 for p0 in (0..k).step_by(PANEL_DEPTH) {
                     let depth = (k - p0).min(PANEL_DEPTH);
-                    let lhs = self.lhs.0.wrapping_add(p0 * l.1);
+                    let lhs = self.lhs.0.wrapping_add(p0 * l.1).cast_const();
                     // SAFETY: the panel lies inside the product (the caller's contract).
                     unsafe { self.panel(isa, (p0, depth), (j0, cols), (lhs, l), panel) };
                 }
@@ -349,7 +349,7 @@ impl Job {
                     transpose_into(src, l.1, (depth, m), rows, depth);
                     for j0 in (0..n).step_by(64) {
                         let cols = (n - j0).min(64);
-                        let lhs = (rows.as_mut_ptr(), (depth, 1));
+                        let lhs = (rows.as_ptr(), (depth, 1));
                         self.panel(isa, (p0, depth), (j0, cols), lhs, panel);
                     }
                 }
@@ -369,7 +369,7 @@ impl Job {
         isa: Isa,
         (p0, depth): (usize, usize),
         (j0, cols): (usize, usize),
-        (lhs, l): (*mut f32, (usize, usize)),
+        (lhs, l): (*const f32, (usize, usize)),
         panel: &mut [f32],
     ) {
         // SAFETY: the caller's contract.

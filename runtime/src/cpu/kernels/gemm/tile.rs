@@ -111,13 +111,14 @@ fn scalar_transpose(
     }
 }
 
-/// The register-blocked product of one instruction set, from its module's `Vector`, `Mask`,
-/// `LANES`, `load`, `store`, `splat`, `fma` and `zero`: blocks of up to `ROWS` rows by
-/// `VECTORS` vectors of the output, the last vector of a row masked to the product's
-/// columns.
+/// The register-blocked product of one instruction set, from its module's `Mask`, `LANES`,
+/// `VECTORS`, `mask`, `load`, `store`, `splat`, `fma` and `zero`: blocks of up to `ROWS` rows
+/// by `VECTORS` vectors of the output, the last vector of a row masked to the product's
+/// columns. The list names the vector counts a block may have past the first (`VECTORS`
+/// down to 2), one compiled block each.
 #[cfg(target_arch = "x86_64")]
 macro_rules! register_blocks {
-    ($feature:literal) => {
+    ($feature:literal, [$($vectors:literal),*]) => {
         /// Rows of the output one block keeps in registers.
         const ROWS: usize = 6;
 
@@ -187,6 +188,28 @@ macro_rules! register_blocks {
         }
 
         impl Block {
+            /// [`Block::run`] for `R` rows and `vectors` (1 to `VECTORS`) vectors.
+            ///
+            /// # Safety
+            /// [`Block::run`]'s.
+            #[inline]
+            #[target_feature(enable = $feature)]
+            unsafe fn rows<const R: usize>(
+                &self,
+                vectors: usize,
+                c: *mut f32,
+                a: *const f32,
+                b: *const f32,
+            ) {
+                // SAFETY: the caller's contract.
+                unsafe {
+                    match vectors {
+                        $($vectors => self.run::<R, $vectors>(c, a, b),)*
+                        _ => self.run::<R, 1>(c, a, b),
+                    }
+                }
+            }
+
             /// `R` rows by `V` vectors of the output (the last one masked), at `c`, from the
             /// left operand's rows at `a` and the right operand's columns at `b`.
             ///

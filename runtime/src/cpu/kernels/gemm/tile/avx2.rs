@@ -76,31 +76,8 @@ unsafe fn store(p: *mut f32, mask: Option<Mask>, x: __m256) {
     }
 }
 
-register_blocks!("avx2,fma");
-
-impl Block {
-    /// [`Block::run`] for `R` rows and `vectors` (1-2) vectors.
-    ///
-    /// # Safety
-    /// [`Block::run`]'s.
-    #[inline]
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn rows<const R: usize>(
-        &self,
-        vectors: usize,
-        c: *mut f32,
-        a: *const f32,
-        b: *const f32,
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            match vectors {
-                2 => self.run::<R, 2>(c, a, b),
-                _ => self.run::<R, 1>(c, a, b),
-            }
-        }
-    }
-}
+// Blocks of 1 to 2 vectors a row.
+register_blocks!("avx2,fma", [2]);
 
 /// [`super::transpose_into`] in blocks of 8 x 8 in registers, the edges element by
 /// element.

@@ -52,33 +52,8 @@ unsafe fn store(p: *mut f32, mask: Option<Mask>, x: __m512) {
     unsafe { _mm512_mask_storeu_ps(p, mask.unwrap_or(0xffff), x) }
 }
 
-register_blocks!("avx512f");
-
-impl Block {
-    /// [`Block::run`] for `R` rows and `vectors` (1-4) vectors.
-    ///
-    /// # Safety
-    /// [`Block::run`]'s.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn rows<const R: usize>(
-        &self,
-        vectors: usize,
-        c: *mut f32,
-        a: *const f32,
-        b: *const f32,
-    ) {
-        // SAFETY: the caller's contract.
-        unsafe {
-            match vectors {
-                4 => self.run::<R, 4>(c, a, b),
-                3 => self.run::<R, 3>(c, a, b),
-                2 => self.run::<R, 2>(c, a, b),
-                _ => self.run::<R, 1>(c, a, b),
-            }
-        }
-    }
-}
+// Blocks of 1 to 4 vectors a row.
+register_blocks!("avx512f", [4, 3, 2]);
 
 /// [`super::transpose_into`] in blocks of 16 x 16.
 ///
