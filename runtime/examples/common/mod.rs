@@ -1,5 +1,7 @@
 //! What the timing examples share.
 
+#[allow(dead_code)] // only `gemm_speed` compares libraries
+pub mod blas;
 pub mod peak;
 
 use parallax_runtime::cpu::tensor::Tensor;
