@@ -13,6 +13,13 @@ the same three gradients. Chunks alternate as in benches/ab.py. Prints each side
 milliseconds, the median of the paired ratios (Parallax / PyTorch; below 1: Parallax is
 faster), and each side's GFLOP/s (`14 B H T^2 D` FLOPs: four products of `T x T x D` forward
 and backward plus the recomputed scores; halved when causal).
+
+With ISA=avx2 in the environment both sides stop at AVX2, as in benches/compare.sh: the
+binary of the `ISA=avx2` build (target/avx2/, built by compare.sh or by
+`MMTEST_FEATURE=sse2,avx,avx2,fma CARGO_TARGET_DIR=target/avx2 cargo build --release -p
+parallax-runtime --no-default-features --example attention_speed`) run with
+PARALLAX_NO_AVX512, and PyTorch with ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA and
+MKL_ENABLE_INSTRUCTIONS set before it loads.
 """
 
 import argparse
@@ -23,6 +30,12 @@ import time
 
 from ab import Server, pair
 
+AVX2 = os.environ.get("ISA") == "avx2"
+if AVX2:
+    os.environ.update(
+        ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2", MKL_ENABLE_INSTRUCTIONS="AVX2"
+    )
+
 try:
     import torch
     import torch.nn.functional as F
@@ -31,7 +44,7 @@ except ImportError:
     sys.exit(3)
 
 SHAPES = [(4, 4, 512, 64), (2, 4, 1024, 64), (4, 2, 512, 128), (2, 2, 1024, 128)]
-BIN = "target/release/examples/attention_speed"
+BIN = f"target/{'avx2/' if AVX2 else ''}release/examples/attention_speed"
 
 
 def torch_side(b, h, t, d, causal):
@@ -66,6 +79,10 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     env = {"RAYON_NUM_THREADS": str(args.threads)}
+    if AVX2:
+        env["PARALLAX_NO_AVX512"] = "1"
+    if not os.path.exists(BIN):
+        sys.exit(f"{BIN} is not built (see the top of benches/attention_compare.py)")
     print(
         f"{'B H T D':<16} {'Parallax ms':>11} {'PyTorch ms':>10} {'ratio':>7} "
         f"{'Parallax GFLOP/s':>16} {'PyTorch GFLOP/s':>15}"
