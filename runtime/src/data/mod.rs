@@ -107,6 +107,22 @@ impl Values {
             Values::I32(_) => Values::I32(Vec::with_capacity(n)),
         }
     }
+    /// Keeps the samples `kept` (ascending, each `per` elements long) and drops the rest, in
+    /// place: each moves down to its new position, never past one not yet moved.
+    fn keep(&mut self, kept: &[usize], per: usize) {
+        fn compact<T: Copy>(v: &mut Vec<T>, kept: &[usize], per: usize) {
+            for (to, &from) in kept.iter().enumerate() {
+                debug_assert!(to <= from, "kept samples ascend");
+                v.copy_within(from * per..(from + 1) * per, to * per);
+            }
+            v.truncate(kept.len() * per);
+            v.shrink_to_fit();
+        }
+        match self {
+            Values::F32(v) => compact(v, kept, per),
+            Values::I32(v) => compact(v, kept, per),
+        }
+    }
     /// The samples `indices` (each `per` elements long), in that order.
     pub fn gather(&self, indices: &[usize], per: usize) -> Values {
         fn pick<T: Copy>(v: &[T], indices: &[usize], per: usize) -> Vec<T> {
@@ -188,6 +204,17 @@ impl Dataset {
             target: self.target.clone(),
             len: indices.len(),
         }
+    }
+}
+
+impl Dataset {
+    /// Only the samples `kept` (ascending), in that order, moved in place: splitting a data
+    /// set holds it once, not twice.
+    fn keep(mut self, kept: &[usize]) -> Dataset {
+        self.inputs.keep(kept, self.input.numel());
+        self.targets.keep(kept, self.target.numel());
+        self.len = kept.len();
+        self
     }
 }
 
@@ -400,8 +427,52 @@ pub fn split(dataset: Dataset, validation: f64, seed: u64) -> Result<Splits, Dat
     let mut train: Vec<usize> = perm[n_val..].to_vec();
     val.sort_unstable();
     train.sort_unstable();
+    let validation = dataset.subset(&val);
     Ok(Splits {
-        train: dataset.subset(&train),
-        validation: dataset.subset(&val),
+        train: dataset.keep(&train),
+        validation,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `n` samples whose values name them: value `j` of sample `i` is `i * per + j`.
+    fn numbered(n: usize, per: usize) -> Dataset {
+        let values = |per: usize| (0..n * per).map(|v| v as f32).collect();
+        Dataset {
+            inputs: Values::F32(values(per)),
+            targets: Values::I32((0..n as i32).collect()),
+            input: TensorSpec::new(DType::F32, vec![per]),
+            target: TensorSpec::new(DType::I32, vec![]),
+            len: n,
+        }
+    }
+
+    #[test]
+    fn the_split_keeps_every_sample_once_each_set_in_file_order() {
+        let (n, per) = (101, 3);
+        for validation in [0.0, 0.1, 0.5, 0.9] {
+            let s = split(numbered(n, per), validation, 7).unwrap();
+            let ids = |set: &Dataset| -> Vec<usize> {
+                let (Values::F32(x), Values::I32(t)) = (&set.inputs, &set.targets) else {
+                    panic!("the types stay")
+                };
+                assert_eq!(x.len(), set.len * per);
+                // Each sample's values are its own, whole.
+                for (k, &id) in t.iter().enumerate() {
+                    let want: Vec<f32> = (0..per).map(|j| (id as usize * per + j) as f32).collect();
+                    assert_eq!(x[k * per..(k + 1) * per], want[..]);
+                }
+                t.iter().map(|&i| i as usize).collect()
+            };
+            let (train, val) = (ids(&s.train), ids(&s.validation));
+            assert_eq!(val.len(), (n as f64 * validation).round() as usize);
+            assert!(train.windows(2).all(|w| w[0] < w[1]) && val.windows(2).all(|w| w[0] < w[1]));
+            let mut all = [train, val].concat();
+            all.sort_unstable();
+            assert_eq!(all, (0..n).collect::<Vec<_>>());
+        }
+    }
 }

@@ -30,8 +30,9 @@ fn count(what: &str, v: u64) -> Result<usize, DataError> {
     }
 }
 
-/// `a * b` elements, refusing sizes that cannot be held.
-fn elements(data: &str, a: usize, b: usize) -> Result<usize, DataError> {
+/// `a * b` elements, refusing sizes that cannot be held in `arrays` arrays of them (inputs,
+/// and targets as long).
+fn elements(data: &str, a: usize, b: usize, arrays: u64) -> Result<usize, DataError> {
     let n = a
         .checked_mul(b)
         .filter(|&n| n <= isize::MAX as usize / 4)
@@ -40,9 +41,10 @@ fn elements(data: &str, a: usize, b: usize) -> Result<usize, DataError> {
                 "{data}: {a} samples of {b} values are too many to hold"
             ))
         })?;
-    // Checked before generating: the values are 4 bytes each, held twice for a moment (as
-    // generated, then split into the training and validation sets).
-    let needed = 8 * n as u64;
+    // Checked before generating: the values are 4 bytes each, held at most twice (as
+    // generated, and the validation set gathered beside them before the split keeps the
+    // training set in place).
+    let needed = 8 * arrays * n as u64;
     if let Some(available) = crate::exec::host_memory::available_bytes().filter(|&m| needed > m) {
         return Err(DataError::Config(format!(
             "{data}: {a} samples of {b} values need {} of memory, but this machine has {} available; lower `samples`",
@@ -75,7 +77,7 @@ pub(crate) fn blobs(
             "Blobs `classes` ({k}) is too large"
         )));
     }
-    let total = elements(&source, n, f)?;
+    let total = elements(&source, n, f, 1)?;
     let centers: Vec<Vec<f32>> = (0..k.min(n))
         .map(|c| {
             let s = stream(seed, Purpose::Synthetic, c as u64);
@@ -143,7 +145,7 @@ pub(crate) fn sequence(
     // nothing to predict are labelled -100 (ignored by the loss).
     let prompted = io.input.numel() == 2 * len;
     let width = if prompted { 2 * len } else { len };
-    let total = elements(&source, n, width)?;
+    let total = elements(&source, n, width, 2)?;
     let mut x = Vec::with_capacity(total);
     let mut y = Vec::with_capacity(total);
     let ignore = crate::exec::IGNORE;
@@ -180,13 +182,28 @@ pub(crate) fn sequence(
     })
 }
 
+/// `n` samples of `per` values, value `j` of sample `i` being `value(i, j)`, generated in
+/// parallel (each value is a function of its indices alone, so the threads change nothing).
+fn generated(n: usize, per: usize, value: impl Fn(u64, u64) -> f32 + Sync) -> Vec<f32> {
+    use rayon::prelude::*;
+    let mut x = vec![0.0; n * per];
+    x.par_chunks_mut(per.max(1))
+        .enumerate()
+        .for_each(|(i, sample)| {
+            for (j, v) in sample.iter_mut().enumerate() {
+                *v = value(i as u64, j as u64);
+            }
+        });
+    x
+}
+
 /// Seeded random inputs and targets of the model's shapes.
 pub(crate) fn synthetic(samples: u64, seed: u64, io: &ModelIo) -> Result<Raw, DataError> {
     let source = "Synthetic".to_string();
     let n = count("Synthetic `samples`", samples)?;
     let per_in = io.input.numel();
     let per_t = io.target.numel();
-    elements(&source, n, per_in.max(per_t))?;
+    elements(&source, n, per_in.max(per_t), 2)?;
     let inputs = if io.integer_input() {
         let r = io.input_range.ok_or_else(|| {
             DataError::mismatch(
@@ -204,12 +221,9 @@ pub(crate) fn synthetic(samples: u64, seed: u64, io: &ModelIo) -> Result<Raw, Da
         }
         Values::I32(x)
     } else {
-        let mut x = Vec::with_capacity(n * per_in);
-        for i in 0..n {
-            let s = stream(seed, Purpose::Synthetic, i as u64);
-            x.extend((0..per_in as u64).map(|j| normal(s, j)));
-        }
-        Values::F32(x)
+        Values::F32(generated(n, per_in, |i, j| {
+            normal(stream(seed, Purpose::Synthetic, i), j)
+        }))
     };
     let labels = if io.class_target() {
         let c = io.classes.ok_or_else(|| {
@@ -225,12 +239,9 @@ pub(crate) fn synthetic(samples: u64, seed: u64, io: &ModelIo) -> Result<Raw, Da
         }
         Labels::Classes(y)
     } else {
-        let mut y = Vec::with_capacity(n * per_t);
-        for i in 0..n {
-            let s = stream(seed, Purpose::Synthetic, i as u64);
-            y.extend((0..per_t as u64).map(|j| normal(s, TARGET_INDEX + j)));
-        }
-        Labels::Floats(y)
+        Labels::Floats(generated(n, per_t, |i, j| {
+            normal(stream(seed, Purpose::Synthetic, i), TARGET_INDEX + j)
+        }))
     };
     Ok(Raw {
         source,

@@ -192,8 +192,8 @@ impl SessionData {
         for set in [&splits.train, &splits.validation] {
             for v in [&set.inputs, &set.targets] {
                 match v {
-                    Values::F32(x) => x.iter().for_each(|a| h.update(a.to_le_bytes())),
-                    Values::I32(x) => x.iter().for_each(|a| h.update(a.to_le_bytes())),
+                    Values::F32(x) => hash_le(&mut h, x, f32::to_le_bytes),
+                    Values::I32(x) => hash_le(&mut h, x, i32::to_le_bytes),
                 }
             }
         }
@@ -217,6 +217,17 @@ impl SessionData {
             warnings: Vec::new(),
             skipped_files: 0,
         })
+    }
+}
+
+/// Feeds `values` to `h` as their little-endian bytes, a few thousand at a time (one
+/// `update` per value took 6% of loading a 4 GB generated data set).
+fn hash_le<T: Copy>(h: &mut sha2::Sha256, values: &[T], bytes: fn(T) -> [u8; 4]) {
+    let mut buf = Vec::with_capacity(4 * 4096);
+    for chunk in values.chunks(4096) {
+        buf.clear();
+        buf.extend(chunk.iter().flat_map(|&v| bytes(v)));
+        h.update(&buf);
     }
 }
 
