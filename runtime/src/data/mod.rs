@@ -205,9 +205,7 @@ impl Dataset {
             len: indices.len(),
         }
     }
-}
 
-impl Dataset {
     /// Only the samples `kept` (ascending), in that order, moved in place: splitting a data
     /// set holds it once, not twice.
     fn keep(mut self, kept: &[usize]) -> Dataset {

@@ -182,16 +182,18 @@ pub(crate) fn sequence(
     })
 }
 
-/// `n` samples of `per` values, value `j` of sample `i` being `value(i, j)`, generated in
-/// parallel (each value is a function of its indices alone, so the threads change nothing).
-fn generated(n: usize, per: usize, value: impl Fn(u64, u64) -> f32 + Sync) -> Vec<f32> {
+/// `n` samples of `per` normal values, value `j` of sample `i` being
+/// `normal(stream(seed, Synthetic, i), first + j)`, generated in parallel (each value is a
+/// function of its indices alone, so the threads change nothing).
+fn normals(n: usize, per: usize, seed: u64, first: u64) -> Vec<f32> {
     use rayon::prelude::*;
     let mut x = vec![0.0; n * per];
     x.par_chunks_mut(per.max(1))
         .enumerate()
         .for_each(|(i, sample)| {
+            let s = stream(seed, Purpose::Synthetic, i as u64);
             for (j, v) in sample.iter_mut().enumerate() {
-                *v = value(i as u64, j as u64);
+                *v = normal(s, first + j as u64);
             }
         });
     x
@@ -221,9 +223,7 @@ pub(crate) fn synthetic(samples: u64, seed: u64, io: &ModelIo) -> Result<Raw, Da
         }
         Values::I32(x)
     } else {
-        Values::F32(generated(n, per_in, |i, j| {
-            normal(stream(seed, Purpose::Synthetic, i), j)
-        }))
+        Values::F32(normals(n, per_in, seed, 0))
     };
     let labels = if io.class_target() {
         let c = io.classes.ok_or_else(|| {
@@ -239,9 +239,7 @@ pub(crate) fn synthetic(samples: u64, seed: u64, io: &ModelIo) -> Result<Raw, Da
         }
         Labels::Classes(y)
     } else {
-        Labels::Floats(generated(n, per_t, |i, j| {
-            normal(stream(seed, Purpose::Synthetic, i), TARGET_INDEX + j)
-        }))
+        Labels::Floats(normals(n, per_t, seed, TARGET_INDEX))
     };
     Ok(Raw {
         source,
