@@ -82,10 +82,14 @@ fn main() {
     let filter = args.get(2).map_or("", String::as_str);
     let threads = rayon::current_num_threads();
     let (peak, isa) = common::peak::fma_peak(threads, 0.5);
-    println!(
-        "threads {threads}; fma peak {peak:.0} GFLOP/s ({isa}); GFLOP/s best/median of {reps}"
-    );
-    match args.get(3).map(String::as_str) {
+    let mode = args.get(3).map(String::as_str);
+    // The libraries' comparison prints medians of whole blocks of calls.
+    let timed = match mode {
+        Some("blas" | "openblas" | "blis") => format!("median of {}", reps.div_ceil(BLOCK) * BLOCK),
+        _ => format!("best/median of {reps}"),
+    };
+    println!("threads {threads}; fma peak {peak:.0} GFLOP/s ({isa}); GFLOP/s {timed}");
+    match mode {
         Some("engines") => on_spinning_pool(|top_up| engines(reps, filter, top_up)),
         Some(m @ ("blas" | "openblas" | "blis")) => libraries(reps, filter, threads, peak, m),
         _ => on_spinning_pool(|top_up| products(reps, filter, peak, top_up)),
@@ -149,7 +153,6 @@ fn two_d(filter: &str) -> Vec<(Case, TwoD)> {
 /// first runs its product untimed for [`WARM`]. Each library's output is checked against
 /// `matmul`'s.
 fn libraries(reps: usize, filter: &str, threads: usize, peak: f64, which: &str) {
-    const BLOCK: usize = 20;
     let pause = std::time::Duration::from_millis(100);
     let blas: Vec<Blas> = Blas::available(threads)
         .into_iter()
@@ -193,6 +196,9 @@ fn libraries(reps: usize, filter: &str, threads: usize, peak: f64, which: &str) 
         println!("{line}; largest difference {}", worst.join(", "));
     }
 }
+
+/// Timed calls per side in a block of `libraries`.
+const BLOCK: usize = 20;
 
 /// How long a block of calls runs untimed first. After a pause the threads of either side
 /// sleep, and waking the machine's other vCPU took milliseconds: with only the block's
