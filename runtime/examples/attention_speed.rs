@@ -8,7 +8,9 @@
 //! with `N` times (ms) of forward plus backward, so that `benches/attention_compare.py` can
 //! pair it with PyTorch's `scaled_dot_product_attention` in alternating chunks.
 //!
-//! The operands are token-major, `[B, T, H, D]`, as a projection's output reshaped.
+//! The operands are token-major, `[B, T, H, D]`, as a projection's output reshaped. With
+//! `COLD` set in the environment, every operand and output is flushed from the caches before
+//! each timed call.
 
 use parallax_runtime::cpu::kernels::attention::{attention, attention_grads, Grads, Saved};
 use parallax_runtime::cpu::spin::on_spinning_pool;
@@ -17,7 +19,7 @@ use std::io::BufRead;
 use std::time::Instant;
 
 mod common;
-use common::filled;
+use common::{evict, filled};
 
 /// One attention's operands, outputs and gradients.
 struct Problem {
@@ -52,6 +54,18 @@ impl Problem {
             dv: zeros(&x),
             causal,
             scale: 1.0 / (d as f64).sqrt(),
+        }
+    }
+
+    /// Flushes every operand and output from the caches when `COLD` is set.
+    fn chill(&self, cold: bool) {
+        if cold {
+            let p = self;
+            for t in [
+                &p.q, &p.k, &p.v, &p.dy, &p.y, &p.lse, &p.delta, &p.dq, &p.dk, &p.dv,
+            ] {
+                evict(t.f32());
+            }
         }
     }
 
@@ -143,8 +157,11 @@ fn run(p: &mut Problem, [b, h, t, d]: [usize; 4], serve: bool, reps: usize, top_
         p.backward();
     }
     let (mut fwd, mut bwd) = (Vec::new(), Vec::new());
+    let cold = std::env::var_os("COLD").is_some();
     for _ in 0..reps {
+        p.chill(cold);
         fwd.push(ms(top_up, &mut || p.forward()));
+        p.chill(cold);
         bwd.push(ms(top_up, &mut || p.backward()));
     }
     let (f, g) = (median(fwd), median(bwd));

@@ -16,7 +16,9 @@
 //! (`haswell`) their AVX2 ones. `BLIS_ARCH_DEBUG=1` prints BLIS's pick.
 //!
 //! Every call runs as a step's kernels do: on a worker of rayon's pool, the others spinning
-//! (`cpu::spin::on_spinning_pool`), so a split product is not timed waking the pool.
+//! (`cpu::spin::on_spinning_pool`), so a split product is not timed waking the pool. With
+//! `COLD=lhs,rhs,out` (any of the three) in the environment, `matmul`'s calls find those
+//! flushed from every cache, as a step's products find what was written long before.
 
 use parallax_runtime::cpu::kernels::gemm::{matmul, product_by};
 use parallax_runtime::cpu::spin::on_spinning_pool;
@@ -24,7 +26,7 @@ use std::time::Instant;
 
 mod common;
 use common::blas::Blas;
-use common::filled;
+use common::{evict, filled};
 use parallax_runtime::cpu::tensor::Tensor;
 
 /// (batch, shared b, M, K, N, trans_a, trans_b)
@@ -106,7 +108,13 @@ fn products(reps: usize, filter: &str, peak: f64, top_up: &dyn Fn()) {
         let mut out = filled(stored(batch, m, n, false), 0);
         let gflop = 2.0 * (batch.iter().product::<usize>() * m * n * k) as f64 / 1e9;
         let mut secs = Vec::with_capacity(reps);
+        let cold = std::env::var("COLD").unwrap_or_default();
         for rep in 0..=reps {
+            for (name, t) in [("lhs", &a), ("rhs", &b), ("out", &out)] {
+                if cold.contains(name) {
+                    evict(t.f32());
+                }
+            }
             top_up();
             let t = Instant::now();
             matmul(&a, &b, ta, tb, &mut out).unwrap();

@@ -19,3 +19,18 @@ pub fn filled(shape: Vec<usize>, seed: u32) -> Tensor {
         .collect();
     Tensor::from_f32(shape, v)
 }
+
+/// Flushes `data`'s cache lines from every level of the cache, so that a timed kernel reads
+/// it from memory as a step's kernels read what earlier kernels wrote long before (`COLD`).
+#[allow(dead_code)] // not every example flushes
+pub fn evict(data: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: every address lies inside `data`; a fence has no preconditions.
+    unsafe {
+        use std::arch::x86_64::{_mm_clflush, _mm_mfence};
+        for i in (0..data.len()).step_by(16) {
+            _mm_clflush(data.as_ptr().add(i).cast());
+        }
+        _mm_mfence();
+    }
+}

@@ -34,6 +34,7 @@ struct Profile {
 static EMPTY: Tensor = Tensor {
     data: Data::F32(Vec::new()),
     shape: Vec::new(),
+    init: tensor::Initialized::NONE,
 };
 
 pub struct Executor {

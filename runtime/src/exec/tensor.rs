@@ -12,6 +12,62 @@ pub enum Data {
 pub struct Tensor {
     pub data: Data,
     pub shape: Vec<usize>,
+    /// How much of `data`'s allocation [`Tensor::reshape_in_place`] left initialized.
+    pub init: Initialized,
+}
+
+/// How many elements of one allocation hold values, however far its vector's length has
+/// been cut since: an executor's buffer serves tensors of several sizes in a step (the
+/// transformer bench's grew by 20 MB a step), and growing it back within them needs no
+/// zeros. The allocation is named by its address, so a vector moved to another one (grown
+/// past its capacity, cloned, replaced) is known by nothing (see [`Initialized::upto`]).
+/// Equal to any other: not part of a tensor's value.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Initialized {
+    at: usize,
+    len: usize,
+}
+
+impl PartialEq for Initialized {
+    fn eq(&self, _: &Initialized) -> bool {
+        true
+    }
+}
+
+impl Initialized {
+    pub const NONE: Initialized = Initialized { at: 0, len: 0 };
+
+    /// Elements of `v`'s allocation known to hold values: its length at least.
+    fn upto<T>(self, v: &Vec<T>) -> usize {
+        if self.at == v.as_ptr() as usize && self.len <= v.capacity() {
+            self.len.max(v.len())
+        } else {
+            v.len()
+        }
+    }
+
+    /// `v` at length `n`: cut, grown over values it held before, or grown with `zero`.
+    fn resize<T: Copy>(&mut self, v: &mut Vec<T>, n: usize, zero: T) {
+        let (known, at) = (self.upto(v), v.as_ptr() as usize);
+        if n <= known {
+            // SAFETY: within the capacity (`upto` checks it), and every element below
+            // `known` was written while this allocation held it; `T: Copy` has no drop, so
+            // cutting the length never touched them.
+            unsafe { v.set_len(n) };
+        } else {
+            v.resize(n, zero);
+        }
+        // A vector grown past its capacity moved: only its new length holds values.
+        let known = if at == v.as_ptr() as usize {
+            known.max(n)
+        } else {
+            n
+        };
+        *self = Initialized {
+            at: v.as_ptr() as usize,
+            len: known.max(v.len()),
+        };
+    }
 }
 
 impl Default for Data {
@@ -37,7 +93,11 @@ impl Tensor {
             v.resize(n, 0);
             Data::I32(v)
         };
-        Tensor { data, shape }
+        Tensor {
+            data,
+            shape,
+            init: Initialized::NONE,
+        }
     }
 
     pub fn from_f32(shape: Vec<usize>, v: Vec<f32>) -> Tensor {
@@ -45,6 +105,7 @@ impl Tensor {
         Tensor {
             data: Data::F32(v),
             shape,
+            init: Initialized::NONE,
         }
     }
 
@@ -53,6 +114,7 @@ impl Tensor {
         Tensor {
             data: Data::I32(v),
             shape,
+            init: Initialized::NONE,
         }
     }
 
@@ -72,8 +134,8 @@ impl Tensor {
     pub fn reshape_in_place(&mut self, shape: &[usize]) {
         let n = numel(shape);
         match &mut self.data {
-            Data::F32(v) => v.resize(n, 0.0),
-            Data::I32(v) => v.resize(n, 0),
+            Data::F32(v) => self.init.resize(v, n, 0.0),
+            Data::I32(v) => self.init.resize(v, n, 0),
         }
         self.shape.clear();
         self.shape.extend_from_slice(shape);
@@ -149,6 +211,43 @@ pub fn join_parts(parts: &[Vec<f32>], part_shape: &[usize], axis: usize) -> Vec<
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A buffer cut and grown again within what its allocation held keeps those values (no
+    /// pass of zeros); past them, and in a clone or a reallocated vector, it grows with zeros.
+    #[test]
+    fn growing_back_keeps_what_the_allocation_held_and_zeros_the_rest() {
+        let mut t = Tensor::with_capacity(DType::F32, vec![4], 8);
+        t.f32_mut().copy_from_slice(&[1.0, 2.0, 3.0, 4.0]);
+        t.reshape_in_place(&[2]);
+        assert_eq!(t.f32(), &[1.0, 2.0]);
+        t.reshape_in_place(&[2, 2]);
+        assert_eq!(t.f32(), &[1.0, 2.0, 3.0, 4.0]);
+        t.reshape_in_place(&[6]);
+        assert_eq!(t.f32(), &[1.0, 2.0, 3.0, 4.0, 0.0, 0.0]);
+        t.f32_mut()[5] = 6.0;
+        t.reshape_in_place(&[1]);
+        t.reshape_in_place(&[6]);
+        assert_eq!(t.f32(), &[1.0, 2.0, 3.0, 4.0, 0.0, 6.0]);
+        // A clone is another allocation, holding its length: within it, its values; grown
+        // past it from a shorter length, zeros from there.
+        let mut c = t.clone();
+        c.reshape_in_place(&[1]);
+        c.reshape_in_place(&[3]);
+        assert_eq!(c.f32(), &[1.0, 2.0, 3.0]);
+        c.reshape_in_place(&[1]);
+        c.reshape_in_place(&[8]);
+        assert_eq!(c.f32(), &[1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]);
+        // Past the capacity the vector moves: the values up to its length and zeros after.
+        t.reshape_in_place(&[2]);
+        t.reshape_in_place(&[100]);
+        assert_eq!(&t.f32()[..2], &[1.0, 2.0]);
+        assert!(t.f32()[2..].iter().all(|&x| x == 0.0));
+        // Integers alike, from a vector made elsewhere.
+        let mut i = Tensor::from_i32(vec![3], vec![7, 8, 9]);
+        i.reshape_in_place(&[1]);
+        i.reshape_in_place(&[3]);
+        assert_eq!(i.i32(), &[7, 8, 9]);
+    }
 
     #[test]
     fn parts_join_back_to_the_whole() {
