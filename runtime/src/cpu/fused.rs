@@ -114,6 +114,10 @@ fn view<'r>(
             // SAFETY: the buffer holds `n` elements, and `start + len <= n`.
             unsafe { std::slice::from_raw_parts(p.add(start), len) }
         }
+        Source::Memory(p, n) if start % n + len <= n => {
+            // SAFETY: the buffer holds `n` elements, and the chunk lies inside one run.
+            unsafe { std::slice::from_raw_parts(p.add(start % n), len) }
+        }
         Source::Memory(p, n) => {
             // SAFETY: the buffer holds `n` elements.
             let src = unsafe { std::slice::from_raw_parts(p, n) };
@@ -128,6 +132,36 @@ fn view<'r>(
             &tmp[..len]
         }
     }
+}
+
+/// A stored operand whose elements `start..start + len` wrap around its end (a bias
+/// repeated within the chunk): its values.
+fn wrapping<'a>(src: Source, start: usize, len: usize) -> Option<&'a [f32]> {
+    match src {
+        // SAFETY: the buffer holds `n` elements, alive for the kernel call.
+        Source::Memory(p, n) if start % n + len > n => {
+            Some(unsafe { std::slice::from_raw_parts(p, n) })
+        }
+        _ => None,
+    }
+}
+
+/// The pieces of elements `start..start + len` over which an operand read at `i % n` does
+/// not wrap: each piece's range in the chunk and in the operand.
+fn runs(
+    n: usize,
+    start: usize,
+    len: usize,
+) -> impl Iterator<Item = (std::ops::Range<usize>, std::ops::Range<usize>)> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        (at < len).then(|| {
+            let i = (start + at) % n;
+            let take = (n - i).min(len - at);
+            at += take;
+            (at - take..at, i..i + take)
+        })
+    })
 }
 
 /// The value of a one-element operand.
@@ -162,11 +196,26 @@ fn eval(ops: &[FusedOp], regs: &mut [f32], start: usize, len: usize, per_sample:
                     let b = view(f.operands[1], done, tb, start, len);
                     op.run(out, b, Operand::All(x), true)
                 }
-                [None, None] => {
-                    let a = view(f.operands[0], done, ta, start, len);
-                    let b = view(f.operands[1], done, tb, start, len);
-                    op.run(out, a, Operand::Each(b), false)
-                }
+                // A repeated operand (a bias) read run by run in place, not copied.
+                [None, None] => match f.operands.map(|x| wrapping(x, start, len)) {
+                    [None, Some(rep)] => {
+                        let a = view(f.operands[0], done, ta, start, len);
+                        for (at, i) in runs(rep.len(), start, len) {
+                            op.run(&mut out[at.clone()], &a[at], Operand::Each(&rep[i]), false)
+                        }
+                    }
+                    [Some(rep), None] => {
+                        let b = view(f.operands[1], done, tb, start, len);
+                        for (at, i) in runs(rep.len(), start, len) {
+                            op.run(&mut out[at.clone()], &rep[i], Operand::Each(&b[at]), false)
+                        }
+                    }
+                    _ => {
+                        let a = view(f.operands[0], done, ta, start, len);
+                        let b = view(f.operands[1], done, tb, start, len);
+                        op.run(out, a, Operand::Each(b), false)
+                    }
+                },
             },
             Kind::Dropout { p, stream } => {
                 let a = view(f.operands[0], done, ta, start, len);
@@ -291,4 +340,73 @@ pub fn run_blocks(
         out.chunks_mut(block).enumerate().for_each(each);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parallax_compiler::ir::maps::{Binary, Map, SUB};
+
+    fn sub() -> Elementwise {
+        match &SUB {
+            Map::Binary(b) => Elementwise::Binary(Binary(b)),
+            Map::Unary(_) => unreachable!("SUB is binary"),
+        }
+    }
+
+    /// A stored operand repeated along the output (a bias), on either side of a
+    /// non-commutative op, as long as the chunk, shorter, longer and straddling chunks:
+    /// every element is `f(x[i], bias[i % n])` in its order, read in place or copied.
+    #[test]
+    fn a_repeated_operand_is_read_at_each_element_on_either_side() {
+        let ctx = Ctx {
+            seed: 0,
+            step: 0,
+            training: false,
+            first_sample: 0,
+        };
+        let total = 3 * CHUNK + 517;
+        let x: Vec<f32> = (0..total).map(|i| (i as f32 * 0.37).sin()).collect();
+        for n in [1, 3, 256, 300, CHUNK, 1500, total] {
+            let bias: Vec<f32> = (0..n).map(|i| i as f32 * 0.25 - 7.0).collect();
+            for bias_first in [false, true] {
+                let mut out = vec![f32::NAN; total];
+                let (xs, bs) = (
+                    Source::Memory(x.as_ptr(), total),
+                    Source::Memory(bias.as_ptr(), n),
+                );
+                let ops = [FusedOp {
+                    kind: Kind::Map(sub()),
+                    operands: if bias_first { [bs, xs] } else { [xs, bs] },
+                    store: Some(Store::Dense(out.as_mut_ptr())),
+                    round: false,
+                }];
+                run(&ops, total, total, &ctx).unwrap();
+                for (i, &got) in out.iter().enumerate() {
+                    let (a, b) = (x[i], bias[i % n]);
+                    let want = if bias_first { b - a } else { a - b };
+                    assert_eq!(got.to_bits(), want.to_bits(), "n {n}, element {i}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn runs_cover_a_chunk_once_in_order() {
+        for (n, start, len) in [
+            (256, 0, 1024),
+            (300, 1024, 1024),
+            (1500, 1024, 1024),
+            (7, 5, 3),
+        ] {
+            let mut next = 0;
+            for (at, i) in runs(n, start, len) {
+                assert_eq!(at.start, next);
+                assert_eq!(i.start, (start + at.start) % n);
+                assert!(i.end <= n && at.len() == i.len() && !at.is_empty());
+                next = at.end;
+            }
+            assert_eq!(next, len);
+        }
+    }
 }
