@@ -13,7 +13,7 @@ pub struct Tensor {
     pub data: Data,
     pub shape: Vec<usize>,
     /// How much of `data`'s allocation [`Tensor::reshape_in_place`] left initialized.
-    pub init: Initialized,
+    pub(crate) init: Initialized,
 }
 
 /// How many elements of one allocation hold values, however far its vector's length has
