@@ -110,12 +110,9 @@ fn view<'r>(
 ) -> &'r [f32] {
     match src {
         Source::Register(r) => &done[r * CHUNK..r * CHUNK + len],
-        Source::Memory(p, n) if n >= start + len => {
-            // SAFETY: the buffer holds `n` elements, and `start + len <= n`.
-            unsafe { std::slice::from_raw_parts(p.add(start), len) }
-        }
+        // The whole operand, or a chunk inside one run of a repeated one.
         Source::Memory(p, n) if start % n + len <= n => {
-            // SAFETY: the buffer holds `n` elements, and the chunk lies inside one run.
+            // SAFETY: the buffer holds `n` elements, and `start % n + len <= n`.
             unsafe { std::slice::from_raw_parts(p.add(start % n), len) }
         }
         Source::Memory(p, n) => {

@@ -58,14 +58,10 @@ impl Initialized {
             v.resize(n, zero);
         }
         // A vector grown past its capacity moved: only its new length holds values.
-        let known = if at == v.as_ptr() as usize {
-            known.max(n)
-        } else {
-            n
-        };
+        let moved = at != v.as_ptr() as usize;
         *self = Initialized {
             at: v.as_ptr() as usize,
-            len: known.max(v.len()),
+            len: if moved { n } else { known.max(n) },
         };
     }
 }
