@@ -183,11 +183,13 @@ fn forward_all(dm: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &
     let (o, lse) = (Out::of(o), Out::of(lse));
     // Every query tile of a problem reads all its keys and values.
     let operands = [(k, s, d, Layout::HeadMajor), (v, s, e, Layout::HeadMajor)];
-    dm.packed(operands, |flat, [k, v]| {
+    // One query tile per problem: each problem's keys and values are read by one task.
+    let once = t <= QUERY_TILE;
+    dm.packed(operands, once, |[dk, dv], [k, v]| {
         for_each_tile(dm.problems, t, QUERY_TILE, |g, i0, i1| {
             let rows = i1 - i0;
             let qg = dm.rows(q, g, (i0, i1), t, d);
-            let (kg, vg) = (flat.rows(k, g, (0, s), s, d), flat.rows(v, g, (0, s), s, e));
+            let (kg, vg) = (dk.rows(k, g, (0, s), s, d), dv.rows(v, g, (0, s), s, e));
             let len = KEY_TILE * QUERY_TILE + 3 * QUERY_TILE + rows * e + d * QUERY_TILE;
             with_scratch(len, |buf: &mut [f32]| {
                 let (st, rest) = buf.split_at_mut(KEY_TILE * QUERY_TILE);
@@ -195,7 +197,7 @@ fn forward_all(dm: &Dims, q: &[f32], k: &[f32], v: &[f32], o: &mut [f32], lse: &
                 let (l, rest) = rest.split_at_mut(QUERY_TILE);
                 let (c, rest) = rest.split_at_mut(QUERY_TILE);
                 let (ot, qt) = rest.split_at_mut(rows * e);
-                qg.transposed(qt, QUERY_TILE);
+                qg.transposed_into(qt, QUERY_TILE);
                 m.fill(f32::NEG_INFINITY);
                 l.fill(0.0);
                 ot.fill(0.0);

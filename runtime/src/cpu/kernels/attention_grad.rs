@@ -135,11 +135,12 @@ fn query_alone(dm: Dims, (q, k, v): (&[f32], &[f32], &[f32]), saved: &Saved, out
         (k, s, d, Layout::HeadMajor),
         (v, s, e, Layout::TilesTransposed),
     ];
-    dm.packed(operands, |flat, [kt, k, vt]| {
+    let once = t <= QUERY_TILE;
+    dm.packed(operands, once, |[_, at_k, _], [kt, k, vt]| {
         for_each_tile(dm.problems, t, QUERY_TILE, |g, i0, i1| {
             let rows = i1 - i0;
             let qg = dm.rows(q, g, (i0, i1), t, d);
-            let kg = flat.rows(k, g, (0, s), s, d);
+            let kg = at_k.rows(k, g, (0, s), s, d);
             let (dyg, lse, delta) = saved.rows(&dm, g, (i0, i1));
             let pack = [qg.packing(rows), dyg.packing(rows)];
             let len = 2 * rows * KEY_TILE + rows * d + pack.iter().sum::<usize>();
@@ -251,19 +252,30 @@ fn by_key_tiles(
         key_tiles
     };
     let per_run = key_tiles.div_ceil(runs.max(1)).max(1);
-    // Every key tile of a problem reads all its queries and their output gradients.
+    // Every key tile of a problem reads all its queries and their output gradients. With
+    // one key tile and one query tile per problem, its keys and values are transposed by
+    // its one product that reads them (the panels' packing), not in a pass of their own.
+    let tiles_in_place = key_tiles == 1 && t <= QUERY_TILE;
+    let tiles = if tiles_in_place {
+        Layout::HeadMajor
+    } else {
+        Layout::TilesTransposed
+    };
     let operands = [
         (q, t, d, Layout::HeadMajor),
         (saved.dy.f32(), t, e, Layout::HeadMajor),
-        (k, s, d, Layout::TilesTransposed),
-        (v, s, e, Layout::TilesTransposed),
+        (k, s, d, tiles),
+        (v, s, e, tiles),
         (k, s, if want_dq { d } else { 0 }, Layout::HeadMajor),
     ];
     let partial = if want_dq { t * d } else { 0 };
-    dm.packed(operands, |flat, [q, dy, kt, vt, k]| {
+    // One key tile per problem: each problem's queries are read by one task.
+    let once = key_tiles == 1;
+    dm.packed(operands, once, |dims, [q, dy, kt, vt, k]| {
         let sweep = Sweep {
             dm,
-            flat,
+            dims,
+            tiles_in_place,
             packed: [q, dy, kt, vt, k],
             saved,
             outs: (dk_out, dv_out),
@@ -285,8 +297,13 @@ fn by_key_tiles(
                 for j0 in tiles.map(|j| j * KEY_TILE) {
                     sweep.key_tile(g, j0, (want_dq).then_some(&mut *dq));
                 }
+                // One run: the problem's query gradient is whole here, while it is in cache.
+                if let (Some(out), 1) = (dq_out, runs) {
+                    scale_row(dq, dm.scale);
+                    out.put(&dm, g, 0, t, d, dq);
+                }
             });
-            if let Some(out) = dq_out {
+            if let Some(out) = dq_out.filter(|_| runs > 1) {
                 sum_runs(&dm, sums, runs, out);
             }
         });
@@ -296,10 +313,12 @@ fn by_key_tiles(
 /// What every task of [`by_key_tiles`] reads, and where its key and value gradients go.
 struct Sweep<'a> {
     dm: Dims,
-    /// The sizes that address the packed operands (one head).
-    flat: Dims,
-    /// `q`, `dy` head-major; `k`, `v` in transposed tiles; `k` head-major (empty without
-    /// the query gradient).
+    /// The sizes that address each of `packed` (one head where copied).
+    dims: [Dims; 5],
+    /// `k` and `v` are lent as they are (not in transposed tiles): read transposed in place.
+    tiles_in_place: bool,
+    /// `q`, `dy` head-major; `k`, `v` in transposed tiles (as they are with
+    /// `tiles_in_place`); `k` head-major (empty without the query gradient).
     packed: [&'a [f32]; 5],
     saved: &'a Saved<'a>,
     outs: (Option<Out>, Option<Out>),
@@ -310,15 +329,20 @@ impl Sweep<'_> {
     /// its key and value gradients, each when wanted, and the query gradient's partial sums
     /// added to `dq` (`[T, D]`, the problem's), when given.
     fn key_tile(&self, g: usize, j0: usize, mut dq: Option<&mut [f32]>) {
-        let Sweep { dm, flat, .. } = *self;
+        let Sweep { dm, dims, .. } = *self;
         let [q, dy, kt, vt, k] = self.packed;
         let (dk_out, dv_out) = self.outs;
         let (t, s, d, e) = (dm.t, dm.s, dm.d, dm.e);
         let (want_dk, want_dv) = (dk_out.is_some(), dv_out.is_some());
         let j1 = (j0 + KEY_TILE).min(s);
         let cols = j1 - j0;
-        let (kt, vt) = (dm.tile_t(kt, g, j0, s, d), dm.tile_t(vt, g, j0, s, e));
-        let kg = flat.rows(k, g, (j0, j1), s, if dq.is_some() { d } else { 0 });
+        let (kt, vt) = if self.tiles_in_place {
+            let rows = |x, i: usize, width| dims[i].rows(x, g, (j0, j1), s, width).transposed();
+            (rows(kt, 2, d), rows(vt, 3, e))
+        } else {
+            (dm.tile_t(kt, g, j0, s, d), dm.tile_t(vt, g, j0, s, e))
+        };
+        let kg = dims[4].rows(k, g, (j0, j1), s, if dq.is_some() { d } else { 0 });
         let sizes = 2 * QUERY_TILE * KEY_TILE + cols * d + cols * e;
         with_scratch(sizes, |buf: &mut [f32]| {
             let (p, rest) = buf.split_at_mut(QUERY_TILE * KEY_TILE);
@@ -330,9 +354,9 @@ impl Sweep<'_> {
             for i0 in (first..t).step_by(QUERY_TILE) {
                 let i1 = (i0 + QUERY_TILE).min(t);
                 let rows = i1 - i0;
-                let qg = flat.rows(q, g, (i0, i1), t, d);
+                let qg = dims[0].rows(q, g, (i0, i1), t, d);
                 let (_, lse, delta) = self.saved.rows(&dm, g, (i0, i1));
-                let dyg = flat.rows(dy, g, (i0, i1), t, e);
+                let dyg = dims[1].rows(dy, g, (i0, i1), t, e);
                 probs_tile(&dm, (i0, rows), (j0, cols), (qg, kt), lse, p);
                 if want_dv {
                     // dv += p^T [cols, rows] x dy [rows, E]

@@ -110,16 +110,19 @@ impl Dims {
 
     /// Runs `f` with tensors every task reads whole (`(x, len, width, layout)`: `len` rows
     /// per problem, `width` wide) copied once per kernel, rather than once per task, into
-    /// this thread's kept scratch, in the layout given (see [`Layout`]), and the sizes that
-    /// address them (one head). With one head a head-major tensor is so already, and is
-    /// lent as it is.
+    /// this thread's kept scratch, in the layout given (see [`Layout`]), and for each the
+    /// sizes that address it (one head when copied). With one head a head-major tensor is
+    /// so already, and is lent as it is; so is one that a single task reads (`once`: one
+    /// tile per problem), whose copy would be a pass over it for nothing.
     pub(super) fn packed<R, const N: usize>(
         &self,
         xs: [(&[f32], usize, usize, Layout); N],
-        f: impl FnOnce(Dims, [&[f32]; N]) -> R,
+        once: bool,
+        f: impl FnOnce([Dims; N], [&[f32]; N]) -> R,
     ) -> R {
         let flat = Dims { heads: 1, ..*self };
-        let lent = |i: usize| self.heads == 1 && xs[i].3 == Layout::HeadMajor;
+        let lent = |i: usize| (self.heads == 1 || once) && xs[i].3 == Layout::HeadMajor;
+        let dims = std::array::from_fn(|i| if lent(i) { *self } else { flat });
         let sizes: [usize; N] = std::array::from_fn(|i| {
             let (_, len, width, layout) = xs[i];
             match layout {
@@ -156,7 +159,7 @@ impl Dims {
                     &all[at - sizes[i]..at]
                 }
             });
-            f(flat, packed)
+            f(dims, packed)
         })
     }
 
@@ -296,8 +299,14 @@ impl<'a> Rows<'a> {
         }
     }
 
+    /// These rows' transpose `[width, rows]` read in place (a right operand the panels'
+    /// kernel packs).
+    pub(super) fn transposed(self) -> View<'a> {
+        View::new(self.data, 1, self.stride)
+    }
+
     /// These rows transposed into `buf`: column `c` at `buf[c * ld..]`, `[width, ld]`.
-    pub(super) fn transposed(self, buf: &mut [f32], ld: usize) {
+    pub(super) fn transposed_into(self, buf: &mut [f32], ld: usize) {
         if self.data.is_empty() {
             return;
         }
