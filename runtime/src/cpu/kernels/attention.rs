@@ -92,7 +92,7 @@ fn online_tile_at(
         *c = if *m == f32::NEG_INFINITY {
             0.0
         } else {
-            math::exp(*m - m_new)
+            math::exp_nonpositive(*m - m_new)
         };
         *l *= *c;
         *m = m_new;
@@ -105,7 +105,7 @@ fn online_tile_at(
             *x = if m == f32::NEG_INFINITY {
                 0.0
             } else {
-                math::exp(*x - m)
+                math::exp_nonpositive(*x - m)
             };
             *l += *x;
         }

@@ -69,7 +69,7 @@ fn probs_row_at(row: &mut [f32], visible: usize, scale: f32, lse: f32) {
     let (seen, masked) = row.split_at_mut(visible);
     masked.fill(0.0);
     for x in seen.iter_mut() {
-        *x = math::exp(*x * scale - lse);
+        *x = math::exp_nonpositive(*x * scale - lse);
     }
 }
 

@@ -136,7 +136,7 @@ pub fn cached_attention(
                 }
                 let mut sum = 0.0f32;
                 for wj in &mut w[..seen] {
-                    *wj = math::exp(*wj - mx);
+                    *wj = math::exp_nonpositive(*wj - mx);
                     sum += *wj;
                 }
                 let or = &mut o[((bi * t + ti) * h + hi) * e..][..e];
