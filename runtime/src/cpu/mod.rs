@@ -6,6 +6,7 @@ pub mod fused;
 pub mod kernels;
 mod run;
 mod run_attention;
+mod run_gemm;
 mod run_rows;
 pub mod spin;
 mod stepwise;
@@ -27,7 +28,8 @@ struct Profile {
     by_kind: HashMap<&'static str, (f64, u64)>,
     /// Seconds per kernel.
     by_kernel: Vec<f64>,
-    /// Seconds of the epilogue of the matmul kernel that just ran.
+    /// Seconds of the epilogue pass of the matmul kernel that just ran (a bias added as the
+    /// product is stored has none).
     epilogue: Option<f64>,
 }
 
@@ -242,8 +244,9 @@ impl Executor {
         });
     }
 
-    /// Seconds and calls per kind of kernel, slowest first. A matmul's epilogue counts apart
-    /// from the product (`epilogue of a matmul`).
+    /// Seconds and calls per kind of kernel, slowest first. A matmul's epilogue pass (an
+    /// activation, or a bias the product could not add) counts apart from the product
+    /// (`epilogue of a matmul`).
     pub fn profile(&self) -> Vec<(&'static str, f64, u64)> {
         let mut v: Vec<_> = self
             .profile

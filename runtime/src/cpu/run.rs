@@ -183,7 +183,12 @@ impl Executor {
     }
 
     /// Runs one op from its operands' buffers into `out` (its own buffer, or the scratch).
-    fn run_single(&mut self, step: usize, ctx: &Ctx, into_scratch: bool) -> Result<(), ExecError> {
+    pub(super) fn run_single(
+        &mut self,
+        step: usize,
+        ctx: &Ctx,
+        into_scratch: bool,
+    ) -> Result<(), ExecError> {
         self.shape_operands(step);
         // A reshape sharing its operand's buffer (see the schedule pass) is only a new shape.
         if !into_scratch && self.writes_over_operand(step) {
@@ -285,29 +290,7 @@ impl Executor {
             }
             KernelKind::Single => self.run_single(steps[0], ctx, false),
             KernelKind::Elementwise => self.run_fused(steps, None, ctx, None, None),
-            KernelKind::Gemm { .. } => {
-                let mm = steps[0];
-                let staged = self.slot[mm].is_none();
-                self.run_single(mm, ctx, staged)?;
-                // The epilogue reads the product as it is stored.
-                self.round_bf16_early(mm);
-                if steps.len() > 1 {
-                    let source = if staged {
-                        (self.scratch.f32().as_ptr(), self.scratch.numel())
-                    } else {
-                        let t = self.buf(mm);
-                        (t.f32().as_ptr(), t.numel())
-                    };
-                    let last = *steps.last().expect("an epilogue");
-                    let last = self.folds.by_producer[last].filter(|_| fold);
-                    let t = self.profile.is_some().then(std::time::Instant::now);
-                    self.run_fused(&steps[1..], Some((mm, source)), ctx, None, last)?;
-                    if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
-                        p.epilogue = Some(t.elapsed().as_secs_f64());
-                    }
-                }
-                Ok(())
-            }
+            KernelKind::Gemm { .. } => self.run_gemm(steps, ctx, fold),
             KernelKind::Attention | KernelKind::AttentionGrads if steps.len() == 1 => {
                 self.run_single(steps[0], ctx, false)
             }
@@ -440,7 +423,7 @@ impl Executor {
     /// Evaluates elementwise `steps` chunk by chunk. `given` are values already in memory
     /// (a matmul's result); `stage` also writes one value to a scratch buffer; `permuted`
     /// writes the last value permuted, into its permute's buffer instead of its own.
-    fn run_fused(
+    pub(super) fn run_fused(
         &mut self,
         steps: &[usize],
         given: Option<(usize, (*const f32, usize))>,

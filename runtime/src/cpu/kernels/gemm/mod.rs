@@ -81,6 +81,21 @@ pub(super) fn gemm_into(
     rhs: View,
     par: Parallelism,
 ) {
+    gemm_biased(m, n, k, (dst, ld), accumulate, (lhs, rhs), par, None)
+}
+
+/// [`gemm_into`] with `bias` (`n` values) added to each row after the product.
+#[allow(clippy::too_many_arguments)]
+fn gemm_biased(
+    m: usize,
+    n: usize,
+    k: usize,
+    (dst, ld): (&mut [f32], usize),
+    accumulate: bool,
+    (lhs, rhs): (View, View),
+    par: Parallelism,
+    bias: Option<&[f32]>,
+) {
     if m == 0 || n == 0 {
         return;
     }
@@ -88,10 +103,18 @@ pub(super) fn gemm_into(
         fits(m, n, ld, 1, dst.len()),
         "gemm: destination out of bounds"
     );
+    assert!(
+        bias.is_none_or(|b| b.len() == n),
+        "gemm: a bias of {n} values"
+    );
     if k == 0 {
-        if !accumulate {
-            for row in 0..m {
-                dst[row * ld..row * ld + n].fill(0.0);
+        for row in 0..m {
+            let row = &mut dst[row * ld..row * ld + n];
+            if !accumulate {
+                row.fill(0.0);
+            }
+            for (x, &b) in row.iter_mut().zip(bias.unwrap_or(&[])) {
+                *x += b;
             }
         }
         return;
@@ -118,6 +141,7 @@ pub(super) fn gemm_into(
             l: (lhs.rs, lhs.cs),
             rhs: Ptr(rhs.data.as_ptr() as *mut f32),
             r: (rhs.rs, rhs.cs),
+            bias: bias.map(|b| Ptr(b.as_ptr() as *mut f32)),
         }
         .multiply(par);
     }
@@ -244,20 +268,55 @@ pub fn matmul(
     let shape: Small<usize> = out.shape.iter().copied().collect();
     let dst = out.f32_mut();
     if p.shared_b && !trans_a {
-        // `a`'s batches stacked are one `[batch * M, K]` matrix.
-        let (rows, n, k) = (p.batch * p.m, p.n, p.k);
-        let lhs = View::new(a.f32(), k, 1);
-        let rhs = if trans_b {
-            View::new(b.f32(), 1, k)
-        } else {
-            View::new(b.f32(), n, 1)
-        };
-        gemm_into(rows, n, k, dst, n, false, lhs, rhs, parallelism(rows, n, k));
+        one_matrix(&p, dst, None);
         return Ok(());
     }
     // One product per batch, each row-major in its slab of `dst`.
     batched(&p, &shape, dst, &strides(&shape));
     Ok(())
+}
+
+/// [`matmul`] with `bias` (`[N]`) added to every row of the product, in the f32 add a pass
+/// after it makes, but as the product is stored (no pass over it): the case where `b` is 2-D
+/// and shared by `a`'s batches, `a` not transposed (one matrix, as `matmul` runs it); `None`
+/// (nothing computed) otherwise.
+pub fn matmul_bias(
+    a: &Tensor,
+    b: &Tensor,
+    trans_b: bool,
+    bias: &Tensor,
+    out: &mut Tensor,
+) -> Option<Result<(), KernelError>> {
+    let p = match product_of(a, b, false, trans_b, &out.shape) {
+        Ok(p) => p,
+        Err(e) => return Some(Err(e)),
+    };
+    if !p.shared_b || !out.is_f32() || !bias.is_f32() {
+        return None;
+    }
+    if bias.f32().len() != p.n || out.f32().len() != p.batch * p.m * p.n {
+        return Some(Err(bad(format!(
+            "a bias of {:?} for an output {:?}",
+            bias.shape, out.shape
+        ))));
+    }
+    one_matrix(&p, out.f32_mut(), Some(bias.f32()));
+    Some(Ok(()))
+}
+
+/// A checked product whose `b` is 2-D and shared by `a`'s batches, `a` not transposed, into
+/// `dst`: `a`'s batches stacked are one `[batch * M, K]` matrix, multiplied in one call
+/// (`bias` added to each row as it is stored).
+fn one_matrix(p: &Product, dst: &mut [f32], bias: Option<&[f32]>) {
+    let (rows, n, k) = (p.batch * p.m, p.n, p.k);
+    let lhs = View::new(p.a, k, 1);
+    let rhs = if p.trans_b {
+        View::new(p.b, 1, k)
+    } else {
+        View::new(p.b, n, 1)
+    };
+    let par = parallelism(rows, n, k);
+    gemm_biased(rows, n, k, (dst, n), false, (lhs, rhs), par, bias);
 }
 
 /// [`matmul`] writing its `[.., M, N]` result into `dst` at element strides `strides`, one
@@ -342,6 +401,7 @@ fn batched(p: &Product, out_shape: &[usize], dst: &mut [f32], strides: &[usize])
                 l: (a_rs, a_cs),
                 rhs: Ptr(bv.as_ptr().add(i * sb) as *mut f32),
                 r: (b_rs, b_cs),
+                bias: None,
             }
             .multiply(par)
         }
@@ -575,5 +635,52 @@ mod tests {
             assert_eq!(one, run(2));
             assert_eq!(one, run(3));
         }
+    }
+
+    /// A bias added as the product is stored: bit for bit the product, then the add, for
+    /// products split by columns (the right part's bias starts where its columns do) and by
+    /// rows, on 1 to 3 threads, a masked last vector, columns too few for the panels (the
+    /// `gemm` crate, then the add), batches of `a` over one `b`, either layout of `b`, and
+    /// no depth; `None` where `b` has batches of its own; a bias of another length refused.
+    #[test]
+    fn a_bias_added_as_the_product_is_stored_is_the_add_after_it() {
+        type Case<'a> = (&'a [usize], usize, usize, usize, bool);
+        let cases: [Case; 7] = [
+            (&[], 130, 300, 150, false),
+            (&[], 300, 140, 130, true),
+            (&[2], 65, 64, 33, false),
+            (&[], 7, 13, 5, true),
+            (&[16], 64, 256, 256, true),
+            (&[], 9, 0, 20, false),
+            (&[], 1, 1, 1, false),
+        ];
+        for (batch, m, k, n, tb) in cases {
+            let a = random(&stored(batch, m, k, false), 5);
+            let b = random(&stored(&[], k, n, tb), 6);
+            let bias = random(&[n], 7);
+            let mut want = zeros(&stored(batch, m, n, false));
+            matmul(&a, &b, false, tb, &mut want).unwrap();
+            for (i, x) in want.f32_mut().iter_mut().enumerate() {
+                *x += bias.f32()[i % n];
+            }
+            let want: Vec<u32> = want.f32().iter().map(|v| v.to_bits()).collect();
+            for threads in [1, 2, 3] {
+                let got = in_pool(threads, || {
+                    let mut out = zeros(&stored(batch, m, n, false));
+                    matmul_bias(&a, &b, tb, &bias, &mut out).unwrap().unwrap();
+                    out.f32().iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                });
+                assert!(
+                    got == want,
+                    "{batch:?} {m}x{k}x{n} tb {tb}, {threads} threads"
+                );
+            }
+        }
+        let (a, b) = (random(&[2, 4, 3], 1), random(&[2, 3, 5], 2));
+        let mut out = zeros(&[2, 4, 5]);
+        assert!(matmul_bias(&a, &b, false, &random(&[5], 3), &mut out).is_none());
+        let b = random(&[3, 5], 2);
+        let r = matmul_bias(&a, &b, false, &random(&[4], 3), &mut out);
+        assert!(matches!(r, Some(Err(KernelError::Bad { .. }))));
     }
 }

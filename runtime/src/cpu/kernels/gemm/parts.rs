@@ -127,6 +127,10 @@ pub(super) struct Job {
     pub l: (usize, usize),
     pub rhs: Ptr,
     pub r: (usize, usize),
+    /// `n` values added to `dst`'s columns after the product (a bias), in the same f32 add
+    /// as a pass after it: by the panels' kernel as it stores each block, by the crates'
+    /// engines after their call.
+    pub bias: Option<Ptr>,
 }
 
 impl Job {
@@ -178,6 +182,7 @@ impl Job {
                 n: n - h,
                 dst: self.dst.at(h),
                 rhs: self.rhs.at(h * self.r.1),
+                bias: self.bias.map(|b| b.at(h)),
                 ..self
             };
             Some((Job { n: h, ..self }, right))
@@ -252,6 +257,24 @@ impl Job {
                 false,
                 par,
             );
+            self.add_bias();
+        }
+    }
+
+    /// Adds the bias to every row of `dst` after a crate's product (which has no hook for
+    /// it); [`Job::run`]'s contract.
+    unsafe fn add_bias(self) {
+        if let Some(bias) = self.bias {
+            // SAFETY: `n` bias values, `m` rows of `n` in `dst` (the caller's contract).
+            let bias = unsafe { std::slice::from_raw_parts(bias.0.cast_const(), self.n) };
+            for i in 0..self.m {
+                // SAFETY: as above; row `i` aliases neither operand nor the bias.
+                let row =
+                    unsafe { std::slice::from_raw_parts_mut(self.dst.0.add(i * self.ld), self.n) };
+                for (x, &b) in row.iter_mut().zip(bias) {
+                    *x += b;
+                }
+            }
         }
     }
 
@@ -287,6 +310,7 @@ impl Job {
                     self.accumulate,
                     (self.lhs.0, l),
                     (self.rhs.0, r.0),
+                    self.bias.map(|b| b.0.cast_const()),
                 );
             }
             return;
@@ -382,6 +406,10 @@ impl Job {
                 self.accumulate || p0 > 0,
                 (lhs, l),
                 (panel.as_ptr(), 64),
+                // The bias after each element's last multiply-add.
+                self.bias
+                    .filter(|_| p0 + depth == self.k)
+                    .map(|b| b.0.add(j0).cast_const()),
             );
         }
     }
@@ -442,6 +470,7 @@ impl Job {
                 self.ld as isize,
                 1,
             );
+            self.add_bias();
         }
     }
 }
@@ -479,6 +508,7 @@ pub fn product_by(
         l,
         rhs: Ptr(rhs.as_ptr() as *mut f32),
         r,
+        bias: None,
     };
     // SAFETY: the matrices fit their slices (checked above), and `dst` is borrowed mutably.
     unsafe { job.multiply_by(engine, parallelism(m, n, k)) }
@@ -516,6 +546,7 @@ mod tests {
                 l: (1, m),
                 rhs: Ptr(b.f32().as_ptr() as *mut f32),
                 r: (n, 1),
+                bias: None,
             };
             // SAFETY: the matrices fit their vectors; `dst` is its own vector.
             unsafe { job.run(Engine::Panels, parts, Parallelism::Rayon(0)) };
@@ -562,6 +593,7 @@ mod tests {
                         l: if ta { (1, m) } else { (k, 1) },
                         rhs: Ptr(b.f32().as_ptr() as *mut f32),
                         r: if tb { (1, k) } else { (n, 1) },
+                        bias: None,
                     };
                     // SAFETY: the matrices fit their vectors; `dst` is its own vector.
                     unsafe { job.run(engine, parts, Parallelism::Rayon(0)) };

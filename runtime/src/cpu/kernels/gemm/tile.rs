@@ -33,7 +33,8 @@ pub(super) fn isa() -> Option<Isa> {
 
 /// `dst [m, n] (= or +=) a [m, k] x b [k, n]` in `isa`'s register blocks: `dst` at leading
 /// dimension `ld`, element `(i, p)` of `a` at `i * a_rs + p * a_cs`, `b` row-major at
-/// leading dimension `ldb`.
+/// leading dimension `ldb`. With `bias` (`n` values), `bias[j]` is added to each element of
+/// column `j` as it is stored, after its chain: the f32 sum an add after the product makes.
 ///
 /// # Safety
 /// The CPU has `isa` (as [`isa`] found it); the three matrices lie inside live allocations;
@@ -45,18 +46,19 @@ pub(super) unsafe fn product(
     accumulate: bool,
     a: (*const f32, (usize, usize)),
     b: (*const f32, usize),
+    bias: Option<*const f32>,
 ) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the caller's contract.
     unsafe {
         match isa {
-            Isa::Avx512 => avx512::product(mnk, out, accumulate, a, b),
-            Isa::Avx2 => avx2::product(mnk, out, accumulate, a, b),
+            Isa::Avx512 => avx512::product(mnk, out, accumulate, a, b, bias),
+            Isa::Avx2 => avx2::product(mnk, out, accumulate, a, b, bias),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let _ = (isa, mnk, out, accumulate, a, b);
+        let _ = (isa, mnk, out, accumulate, a, b, bias);
         unreachable!("no instruction set for the panels off x86-64: `isa()` is `None` there");
     }
 }
@@ -133,6 +135,7 @@ macro_rules! register_blocks {
             accumulate: bool,
             (a, (a_rs, a_cs)): (*const f32, (usize, usize)),
             (b, ldb): (*const f32, usize),
+            bias: Option<*const f32>,
         ) {
             // Row blocks outside, strips of columns inside: a block's rows of `a` stay in L1
             // across the strips (with AVX2 four of them span a panel: the other order read a
@@ -160,14 +163,15 @@ macro_rules! register_blocks {
                     unsafe {
                         let c = dst.add(i0 * ld + j0);
                         let (a, b) = (a.add(i0 * a_rs), b.add(j0));
+                        let bias = bias.map(|p| p.add(j0));
                         let vectors = cols.div_ceil(LANES);
                         match rows {
-                            6 => block.rows::<6>(vectors, c, a, b),
-                            5 => block.rows::<5>(vectors, c, a, b),
-                            4 => block.rows::<4>(vectors, c, a, b),
-                            3 => block.rows::<3>(vectors, c, a, b),
-                            2 => block.rows::<2>(vectors, c, a, b),
-                            _ => block.rows::<1>(vectors, c, a, b),
+                            6 => block.rows::<6>(vectors, c, a, b, bias),
+                            5 => block.rows::<5>(vectors, c, a, b, bias),
+                            4 => block.rows::<4>(vectors, c, a, b, bias),
+                            3 => block.rows::<3>(vectors, c, a, b, bias),
+                            2 => block.rows::<2>(vectors, c, a, b, bias),
+                            _ => block.rows::<1>(vectors, c, a, b, bias),
                         }
                     }
                 }
@@ -200,18 +204,20 @@ macro_rules! register_blocks {
                 c: *mut f32,
                 a: *const f32,
                 b: *const f32,
+                bias: Option<*const f32>,
             ) {
                 // SAFETY: the caller's contract.
                 unsafe {
                     match vectors {
-                        $($vectors => self.run::<R, $vectors>(c, a, b),)*
-                        _ => self.run::<R, 1>(c, a, b),
+                        $($vectors => self.run::<R, $vectors>(c, a, b, bias),)*
+                        _ => self.run::<R, 1>(c, a, b, bias),
                     }
                 }
             }
 
             /// `R` rows by `V` vectors of the output (the last one masked), at `c`, from the
-            /// left operand's rows at `a` and the right operand's columns at `b`.
+            /// left operand's rows at `a` and the right operand's columns at `b`; `bias`, the
+            /// block's columns' values, added as it is stored.
             ///
             /// # Safety
             /// The CPU has this module's instruction set; the block lies inside the product
@@ -223,6 +229,7 @@ macro_rules! register_blocks {
                 c: *mut f32,
                 a: *const f32,
                 b: *const f32,
+                bias: Option<*const f32>,
             ) {
                 let mask = |v: usize| if v + 1 == V { self.last } else { None };
                 let mut acc = [[zero(); V]; R];
@@ -246,6 +253,17 @@ macro_rules! register_blocks {
                             let ai = splat(*ap.add(i * self.a_rs));
                             for (x, &bx) in row.iter_mut().zip(&bv) {
                                 *x = fma(ai, bx, *x);
+                            }
+                        }
+                    }
+                    if let Some(bias) = bias {
+                        let mut by = [zero(); V];
+                        for (v, x) in by.iter_mut().enumerate() {
+                            *x = load(bias.add(v * LANES), mask(v));
+                        }
+                        for row in acc.iter_mut() {
+                            for (x, &y) in row.iter_mut().zip(&by) {
+                                *x = add(*x, y);
                             }
                         }
                     }
@@ -361,6 +379,7 @@ mod tests {
                                 accumulate,
                                 (a.f32().as_ptr(), l),
                                 (b.f32().as_ptr(), ldb),
+                                None,
                             )
                         };
                         for i in 0..m {

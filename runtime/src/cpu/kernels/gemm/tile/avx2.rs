@@ -46,6 +46,12 @@ fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
     _mm256_fmadd_ps(a, b, c)
 }
 
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn add(a: __m256, b: __m256) -> __m256 {
+    _mm256_add_ps(a, b)
+}
+
 /// The vector at `p`, its lanes past `mask` zero (a masked load never touches them).
 ///
 /// # Safety

@@ -32,6 +32,12 @@ fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
     _mm512_fmadd_ps(a, b, c)
 }
 
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn add(a: __m512, b: __m512) -> __m512 {
+    _mm512_add_ps(a, b)
+}
+
 /// The vector at `p`, its lanes past `mask` zero (a masked load never touches them).
 ///
 /// # Safety
