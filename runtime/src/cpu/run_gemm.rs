@@ -18,31 +18,29 @@ impl Executor {
         let mm = steps[0];
         let last = *steps.last().expect("a kernel has steps");
         let last = self.folds.by_producer[last].filter(|_| fold);
-        if let Some(r) = self.biased_product(steps, last.is_some()) {
-            r?;
-            if steps.len() > 2 {
-                // The activation reads the biased product from the add's buffer.
-                let t = self.profile.is_some().then(std::time::Instant::now);
-                self.run_fused(&steps[2..], None, ctx, None, last)?;
-                if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
-                    p.epilogue = Some(t.elapsed().as_secs_f64());
-                }
+        // What is left of the epilogue, and the product it reads if that is not a buffer's.
+        let (rest, given) = match self.biased_product(steps, last.is_some()) {
+            // An activation reads the biased product from the add's buffer.
+            Some(r) => (r.map(|()| &steps[2..])?, None),
+            None => {
+                let staged = self.slot[mm].is_none();
+                self.run_single(mm, ctx, staged)?;
+                // The epilogue reads the product as it is stored.
+                self.round_bf16_early(mm);
+                let source = if staged { &self.scratch } else { self.buf(mm) };
+                (
+                    &steps[1..],
+                    Some((mm, (source.f32().as_ptr(), source.numel()))),
+                )
             }
-        } else {
-            let staged = self.slot[mm].is_none();
-            self.run_single(mm, ctx, staged)?;
-            // The epilogue reads the product as it is stored.
-            self.round_bf16_early(mm);
-            if steps.len() == 1 {
-                return Ok(());
-            }
-            let source = if staged { &self.scratch } else { self.buf(mm) };
-            let source = (source.f32().as_ptr(), source.numel());
-            let t = self.profile.is_some().then(std::time::Instant::now);
-            self.run_fused(&steps[1..], Some((mm, source)), ctx, None, last)?;
-            if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
-                p.epilogue = Some(t.elapsed().as_secs_f64());
-            }
+        };
+        if rest.is_empty() {
+            return Ok(());
+        }
+        let t = self.profile.is_some().then(std::time::Instant::now);
+        self.run_fused(rest, given, ctx, None, last)?;
+        if let (Some(t), Some(p)) = (t, self.profile.as_mut()) {
+            p.epilogue = Some(t.elapsed().as_secs_f64());
         }
         Ok(())
     }
@@ -75,7 +73,7 @@ impl Executor {
             || self.slot[add].is_none()
             || !alone
             || (permuted && last)
-            || self.buf(bias).shape.len() != 1
+            || self.buf(bias).shape[..] != self.shapes[mm][self.shapes[mm].len() - 1..]
         {
             return None;
         }
