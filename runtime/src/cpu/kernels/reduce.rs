@@ -4,7 +4,7 @@
 //! thread count.
 
 use super::layout::{bad, f32s, f32s_mut, for_rows, offset_of, strided, strides};
-use super::simd::sum8;
+use super::simd::{sum8, vectorised};
 use super::{scratch, KernelError, Small};
 use crate::cpu::tensor::Tensor;
 use rayon::prelude::*;
@@ -24,7 +24,7 @@ fn sum_axes(x: &[f32], shape: &[usize], red: &[bool], div: f64, out: &mut [f32])
     }
     if out.len() == 1 {
         // Everything into one value (a loss): eight lanes in a fixed order, vectorised.
-        out[0] = (sum8(x, |v| v as f64) / div) as f32;
+        out[0] = (sum_all(x) / div) as f32;
         return;
     }
     // (size, stride, reduced), innermost first while building: size-1 axes dropped, runs of
@@ -108,6 +108,30 @@ fn sum_axes(x: &[f32], shape: &[usize], red: &[bool], div: f64, out: &mut [f32])
     });
 }
 
+vectorised! {
+    fn sum_all(x: &[f32]) -> f64 = sum_all_at;
+}
+
+/// [`sum8`] of the values in f64, in the CPU's vectors (the same order, so the same bits).
+#[inline(always)]
+fn sum_all_at(x: &[f32]) -> f64 {
+    sum8(x, |v| v as f64)
+}
+
+vectorised! {
+    fn add_rows(acc: &mut [f64], x: &[f32]) = add_rows_at;
+}
+
+/// Each row of `x` (`acc.len()` wide) added to `acc` in f64, row after row.
+#[inline(always)]
+fn add_rows_at(acc: &mut [f64], x: &[f32]) {
+    for row in x.chunks_exact(acc.len()) {
+        for (a, &v) in acc.iter_mut().zip(row) {
+            *a += v as f64;
+        }
+    }
+}
+
 /// Elements per band of `column_sums` (at most `MAX_PARTS` bands).
 const PART_WORK: usize = 1 << 16;
 const MAX_PARTS: usize = 8;
@@ -125,11 +149,7 @@ fn column_sums(x: &[f32], inner: usize, parts: usize, div: f64, out: &mut [f32])
             .enumerate()
             .for_each(|(p, acc)| {
                 let (start, end) = ((p * per).min(rows), ((p + 1) * per).min(rows));
-                for row in x[start * inner..end * inner].chunks_exact(inner) {
-                    for (a, &v) in acc.iter_mut().zip(row) {
-                        *a += v as f64;
-                    }
-                }
+                add_rows(acc, &x[start * inner..end * inner]);
             });
         for (j, o) in out.iter_mut().enumerate() {
             let sum = (0..parts).fold(0.0, |s, p| s + bands[p * inner + j]);
@@ -163,6 +183,9 @@ fn sum_runs<const L: usize>(
     }
     acc
 }
+
+/// Elements one task of `expand`'s fill writes.
+const FILL_RUN: usize = 1 << 14;
 
 /// Sums (or means) over `axes`, removing them.
 pub fn reduce(x: &Tensor, axes: &[usize], mean: bool, out: &mut Tensor) -> Result<(), KernelError> {
@@ -261,7 +284,8 @@ pub fn expand(x: &Tensor, axes: &[usize], mean: bool, out: &mut Tensor) -> Resul
     let o = f32s_mut(OP, out)?;
     if let [v] = xs {
         // One value everywhere (a mean's gradient): a fill, not a walk over the strides.
-        o.fill(if mean { v / count as f32 } else { *v });
+        let v = if mean { v / count as f32 } else { *v };
+        for_rows(o, FILL_RUN, o.len(), |_, run| run.fill(v));
         return Ok(());
     }
     if mean {
