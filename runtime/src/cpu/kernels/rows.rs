@@ -79,6 +79,12 @@ fn max_sum_exp(v: &[f32]) -> (f32, f64) {
     (m, sum8(v, |x| math::exp(x - m) as f64))
 }
 
+/// Work (in elements touched, see `layout::PAR_MIN`) that an element costing an exponential
+/// counts for (a softmax's, a cross-entropy's): a cross-entropy's `[128, 10]` logits run on
+/// both threads (each row's exponentials, scalar code on one thread, were 3% of the MLP
+/// bench's AVX2 step).
+const EXP_WORK: usize = 32;
+
 /// Softmax over the last axis; `causal` zeroes key positions after the query's (the last two
 /// axes are `[.., S, S]`).
 pub fn softmax(x: &Tensor, causal: bool, out: &mut Tensor) -> Result<(), KernelError> {
@@ -103,7 +109,7 @@ pub fn softmax_scaled(
         ));
     }
     let o = f32s_mut(OP, out)?;
-    for_rows(o, c, xs.len(), |i, row| {
+    for_rows(o, c, xs.len() * EXP_WORK, |i, row| {
         let n = if causal { i % c + 1 } else { c };
         let (xr, (row, masked)) = (&xs[i * c..][..n], row.split_at_mut(n));
         softmax_row(xr, row, by);
@@ -236,11 +242,6 @@ pub fn cross_entropy(
     f32s_mut(OP, out)?[0] = (total / counted(ls).max(1) as f64) as f32;
     Ok(())
 }
-
-/// Work (in elements touched, see `layout::PAR_MIN`) that an element costing an exponential
-/// counts for: a cross-entropy's `[128, 10]` logits run on both threads (each row's
-/// exponentials, scalar code on one thread, were 3% of the MLP bench's AVX2 step).
-const EXP_WORK: usize = 32;
 
 vectorised! {
     fn xent_loss_row(xr: &[f32], label: usize, s: f64) -> f64 = xent_loss_row_at;
