@@ -96,7 +96,11 @@ pub struct Stage {
     pub group_times: Vec<(f64, f64)>,
     pub param_bytes: f64,
     pub saved_bytes: f64,
-    /// The largest value and its gradient, per sample.
+    /// The most one micro-batch holds while it runs, per sample: at the forward's end every
+    /// saved value and the largest value; while group `g` runs backward, the values saved
+    /// by the groups up to `g` (a later group's weight gradients have run beside its input
+    /// gradient, the fuse pass's order, so its saved values are gone) and `g`'s largest value
+    /// with its gradient.
     pub working_bytes: f64,
     /// The largest group's parameters (ZeRO-3 gathers one group at a time, prefetching the
     /// next).
@@ -213,6 +217,7 @@ pub fn stages(m: &ModelCost, c: &Cluster, tp: u32, pp: u32) -> Vec<Stage> {
                 tp_allreduces: 0,
                 tp_allreduce_bytes: 0.0,
             };
+            let mut largest = 0.0f64;
             for g in r {
                 let k = m.cost(g);
                 s.compute_s += times[g];
@@ -222,11 +227,14 @@ pub fn stages(m: &ModelCost, c: &Cluster, tp: u32, pp: u32) -> Vec<Stage> {
                 s.param_bytes += p;
                 s.largest_group_param_bytes = s.largest_group_param_bytes.max(p);
                 s.saved_bytes += k.saved_bytes.at(tp);
-                s.working_bytes = s.working_bytes.max(2.0 * k.largest_value_bytes.at(tp));
+                largest = largest.max(k.largest_value_bytes.at(tp));
+                let backward = s.saved_bytes + 2.0 * k.largest_value_bytes.at(tp);
+                s.working_bytes = s.working_bytes.max(backward);
                 s.boundary_bytes = k.output_bytes;
                 s.tp_allreduces += k.tp_allreduces;
                 s.tp_allreduce_bytes += k.tp_allreduces as f64 * k.tp_allreduce_bytes;
             }
+            s.working_bytes = s.working_bytes.max(s.saved_bytes + largest);
             s
         })
         .collect()
@@ -338,7 +346,7 @@ pub fn estimate(m: &ModelCost, c: &Cluster, stages: &[Stage], o: &Options) -> Es
             params,
             grads,
             state,
-            in_flight * mbf * s.saved_bytes + mbf * s.working_bytes,
+            (in_flight - 1.0) * mbf * s.saved_bytes + mbf * s.working_bytes,
             comm,
             inputs,
         ]
