@@ -149,8 +149,9 @@ fn demand_order(g: &Graph) -> Vec<NodeIndex> {
 }
 
 /// The kernels (`deps[k]`: the kernels `k` reads) in an order that runs each after what it
-/// reads: of those ready, the one with the least first node, or with `by_readiness` the one
-/// that became ready first (ties by first node), those it marks after all others.
+/// reads. Of the kernels ready, the one with the least first node; with `by_readiness`, the
+/// one that became ready first (ties by first node), except that those it marks `true` wait
+/// until nothing else is ready.
 fn dependency_order(
     firsts: &[usize],
     deps: &[Vec<usize>],
