@@ -313,13 +313,12 @@ impl Partitioned {
 
     /// What to do instead when the plan does not fit one device, from the planner's verdict.
     pub fn one_device_hint(&self) -> String {
-        use partition::explain::smallest_hint;
+        use partition::explain::{micro_batches, smallest_hint};
         match &self.partition {
             Err(partition::Error::NoFit { smallest, .. }) => smallest_hint(smallest.as_ref()),
             Ok(p) => format!(
-                "the planner fits it on one GPU with gradient accumulation ({} micro-batches of {}, peak {}), which single-device plans do not do yet; {}",
-                p.micro_batches,
-                p.micro_batch_size,
+                "the planner fits it on one GPU with gradient accumulation ({}, peak {}), which single-device plans do not do yet; {}",
+                micro_batches(p.micro_batches, p.micro_batch_size),
                 crate::plan::bytes(p.per_device_peak_bytes),
                 smallest_hint(self.smallest_fitting().as_ref())
             ),

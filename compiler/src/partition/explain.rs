@@ -4,7 +4,7 @@ use super::{strategy_name, Candidate, Error, Partition, Smallest};
 use crate::plan::bytes;
 use std::fmt::Write;
 
-fn seconds(s: f64) -> String {
+pub(super) fn seconds(s: f64) -> String {
     if s >= 1.0 {
         format!("{s:.2} s")
     } else if s >= 1e-3 {
@@ -12,6 +12,12 @@ fn seconds(s: f64) -> String {
     } else {
         format!("{:.1} µs", s * 1e6)
     }
+}
+
+/// `N micro-batches of M` (one: `1 micro-batch of M`).
+pub fn micro_batches(count: u64, size: impl std::fmt::Display) -> String {
+    let s = if count == 1 { "" } else { "es" };
+    format!("{count} micro-batch{s} of {size}")
 }
 
 /// The candidate table, one row per strategy and options.
@@ -100,12 +106,11 @@ pub fn explain(p: &Partition) -> String {
     let t = &p.time;
     let _ = writeln!(
         out,
-        "chosen: {} (zero {}, schedule {}, {} micro-batches of {}){}: {} per GPU, step {} = compute {} + bubble {} + tensor-parallel {} + p2p {} + data-parallel exposed {} + optimizer {}; {} sent per GPU per step",
+        "chosen: {} (zero {}, schedule {}, {}){}: {} per GPU, step {} = compute {} + bubble {} + tensor-parallel {} + p2p {} + data-parallel exposed {} + optimizer {}; {} sent per GPU per step",
         strategy_name(&p.strategy),
         p.zero,
         p.schedule.name(),
-        p.micro_batches,
-        p.micro_batch_size,
+        micro_batches(p.micro_batches, p.micro_batch_size),
         if p.forced { " (forced)" } else { "" },
         bytes(p.per_device_peak_bytes),
         seconds(p.step_time_s),
@@ -218,4 +223,19 @@ pub(super) fn layer_list(m: &super::ModelCost, r: std::ops::Range<usize>) -> Str
     }
     flush(&mut run, &mut out);
     out.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{micro_batches, seconds};
+
+    #[test]
+    fn counts_and_times_read_as_words() {
+        assert_eq!(micro_batches(1, 16), "1 micro-batch of 16");
+        assert_eq!(micro_batches(128, 1), "128 micro-batches of 1");
+        // A step under a millisecond keeps its digits (it printed `0.000 s`).
+        assert_eq!(seconds(60.2e-6), "60.2 µs");
+        assert_eq!(seconds(0.0125), "12.5 ms");
+        assert_eq!(seconds(92.984), "92.98 s");
+    }
 }

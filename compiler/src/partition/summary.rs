@@ -1,7 +1,9 @@
 //! What `parallax compile` says of a plan: its summary (text or JSON), the one-device memory
 //! verdict, and why a partition did not fit. Text only; the command line prints it.
 
-use super::explain::{candidate_table, failure_json, memory_lines, smallest_hint};
+use super::explain::{
+    candidate_table, failure_json, memory_lines, micro_batches, seconds, smallest_hint,
+};
 use crate::partition::{self, Partition};
 use crate::plan::{bytes, si, thousands, Plan};
 use std::fmt::Write;
@@ -24,19 +26,18 @@ pub fn text(p: &Plan, partitioned: &Partitioned, simulated: Option<&[u64]>) -> S
     ));
     line(match partitioned {
         Ok(part) => format!(
-            "  strategy:   {} (dp={} tp={} pp={}, zero {}, schedule {}, {} micro-batches of {}){}: per-GPU peak {} of {}, est. step {:.3} s, {} sent per GPU per step",
+            "  strategy:   {} (dp={} tp={} pp={}, zero {}, schedule {}, {}){}: per-GPU peak {} of {} (the planner's estimate), est. step {}, {} sent per GPU per step",
             partition::strategy_name(&part.strategy),
             part.strategy.dp,
             part.strategy.tp,
             part.strategy.pp,
             part.zero,
             part.schedule.name(),
-            part.micro_batches,
-            part.micro_batch_size,
+            micro_batches(part.micro_batches, part.micro_batch_size),
             if part.forced { " (forced)" } else { "" },
             bytes(part.per_device_peak_bytes),
             bytes(part.capacity_bytes),
-            part.step_time_s,
+            seconds(part.step_time_s),
             bytes(part.bytes_communicated_per_step),
         ),
         Err(_) => "  strategy:   none fits (see below)".into(),
@@ -209,12 +210,11 @@ pub fn no_fit(e: &partition::Error, explain: bool) -> String {
             }
             let _ = writeln!(
                 s,
-                "  the candidate needing the least memory, {} (zero {}, schedule {}, {} micro-batches of {}):",
+                "  the candidate needing the least memory, {} (zero {}, schedule {}, {}):",
                 least.strategy_name(),
                 least.zero,
                 least.schedule.name(),
-                least.micro_batches,
-                least.micro_batch_size
+                micro_batches(least.micro_batches, least.micro_batch_size)
             );
             s.push_str(&memory_lines(&least.memory, "    "));
             let _ = writeln!(s, "  = hint: {}", smallest_hint(smallest.as_ref()));
