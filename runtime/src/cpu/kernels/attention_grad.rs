@@ -290,6 +290,11 @@ fn by_key_tiles(
             let parts = Out::of(sums);
             (0..dm.problems * runs).into_par_iter().for_each(|task| {
                 let (g, run) = (task / runs, task % runs);
+                // The next problem's operands, which this thread likely takes next, on
+                // their way from memory while this task computes.
+                if run + 1 == runs && g + 1 < dm.problems {
+                    sweep.prefetch(g + 1);
+                }
                 // SAFETY: each task writes its own `partial` floats and nothing else does.
                 let dq = unsafe { parts.slice(task * partial, partial) };
                 dq.fill(0.0);
@@ -325,6 +330,21 @@ struct Sweep<'a> {
 }
 
 impl Sweep<'_> {
+    /// Asks for problem `g`'s first key tile, queries and output gradients to be brought
+    /// into L2 (see [`Rows::prefetch`]).
+    fn prefetch(&self, g: usize) {
+        let Sweep { dm, dims, .. } = *self;
+        let [q, dy, kt, vt, _] = self.packed;
+        let (t, s) = (dm.t, dm.s);
+        let j1 = KEY_TILE.min(s);
+        dims[0].rows(q, g, (0, t), t, dm.d).prefetch();
+        dims[1].rows(dy, g, (0, t), t, dm.e).prefetch();
+        if self.tiles_in_place {
+            dims[2].rows(kt, g, (0, j1), s, dm.d).prefetch();
+            dims[3].rows(vt, g, (0, j1), s, dm.e).prefetch();
+        }
+    }
+
     /// Key tile `[j0, j0 + KEY_TILE)` of problem `g` against every query tile that sees it:
     /// its key and value gradients, each when wanted, and the query gradient's partial sums
     /// added to `dq` (`[T, D]`, the problem's), when given.
