@@ -61,6 +61,9 @@ unsafe fn store(p: *mut f32, mask: Option<Mask>, x: __m512) {
 // Blocks of 1 to 4 vectors a row.
 register_blocks!("avx512f", [4, 3, 2]);
 
+/// How far ahead along a source row a transpose asks for its lines (four blocks).
+const AHEAD: usize = 4 * LANES;
+
 /// [`super::transpose_into`] in blocks of 16 x 16.
 ///
 /// # Safety
@@ -90,7 +93,13 @@ pub(super) unsafe fn transpose(
             unsafe {
                 let mut x = [_mm512_setzero_ps(); LANES];
                 for (i, v) in x.iter_mut().enumerate().take(rows - r0) {
-                    *v = _mm512_maskz_loadu_ps(read, src.add((r0 + i) * rs + c0));
+                    let row = src.add((r0 + i) * rs);
+                    // Each of these rows is a stream of its own, more than the hardware's
+                    // prefetchers follow: ask for its line four blocks on.
+                    if c0 + AHEAD < width {
+                        _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(c0 + AHEAD).cast());
+                    }
+                    *v = _mm512_maskz_loadu_ps(read, row.add(c0));
                 }
                 let t = transpose16(x);
                 for (c, v) in t.iter().enumerate().take((width - c0).min(LANES)) {
