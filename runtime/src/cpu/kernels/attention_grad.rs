@@ -330,8 +330,8 @@ struct Sweep<'a> {
 }
 
 impl Sweep<'_> {
-    /// Asks for problem `g`'s first key tile, queries and output gradients to be brought
-    /// into L2 (see [`Rows::prefetch`]).
+    /// Asks for problem `g`'s queries and output gradients, and its first key and value
+    /// tile where those are read in place, to be brought into L2 (see [`Rows::prefetch`]).
     fn prefetch(&self, g: usize) {
         let Sweep { dm, dims, .. } = *self;
         let [q, dy, kt, vt, _] = self.packed;
