@@ -258,29 +258,31 @@ macro_rules! register_blocks {
                             }
                         }
                     }
-                    let mut p = 0;
-                    while p < self.k {
-                        let end = (p + LINE).min(self.k);
-                        if let Some((next, rows)) = ahead {
-                            for i in 0..rows {
-                                let line = next.wrapping_add(i * self.a_rs + p);
-                                _mm_prefetch::<_MM_HINT_T0>(line.cast());
+                    // One step over K: the accumulators' multiply-adds for row `p` of `b`.
+                    let mut step = |p: usize| {
+                        let bp = b.add(p * self.ldb);
+                        let mut bv = [zero(); V];
+                        for (v, x) in bv.iter_mut().enumerate() {
+                            *x = load(bp.add(v * LANES), mask(v));
+                        }
+                        let ap = a.add(p * self.a_cs);
+                        for (i, row) in acc.iter_mut().enumerate() {
+                            let ai = splat(*ap.add(i * self.a_rs));
+                            for (x, &bx) in row.iter_mut().zip(&bv) {
+                                *x = fma(ai, bx, *x);
                             }
                         }
-                        while p < end {
-                            let bp = b.add(p * self.ldb);
-                            let mut bv = [zero(); V];
-                            for (v, x) in bv.iter_mut().enumerate() {
-                                *x = load(bp.add(v * LANES), mask(v));
-                            }
-                            let ap = a.add(p * self.a_cs);
-                            for (i, row) in acc.iter_mut().enumerate() {
-                                let ai = splat(*ap.add(i * self.a_rs));
-                                for (x, &bx) in row.iter_mut().zip(&bv) {
-                                    *x = fma(ai, bx, *x);
+                    };
+                    match ahead {
+                        None => (0..self.k).for_each(&mut step),
+                        Some((next, rows)) => {
+                            for p0 in (0..self.k).step_by(LINE) {
+                                for i in 0..rows {
+                                    let line = next.wrapping_add(i * self.a_rs + p0);
+                                    _mm_prefetch::<_MM_HINT_T0>(line.cast());
                                 }
+                                (p0..(p0 + LINE).min(self.k)).for_each(&mut step);
                             }
-                            p += 1;
                         }
                     }
                     if let Some(bias) = bias {
