@@ -170,9 +170,9 @@ macro_rules! register_blocks {
                         let vectors = cols.div_ceil(LANES);
                         // The next block's rows of a row-major left operand, asked for while
                         // the first strip runs (see `Block::run`).
-                        let next = (m - i0 - rows).min(ROWS);
-                        let ahead = (a_cs == 1 && j0 == 0 && next > 0)
-                            .then(|| (a.wrapping_add(rows * a_rs), next));
+                        let next_rows = (m - i0 - rows).min(ROWS);
+                        let ahead = (a_cs == 1 && j0 == 0 && next_rows > 0)
+                            .then(|| (a.wrapping_add(rows * a_rs), next_rows));
                         match rows {
                             6 => block.rows::<6>(vectors, c, a, b, bias, ahead),
                             5 => block.rows::<5>(vectors, c, a, b, bias, ahead),
