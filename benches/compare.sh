@@ -10,7 +10,9 @@
 # apart, so that one side's spinning threads are done before the other's chunk), the first
 # side alternating, so a busy spell of a shared machine falls on both. The table gives
 # each side's median and least step over all rounds, and the median over rounds of the ratio
-# of the two chunks' medians (the paired ratio: the figure to quote). A side's first steps
+# of the two chunks' medians (the paired ratio: the figure to quote). A line before each row
+# gives that ratio in the rounds each side went first, and the rounds' quartiles: a bound such
+# as "at most 0.8x" holds in a run whose upper quartile is under it. A side's first steps
 # after the other's chunk run with cold caches: with chunks of 3 the MLP's (1-2 ms steps) gave
 # 0.50x in the rounds Parallax went first and 0.90x in the others; with 10, 0.49x and 0.49x.
 #
