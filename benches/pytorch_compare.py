@@ -182,11 +182,15 @@ def paired(name, binary, warmup, rounds, chunk):
     # order shares out what is left, and the two halves show how much it weighs.
     # The rounds' spread: a target such as "at most 0.8x" is met by a run whose upper
     # quartile is under it, not by a median that happens to be.
-    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+
+    def half(rs):
+        # One round has no round with PyTorch first.
+        return f"{statistics.median(rs):.3f}" if rs else "-"
+
     print(
-        f"{name}: paired ratio {statistics.median(ratios[0::2]):.3f} with Parallax first, "
-        f"{statistics.median(ratios[1::2]):.3f} with PyTorch first; rounds' quartiles "
-        f"{q1:.3f} and {q3:.3f}",
+        f"{name}: paired ratio {half(ratios[0::2])} with Parallax first, "
+        f"{half(ratios[1::2])} with PyTorch first; rounds' quartiles {q1:.3f} and {q3:.3f}",
         file=sys.stderr,
     )
     return (
