@@ -182,7 +182,7 @@ def paired(name, binary, warmup, rounds, chunk):
     # order shares out what is left, and the two halves show how much it weighs.
     # The rounds' spread: a target such as "at most 0.8x" is met by a run whose upper
     # quartile is under it, not by a median that happens to be.
-    q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
+    q1, q3 = statistics.quantiles(ratios, n=4)[::2] if len(ratios) > 1 else ratios * 2
 
     def half(rs):
         # One round has no round with PyTorch first.
