@@ -4,6 +4,7 @@
 
 use super::super::builder::{Kernel, Rd};
 use super::super::{CodegenError, Operand};
+use crate::ir::attention::Sizes;
 use crate::ir::{DType, Op};
 
 /// The sizes of one attention: `problems` (batch positions times `heads`) of `t` queries, `s`
@@ -50,40 +51,21 @@ impl Dims {
         v: Option<&Operand>,
     ) -> Result<Dims, CodegenError> {
         let (causal, scale) = params(op).ok_or(CodegenError::Unsupported { op: op.name() })?;
-        let r = q.shape.len();
-        let vs = v.unwrap_or(k);
-        // The batch axes and the heads, which all three share (`None`: another rank).
-        let bh =
-            |o: &Operand| (o.shape.len() == r).then(|| (o.shape[..r - 3].to_vec(), o.shape[r - 2]));
-        let fits = r >= 3
-            && bh(k) == bh(q)
-            && bh(vs) == bh(q)
-            && q.shape[r - 1] == k.shape[r - 1]
-            && k.shape[r - 3] == vs.shape[r - 3];
-        if !fits {
-            return Err(bad(
-                op,
-                format!(
-                    "needs q [.., T, H, D], k [.., S, H, D], v [.., S, H, E], got {:?}, {:?}, {:?}",
-                    q.shape, k.shape, vs.shape
-                ),
-            ));
-        }
-        let heads = q.shape[r - 2];
+        let cached = matches!(op, Op::CachedAttention { .. });
+        let shape = |o: &Operand| o.shape.clone();
+        let (q, k, v) = (shape(q), shape(k), v.map(shape));
+        let sz = Sizes::of(&q, &k, v.as_deref(), causal && !cached).map_err(|m| bad(op, m))?;
         let dm = Dims {
-            problems: q.shape[..r - 3].iter().product::<u64>() * heads,
-            heads,
-            t: q.shape[r - 3],
-            s: k.shape[r - 3],
-            d: q.shape[r - 1],
-            e: v.map_or(0, |v| v.shape[r - 1]),
+            problems: sz.problems,
+            heads: sz.heads,
+            t: sz.t,
+            s: sz.s,
+            d: sz.d,
+            e: sz.e,
             causal,
-            cached: matches!(op, Op::CachedAttention { .. }),
+            cached,
             scale,
         };
-        if causal && !dm.cached && dm.t != dm.s {
-            return Err(bad(op, format!("a causal attention needs T = S: {dm:?}")));
-        }
         Ok(dm)
     }
 

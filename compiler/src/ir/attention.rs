@@ -134,6 +134,58 @@ pub fn attention_grad_shape(
     Ok(x[wrt.index()].clone())
 }
 
+/// The sizes of one attention, read from its operands' concrete shapes as a kernel gets
+/// them: `problems` (the batch axes' product times `heads`) of `t` queries and `s` keys of
+/// width `d`, values of width `e` (0 without values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    pub problems: u64,
+    pub heads: u64,
+    pub t: u64,
+    pub s: u64,
+    pub d: u64,
+    pub e: u64,
+}
+
+impl Sizes {
+    /// Checks `q [.., T, H, D]`, `k [.., S, H, D]` and `v [.., S, H, E]` (one batch shape
+    /// `..`; without `v`, `k` stands in for it and `e` is 0), and `T = S` where
+    /// `same_length` (a causal attention over its own sequence): the sizes, or what is wrong.
+    /// The CPU's kernels and the generated ones both check their operands here.
+    pub fn of(q: &[u64], k: &[u64], v: Option<&[u64]>, same_length: bool) -> Result<Sizes, String> {
+        let r = q.len();
+        let vs = v.unwrap_or(k);
+        // The batch axes and the heads, which all three share (`None`: another rank).
+        let bh = |o: &[u64]| (o.len() == r).then(|| (o[..r - 3].to_vec(), o[r - 2]));
+        let fits = r >= 3
+            && bh(k) == bh(q)
+            && bh(vs) == bh(q)
+            && q[r - 1] == k[r - 1]
+            && k[r - 3] == vs[r - 3];
+        if !fits {
+            return Err(format!(
+                "needs q [.., T, H, D], k [.., S, H, D], v [.., S, H, E], got {q:?}, {k:?}, {vs:?}"
+            ));
+        }
+        let heads = q[r - 2];
+        let sizes = Sizes {
+            problems: q[..r - 3].iter().product::<u64>() * heads,
+            heads,
+            t: q[r - 3],
+            s: k[r - 3],
+            d: q[r - 1],
+            e: v.map_or(0, |v| v[r - 1]),
+        };
+        if same_length && sizes.t != sizes.s {
+            return Err(format!(
+                "a causal attention needs T = S, got T = {} and S = {}",
+                sizes.t, sizes.s
+            ));
+        }
+        Ok(sizes)
+    }
+}
+
 /// `(problems, T, S, D, E)` of operands `q, k, v` (or `q, k`: `E = D`), problems being
 /// batch times heads, and the share of the `T x S` scores a `causal` mask keeps (about half).
 fn sizes(causal: bool, ins: &[Vec<u64>]) -> (u64, u64, u64, u64, u64, f64) {

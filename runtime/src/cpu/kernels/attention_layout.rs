@@ -6,6 +6,7 @@ use super::super::gemm::{check_f32, transpose_into, View};
 use super::super::{scratch, KernelError};
 use super::KEY_TILE as TILE;
 use crate::cpu::tensor::Tensor;
+use parallax_compiler::ir::attention::Sizes;
 use rayon::prelude::*;
 
 /// The sizes of one attention: `problems` (batch times `heads`) independent problems of `t`
@@ -39,43 +40,19 @@ impl Dims {
         for (what, t) in [("q", q), ("k", k), ("v", v)] {
             check_f32(op, what, t)?;
         }
-        let r = q.shape.len();
-        let same = |a: &Tensor| {
-            a.shape.len() == r
-                && a.shape[..r - 3] == q.shape[..r - 3]
-                && a.shape[r - 2] == q.shape[r - 2]
-        };
-        let fits = r >= 3
-            && same(k)
-            && same(v)
-            && q.shape[r - 1] == k.shape[r - 1]
-            && k.shape[r - 3] == v.shape[r - 3];
-        if !fits {
-            return Err(bad(
-                op,
-                format!(
-                    "needs q [.., T, H, D], k [.., S, H, D], v [.., S, H, E], got {:?}, {:?}, {:?}",
-                    q.shape, k.shape, v.shape
-                ),
-            ));
-        }
-        let heads = q.shape[r - 2];
+        let shape = |t: &Tensor| t.shape.iter().map(|&x| x as u64).collect::<Vec<_>>();
+        let sz =
+            Sizes::of(&shape(q), &shape(k), Some(&shape(v)), causal).map_err(|m| bad(op, m))?;
         let dims = Dims {
-            problems: q.shape[..r - 3].iter().product::<usize>() * heads,
-            heads,
-            t: q.shape[r - 3],
-            s: k.shape[r - 3],
-            d: q.shape[r - 1],
-            e: v.shape[r - 1],
+            problems: sz.problems as usize,
+            heads: sz.heads as usize,
+            t: sz.t as usize,
+            s: sz.s as usize,
+            d: sz.d as usize,
+            e: sz.e as usize,
             causal,
             scale: scale as f32,
         };
-        if causal && dims.t != dims.s {
-            return Err(bad(
-                op,
-                format!("a causal attention needs T = S, got {:?}", dims),
-            ));
-        }
         Ok(dims)
     }
 
