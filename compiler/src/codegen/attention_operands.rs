@@ -52,9 +52,8 @@ impl Dims {
     ) -> Result<Dims, CodegenError> {
         let (causal, scale) = params(op).ok_or(CodegenError::Unsupported { op: op.name() })?;
         let cached = matches!(op, Op::CachedAttention { .. });
-        let shape = |o: &Operand| o.shape.clone();
-        let (q, k, v) = (shape(q), shape(k), v.map(shape));
-        let sz = Sizes::of(&q, &k, v.as_deref(), causal && !cached).map_err(|m| bad(op, m))?;
+        let v = v.map(|v| &v.shape[..]);
+        let sz = Sizes::of(&q.shape, &k.shape, v, causal && !cached).map_err(|m| bad(op, m))?;
         let dm = Dims {
             problems: sz.problems,
             heads: sz.heads,

@@ -152,29 +152,31 @@ impl Sizes {
     /// `..`; without `v`, `k` stands in for it and `e` is 0), and `T = S` where
     /// `same_length` (a causal attention over its own sequence): the sizes, or what is wrong.
     /// The CPU's kernels and the generated ones both check their operands here.
-    pub fn of(q: &[u64], k: &[u64], v: Option<&[u64]>, same_length: bool) -> Result<Sizes, String> {
+    pub fn of<T>(q: &[T], k: &[T], v: Option<&[T]>, same_length: bool) -> Result<Sizes, String>
+    where
+        T: Copy + PartialEq + std::fmt::Debug + TryInto<u64>,
+    {
         let r = q.len();
         let vs = v.unwrap_or(k);
-        // The batch axes and the heads, which all three share (`None`: another rank).
-        let bh = |o: &[u64]| (o.len() == r).then(|| (o[..r - 3].to_vec(), o[r - 2]));
-        let fits = r >= 3
-            && bh(k) == bh(q)
-            && bh(vs) == bh(q)
-            && q[r - 1] == k[r - 1]
-            && k[r - 3] == vs[r - 3];
+        // The batch axes and the heads, which all three share. No allocation: the CPU's
+        // kernels check here at every step.
+        let like_q = |o: &[T]| o.len() == r && o[..r - 3] == q[..r - 3] && o[r - 2] == q[r - 2];
+        let fits =
+            r >= 3 && like_q(k) && like_q(vs) && q[r - 1] == k[r - 1] && k[r - 3] == vs[r - 3];
         if !fits {
             return Err(format!(
                 "needs q [.., T, H, D], k [.., S, H, D], v [.., S, H, E], got {q:?}, {k:?}, {vs:?}"
             ));
         }
-        let heads = q[r - 2];
+        let n = |x: T| x.try_into().unwrap_or(u64::MAX);
+        let heads = n(q[r - 2]);
         let sizes = Sizes {
-            problems: q[..r - 3].iter().product::<u64>() * heads,
+            problems: q[..r - 3].iter().map(|&x| n(x)).product::<u64>() * heads,
             heads,
-            t: q[r - 3],
-            s: k[r - 3],
-            d: q[r - 1],
-            e: v.map_or(0, |v| v[r - 1]),
+            t: n(q[r - 3]),
+            s: n(k[r - 3]),
+            d: n(q[r - 1]),
+            e: v.map_or(0, |v| n(v[r - 1])),
         };
         if same_length && sizes.t != sizes.s {
             return Err(format!(

@@ -40,9 +40,7 @@ impl Dims {
         for (what, t) in [("q", q), ("k", k), ("v", v)] {
             check_f32(op, what, t)?;
         }
-        let shape = |t: &Tensor| t.shape.iter().map(|&x| x as u64).collect::<Vec<_>>();
-        let sz =
-            Sizes::of(&shape(q), &shape(k), Some(&shape(v)), causal).map_err(|m| bad(op, m))?;
+        let sz = Sizes::of(&q.shape, &k.shape, Some(&v.shape), causal).map_err(|m| bad(op, m))?;
         let dims = Dims {
             problems: sz.problems as usize,
             heads: sz.heads as usize,
