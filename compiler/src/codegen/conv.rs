@@ -18,6 +18,7 @@
 
 use super::builder::{Kernel, Rd, F, P};
 use super::{grid_for, CodegenError, Gen, Launches, OpArgs, BLOCK};
+use crate::ir::shape_rules::window_out;
 use crate::ir::{DType, Op};
 
 /// The sizes of one convolution or pooling (pooling: `o == c`, `groups == 1`).
@@ -34,12 +35,6 @@ struct Geom {
     p: u64,
     ho: u64,
     wo: u64,
-}
-
-/// `(size + 2 padding - kernel) / stride + 1`, if at least 1.
-fn window_out(size: u64, k: u64, s: u64, p: u64) -> Option<u64> {
-    let padded = size.checked_add(p.checked_mul(2)?)?;
-    (s > 0 && k > 0 && padded >= k).then(|| (padded - k) / s + 1)
 }
 
 impl Geom {

@@ -8,6 +8,7 @@
 use super::gemm::{check_f32, gemm_into, parallelism, View, PARALLEL_WORK};
 use super::{scratch, KernelError};
 use crate::cpu::tensor::Tensor;
+use parallax_compiler::ir::shape_rules::window_out as window_rule;
 use rayon::prelude::*;
 
 /// The most elements the weight gradient's im2col buffer holds at once (16 MiB of f32).
@@ -17,18 +18,15 @@ pub(super) fn bad(op: &'static str, message: String) -> KernelError {
     KernelError::Bad { op, message }
 }
 
-/// `(size + 2 padding - kernel) / stride + 1`, if at least 1.
+/// A window's output size, the op table's rule (`shape_rules::window_out`) in `usize`.
 pub(super) fn window_out(
     size: usize,
     kernel: usize,
     stride: usize,
     padding: usize,
 ) -> Option<usize> {
-    let padded = size.checked_add(padding.checked_mul(2)?)?;
-    if stride == 0 || kernel == 0 || padded < kernel {
-        return None;
-    }
-    Some((padded - kernel) / stride + 1)
+    let n = |x: usize| x as u64;
+    window_rule(n(size), n(kernel), n(stride), n(padding)).map(|x| x as usize)
 }
 
 /// The sizes of one convolution, validated.
