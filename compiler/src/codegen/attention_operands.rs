@@ -54,7 +54,7 @@ impl Dims {
         let cached = matches!(op, Op::CachedAttention { .. });
         let v = v.map(|v| &v.shape[..]);
         let sz = Sizes::of(&q.shape, &k.shape, v, causal && !cached).map_err(|m| bad(op, m))?;
-        let dm = Dims {
+        Ok(Dims {
             problems: sz.problems,
             heads: sz.heads,
             t: sz.t,
@@ -64,8 +64,7 @@ impl Dims {
             causal,
             cached,
             scale,
-        };
-        Ok(dm)
+        })
     }
 
     /// The operand at `ptr` with `len` rows of `width` per problem.
