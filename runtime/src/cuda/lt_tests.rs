@@ -2,6 +2,7 @@
 //! row-major-to-column-major mapping (run on the CPU with cuBLASLt's column-major, strided
 //! batched semantics) and the fallback when libcublasLt is missing.
 
+use super::key::{alignment, ColMajor};
 use super::*;
 use std::cell::Cell;
 
