@@ -31,9 +31,19 @@ pub(super) fn isa() -> Option<Isa> {
     }
 }
 
+/// The left operand of [`product`]: element `(i, p)` at `at + i * strides.0 + p *
+/// strides.1`. `cold`: too large to stay in a core's caches between the product's sweeps
+/// over it, so its columns, when they are contiguous, are asked for ahead (see
+/// `Ahead::Columns`); a row-major one's rows always are.
+#[derive(Clone, Copy)]
+pub(super) struct Left {
+    pub at: *const f32,
+    pub strides: (usize, usize),
+    pub cold: bool,
+}
+
 /// `dst [m, n] (= or +=) a [m, k] x b [k, n]` in `isa`'s register blocks: `dst` at leading
-/// dimension `ld`, element `(i, p)` of `a` at `i * a_rs + p * a_cs`, `b` row-major at
-/// leading dimension `ldb`. With `bias` (`n` values), `bias[j]` is added to each element of
+/// dimension `ld`, `a` as [`Left`] says, `b` row-major at leading dimension `ldb`. With `bias` (`n` values), `bias[j]` is added to each element of
 /// column `j` as it is stored, after its chain: the f32 sum an add after the product makes.
 ///
 /// # Safety
@@ -44,7 +54,7 @@ pub(super) unsafe fn product(
     mnk: (usize, usize, usize),
     out: (*mut f32, usize),
     accumulate: bool,
-    a: (*const f32, (usize, usize)),
+    a: Left,
     b: (*const f32, usize),
     bias: Option<*const f32>,
 ) {
@@ -136,7 +146,7 @@ macro_rules! register_blocks {
             (m, n, k): (usize, usize, usize),
             (dst, ld): (*mut f32, usize),
             accumulate: bool,
-            (a, (a_rs, a_cs)): (*const f32, (usize, usize)),
+            super::Left { at: a, strides: (a_rs, a_cs), cold }: super::Left,
             (b, ldb): (*const f32, usize),
             bias: Option<*const f32>,
         ) {
@@ -168,11 +178,18 @@ macro_rules! register_blocks {
                         let (a, b) = (a.add(i0 * a_rs), b.add(j0));
                         let bias = bias.map(|p| p.add(j0));
                         let vectors = cols.div_ceil(LANES);
-                        // The next block's rows of a row-major left operand, asked for while
+                        // What the next blocks read of the left operand, asked for while
                         // the first strip runs (see `Block::run`).
                         let next_rows = (m - i0 - rows).min(ROWS);
-                        let ahead = (a_cs == 1 && j0 == 0 && next_rows > 0)
-                            .then(|| (a.wrapping_add(rows * a_rs), next_rows));
+                        let ahead = if j0 > 0 {
+                            Ahead::Nothing
+                        } else if a_cs == 1 && next_rows > 0 {
+                            Ahead::Rows(a.wrapping_add(rows * a_rs), next_rows)
+                        } else if cold && a_rs == 1 && a_cs > 1 && i0 + LINE < m {
+                            Ahead::Columns(a.wrapping_add(LINE))
+                        } else {
+                            Ahead::Nothing
+                        };
                         match rows {
                             6 => block.rows::<6>(vectors, c, a, b, bias, ahead),
                             5 => block.rows::<5>(vectors, c, a, b, bias, ahead),
@@ -185,6 +202,18 @@ macro_rules! register_blocks {
                 }
                 i0 += rows;
             }
+        }
+
+        /// The left operand's lines a block asks for while it runs, for the blocks after it.
+        #[derive(Clone, Copy)]
+        enum Ahead {
+            Nothing,
+            /// The next block's first element and its row count, the left operand
+            /// row-major.
+            Rows(*const f32, usize),
+            /// The left operand transposed (its columns contiguous): this block's element
+            /// `LINE` rows on, whose line in each column the blocks after it read.
+            Columns(*const f32),
         }
 
         /// What every block of one product shares.
@@ -213,7 +242,7 @@ macro_rules! register_blocks {
                 a: *const f32,
                 b: *const f32,
                 bias: Option<*const f32>,
-                ahead: Option<(*const f32, usize)>,
+                ahead: Ahead,
             ) {
                 // SAFETY: the caller's contract.
                 unsafe {
@@ -226,13 +255,14 @@ macro_rules! register_blocks {
 
             /// `R` rows by `V` vectors of the output (the last one masked), at `c`, from the
             /// left operand's rows at `a` and the right operand's columns at `b`; `bias`, the
-            /// block's columns' values, added as it is stored. With `ahead` (the next block's
-            /// first element and its row count, the left operand row-major), each of those
-            /// rows' next cache line is asked for every `LINE` steps over K: a block reads its 6
-            /// rows' lines at once, 6 short streams rows apart that the hardware's
-            /// prefetchers do not follow, and a step's activations come from L3 or memory
-            /// (`gemm_speed` with the left operand flushed, AVX2: `[2048, 256] x [256,
-            /// 256]^T` 81-85% -> 91-93% of the peak, as warm).
+            /// block's columns' values, added as it is stored. With `Ahead::Rows` (the left
+            /// operand row-major), each of the next block's rows' next cache line is asked for
+            /// every `LINE` steps over K: a block reads its 6 rows' lines at once, 6 short
+            /// streams rows apart that the hardware's prefetchers do not follow, and a step's
+            /// activations come from L3 or memory (`gemm_speed` with the left operand
+            /// flushed, AVX2: `[2048, 256] x [256, 256]^T` 81-85% -> 91-93% of the peak, as
+            /// warm). With `Ahead::Columns` (the left operand transposed, and cold), each step
+            /// asks for its column's line `LINE` rows on, which the blocks after it read.
             ///
             /// # Safety
             /// The CPU has this module's instruction set; the block lies inside the product
@@ -245,7 +275,7 @@ macro_rules! register_blocks {
                 a: *const f32,
                 b: *const f32,
                 bias: Option<*const f32>,
-                ahead: Option<(*const f32, usize)>,
+                ahead: Ahead,
             ) {
                 let mask = |v: usize| if v + 1 == V { self.last } else { None };
                 let mut acc = [[zero(); V]; R];
@@ -274,14 +304,21 @@ macro_rules! register_blocks {
                         }
                     };
                     match ahead {
-                        None => (0..self.k).for_each(&mut step),
-                        Some((next, rows)) => {
+                        Ahead::Nothing => (0..self.k).for_each(&mut step),
+                        Ahead::Rows(next, rows) => {
                             for p0 in (0..self.k).step_by(LINE) {
                                 for i in 0..rows {
                                     let line = next.wrapping_add(i * self.a_rs + p0);
                                     _mm_prefetch::<_MM_HINT_T0>(line.cast());
                                 }
                                 (p0..(p0 + LINE).min(self.k)).for_each(&mut step);
+                            }
+                        }
+                        Ahead::Columns(next) => {
+                            for p in 0..self.k {
+                                let line = next.wrapping_add(p * self.a_cs);
+                                _mm_prefetch::<_MM_HINT_T0>(line.cast());
+                                step(p);
                             }
                         }
                     }
@@ -384,19 +421,27 @@ mod tests {
 
     /// Each instruction set's kernel on its own, the right operand read in place with rows
     /// longer than the product (whole and partial row blocks, whole and masked last vectors,
-    /// strips past the first), either left layout, overwriting and accumulating: each element
-    /// the in-order FMA chain, bit for bit (the same in both sets), the rest untouched.
+    /// strips past the first), either left layout, overwriting and accumulating, its lines
+    /// asked for ahead or not: each element the in-order FMA chain, bit for bit (the same in
+    /// both sets), the rest untouched.
     #[test]
     fn each_instruction_set_gives_the_in_order_chain() {
         for isa in cpu_isas() {
-            for (m, k, n) in [(13, 37, 70), (6, 5, 8), (1, 3, 3), (7, 64, 16), (11, 2, 65)] {
+            for (m, k, n) in [
+                (13, 37, 70),
+                (6, 5, 8),
+                (1, 3, 3),
+                (7, 64, 16),
+                (11, 2, 65),
+                (40, 9, 20),
+            ] {
                 for ta in [false, true] {
                     let a = random(&stored(&[], m, k, ta), 1);
                     let ldb = n + 5;
                     let b = random(&[k, ldb], 2);
                     let ld = n + 3;
                     let start = random(&[m, ld], 3);
-                    for accumulate in [false, true] {
+                    for (accumulate, cold) in [(false, false), (true, false), (true, true)] {
                         let mut dst = start.f32().to_vec();
                         let l = if ta { (1, m) } else { (k, 1) };
                         // SAFETY: the CPU has `isa`; the matrices fit their vectors.
@@ -406,7 +451,11 @@ mod tests {
                                 (m, n, k),
                                 (dst.as_mut_ptr(), ld),
                                 accumulate,
-                                (a.f32().as_ptr(), l),
+                                Left {
+                                    at: a.f32().as_ptr(),
+                                    strides: l,
+                                    cold,
+                                },
                                 (b.f32().as_ptr(), ldb),
                                 None,
                             )
