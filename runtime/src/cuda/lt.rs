@@ -14,6 +14,7 @@ use std::ffi::c_void;
 #[path = "lt_key.rs"]
 mod key;
 use key::describe;
+pub(super) use key::Compute;
 use key::{col_major, Cache, Key, Matrix};
 
 /// Set to `0` to run every GEMM through cuBLAS as before (for A/B timing).
@@ -22,22 +23,6 @@ pub(super) const ENV: &str = "PARALLAX_CUBLASLT";
 /// Set to `0` to add the biases of `gemm+bias` kernels in a launch of their own, as the
 /// cuBLAS path does, rather than in the cuBLASLt epilogue (for A/B timing).
 pub(super) const BIAS_ENV: &str = "PARALLAX_GEMM_BIAS";
-
-/// The tensor-core compute of a plan; storage, accumulation and output stay fp32.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(super) enum Compute {
-    Bf16,
-    Tf32,
-}
-
-impl Compute {
-    fn cublas(self) -> sys::cublasComputeType_t {
-        match self {
-            Compute::Bf16 => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
-            Compute::Tf32 => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
-        }
-    }
-}
 
 /// The cuBLASLt compute for `precision`, given the value of `PARALLAX_CUBLASLT`; `None` for
 /// exact fp32 and when the variable is `0`.

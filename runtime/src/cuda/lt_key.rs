@@ -1,12 +1,28 @@
 //! What picks a cuBLASLt plan and how it is laid out, apart from the library's calls: the
-//! key (sizes, transposes, strides, alignment, compute), the row-major GEMM read as
-//! cuBLASLt's column-major problem, and the plans by key.
+//! tensor-core compute, the key (sizes, transposes, strides, alignment, compute), the
+//! row-major GEMM read as cuBLASLt's column-major problem, and the plans by key.
 
 use super::super::gemm::Gemm;
 use super::super::CudaError;
-use super::Compute;
+use cudarc::cublaslt::sys;
 use std::cell::RefCell;
 use std::collections::HashMap;
+
+/// The tensor-core compute of a plan; storage, accumulation and output stay fp32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(in crate::cuda) enum Compute {
+    Bf16,
+    Tf32,
+}
+
+impl Compute {
+    pub(super) fn cublas(self) -> sys::cublasComputeType_t {
+        match self {
+            Compute::Bf16 => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_16BF,
+            Compute::Tf32 => sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32,
+        }
+    }
+}
 
 /// What picks a plan: the GEMM's sizes, transposes and batch strides, the compute, and the
 /// alignment of its operands (the heuristic may choose kernels that assume it).

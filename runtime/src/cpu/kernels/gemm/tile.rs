@@ -43,8 +43,9 @@ pub(super) struct Left {
 }
 
 /// `dst [m, n] (= or +=) a [m, k] x b [k, n]` in `isa`'s register blocks: `dst` at leading
-/// dimension `ld`, `a` as [`Left`] says, `b` row-major at leading dimension `ldb`. With `bias` (`n` values), `bias[j]` is added to each element of
-/// column `j` as it is stored, after its chain: the f32 sum an add after the product makes.
+/// dimension `ld`, `a` as [`Left`] says, `b` row-major at leading dimension `ldb`. With
+/// `bias` (`n` values), `bias[j]` is added to each element of column `j` as it is stored,
+/// after its chain: the f32 sum an add after the product makes.
 ///
 /// # Safety
 /// The CPU has `isa` (as [`isa`] found it); the three matrices lie inside live allocations;
